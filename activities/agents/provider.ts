@@ -1,0 +1,51 @@
+/**
+ * The agent provider contract: build a headless command line, parse output lines into events.
+ * Each agent kind (script, claude-code, codex, opencode, pi) implements it in its own file.
+ */
+import type { AgentProviderKind } from '../../core/objective-schema';
+import type { AgentSpec } from '../../core/types';
+import type { AgentRole } from '../../core/states';
+
+export interface AgentInvocation {
+  role: AgentRole;
+  spec: AgentSpec;
+  prompt: string;
+  /** Sandbox working directory. */
+  cwd: string;
+  /** Session to resume, when the agent supports it. */
+  resumeSessionId?: string;
+  /** Extra environment for the agent process (context variables, never secrets from workflow input). */
+  env: Record<string, string>;
+}
+
+export interface AgentCommand {
+  command: string;
+  args: string[];
+  /** Run `command` through /bin/sh -c. */
+  shell?: boolean;
+  stdin?: string;
+  env?: Record<string, string>;
+}
+
+export interface TokenUsage {
+  inputTokens: number;
+  outputTokens: number;
+  cachedTokens?: number;
+  costUsd?: number;
+}
+
+export type AgentEvent =
+  | { type: 'text'; text: string }
+  | { type: 'tool_call'; name: string; input?: unknown }
+  | ({ type: 'usage' } & TokenUsage)
+  | { type: 'session'; sessionId: string }
+  | { type: 'result'; text: string; isError?: boolean }
+  | { type: 'error'; message: string }
+  | { type: 'rate_limit'; resetAt?: string; message?: string };
+
+export interface AgentProvider {
+  readonly kind: AgentProviderKind;
+  buildCommand(invocation: AgentInvocation): AgentCommand;
+  /** Parses one output line. Unknown or malformed lines yield no events (or a text event), never throw. */
+  parseLine(line: string, stream: 'stdout' | 'stderr'): AgentEvent[];
+}

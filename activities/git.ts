@@ -1,0 +1,120 @@
+/**
+ * Git plumbing used by sandboxes and the merge queue. Every command runs with `-C <dir>`
+ * on a Slipway worktree or on refs only, never on the user's working tree or index.
+ */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import { simpleGit, type SimpleGit } from 'simple-git';
+import { SLIPWAY_DIR } from '../core/ids';
+
+/** Identity for commits Slipway makes when the repository has none configured. */
+export const SLIPWAY_GIT_IDENTITY = { name: 'Slipway', email: 'slipway@localhost' };
+
+export function gitAt(dir: string): SimpleGit {
+  return simpleGit({ baseDir: dir, trimmed: false, maxConcurrentProcesses: 4 });
+}
+
+export async function git(dir: string, args: string[]): Promise<string> {
+  const out = await gitAt(dir).raw(args);
+  return out.trim();
+}
+
+/** Like `git` but returns undefined instead of throwing (for probes such as rev-parse). */
+export async function gitMaybe(dir: string, args: string[]): Promise<string | undefined> {
+  try {
+    return await git(dir, args);
+  } catch {
+    return undefined;
+  }
+}
+
+export async function isGitRepository(dir: string): Promise<boolean> {
+  return (await gitMaybe(dir, ['rev-parse', '--git-dir'])) !== undefined;
+}
+
+export async function repositoryRoot(dir: string): Promise<string> {
+  return git(dir, ['rev-parse', '--show-toplevel']);
+}
+
+export async function currentBranch(dir: string): Promise<string | undefined> {
+  return gitMaybe(dir, ['symbolic-ref', '--quiet', '--short', 'HEAD']);
+}
+
+export async function resolveCommit(dir: string, ref: string): Promise<string> {
+  return git(dir, ['rev-parse', '--verify', '--quiet', `${ref}^{commit}`]);
+}
+
+export async function branchExists(dir: string, branch: string): Promise<boolean> {
+  return (await gitMaybe(dir, ['rev-parse', '--verify', '--quiet', `refs/heads/${branch}`])) !== undefined;
+}
+
+export async function isAncestor(dir: string, ancestor: string, descendant: string): Promise<boolean> {
+  try {
+    await gitAt(dir).raw(['merge-base', '--is-ancestor', ancestor, descendant]);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Keeps `.slipway/` out of git through .git/info/exclude; the user's .gitignore stays untouched. */
+export async function ensureSlipwayExcluded(repository: string): Promise<void> {
+  const commonDir = path.resolve(repository, await git(repository, ['rev-parse', '--git-common-dir']));
+  const excludeFile = path.join(commonDir, 'info', 'exclude');
+  const line = `/${SLIPWAY_DIR}/`;
+  let current = '';
+  try {
+    current = await fs.readFile(excludeFile, 'utf8');
+  } catch {
+    await fs.mkdir(path.dirname(excludeFile), { recursive: true });
+  }
+  if (current.split('\n').some((l) => l.trim() === line)) return;
+  const prefix = current.length > 0 && !current.endsWith('\n') ? '\n' : '';
+  await fs.appendFile(excludeFile, `${prefix}# added by Slipway: its worktrees and state\n${line}\n`);
+}
+
+/** Environment that gives commits an identity when the repository has none. */
+export async function commitIdentityEnv(dir: string): Promise<Record<string, string>> {
+  const email = await gitMaybe(dir, ['config', 'user.email']);
+  const name = await gitMaybe(dir, ['config', 'user.name']);
+  const env: Record<string, string> = {};
+  if (!email && !process.env.GIT_AUTHOR_EMAIL) env.GIT_AUTHOR_EMAIL = SLIPWAY_GIT_IDENTITY.email;
+  if (!email && !process.env.GIT_COMMITTER_EMAIL) env.GIT_COMMITTER_EMAIL = SLIPWAY_GIT_IDENTITY.email;
+  if (!name && !process.env.GIT_AUTHOR_NAME) env.GIT_AUTHOR_NAME = SLIPWAY_GIT_IDENTITY.name;
+  if (!name && !process.env.GIT_COMMITTER_NAME) env.GIT_COMMITTER_NAME = SLIPWAY_GIT_IDENTITY.name;
+  return env;
+}
+
+export async function gitWithIdentity(dir: string, args: string[]): Promise<string> {
+  const env = await commitIdentityEnv(dir);
+  const out = await gitAt(dir).env({ ...process.env, ...env }).raw(args);
+  return out.trim();
+}
+
+export interface WorktreeEntry {
+  path: string;
+  head: string;
+  branch?: string;
+  prunable: boolean;
+}
+
+export async function listWorktrees(repository: string): Promise<WorktreeEntry[]> {
+  const out = await git(repository, ['worktree', 'list', '--porcelain']);
+  const entries: WorktreeEntry[] = [];
+  let current: Partial<WorktreeEntry> | undefined;
+  for (const line of out.split('\n')) {
+    if (line.startsWith('worktree ')) {
+      if (current?.path) entries.push({ prunable: false, head: '', ...current } as WorktreeEntry);
+      current = { path: line.slice('worktree '.length) };
+    } else if (current && line.startsWith('HEAD ')) current.head = line.slice(5);
+    else if (current && line.startsWith('branch ')) current.branch = line.slice(7).replace(/^refs\/heads\//, '');
+    else if (current && line.startsWith('prunable')) current.prunable = true;
+  }
+  if (current?.path) entries.push({ prunable: false, head: '', ...current } as WorktreeEntry);
+  return entries;
+}
+
+/** True if the worktree has uncommitted changes (tracked or untracked, ignoring ignored files). */
+export async function isDirty(dir: string): Promise<boolean> {
+  return (await git(dir, ['status', '--porcelain', '--untracked-files=all'])).length > 0;
+}

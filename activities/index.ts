@@ -1,0 +1,306 @@
+/**
+ * Activities: everything with side effects. Built as factories so tests and workers inject
+ * real dependencies (sandbox provider, logger).
+ */
+import path from 'node:path';
+import { Context } from '@temporalio/activity';
+import { integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
+import type { AgentSpec, Feedback, GateSpec, SandboxInfo, SandboxInput } from '../core/types';
+import type { AgentRole } from '../core/states';
+import { agentProvider } from './agents/registry';
+import type { AgentEvent, TokenUsage } from './agents/provider';
+import { buildPrompt, contextEnv } from './agents/prompt';
+import { extractTagged, ReviewVerdictSchema, type ReviewVerdict } from './agents/structured';
+import { failure } from './failures';
+import { branchExists, commitIdentityEnv, git, gitMaybe, gitWithIdentity, isAncestor, isDirty, resolveCommit } from './git';
+import { withHeartbeat } from './heartbeat';
+import { tail } from './process';
+import { redact } from './redact';
+import { LocalSandboxProvider, localSandboxRoot } from './sandbox/local';
+import type { SandboxProvider } from './sandbox/provider';
+
+/** Characters of command output kept in workflow history per gate or agent run. */
+export const OUTPUT_TAIL_CHARS = 6_000;
+
+export interface ActivityDeps {
+  sandboxes: SandboxProvider;
+}
+
+export function defaultActivityDeps(): ActivityDeps {
+  return { sandboxes: new LocalSandboxProvider() };
+}
+
+export interface GateResult {
+  name: string;
+  command: string;
+  passed: boolean;
+  exitCode: number | null;
+  timedOut: boolean;
+  durationMs: number;
+  output: string;
+}
+
+export interface GateRunResult {
+  passed: boolean;
+  results: GateResult[];
+  /** Output of the failing gates, for the builder's next iteration. */
+  failureReport: string;
+}
+
+export type MergeOutcome =
+  | { status: 'merged'; commit: string; previous: string; alreadyMerged: boolean }
+  | { status: 'conflict'; files: string[]; details: string };
+
+export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
+  const { sandboxes } = deps;
+  return {
+    /** Creates the integration branch at the base commit and the merger worktree. Idempotent. */
+    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string }) {
+      const baseCommit = await resolveCommit(input.repository, input.baseBranch).catch(() => {
+        throw failure('configuration_error', `base branch "${input.baseBranch}" does not exist in ${input.repository}`);
+      });
+      const branch = integrationBranch(input.objectiveId);
+      const merger = await sandboxes.create({
+        sandboxId: `${input.objectiveId}.${MERGER_SANDBOX_NAME}`,
+        repository: input.repository,
+        group: input.objectiveId,
+        name: MERGER_SANDBOX_NAME,
+        branch,
+        base: baseCommit,
+      });
+      return { baseCommit, integrationBranch: branch, mergerPath: merger.root };
+    },
+
+    async createSandbox(input: SandboxInput): Promise<SandboxInfo> {
+      try {
+        const handle = await sandboxes.create({
+          sandboxId: input.sandboxId,
+          repository: input.repository,
+          group: input.objectiveId,
+          name: input.name,
+          branch: input.branch,
+          base: input.base,
+        });
+        return {
+          sandboxId: handle.sandboxId,
+          provider: 'local',
+          path: handle.root,
+          branch: handle.branch,
+          baseCommit: handle.baseCommit,
+          headCommit: handle.headCommit,
+        };
+      } catch (e) {
+        throw failure('sandbox_failure', `could not create sandbox ${input.sandboxId}: ${(e as Error).message}`);
+      }
+    },
+
+    async destroySandbox(input: { repository: string; path: string }): Promise<void> {
+      await sandboxes.destroy({ repository: input.repository, root: input.path });
+    },
+
+    /** Commits whatever the builder left uncommitted. Returns the new head. */
+    async commitWork(input: { path: string; message: string }): Promise<{ head: string; committed: boolean }> {
+      let committed = false;
+      if (await isDirty(input.path)) {
+        await git(input.path, ['add', '-A']);
+        await gitWithIdentity(input.path, ['commit', '--no-verify', '-q', '-m', input.message]);
+        committed = true;
+      }
+      return { head: await git(input.path, ['rev-parse', 'HEAD']), committed };
+    },
+
+    /** Runs gates in order inside a sandbox; stops at the first failure. Never throws for a failing gate. */
+    async runGates(input: { path: string; gates: GateSpec[] }): Promise<GateRunResult> {
+      return withHeartbeat(async (signal, beat) => {
+        const results: GateResult[] = [];
+        for (const gate of input.gates) {
+          beat({ gate: gate.name });
+          const run = await sandboxes.exec(
+            { root: input.path },
+            { command: gate.command, shell: true, timeoutMs: gate.timeout_seconds * 1000, signal, env: { CI: 'true' } },
+          );
+          if (run.cancelled) throw failure('unknown', `gate ${gate.name} cancelled`);
+          const output = redact(tail(`${run.stdout}${run.stderr ? `\n${run.stderr}` : ''}`.trim(), OUTPUT_TAIL_CHARS));
+          const passed = run.exitCode === 0 && !run.timedOut;
+          results.push({ name: gate.name, command: gate.command, passed, exitCode: run.exitCode, timedOut: run.timedOut, durationMs: run.durationMs, output });
+          if (!passed) break;
+        }
+        const failed = results.filter((r) => !r.passed);
+        const failureReport = failed
+          .map((r) => `Gate "${r.name}" (${r.command}) ${r.timedOut ? 'timed out' : `exited with ${r.exitCode}`}:\n${r.output}`)
+          .join('\n\n');
+        return { passed: failed.length === 0, results, failureReport };
+      });
+    },
+
+    /**
+     * Merges a stream branch into the integration branch checked out in the merger worktree.
+     * Idempotent: a stream head already contained in the integration branch is reported as merged.
+     * A conflict is aborted and reported, never resolved by taking one side.
+     */
+    async mergeStream(input: { mergerPath: string; branch: string; headCommit: string; message: string }): Promise<MergeOutcome> {
+      const head = await git(input.mergerPath, ['rev-parse', 'HEAD']);
+      if (await isAncestor(input.mergerPath, input.headCommit, head)) {
+        const previous = (await gitMaybe(input.mergerPath, ['rev-parse', 'HEAD^1'])) ?? head;
+        const isMergeOfStream = (await gitMaybe(input.mergerPath, ['rev-parse', 'HEAD^2'])) === input.headCommit;
+        return { status: 'merged', commit: head, previous: isMergeOfStream ? previous : head, alreadyMerged: true };
+      }
+      // A previous attempt may have died mid-merge.
+      await gitMaybe(input.mergerPath, ['merge', '--abort']);
+      await git(input.mergerPath, ['reset', '--hard', '-q', head]);
+      try {
+        await gitWithIdentity(input.mergerPath, ['merge', '--no-ff', '--no-edit', '-m', input.message, input.headCommit]);
+      } catch (e) {
+        const files = (await gitMaybe(input.mergerPath, ['diff', '--name-only', '--diff-filter=U']))?.split('\n').filter(Boolean) ?? [];
+        await gitMaybe(input.mergerPath, ['merge', '--abort']);
+        await git(input.mergerPath, ['reset', '--hard', '-q', head]);
+        return { status: 'conflict', files, details: tail((e as Error).message, OUTPUT_TAIL_CHARS) };
+      }
+      return { status: 'merged', commit: await git(input.mergerPath, ['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
+    },
+
+    /** Moves the integration branch back to `commit` (undoing a merge whose post-merge gates failed). */
+    async resetIntegration(input: { mergerPath: string; commit: string }): Promise<void> {
+      await gitMaybe(input.mergerPath, ['merge', '--abort']);
+      await git(input.mergerPath, ['reset', '--hard', '-q', input.commit]);
+      await git(input.mergerPath, ['clean', '-fdq']);
+    },
+
+    /** Removes the merger worktree; the integration branch stays. */
+    async finishObjective(input: { repository: string; objectiveId: string }): Promise<{ integrationHead?: string }> {
+      const branch = integrationBranch(input.objectiveId);
+      const integrationHead = (await branchExists(input.repository, branch)) ? await resolveCommit(input.repository, branch) : undefined;
+      await sandboxes.destroy({ repository: input.repository, root: localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME) });
+      return { integrationHead };
+    },
+  };
+}
+
+export interface AgentRunInput {
+  role: AgentRole;
+  spec: AgentSpec;
+  sandboxPath: string;
+  objectiveDir: string;
+  objective: { id: string; text: string };
+  stream: { id: string; task: string; branch: string };
+  targetBranch: string;
+  iteration: number;
+  feedback?: Feedback;
+  resumeSessionId?: string;
+}
+
+export interface AgentRunResult {
+  exitCode: number | null;
+  sessionId?: string;
+  usage: TokenUsage;
+  toolCalls: number;
+  /** Tail of the agent's text output (redacted). */
+  output: string;
+  verdict?: ReviewVerdict;
+  durationMs: number;
+}
+
+export function createAgentActivities(deps: ActivityDeps = defaultActivityDeps()) {
+  const { sandboxes } = deps;
+  return {
+    async runAgent(input: AgentRunInput): Promise<AgentRunResult> {
+      const provider = agentProvider(input.spec.provider);
+      const promptContext = {
+        role: input.role,
+        objective: input.objective.text,
+        objectiveId: input.objective.id,
+        streamId: input.stream.id,
+        task: input.stream.task,
+        iteration: input.iteration,
+        sourceBranch: input.stream.branch,
+        targetBranch: input.targetBranch,
+        feedback: input.feedback,
+      };
+      const command = provider.buildCommand({
+        role: input.role,
+        spec: input.spec,
+        prompt: buildPrompt(promptContext),
+        cwd: input.sandboxPath,
+        resumeSessionId: input.resumeSessionId,
+        env: {},
+      });
+      const env = {
+        ...(await commitIdentityEnv(input.sandboxPath)),
+        ...contextEnv(promptContext),
+        SLIPWAY_OBJECTIVE_DIR: input.objectiveDir,
+        SLIPWAY_SANDBOX: input.sandboxPath,
+        ...command.env,
+      };
+      const usage: TokenUsage = { inputTokens: 0, outputTokens: 0, cachedTokens: 0, costUsd: 0 };
+      const texts: string[] = [];
+      let sessionId: string | undefined;
+      let toolCalls = 0;
+      const events: AgentEvent[] = [];
+      const onEvent = (event: AgentEvent) => {
+        switch (event.type) {
+          case 'text':
+          case 'result':
+            texts.push(event.text);
+            break;
+          case 'session':
+            sessionId = event.sessionId;
+            break;
+          case 'tool_call':
+            toolCalls += 1;
+            break;
+          case 'usage':
+            usage.inputTokens += event.inputTokens;
+            usage.outputTokens += event.outputTokens;
+            usage.cachedTokens = (usage.cachedTokens ?? 0) + (event.cachedTokens ?? 0);
+            usage.costUsd = (usage.costUsd ?? 0) + (event.costUsd ?? 0);
+            break;
+          default:
+            events.push(event);
+        }
+      };
+      const run = await withHeartbeat((signal, beat) =>
+        sandboxes.exec(
+          { root: input.sandboxPath },
+          {
+            command: command.command,
+            args: command.args,
+            shell: command.shell,
+            stdin: command.stdin,
+            env,
+            signal,
+            timeoutMs: input.spec.timeout_minutes * 60_000,
+            onLine: (stream, line) => {
+              for (const event of provider.parseLine(line, stream)) onEvent(event);
+              beat({ lines: texts.length });
+            },
+          },
+        ),
+      );
+      const output = redact(tail(texts.join('\n'), 6_000));
+      const name = `${input.role} agent (${input.spec.provider})`;
+      if (run.cancelled) throw failure('agent_runtime_transient', `${name} was cancelled`);
+      if (run.timedOut) throw failure('agent_runtime_transient', `${name} ran past its ${input.spec.timeout_minutes} minute limit and was killed`);
+      const rateLimit = events.find((e) => e.type === 'rate_limit');
+      if (rateLimit && rateLimit.type === 'rate_limit') {
+        throw failure('provider_rate_limit', `${name} hit a rate limit`, { resetAt: rateLimit.resetAt });
+      }
+      if (run.exitCode !== 0) {
+        throw failure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${redact(tail(run.stderr.trim() || output, 1_000))}`);
+      }
+      let verdict: ReviewVerdict | undefined;
+      if (input.role === 'reviewer') {
+        const parsed = extractTagged(texts.join('\n'), 'review', ReviewVerdictSchema);
+        if (!parsed.ok) throw failure('agent_runtime_transient', `reviewer gave no usable verdict: ${parsed.error}`);
+        verdict = parsed.value;
+      }
+      Context.current().log.info('agent run finished', { role: input.role, stream: input.stream.id, durationMs: run.durationMs });
+      return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, verdict, durationMs: run.durationMs };
+    },
+  };
+}
+
+export type SlipwayActivities = ReturnType<typeof createActivities>;
+export type SlipwayAgentActivities = ReturnType<typeof createAgentActivities>;
+
+/** Where an objective's worktrees live, for cleanup and display. */
+export const objectiveWorktreesDir = (repository: string, objectiveId: string) => path.join(repository, '.slipway', 'worktrees', objectiveId);

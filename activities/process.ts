@@ -1,0 +1,189 @@
+/**
+ * Runs a child process in its own process group, streams its output line by line,
+ * and kills the whole group on timeout or cancellation (agents and gates spawn children).
+ */
+import { spawn } from 'node:child_process';
+
+export interface RunOptions {
+  /** Executable, or a shell command line when `shell` is true. */
+  command: string;
+  args?: string[];
+  shell?: boolean;
+  cwd: string;
+  env?: NodeJS.ProcessEnv;
+  stdin?: string;
+  timeoutMs?: number;
+  signal?: AbortSignal;
+  onLine?: (stream: 'stdout' | 'stderr', line: string) => void;
+  /** Bytes of stdout/stderr kept (the tail). */
+  maxCaptureBytes?: number;
+  /** Longest line handed to onLine; longer lines are cut (the rest is dropped, not split). */
+  maxLineBytes?: number;
+}
+
+export interface RunResult {
+  exitCode: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+  timedOut: boolean;
+  cancelled: boolean;
+  durationMs: number;
+}
+
+const DEFAULT_CAPTURE = 64 * 1024;
+const DEFAULT_MAX_LINE = 4 * 1024 * 1024;
+
+/** Keeps the last `limit` bytes of a stream. */
+class TailBuffer {
+  private chunks: Buffer[] = [];
+  private size = 0;
+  truncated = false;
+  constructor(private readonly limit: number) {}
+  push(chunk: Buffer): void {
+    this.chunks.push(chunk);
+    this.size += chunk.length;
+    while (this.size > this.limit && this.chunks.length > 1) {
+      this.size -= this.chunks.shift()!.length;
+      this.truncated = true;
+    }
+  }
+  toString(): string {
+    let buf = Buffer.concat(this.chunks);
+    if (buf.length > this.limit) {
+      buf = buf.subarray(buf.length - this.limit);
+      this.truncated = true;
+    }
+    return (this.truncated ? '…[truncated]\n' : '') + buf.toString('utf8');
+  }
+}
+
+/** Splits a byte stream into lines without holding more than maxLineBytes of one line. */
+class LineSplitter {
+  private pending: Buffer[] = [];
+  private pendingSize = 0;
+  private overflow = false;
+  constructor(private readonly maxLine: number, private readonly emit: (line: string) => void) {}
+  push(chunk: Buffer): void {
+    let start = 0;
+    for (let i = chunk.indexOf(10); i !== -1; i = chunk.indexOf(10, start)) {
+      this.append(chunk.subarray(start, i));
+      this.flush();
+      start = i + 1;
+    }
+    if (start < chunk.length) this.append(chunk.subarray(start));
+  }
+  end(): void {
+    if (this.pendingSize > 0 || this.overflow) this.flush();
+  }
+  private append(part: Buffer): void {
+    if (this.overflow) return;
+    const room = this.maxLine - this.pendingSize;
+    if (part.length > room) {
+      this.pending.push(part.subarray(0, room));
+      this.pendingSize += room;
+      this.overflow = true;
+    } else {
+      this.pending.push(part);
+      this.pendingSize += part.length;
+    }
+  }
+  private flush(): void {
+    let line = Buffer.concat(this.pending).toString('utf8');
+    if (line.endsWith('\r')) line = line.slice(0, -1);
+    this.pending = [];
+    this.pendingSize = 0;
+    this.overflow = false;
+    this.emit(line);
+  }
+}
+
+export function killProcessGroup(pid: number | undefined, signal: NodeJS.Signals = 'SIGKILL'): void {
+  if (!pid) return;
+  try {
+    process.kill(-pid, signal);
+  } catch {
+    try {
+      process.kill(pid, signal);
+    } catch {
+      /* already gone */
+    }
+  }
+}
+
+export function runProcess(opts: RunOptions): Promise<RunResult> {
+  const started = Date.now();
+  return new Promise<RunResult>((resolve, reject) => {
+    if (opts.signal?.aborted) {
+      resolve({ exitCode: null, signal: null, stdout: '', stderr: '', timedOut: false, cancelled: true, durationMs: 0 });
+      return;
+    }
+    const child = spawn(opts.command, opts.args ?? [], {
+      cwd: opts.cwd,
+      env: opts.env ?? process.env,
+      shell: opts.shell ? '/bin/sh' : false,
+      detached: true, // own process group, so we can kill the whole tree
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    const capture = opts.maxCaptureBytes ?? DEFAULT_CAPTURE;
+    const out = new TailBuffer(capture);
+    const err = new TailBuffer(capture);
+    const maxLine = opts.maxLineBytes ?? DEFAULT_MAX_LINE;
+    const outLines = opts.onLine ? new LineSplitter(maxLine, (l) => opts.onLine!('stdout', l)) : undefined;
+    const errLines = opts.onLine ? new LineSplitter(maxLine, (l) => opts.onLine!('stderr', l)) : undefined;
+    let timedOut = false;
+    let cancelled = false;
+
+    child.stdout.on('data', (c: Buffer) => {
+      out.push(c);
+      outLines?.push(c);
+    });
+    child.stderr.on('data', (c: Buffer) => {
+      err.push(c);
+      errLines?.push(c);
+    });
+    child.stdin.on('error', () => undefined); // the child may exit without reading stdin
+    if (opts.stdin !== undefined) child.stdin.end(opts.stdin);
+    else child.stdin.end();
+
+    const timer = opts.timeoutMs
+      ? setTimeout(() => {
+          timedOut = true;
+          killProcessGroup(child.pid);
+        }, opts.timeoutMs)
+      : undefined;
+    const onAbort = () => {
+      cancelled = true;
+      killProcessGroup(child.pid);
+    };
+    opts.signal?.addEventListener('abort', onAbort, { once: true });
+
+    child.on('error', (e) => {
+      if (timer) clearTimeout(timer);
+      opts.signal?.removeEventListener('abort', onAbort);
+      reject(e);
+    });
+    child.on('close', (code, signal) => {
+      if (timer) clearTimeout(timer);
+      opts.signal?.removeEventListener('abort', onAbort);
+      outLines?.end();
+      errLines?.end();
+      // Children that outlived the leader (daemonised helpers) must not linger.
+      killProcessGroup(child.pid);
+      resolve({
+        exitCode: code,
+        signal,
+        stdout: out.toString(),
+        stderr: err.toString(),
+        timedOut,
+        cancelled,
+        durationMs: Date.now() - started,
+      });
+    });
+  });
+}
+
+/** Tail of a text, for failure summaries that go into workflow history. */
+export function tail(text: string, maxChars: number): string {
+  return text.length <= maxChars ? text : '…' + text.slice(text.length - maxChars);
+}

@@ -1,0 +1,54 @@
+/**
+ * The sandbox provider contract. Local worktrees implement it now; Daytona and Kubernetes
+ * providers implement the same interface and pass the same contract suite (test/contract).
+ */
+import type { RunResult } from '../process';
+
+export interface SandboxCreateRequest {
+  sandboxId: string;
+  repository: string;
+  /** Group the sandbox belongs to (an objective id, or an account's project). */
+  group: string;
+  /** Directory name inside the group. */
+  name: string;
+  branch: string;
+  /** Branch or commit to start from. */
+  base: string;
+}
+
+export interface SandboxHandle {
+  sandboxId: string;
+  provider: string;
+  /** Root of the sandbox filesystem as seen by exec (absolute). */
+  root: string;
+  branch: string;
+  baseCommit: string;
+  headCommit: string;
+  /** True when create found an existing sandbox and reused it (idempotent retry). */
+  reused: boolean;
+}
+
+export interface ExecRequest {
+  command: string;
+  args?: string[];
+  shell?: boolean;
+  /** Working directory relative to the sandbox root. */
+  cwd?: string;
+  env?: Record<string, string>;
+  stdin?: string;
+  timeoutMs?: number;
+  signal?: AbortSignal;
+  onLine?: (stream: 'stdout' | 'stderr', line: string) => void;
+  maxCaptureBytes?: number;
+}
+
+export interface SandboxProvider {
+  readonly kind: string;
+  create(request: SandboxCreateRequest): Promise<SandboxHandle>;
+  exec(handle: Pick<SandboxHandle, 'root'>, request: ExecRequest): Promise<RunResult>;
+  readFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<Buffer>;
+  writeFile(handle: Pick<SandboxHandle, 'root'>, path: string, content: Buffer | string): Promise<void>;
+  deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<void>;
+  destroy(request: { repository: string; root: string }): Promise<void>;
+  list(repository: string): Promise<Array<{ root: string; branch?: string; head: string }>>;
+}

@@ -1,0 +1,26 @@
+/**
+ * Failure kinds: the one table of what can go wrong and what Slipway does about it.
+ * Activities throw ApplicationFailure with `type` set to one of these kinds; workflows
+ * read the kind back to pick the action.
+ */
+export const FAILURE_KINDS = {
+  quality_gate_failure: { action: 'rerun_builder_with_gate_output', retryable: false, summary: 'a quality gate failed' },
+  review_rejection: { action: 'rerun_builder_with_review_feedback', retryable: false, summary: 'the reviewer rejected the work' },
+  agent_runtime_transient: { action: 'retry_step', retryable: true, summary: 'the agent crashed, hung or exited abnormally' },
+  sandbox_failure: { action: 'retry_step', retryable: true, summary: 'the sandbox could not be created or used' },
+  provider_rate_limit: { action: 'wait_until_reset', retryable: true, summary: 'the agent provider rate-limited the run' },
+  merge_conflict: { action: 'rebuild_on_integration', retryable: false, summary: 'the stream conflicts with the integration branch' },
+  post_merge_gate_failure: { action: 'revert_merge_and_restart_stream', retryable: false, summary: 'a gate failed after the merge' },
+  configuration_error: { action: 'fail', retryable: false, summary: 'the configuration is invalid' },
+  unknown: { action: 'retry_step', retryable: true, summary: 'an unexpected error' },
+} as const;
+
+export type FailureKind = keyof typeof FAILURE_KINDS;
+export const FAILURE_KIND_NAMES = Object.keys(FAILURE_KINDS) as FailureKind[];
+
+/** Failure types Temporal must not retry automatically: the workflow handles them itself. */
+export const NON_RETRYABLE_FAILURE_KINDS: FailureKind[] = FAILURE_KIND_NAMES.filter((k) => !FAILURE_KINDS[k].retryable);
+
+export function isFailureKind(value: unknown): value is FailureKind {
+  return typeof value === 'string' && value in FAILURE_KINDS;
+}

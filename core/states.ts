@@ -1,0 +1,18 @@
+/** Lifecycle states and outcomes, each defined once. */
+export const SANDBOX_STATES = ['pending', 'ready', 'suspending', 'suspended', 'restoring', 'terminating', 'terminated', 'failed'] as const;
+export type SandboxState = (typeof SANDBOX_STATES)[number];
+
+export const OBJECTIVE_OUTCOMES = ['completed', 'partial', 'failed', 'blocked'] as const;
+export type ObjectiveOutcome = (typeof OBJECTIVE_OUTCOMES)[number];
+
+export const OBJECTIVE_PHASES = ['preparing', 'running', 'merging', 'finishing', 'done'] as const;
+export type ObjectivePhase = (typeof OBJECTIVE_PHASES)[number];
+
+export const STREAM_PHASES = ['waiting', 'provisioning', 'building', 'gates', 'reviewing', 'merge_ready', 'merging', 'merged', 'failed'] as const;
+export type StreamPhase = (typeof STREAM_PHASES)[number];
+
+export const AGENT_ROLES = ['builder', 'reviewer', 'planner', 'scout'] as const;
+export type AgentRole = (typeof AGENT_ROLES)[number];
+
+export const WORKFLOW_KINDS = ['objective', 'stream', 'sandbox', 'janitor', 'reaper'] as const;
+export type WorkflowKind = (typeof WORKFLOW_KINDS)[number];

@@ -1,0 +1,4 @@
+/** Workflow entry point for the worker bundle: exports every workflow type. */
+export { objectiveWorkflow } from './objective';
+export { streamWorkflow } from './stream';
+export { sandboxWorkflow } from './sandbox';

@@ -1,0 +1,73 @@
+/**
+ * Sandbox workflow: owns one sandbox's lifecycle.
+ * pending -> ready -> terminating -> terminated, or failed when provisioning fails.
+ */
+import {
+  CancellationScope,
+  condition,
+  defineQuery,
+  defineSignal,
+  getExternalWorkflowHandle,
+  isCancellation,
+  setCurrentDetails,
+  setHandler,
+  upsertSearchAttributes,
+  log,
+} from '@temporalio/workflow';
+import { SlipwayKind, SlipwayObjective, SlipwaySandboxState } from '../core/search-attributes';
+import type { SandboxState } from '../core/states';
+import type { SandboxInfo, SandboxInput, SandboxResult } from '../core/types';
+import { gitActivities } from './activity-options';
+
+/** Sent by the sandbox to its owner once it is ready. */
+export const sandboxReadySignal = defineSignal<[SandboxInfo]>('sandboxReady');
+/** Sent by the owner when it no longer needs the sandbox. */
+export const releaseSandboxSignal = defineSignal<[]>('releaseSandbox');
+export const sandboxStateQuery = defineQuery<{ state: SandboxState; info?: SandboxInfo; error?: string }>('sandboxState');
+
+export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResult> {
+  const acts = gitActivities();
+  let state: SandboxState = 'pending';
+  let info: SandboxInfo | undefined;
+  let error: string | undefined;
+  let released = false;
+
+  const enter = (next: SandboxState, details: string) => {
+    state = next;
+    upsertSearchAttributes([{ key: SlipwaySandboxState, value: next }]);
+    setCurrentDetails(`**${next}** — ${details}`);
+  };
+  upsertSearchAttributes([
+    { key: SlipwayKind, value: 'sandbox' },
+    { key: SlipwayObjective, value: input.objectiveId },
+  ]);
+  setHandler(sandboxStateQuery, () => ({ state, info, error }));
+  setHandler(releaseSandboxSignal, () => {
+    released = true;
+  });
+  enter('pending', `creating ${input.provider} sandbox on branch \`${input.branch}\``);
+
+  try {
+    info = await acts.createSandbox(input);
+  } catch (e) {
+    error = e instanceof Error ? e.message : String(e);
+    enter('failed', `provisioning failed: ${error}`);
+    log.warn('sandbox provisioning failed', { sandboxId: input.sandboxId, error });
+    return { sandboxId: input.sandboxId, state: 'failed', error };
+  }
+  enter('ready', `\`${info.path}\` on branch \`${info.branch}\``);
+  await getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxReadySignal, info);
+
+  try {
+    await condition(() => released);
+  } catch (e) {
+    if (!isCancellation(e)) throw e;
+  }
+  // Cleanup must run even when the owner was cancelled.
+  await CancellationScope.nonCancellable(async () => {
+    enter('terminating', 'removing the worktree');
+    await acts.destroySandbox({ repository: input.repository, path: info!.path });
+  });
+  enter('terminated', 'worktree removed; the branch is kept');
+  return { sandboxId: input.sandboxId, state: 'terminated' };
+}
