@@ -164,8 +164,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     if (branchFromOverride) candidate = overrides.baseBranch;
     else if (fileBranch !== undefined) candidate = fileBranch;
     else if (rawObject.base_branch === undefined) {
-      // `currentBranch` yields '' (not undefined) on a detached HEAD: simple-git does not
-      // throw when `symbolic-ref --quiet` exits 1 without output.
+      // A detached HEAD may come back as '' rather than undefined (older simple-git based git.ts).
       candidate = (await currentBranch(repository).catch(() => undefined)) || undefined;
       fromCurrent = true;
       if (candidate === undefined) {
@@ -177,7 +176,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
       if (candidate.trim() === '' || candidate.startsWith('-')) {
         problems.push(branchProblem(`"${candidate}" is not a valid branch name`));
       } else {
-        // `resolveCommit` yields '' rather than throwing for an unknown ref (same simple-git behaviour).
+        // An unknown ref may come back as '' rather than a throw (older simple-git based git.ts).
         const commit = await resolveCommit(repository, candidate).catch(() => undefined);
         if (!commit) {
           problems.push(
