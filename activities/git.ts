@@ -4,19 +4,34 @@
  */
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import { simpleGit, type SimpleGit } from 'simple-git';
+import { execFile } from 'node:child_process';
 import { SLIPWAY_DIR } from '../core/ids';
 
 /** Identity for commits Slipway makes when the repository has none configured. */
 export const SLIPWAY_GIT_IDENTITY = { name: 'Slipway', email: 'slipway@localhost' };
 
-export function gitAt(dir: string): SimpleGit {
-  return simpleGit({ baseDir: dir, trimmed: false, maxConcurrentProcesses: 4 });
+export class GitError extends Error {
+  constructor(readonly args: string[], readonly exitCode: number | null, readonly stderr: string) {
+    super(`git ${args.join(' ')} failed (exit ${exitCode}): ${stderr.trim()}`);
+    this.name = 'GitError';
+  }
+}
+
+/**
+ * Runs git and fails on a non-zero exit. (simple-git was tried first: it resolves some failing
+ * commands, such as `rev-parse --verify --quiet` of a missing ref, as success; see ADR 0001.)
+ */
+export function rawGit(dir: string, args: string[], env?: NodeJS.ProcessEnv): Promise<string> {
+  return new Promise((resolve, reject) => {
+    execFile('git', ['-C', dir, ...args], { env: env ?? process.env, maxBuffer: 64 * 1024 * 1024 }, (error, stdout, stderr) => {
+      if (error) reject(new GitError(args, typeof error.code === 'number' ? error.code : null, stderr || error.message));
+      else resolve(stdout);
+    });
+  });
 }
 
 export async function git(dir: string, args: string[]): Promise<string> {
-  const out = await gitAt(dir).raw(args);
-  return out.trim();
+  return (await rawGit(dir, args)).trim();
 }
 
 /** Like `git` but returns undefined instead of throwing (for probes such as rev-parse). */
@@ -50,7 +65,7 @@ export async function branchExists(dir: string, branch: string): Promise<boolean
 
 export async function isAncestor(dir: string, ancestor: string, descendant: string): Promise<boolean> {
   try {
-    await gitAt(dir).raw(['merge-base', '--is-ancestor', ancestor, descendant]);
+    await rawGit(dir, ['merge-base', '--is-ancestor', ancestor, descendant]);
     return true;
   } catch {
     return false;
@@ -87,8 +102,7 @@ export async function commitIdentityEnv(dir: string): Promise<Record<string, str
 
 export async function gitWithIdentity(dir: string, args: string[]): Promise<string> {
   const env = await commitIdentityEnv(dir);
-  const out = await gitAt(dir).env({ ...process.env, ...env }).raw(args);
-  return out.trim();
+  return (await rawGit(dir, args, { ...process.env, ...env })).trim();
 }
 
 export interface WorktreeEntry {

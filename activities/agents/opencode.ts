@@ -1,0 +1,226 @@
+/**
+ * The `opencode` provider: OpenCode's non-interactive `run` command.
+ *
+ *   opencode run --format json [--model provider/model] [--session SESSION] [--auto]
+ *                [...extra_args]                      (prompt on stdin, never in argv)
+ *
+ * `opencode run` reads piped stdin and uses it as the message when no message argument is given
+ * (resolveRunInput in packages/opencode/src/cli/cmd/run.ts), so prompts of any size go there.
+ *
+ * Format followed: `opencode run --format json` of opencode 1.x (anomalyco/opencode, formerly
+ * sst/opencode: packages/opencode/src/cli/cmd/run.ts, session/message-v2.ts; opencode.ai/docs/cli).
+ * Every line is {type, timestamp, sessionID, ...}: `step_start` {part}, `text` {part.text} (emitted
+ * once the part is complete), `reasoning` (only with --thinking), `tool_use` {part.tool,
+ * part.state.input, part.state.status completed|error}, `step_finish` {part.reason, part.cost,
+ * part.tokens {input, output, reasoning, cache {read, write}}}, `error` {error: {name, data:
+ * {message, statusCode, isRetryable, responseHeaders}}} and, in recent versions, `done`.
+ *
+ * Usage and cost come from each `step_finish`: every step is one model call and reports only its
+ * own tokens and cost, so the events add up without double counting. OpenCode's `tokens.input`
+ * excludes the cache, so inputTokens = input + cache.read + cache.write (shared convention:
+ * inputTokens includes cached tokens, cachedTokens = cache reads); outputTokens = output + reasoning,
+ * as opencode counts reasoning separately.
+ * The final answer (`result`) is the text of the last step, emitted when a step finishes for a
+ * reason other than tool calls, or at `done` if that did not happen.
+ */
+import type { AgentEvent, AgentProvider } from './provider';
+
+type Json = Record<string, unknown>;
+
+const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
+const str = (value: unknown): string | undefined => (typeof value === 'string' ? value : undefined);
+const num = (value: unknown): number => (typeof value === 'number' && Number.isFinite(value) ? value : 0);
+
+const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|hit your limit|too many requests|\b429\b|resource[ _]exhausted/i;
+const STDERR_ERROR = /^\s*(error|fatal)\b/i;
+const TOOL_STEP = /^tool[-_]calls?$/;
+
+/** `permission_mode` values accepted for opencode. `auto` is opencode's own flag (1.18+); `bypassPermissions` uses the OPENCODE_PERMISSION override every version reads. */
+const PERMISSIONS: Record<string, { args?: string[]; env?: Record<string, string> }> = {
+  default: {},
+  auto: { args: ['--auto'] },
+  bypassPermissions: { env: { OPENCODE_PERMISSION: '{"*":"allow"}' } },
+};
+
+function decode(line: string): { json: Json } | { text: string } | undefined {
+  const trimmed = line.trim();
+  if (!trimmed) return undefined;
+  if (trimmed[0] !== '{' && trimmed[0] !== '[') return { text: line };
+  try {
+    const value: unknown = JSON.parse(trimmed);
+    return isObject(value) ? { json: value } : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** "1.5s", "6m0s", "250ms", "30" (seconds) -> milliseconds. */
+function durationMs(text: string): number | undefined {
+  const trimmed = text.trim();
+  if (/^\d+(\.\d+)?$/.test(trimmed)) return Number(trimmed) * 1000;
+  let total = 0;
+  let matched = false;
+  for (const part of trimmed.matchAll(/(\d+(?:\.\d+)?)(ms|h|m|s)/g)) {
+    matched = true;
+    total += Number(part[1]) * { ms: 1, h: 3_600_000, m: 60_000, s: 1_000 }[part[2] as 'ms' | 'h' | 'm' | 's'];
+  }
+  return matched ? total : undefined;
+}
+
+/** When a rate limit resets, from the provider's response headers or message, as an ISO string. */
+export function opencodeResetAt(headers: Record<string, string>, message: string): string | undefined {
+  const inMs = (ms: number | undefined) => (ms !== undefined && Number.isFinite(ms) ? new Date(Date.now() + Math.ceil(ms)).toISOString() : undefined);
+  if (headers['retry-after-ms'] && /^\d+(\.\d+)?$/.test(headers['retry-after-ms'])) return inMs(Number(headers['retry-after-ms']));
+  const retryAfter = headers['retry-after'];
+  if (retryAfter) {
+    if (/^\d+(\.\d+)?$/.test(retryAfter.trim())) return inMs(Number(retryAfter) * 1000);
+    const date = Date.parse(retryAfter);
+    if (!Number.isNaN(date)) return new Date(date).toISOString();
+  }
+  // Anthropic: anthropic-ratelimit-*-reset are RFC 3339 instants; OpenAI: x-ratelimit-reset-* are durations.
+  const resets: number[] = [];
+  for (const [name, value] of Object.entries(headers)) {
+    if (/^anthropic-ratelimit-.*-reset$/.test(name)) {
+      const date = Date.parse(value);
+      if (!Number.isNaN(date)) resets.push(date);
+    } else if (/^x-ratelimit-reset-/.test(name)) {
+      const ms = durationMs(value);
+      if (ms !== undefined) resets.push(Date.now() + ms);
+    }
+  }
+  if (resets.length > 0) return new Date(Math.max(...resets)).toISOString();
+  const inText = /try again in\s+(\d+(?:\.\d+)?)\s*(ms|s|seconds?)\b/i.exec(message);
+  if (inText) return inMs(Number(inText[1]) * (inText[2].toLowerCase() === 'ms' ? 1 : 1000));
+  return undefined;
+}
+
+/** One provider instance per agent run (see registry.ts): the parser keeps the session id and the text of the current step. */
+export function createOpencodeProvider(): AgentProvider {
+  let sessionId: string | undefined;
+  let stepText: string[] = [];
+  let resultSent = false;
+  let rateLimited = false;
+
+  const session = (id: unknown): AgentEvent[] => {
+    if (typeof id !== 'string' || !id || id === sessionId) return [];
+    sessionId = id;
+    return [{ type: 'session', sessionId: id }];
+  };
+
+  const answer = (): AgentEvent[] => {
+    if (resultSent || stepText.length === 0) return [];
+    resultSent = true;
+    return [{ type: 'result', text: stepText.join('\n') }];
+  };
+
+  const error = (raw: unknown): AgentEvent[] => {
+    const err = isObject(raw) ? raw : {};
+    const data = isObject(err.data) ? err.data : {};
+    const name = str(err.name) ?? 'Error';
+    const message = str(data.message) ?? str(err.message) ?? name;
+    const out: AgentEvent[] = [];
+    const status = typeof data.statusCode === 'number' ? data.statusCode : undefined;
+    if (!rateLimited && (status === 429 || RATE_LIMIT_TEXT.test(message))) {
+      rateLimited = true;
+      const headers: Record<string, string> = {};
+      if (isObject(data.responseHeaders)) {
+        for (const [key, value] of Object.entries(data.responseHeaders)) {
+          if (typeof value === 'string') headers[key.toLowerCase()] = value;
+        }
+      }
+      const resetAt = opencodeResetAt(headers, message);
+      out.push(resetAt ? { type: 'rate_limit', resetAt, message } : { type: 'rate_limit', message });
+    }
+    out.push({ type: 'error', message: name !== 'Error' && !message.startsWith(name) ? `${name}: ${message}` : message });
+    return out;
+  };
+
+  return {
+    kind: 'opencode',
+    buildCommand(invocation) {
+      const { spec } = invocation;
+      const args = ['run', '--format', 'json'];
+      if (spec.model) {
+        if (!/^[^/\s]+\/\S+$/.test(spec.model)) throw new Error(`opencode needs model as "provider/model", got "${spec.model}"`);
+        args.push('--model', spec.model);
+      }
+      if (invocation.resumeSessionId) args.push('--session', invocation.resumeSessionId);
+      const env: Record<string, string> = { ...invocation.env };
+      if (spec.permission_mode !== undefined) {
+        const mode = PERMISSIONS[spec.permission_mode];
+        if (!mode) {
+          throw new Error(`opencode does not know permission_mode "${spec.permission_mode}" (use one of: ${Object.keys(PERMISSIONS).join(', ')})`);
+        }
+        args.push(...(mode.args ?? []));
+        Object.assign(env, mode.env);
+      }
+      args.push(...spec.extra_args);
+      return {
+        command: spec.command ?? 'opencode',
+        args,
+        stdin: invocation.prompt,
+        env: Object.keys(env).length > 0 ? env : undefined,
+      };
+    },
+    parseLine(line, stream) {
+      try {
+        if (stream === 'stderr') {
+          if (RATE_LIMIT_TEXT.test(line) && !rateLimited) {
+            rateLimited = true;
+            return [{ type: 'rate_limit', message: line.trim() }];
+          }
+          return STDERR_ERROR.test(line) ? [{ type: 'error', message: line.trim() }] : [];
+        }
+        const decoded = decode(line);
+        if (!decoded) return [];
+        if ('text' in decoded) return [{ type: 'text', text: decoded.text }];
+        const event = decoded.json;
+        const part = isObject(event.part) ? event.part : {};
+        const out = session(event.sessionID ?? part.sessionID);
+        switch (event.type) {
+          case 'step_start':
+            stepText = [];
+            resultSent = false;
+            break;
+          case 'text':
+            if (typeof part.text === 'string' && part.text.trim()) {
+              stepText.push(part.text);
+              out.push({ type: 'text', text: part.text });
+            }
+            break;
+          case 'tool_use': {
+            const state = isObject(part.state) ? part.state : {};
+            if (typeof part.tool === 'string') out.push({ type: 'tool_call', name: part.tool, input: state.input });
+            break;
+          }
+          case 'step_finish': {
+            const tokens = isObject(part.tokens) ? part.tokens : undefined;
+            if (tokens || typeof part.cost === 'number') {
+              const t = tokens ?? {};
+              const cache = isObject(t.cache) ? t.cache : {};
+              out.push({
+                type: 'usage',
+                inputTokens: num(t.input) + num(cache.read) + num(cache.write),
+                outputTokens: num(t.output) + num(t.reasoning),
+                cachedTokens: num(cache.read),
+                ...(typeof part.cost === 'number' ? { costUsd: part.cost } : {}),
+              });
+            }
+            if (!TOOL_STEP.test(str(part.reason) ?? '')) out.push(...answer());
+            break;
+          }
+          case 'done':
+            out.push(...answer());
+            break;
+          case 'error':
+            out.push(...error(event.error));
+            break;
+          // reasoning and future event types: nothing beyond the session.
+        }
+        return out;
+      } catch {
+        return [];
+      }
+    },
+  };
+}

@@ -1,0 +1,212 @@
+/**
+ * The `pi` provider: the pi coding agent (earendil-works/pi, formerly badlogic/pi-mono,
+ * packages/coding-agent) in single-shot JSON mode.
+ *
+ *   pi -p --mode json [--model M] [--session SESSION] [--tools read,grep,find,ls]
+ *      [...extra_args]                                (prompt on stdin, never in argv)
+ *
+ * Outside RPC mode pi reads piped stdin and uses it as the first prompt (docs/cli.md "Piped stdin";
+ * src/cli/initial-message.ts), so prompts of any size go there. `--mode json` selects the event
+ * stream and one-shot execution; `-p` is kept for older releases. `--session <id>` reopens a session
+ * by id (docs/sessions.md). pi has no approval prompts, so `permission_mode` only narrows the tools.
+ *
+ * Format followed: docs/json.md (JSON Event Stream Mode) and docs/cli.md of pi 0.7x+: a `session`
+ * header {id, version, cwd}, then AgentSessionEvent records: agent_start/agent_end {messages,
+ * willRetry}, turn_start/turn_end, message_start/message_update (deltas)/message_end {message},
+ * tool_execution_start {toolName, args}/_update/_end {isError}, auto_retry_start/auto_retry_end
+ * {success, finalError}, compaction_*, queue_update, agent_settled. Assistant messages follow
+ * pi-ai's AssistantMessage: content text/thinking/toolCall blocks, usage {input, output, cacheRead,
+ * cacheWrite, totalTokens, cost {total}}, stopReason stop|length|toolUse|error|aborted, errorMessage.
+ *
+ * Usage and cost come from `message_end` of assistant messages: each is one model response with
+ * its own usage. `message_update.usage` (running snapshot of the message in flight), `turn_end` and
+ * `agent_end` (which repeat finished messages) are ignored, so nothing is counted twice.
+ * pi's `input` excludes cache reads and writes, so inputTokens = input + cacheRead + cacheWrite and
+ * cachedTokens = cacheRead (shared convention).
+ * Tool calls come from `tool_execution_start` (not from the toolCall blocks, to count each once).
+ * The final answer is the last assistant message at an `agent_end` that will not be retried; a
+ * rate limit is only reported then (or at a failed `auto_retry_end`), never for an attempt pi retries.
+ */
+import type { AgentEvent, AgentProvider } from './provider';
+
+type Json = Record<string, unknown>;
+
+const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
+const str = (value: unknown): string | undefined => (typeof value === 'string' ? value : undefined);
+const num = (value: unknown): number => (typeof value === 'number' && Number.isFinite(value) ? value : 0);
+
+const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b|resource[ _]exhausted/i;
+const STDERR_ERROR = /^\s*(error|fatal)\b/i;
+const READ_ONLY_TOOLS = ['--tools', 'read,grep,find,ls'];
+
+/** `permission_mode` values accepted for pi. */
+const PERMISSION_FLAGS: Record<string, string[]> = {
+  default: [],
+  bypassPermissions: [],
+  'read-only': READ_ONLY_TOOLS,
+  plan: READ_ONLY_TOOLS,
+};
+
+function decode(line: string): { json: Json } | { text: string } | undefined {
+  const trimmed = line.trim();
+  if (!trimmed) return undefined;
+  if (trimmed[0] !== '{' && trimmed[0] !== '[') return { text: line };
+  try {
+    const value: unknown = JSON.parse(trimmed);
+    return isObject(value) ? { json: value } : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function epochToIso(value: string): string | undefined {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n <= 0) return undefined;
+  return new Date(n < 1e12 ? n * 1000 : n).toISOString();
+}
+
+/**
+ * When a limit resets, from the provider error pi passes through: `resets_at` (epoch seconds, the
+ * ChatGPT/Codex backend), `resets_in_seconds`, "retry after N seconds" or "try again in Ns".
+ */
+export function piResetAt(message: string): string | undefined {
+  const at = /resets_?at"?\s*[:=]\s*(\d{9,13})/i.exec(message);
+  if (at) return epochToIso(at[1]);
+  const inSeconds = /resets_in_seconds"?\s*[:=]\s*(\d+)/i.exec(message);
+  if (inSeconds) return new Date(Date.now() + Number(inSeconds[1]) * 1000).toISOString();
+  const relative = /(?:retry after|try again in)\s+(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\b/i.exec(message);
+  if (relative) {
+    const unit = (relative[2] ?? 's').toLowerCase();
+    const factor = unit === 'ms' ? 1 : unit.startsWith('h') ? 3_600_000 : unit.startsWith('m') ? 60_000 : 1_000;
+    return new Date(Date.now() + Math.ceil(Number(relative[1]) * factor)).toISOString();
+  }
+  return undefined;
+}
+
+function textOf(message: Json): string {
+  const content = message.content;
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return '';
+  return content
+    .filter((block): block is Json => isObject(block) && block.type === 'text' && typeof block.text === 'string')
+    .map((block) => block.text as string)
+    .join('\n');
+}
+
+/** One provider instance per agent run (see registry.ts): the parser keeps the session id, last error and rate-limit state. */
+export function createPiProvider(): AgentProvider {
+  let sessionId: string | undefined;
+  let lastAssistant: Json | undefined;
+  let lastError: string | undefined;
+  let rateLimited = false;
+
+  const error = (message: string): AgentEvent[] => {
+    if (message === lastError) return [];
+    lastError = message;
+    return [{ type: 'error', message }];
+  };
+
+  const limited = (message: string): AgentEvent[] => {
+    if (rateLimited || !RATE_LIMIT_TEXT.test(message)) return [];
+    rateLimited = true;
+    const resetAt = piResetAt(message);
+    return [resetAt ? { type: 'rate_limit', resetAt, message } : { type: 'rate_limit', message }];
+  };
+
+  const messageEnd = (message: Json): AgentEvent[] => {
+    if (message.role !== 'assistant') return [];
+    lastAssistant = message;
+    const out: AgentEvent[] = [];
+    for (const block of Array.isArray(message.content) ? message.content : []) {
+      if (isObject(block) && block.type === 'text' && typeof block.text === 'string' && block.text.trim()) {
+        out.push({ type: 'text', text: block.text });
+      }
+    }
+    if (isObject(message.usage)) {
+      const usage = message.usage;
+      const cost = isObject(usage.cost) ? usage.cost : undefined;
+      out.push({
+        type: 'usage',
+        inputTokens: num(usage.input) + num(usage.cacheRead) + num(usage.cacheWrite),
+        outputTokens: num(usage.output),
+        cachedTokens: num(usage.cacheRead),
+        ...(cost && typeof cost.total === 'number' ? { costUsd: cost.total } : {}),
+      });
+    }
+    if (message.stopReason === 'error' || message.stopReason === 'aborted') {
+      out.push(...error(str(message.errorMessage) ?? `pi request ${message.stopReason}`));
+    }
+    return out;
+  };
+
+  const agentEnd = (event: Json): AgentEvent[] => {
+    if (event.willRetry === true) return [];
+    const messages = Array.isArray(event.messages) ? event.messages.filter(isObject) : [];
+    const final = [...messages].reverse().find((m) => m.role === 'assistant') ?? lastAssistant;
+    if (!final) return [];
+    if (final.stopReason === 'error' || final.stopReason === 'aborted') {
+      const message = str(final.errorMessage) ?? `pi request ${final.stopReason}`;
+      return [...limited(message), ...error(message)];
+    }
+    return [{ type: 'result', text: textOf(final) }];
+  };
+
+  return {
+    kind: 'pi',
+    buildCommand(invocation) {
+      const { spec } = invocation;
+      const args = ['-p', '--mode', 'json'];
+      if (spec.model) args.push('--model', spec.model);
+      if (invocation.resumeSessionId) args.push('--session', invocation.resumeSessionId);
+      if (spec.permission_mode !== undefined) {
+        const flags = PERMISSION_FLAGS[spec.permission_mode];
+        if (!flags) {
+          throw new Error(`pi does not know permission_mode "${spec.permission_mode}" (use one of: ${Object.keys(PERMISSION_FLAGS).join(', ')})`);
+        }
+        args.push(...flags);
+      }
+      args.push(...spec.extra_args);
+      return {
+        command: spec.command ?? 'pi',
+        args,
+        stdin: invocation.prompt,
+        env: Object.keys(invocation.env).length > 0 ? { ...invocation.env } : undefined,
+      };
+    },
+    parseLine(line, stream) {
+      try {
+        if (stream === 'stderr') {
+          if (RATE_LIMIT_TEXT.test(line)) return limited(line.trim());
+          return STDERR_ERROR.test(line) ? error(line.trim()) : [];
+        }
+        const decoded = decode(line);
+        if (!decoded) return [];
+        if ('text' in decoded) return [{ type: 'text', text: decoded.text }];
+        const event = decoded.json;
+        switch (event.type) {
+          case 'session': {
+            const id = str(event.id);
+            if (!id || id === sessionId) return [];
+            sessionId = id;
+            return [{ type: 'session', sessionId: id }];
+          }
+          case 'message_end':
+            return isObject(event.message) ? messageEnd(event.message) : [];
+          case 'tool_execution_start':
+            return typeof event.toolName === 'string' ? [{ type: 'tool_call', name: event.toolName, input: event.args }] : [];
+          case 'agent_end':
+            return agentEnd(event);
+          case 'auto_retry_end': {
+            if (event.success !== false) return [];
+            const message = str(event.finalError) ?? 'pi gave up retrying';
+            return [...limited(message), ...error(message)];
+          }
+          default:
+            return []; // agent_start, turn_*, message_start/update, tool_execution_update/end, compaction_*, queue_update, agent_settled, ...
+        }
+      } catch {
+        return [];
+      }
+    },
+  };
+}

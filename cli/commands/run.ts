@@ -1,0 +1,97 @@
+import { WorkflowExecutionAlreadyStartedError } from '@temporalio/client';
+import { objectiveWorkflowId } from '../../core/ids';
+import { SlipwayKind, SlipwayObjective } from '../../core/search-attributes';
+import type { ObjectiveInput, ObjectiveResult } from '../../core/types';
+import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
+import { objectiveWorkflow } from '../../workflows/objective';
+import { CliError, EXIT } from '../exit-codes';
+import { followObjective } from '../follow';
+import { hasWorkflowPollers, openRuntime } from '../runtime';
+
+export interface RunOptions {
+  follow?: boolean;
+  json?: boolean;
+  repo?: string;
+  id?: string;
+  base?: string;
+}
+
+export async function runCommand(file: string, opts: RunOptions): Promise<number> {
+  let input: ObjectiveInput;
+  try {
+    input = await loadObjectiveFile(file, { repository: opts.repo, id: opts.id, baseBranch: opts.base });
+  } catch (e) {
+    if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
+    throw e;
+  }
+  // Progress goes to stderr so `--json` leaves stdout to the one result document.
+  const log = (line: string) => process.stderr.write(`${line}\n`);
+  const runtime = await openRuntime({ startIfMissing: true, log });
+  try {
+    const { client, settings, target } = runtime;
+    const workflowId = objectiveWorkflowId(input.id);
+    let handle;
+    try {
+      handle = await client.workflow.start(objectiveWorkflow, {
+        taskQueue: settings.taskQueue,
+        workflowId,
+        args: [input],
+        workflowIdReusePolicy: 'REJECT_DUPLICATE',
+        typedSearchAttributes: [
+          { key: SlipwayKind, value: 'objective' },
+          { key: SlipwayObjective, value: input.id },
+        ],
+        staticSummary: `Objective ${input.id}: ${input.objective.slice(0, 160)}`,
+        staticDetails: [
+          `Repository \`${input.repository}\`, base \`${input.baseBranch}\`.`,
+          '',
+          ...input.streams.map((s) => `- **${s.id}**${s.depends_on.length ? ` (after ${s.depends_on.join(', ')})` : ''}: ${s.task}`),
+        ].join('\n'),
+      });
+    } catch (e) {
+      if (e instanceof WorkflowExecutionAlreadyStartedError) {
+        throw new CliError(`objective "${input.id}" already exists (workflow ${workflowId}); choose another id with --id`, EXIT.badInput);
+      }
+      throw e;
+    }
+    const follow = opts.follow || runtime.hostsWorker;
+    if (!opts.json) log(`started ${workflowId}${target.uiUrl ? ` — ${target.uiUrl}/namespaces/${target.namespace}/workflows/${encodeURIComponent(workflowId)}` : ''}`);
+    if (!runtime.hostsWorker && !(await hasWorkflowPollers(client, target.namespace, settings.taskQueue))) {
+      log(`warning: no worker polls task queue "${settings.taskQueue}"; start one with \`slipway worker\` (or \`slipway dev\`)`);
+    }
+    if (!follow) {
+      if (opts.json) process.stdout.write(`${JSON.stringify({ objectiveId: input.id, workflowId, started: true })}\n`);
+      return EXIT.ok;
+    }
+    await followObjective(handle, opts.json ? () => undefined : log);
+    let result: ObjectiveResult;
+    try {
+      result = await handle.result();
+    } catch (e) {
+      const message = (e as Error).message;
+      if (opts.json) process.stdout.write(`${JSON.stringify({ objectiveId: input.id, workflowId, outcome: 'failed', error: message })}\n`);
+      else log(`objective ${input.id} failed: ${message}`);
+      return EXIT.runFailed;
+    }
+    const uiUrl = target.uiUrl ? `${target.uiUrl}/namespaces/${target.namespace}/workflows/${encodeURIComponent(workflowId)}` : undefined;
+    if (opts.json) {
+      process.stdout.write(`${JSON.stringify({ workflowId, webUi: uiUrl, ...result })}\n`);
+    } else {
+      process.stdout.write(renderResult(result, uiUrl));
+    }
+    return result.outcome === 'completed' ? EXIT.ok : EXIT.runFailed;
+  } finally {
+    await runtime.close();
+  }
+}
+
+export function renderResult(result: ObjectiveResult, uiUrl?: string): string {
+  const lines = [
+    `objective ${result.objectiveId}: ${result.outcome}`,
+    `integration branch: ${result.integrationBranch}${result.integrationHead ? ` @ ${result.integrationHead.slice(0, 12)}` : ''}`,
+    `merged (in order): ${result.mergeOrder.join(', ') || 'none'}`,
+    ...result.streams.map((s) => `  ${s.id.padEnd(16)} ${s.phase.padEnd(8)} iterations=${s.iterations}${s.failure ? `  ${s.failure.kind}: ${s.failure.summary}` : ''}`),
+  ];
+  if (uiUrl) lines.push(`Web UI: ${uiUrl}`);
+  return `${lines.join('\n')}\n`;
+}

@@ -1,0 +1,68 @@
+/** `slipway dev` (embedded server + worker in the foreground) and `slipway worker`. */
+import { NativeConnection } from '@temporalio/worker';
+import { isPortOpen, startDevServer, type DevServer } from '../../workers/dev-server';
+import { slipwaySettings } from '../../workers/settings';
+import { resolveTemporal } from '../../workers/temporal';
+import { createSlipwayWorkers } from '../../workers/worker';
+import { CliError, EXIT } from '../exit-codes';
+
+const log = (line: string) => process.stderr.write(`${line}\n`);
+
+async function runWorkerUntilSignal(address: string, namespace: string): Promise<void> {
+  const settings = slipwaySettings();
+  const connection = await NativeConnection.connect({ address });
+  const workers = await createSlipwayWorkers({
+    connection,
+    namespace,
+    taskQueue: settings.taskQueue,
+    agentConcurrency: settings.agentConcurrency,
+    activityConcurrency: settings.activityConcurrency,
+    shutdownGraceMs: settings.shutdownGraceMs,
+  });
+  const stop = (signal: string) => {
+    log(`${signal}: shutting down the worker (grace ${settings.shutdownGraceMs} ms)`);
+    workers.shutdown();
+  };
+  process.once('SIGINT', () => stop('SIGINT'));
+  process.once('SIGTERM', () => stop('SIGTERM'));
+  log(`worker polling "${settings.taskQueue}" (agents: "${settings.taskQueue}-agents", concurrency ${settings.agentConcurrency}) on ${address}`);
+  try {
+    await workers.run();
+  } finally {
+    await connection.close();
+  }
+}
+
+export async function devCommand(): Promise<number> {
+  const settings = slipwaySettings();
+  if (settings.temporalAddress) throw new CliError('`slipway dev` starts the embedded server; unset TEMPORAL_ADDRESS or use `slipway worker`.');
+  if (await isPortOpen(settings.embeddedPort)) {
+    throw new CliError(`port ${settings.embeddedPort} is in use: is \`slipway dev\` already running? (set SLIPWAY_TEMPORAL_PORT to use another)`, EXIT.runFailed);
+  }
+  let server: DevServer;
+  try {
+    server = await startDevServer({ dataDir: settings.dataDir, port: settings.embeddedPort, uiPort: settings.uiPort, namespace: settings.namespace });
+  } catch (e) {
+    throw new CliError((e as Error).message, EXIT.runFailed);
+  }
+  log(`Temporal dev server at ${server.address}; Web UI ${server.uiUrl}; data ${settings.dataDir}`);
+  try {
+    await runWorkerUntilSignal(server.address, settings.namespace);
+  } finally {
+    await server.stop();
+    log('Temporal dev server stopped');
+  }
+  return EXIT.ok;
+}
+
+export async function workerCommand(): Promise<number> {
+  const settings = slipwaySettings();
+  let target;
+  try {
+    target = await resolveTemporal(settings, { startIfMissing: false });
+  } catch (e) {
+    throw new CliError((e as Error).message, EXIT.runFailed);
+  }
+  await runWorkerUntilSignal(target.address, target.namespace);
+  return EXIT.ok;
+}

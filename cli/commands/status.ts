@@ -1,0 +1,49 @@
+import { WorkflowNotFoundError } from '@temporalio/client';
+import { objectiveWorkflowId } from '../../core/ids';
+import type { ObjectiveResult, ObjectiveStatus } from '../../core/types';
+import { objectiveStatusQuery } from '../../workflows/objective';
+import { CliError, EXIT } from '../exit-codes';
+import { openRuntime } from '../runtime';
+import { renderResult } from './run';
+
+export async function statusCommand(objectiveId: string, opts: { json?: boolean }): Promise<number> {
+  const runtime = await openRuntime({ startIfMissing: false });
+  try {
+    const handle = runtime.client.workflow.getHandle(objectiveWorkflowId(objectiveId));
+    let description;
+    try {
+      description = await handle.describe();
+    } catch (e) {
+      if (e instanceof WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`, EXIT.badInput);
+      throw e;
+    }
+    const state = description.status.name;
+    let status: ObjectiveStatus | ObjectiveResult | undefined;
+    let error: string | undefined;
+    if (state === 'COMPLETED') {
+      status = (await handle.result()) as ObjectiveResult;
+    } else if (state === 'RUNNING') {
+      // A query needs a worker; fall back to the workflow's description when none answers.
+      status = await Promise.race([
+        handle.query(objectiveStatusQuery),
+        new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 5_000)),
+      ]).catch(() => undefined);
+    } else {
+      error = `workflow ${state.toLowerCase()}`;
+    }
+    if (opts.json) {
+      process.stdout.write(`${JSON.stringify({ objectiveId, workflowStatus: state, ...status, error })}\n`);
+    } else if (status && 'outcome' in status && status.outcome) {
+      process.stdout.write(renderResult(status as ObjectiveResult));
+    } else if (status) {
+      process.stdout.write(
+        [`objective ${objectiveId}: ${status.phase} (running)`, ...status.streams.map((s) => `  ${s.id.padEnd(16)} ${s.phase}${s.failure ? `  ${s.failure.summary}` : ''}`)].join('\n') + '\n',
+      );
+    } else {
+      process.stdout.write(`objective ${objectiveId}: ${error ?? `${state.toLowerCase()} (no worker answered the status query)`}\n`);
+    }
+    return EXIT.ok;
+  } finally {
+    await runtime.close();
+  }
+}

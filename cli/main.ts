@@ -1,0 +1,86 @@
+/**
+ * The `slipway` CLI. It validates input, then starts, signals or queries workflows; the work
+ * itself happens in workers.
+ */
+import { Command, CommanderError } from 'commander';
+import { CliError, EXIT } from './exit-codes';
+import { listCommand } from './commands/list';
+import { runCommand } from './commands/run';
+import { devCommand, workerCommand } from './commands/serve';
+import { statusCommand } from './commands/status';
+
+export function buildProgram(): Command {
+  const program = new Command('slipway')
+    .description('Runs AI coding agents in parallel, isolated sandboxes and merges their work, durably on Temporal.')
+    .version('0.1.0')
+    .exitOverride()
+    .showHelpAfterError('(run with --help for usage)');
+
+  program
+    .command('run')
+    .description('start an objective from a YAML file (follows it to the end when this command hosts the embedded server)')
+    .argument('<objective.yaml>', 'objective file')
+    .option('-f, --follow', 'wait for the outcome, printing progress')
+    .option('--json', 'print the result as one JSON document on stdout')
+    .option('--repo <path>', 'repository to work on (overrides `repository` in the file)')
+    .option('--id <id>', 'objective id (overrides `id` in the file)')
+    .option('--base <branch>', 'base branch (overrides `base_branch`)')
+    .action(async (file: string, opts) => setExit(await runCommand(file, opts)));
+
+  program
+    .command('status')
+    .description("show an objective's phase, streams and outcome")
+    .argument('<objective-id>')
+    .option('--json', 'print JSON')
+    .action(async (id: string, opts) => setExit(await statusCommand(id, opts)));
+
+  program
+    .command('list')
+    .description('list objectives (newest first)')
+    .option('--json', 'print JSON')
+    .option('--limit <n>', 'at most this many', (v) => Number.parseInt(v, 10), 50)
+    .action(async (opts) => setExit(await listCommand(opts)));
+
+  program
+    .command('dev')
+    .description('start the embedded Temporal server (Web UI on 8233) and a worker in the foreground')
+    .action(async () => setExit(await devCommand()));
+
+  program
+    .command('worker')
+    .description('run a worker against TEMPORAL_ADDRESS or the running embedded server')
+    .action(async () => setExit(await workerCommand()));
+
+  return program;
+}
+
+function setExit(code: number) {
+  process.exitCode = code;
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(argv);
+    return typeof process.exitCode === 'number' ? process.exitCode : EXIT.ok;
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      // --help and --version exit through here with code 0.
+      return e.exitCode === 0 ? EXIT.ok : EXIT.badInput;
+    }
+    if (e instanceof CliError) {
+      process.stderr.write(`slipway: ${e.message}\n`);
+      return e.exitCode;
+    }
+    process.stderr.write(`slipway: ${(e as Error).stack ?? String(e)}\n`);
+    return EXIT.runFailed;
+  }
+}
+
+if (require.main === module) {
+  main(process.argv).then((code) => {
+    process.exitCode = code;
+    // Native handles (gRPC, the Core runtime) may keep the loop alive; the work is done.
+    setTimeout(() => process.exit(code), 100).unref();
+  });
+}

@@ -1,0 +1,69 @@
+/**
+ * What a CLI command needs to talk to Temporal: a client, and, when the command started the
+ * embedded server itself, an in-process worker that lives as long as the command.
+ */
+import { NativeConnection } from '@temporalio/worker';
+import type { Client } from '@temporalio/client';
+import { slipwaySettings, type SlipwaySettings } from '../workers/settings';
+import { connectClient, resolveTemporal, type TemporalTarget } from '../workers/temporal';
+import { createSlipwayWorkers, type SlipwayWorkers } from '../workers/worker';
+import { CliError, EXIT } from './exit-codes';
+
+export interface Runtime {
+  settings: SlipwaySettings;
+  target: TemporalTarget;
+  client: Client;
+  /** True when this process hosts a worker (it started the embedded server). */
+  hostsWorker: boolean;
+  close(): Promise<void>;
+}
+
+export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: string) => void }): Promise<Runtime> {
+  const settings = slipwaySettings();
+  let target: TemporalTarget;
+  try {
+    target = await resolveTemporal(settings, { startIfMissing: opts.startIfMissing });
+  } catch (e) {
+    throw new CliError((e as Error).message, EXIT.runFailed);
+  }
+  if (target.server) opts.log?.(`started the embedded Temporal server at ${target.address} (Web UI ${target.uiUrl}, data in ${settings.dataDir})`);
+  const { client, close: closeClient } = await connectClient(target);
+  let workers: SlipwayWorkers | undefined;
+  let workerRun: Promise<void> | undefined;
+  let nativeConnection: NativeConnection | undefined;
+  if (target.server) {
+    nativeConnection = await NativeConnection.connect({ address: target.address });
+    workers = await createSlipwayWorkers({
+      connection: nativeConnection,
+      namespace: target.namespace,
+      taskQueue: settings.taskQueue,
+      agentConcurrency: settings.agentConcurrency,
+      activityConcurrency: settings.activityConcurrency,
+      shutdownGraceMs: settings.shutdownGraceMs,
+    });
+    workerRun = workers.run();
+  }
+  return {
+    settings,
+    target,
+    client,
+    hostsWorker: workers !== undefined,
+    async close() {
+      workers?.shutdown();
+      await workerRun?.catch(() => undefined);
+      await nativeConnection?.close();
+      await closeClient();
+      await target.server?.stop();
+    },
+  };
+}
+
+/** Warns when no worker polls the task queue, so a started run does not silently sit there. */
+export async function hasWorkflowPollers(client: Client, namespace: string, taskQueue: string): Promise<boolean> {
+  const response = await client.workflowService.describeTaskQueue({
+    namespace,
+    taskQueue: { name: taskQueue },
+    taskQueueType: 1, // TASK_QUEUE_TYPE_WORKFLOW
+  });
+  return (response.pollers ?? []).length > 0;
+}

@@ -1,0 +1,40 @@
+/** A real worker on the shared test server, on a task queue of its own. */
+import { randomUUID } from 'node:crypto';
+import { Client, Connection } from '@temporalio/client';
+import { NativeConnection } from '@temporalio/worker';
+import { inject } from 'vitest';
+import { createSlipwayWorkers } from '../../workers/worker';
+import type { ActivityDeps } from '../../activities';
+
+export interface TestWorker {
+  client: Client;
+  taskQueue: string;
+  /** Stops the workers (the server keeps running). */
+  stop(): Promise<void>;
+}
+
+export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurrency?: number } = {}): Promise<TestWorker> {
+  const address = inject('temporalAddress');
+  const taskQueue = `test-${randomUUID().slice(0, 8)}`;
+  const nativeConnection = await NativeConnection.connect({ address });
+  const workers = await createSlipwayWorkers({
+    connection: nativeConnection,
+    taskQueue,
+    workflowBundle: { codePath: inject('workflowBundlePath') },
+    agentConcurrency: opts.agentConcurrency ?? 2,
+    shutdownGraceMs: 2_000,
+    deps: opts.deps,
+  });
+  const running = workers.run();
+  const connection = await Connection.connect({ address });
+  return {
+    client: new Client({ connection }),
+    taskQueue,
+    async stop() {
+      workers.shutdown();
+      await running;
+      await nativeConnection.close();
+      await connection.close();
+    },
+  };
+}

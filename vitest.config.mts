@@ -1,0 +1,13 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    pool: 'forks',
+    // 2 cores: at most two test files at once; each integration test uses its own task queue.
+    maxWorkers: 2,
+    globalSetup: ['test/global-setup.ts'],
+    testTimeout: 120_000,
+    hookTimeout: 180_000,
+    include: ['test/**/*.test.ts'],
+  },
+});

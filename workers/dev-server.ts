@@ -1,0 +1,125 @@
+/**
+ * The embedded Temporal: `temporal server start-dev` with SQLite persistence under the Slipway
+ * data folder, the Web UI, and Slipway's search attributes registered at start.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, openSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { Connection } from '@temporalio/client';
+import { SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
+import { findTemporalBinary } from './temporal-binary';
+
+export interface DevServerOptions {
+  dataDir: string;
+  port: number;
+  uiPort?: number;
+  /** No Web UI (tests). */
+  headless?: boolean;
+  namespace?: string;
+  /** How long to wait for the server to accept connections. */
+  startTimeoutMs?: number;
+  binary?: string;
+}
+
+export interface DevServer {
+  address: string;
+  uiUrl?: string;
+  process: ChildProcess;
+  logFile: string;
+  stop(): Promise<void>;
+}
+
+export function searchAttributeFlags(): string[] {
+  return SLIPWAY_SEARCH_ATTRIBUTES.flatMap((key) => ['--search-attribute', `${key.name}=Keyword`]);
+}
+
+export async function isPortOpen(port: number, host = '127.0.0.1'): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = net.connect({ port, host });
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once('error', () => resolve(false));
+  });
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as net.AddressInfo;
+      server.close(() => resolve(port));
+    });
+    server.on('error', reject);
+  });
+}
+
+/** Waits until the server answers gRPC health checks (the SDK's own 5 s wait is too short on a busy machine). */
+export async function waitForTemporal(address: string, timeoutMs: number, isAlive: () => boolean = () => true): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let lastError: unknown;
+  while (Date.now() < deadline) {
+    if (!isAlive()) throw new Error('the Temporal dev server exited during start-up');
+    try {
+      const connection = await Connection.connect({ address, connectTimeout: 2_000 });
+      try {
+        await connection.healthService.check({});
+        await connection.workflowService.getSystemInfo({});
+        return;
+      } finally {
+        await connection.close();
+      }
+    } catch (e) {
+      lastError = e;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  }
+  throw new Error(`Temporal at ${address} did not become ready within ${timeoutMs} ms: ${(lastError as Error)?.message ?? 'no answer'}`);
+}
+
+export async function startDevServer(opts: DevServerOptions): Promise<DevServer> {
+  const binary = opts.binary ?? findTemporalBinary();
+  mkdirSync(opts.dataDir, { recursive: true });
+  const logFile = path.join(opts.dataDir, 'temporal-server.log');
+  const log = openSync(logFile, 'a');
+  const args = [
+    'server',
+    'start-dev',
+    '--ip', '127.0.0.1',
+    '--port', String(opts.port),
+    '--db-filename', path.join(opts.dataDir, 'temporal.sqlite'),
+    '--namespace', opts.namespace ?? 'default',
+    '--log-level', 'warn',
+    ...searchAttributeFlags(),
+    ...(opts.headless ? ['--headless'] : ['--ui-port', String(opts.uiPort ?? 8233)]),
+  ];
+  const child = spawn(binary, args, { stdio: ['ignore', log, log], detached: false });
+  let exited = false;
+  child.once('exit', () => {
+    exited = true;
+  });
+  const address = `127.0.0.1:${opts.port}`;
+  const stop = async () => {
+    if (exited) return;
+    const done = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+    child.kill('SIGTERM');
+    const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+    await done;
+    clearTimeout(timer);
+  };
+  try {
+    await waitForTemporal(address, opts.startTimeoutMs ?? 60_000, () => !exited);
+  } catch (e) {
+    await stop();
+    throw new Error(`${(e as Error).message}\nServer log: ${logFile}`);
+  }
+  return {
+    address,
+    uiUrl: opts.headless ? undefined : `http://localhost:${opts.uiPort ?? 8233}`,
+    process: child,
+    logFile,
+    stop,
+  };
+}

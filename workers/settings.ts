@@ -1,0 +1,40 @@
+/** Process-level settings from the environment, read in one place. */
+import os from 'node:os';
+import path from 'node:path';
+import { DEFAULT_TASK_QUEUE } from '../core/ids';
+
+export interface SlipwaySettings {
+  /** Set when TEMPORAL_ADDRESS is given: connect there and start nothing. */
+  temporalAddress?: string;
+  namespace: string;
+  /** Port of the embedded server (and where `run` looks for a running `slipway dev`). */
+  embeddedPort: number;
+  uiPort: number;
+  dataDir: string;
+  taskQueue: string;
+  agentConcurrency: number;
+  activityConcurrency: number;
+  shutdownGraceMs: number;
+}
+
+const int = (value: string | undefined, fallback: number, name: string): number => {
+  if (value === undefined || value === '') return fallback;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n <= 0) throw new Error(`${name} must be a positive integer, got "${value}"`);
+  return n;
+};
+
+export function slipwaySettings(env: NodeJS.ProcessEnv = process.env): SlipwaySettings {
+  const dataHome = env.XDG_DATA_HOME || path.join(os.homedir(), '.local', 'share');
+  return {
+    temporalAddress: env.TEMPORAL_ADDRESS || undefined,
+    namespace: env.TEMPORAL_NAMESPACE || 'default',
+    embeddedPort: int(env.SLIPWAY_TEMPORAL_PORT, 7233, 'SLIPWAY_TEMPORAL_PORT'),
+    uiPort: int(env.SLIPWAY_UI_PORT, 8233, 'SLIPWAY_UI_PORT'),
+    dataDir: env.SLIPWAY_HOME || path.join(dataHome, 'slipway'),
+    taskQueue: env.SLIPWAY_TASK_QUEUE || DEFAULT_TASK_QUEUE,
+    agentConcurrency: int(env.SLIPWAY_AGENT_CONCURRENCY, 2, 'SLIPWAY_AGENT_CONCURRENCY'),
+    activityConcurrency: int(env.SLIPWAY_ACTIVITY_CONCURRENCY, 4, 'SLIPWAY_ACTIVITY_CONCURRENCY'),
+    shutdownGraceMs: int(env.SLIPWAY_SHUTDOWN_GRACE_MS, 10_000, 'SLIPWAY_SHUTDOWN_GRACE_MS'),
+  };
+}

@@ -1,0 +1,81 @@
+/**
+ * Slipway's workers: one hosts the workflows and the git/gate/sandbox activities; agent runs
+ * have their own task queue with a small, explicit concurrency.
+ */
+import path from 'node:path';
+import { NativeConnection, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
+import { agentTaskQueue } from '../core/ids';
+import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
+
+export const WORKFLOWS_PATH = path.join(__dirname, '..', 'workflows', 'index.ts');
+
+export interface SlipwayWorkerOptions {
+  connection: NativeConnection;
+  namespace?: string;
+  taskQueue: string;
+  /** A pre-built bundle (tests bundle once per run); otherwise the workflows are bundled now. */
+  workflowBundle?: WorkflowBundleWithSourceMap | { codePath: string };
+  agentConcurrency?: number;
+  activityConcurrency?: number;
+  shutdownGraceMs?: number;
+  deps?: ActivityDeps;
+}
+
+export interface SlipwayWorkers {
+  /** Resolves when both workers have stopped. */
+  run(): Promise<void>;
+  shutdown(): void;
+}
+
+export async function bundleWorkflows(): Promise<WorkflowBundleWithSourceMap> {
+  return bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger: quietBundlerLogger });
+}
+
+const quietBundlerLogger = {
+  log: () => undefined,
+  trace: () => undefined,
+  debug: () => undefined,
+  info: () => undefined,
+  warn: (message: string) => console.warn(message),
+  error: (message: string) => console.error(message),
+};
+
+export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<SlipwayWorkers> {
+  const deps = opts.deps ?? defaultActivityDeps();
+  const shutdownGraceTime = opts.shutdownGraceMs ?? 10_000;
+  const main = await Worker.create({
+    connection: opts.connection,
+    namespace: opts.namespace ?? 'default',
+    taskQueue: opts.taskQueue,
+    workflowBundle: opts.workflowBundle ?? (await bundleWorkflows()),
+    activities: createActivities(deps),
+    maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 4,
+    maxConcurrentWorkflowTaskExecutions: 4,
+    shutdownGraceTime,
+  });
+  const agents = await Worker.create({
+    connection: opts.connection,
+    namespace: opts.namespace ?? 'default',
+    taskQueue: agentTaskQueue(opts.taskQueue),
+    activities: createAgentActivities(deps),
+    maxConcurrentActivityTaskExecutions: opts.agentConcurrency ?? 2,
+    shutdownGraceTime,
+  });
+  const workers = [main, agents];
+  return {
+    async run() {
+      const runs = workers.map((w) => w.run());
+      try {
+        await Promise.all(runs);
+      } catch (e) {
+        // One worker failing takes the other down too, so the process never half-serves.
+        for (const w of workers) if (w.getState() === 'RUNNING') w.shutdown();
+        await Promise.allSettled(runs);
+        throw e;
+      }
+    },
+    shutdown() {
+      for (const w of workers) if (w.getState() === 'RUNNING') w.shutdown();
+    },
+  };
+}
