@@ -7,6 +7,7 @@ import type { Client } from '@temporalio/client';
 import { slipwaySettings, type SlipwaySettings } from '../workers/settings';
 import { connectClient, resolveTemporal, type TemporalTarget } from '../workers/temporal';
 import { createSlipwayWorkers, type SlipwayWorkers } from '../workers/worker';
+import { installRuntimeLogging } from '../workers/logging';
 import { CliError, EXIT } from './exit-codes';
 
 export interface Runtime {
@@ -32,6 +33,7 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
   let workerRun: Promise<void> | undefined;
   let nativeConnection: NativeConnection | undefined;
   if (target.server) {
+    installRuntimeLogging();
     nativeConnection = await NativeConnection.connect({ address: target.address });
     workers = await createSlipwayWorkers({
       connection: nativeConnection,

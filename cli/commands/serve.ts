@@ -4,12 +4,14 @@ import { isPortOpen, startDevServer, type DevServer } from '../../workers/dev-se
 import { slipwaySettings } from '../../workers/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { createSlipwayWorkers } from '../../workers/worker';
+import { installRuntimeLogging } from '../../workers/logging';
 import { CliError, EXIT } from '../exit-codes';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
 async function runWorkerUntilSignal(address: string, namespace: string): Promise<void> {
   const settings = slipwaySettings();
+  installRuntimeLogging(process.env.SLIPWAY_LOG_LEVEL ? undefined : 'INFO');
   const connection = await NativeConnection.connect({ address });
   const workers = await createSlipwayWorkers({
     connection,

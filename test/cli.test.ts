@@ -1,0 +1,156 @@
+/**
+ * The `slipway` CLI end to end, as a user runs it: a real process, the embedded server or the
+ * shared test server, real repositories.
+ */
+import { spawn } from 'node:child_process';
+import { existsSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { stringify } from 'yaml';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { freePort } from '../workers/dev-server';
+import { DEMO_DIR, PROJECT_ROOT, gitIn, makeDemoRepo, pictureCheckout, tempDir } from './helpers/repo';
+import { startTestWorker, type TestWorker } from './helpers/temporal';
+
+const BIN = path.join(PROJECT_ROOT, 'bin', 'slipway.cjs');
+
+interface CliRun {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+function slipway(args: string[], env: NodeJS.ProcessEnv = {}, cwd = PROJECT_ROOT): Promise<CliRun> {
+  return new Promise((resolve) => {
+    const base = { ...process.env };
+    delete base.TEMPORAL_ADDRESS;
+    const child = spawn(process.execPath, [BIN, ...args], { cwd, env: { ...base, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c) => (stdout += c));
+    child.stderr.on('data', (c) => (stderr += c));
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+let worker: TestWorker;
+let serverEnv: NodeJS.ProcessEnv;
+beforeAll(async () => {
+  worker = await startTestWorker();
+  serverEnv = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: worker.taskQueue };
+});
+afterAll(async () => {
+  await worker?.stop();
+});
+
+describe('slipway run on the embedded server', () => {
+  it('starts the embedded Temporal itself, runs the demo objective and prints a JSON result', async () => {
+    const repo = makeDemoRepo();
+    const before = pictureCheckout(repo);
+    const home = tempDir('slipway-home-');
+    const env = { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()), SLIPWAY_UI_PORT: String(await freePort()) };
+
+    const run = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-demo', '--json'], env);
+
+    expect(run.stderr).toContain('started the embedded Temporal server');
+    expect(run.code).toBe(0);
+    const result = JSON.parse(run.stdout.trim());
+    expect(result).toMatchObject({ objectiveId: 'cli-demo', outcome: 'completed', integrationBranch: 'slipway/cli-demo/integration' });
+    expect([...result.mergeOrder].sort()).toEqual(['clamp', 'greet', 'sum']);
+    expect(result.integrationHead).toBe(gitIn(repo, 'rev-parse', 'slipway/cli-demo/integration'));
+    expect(existsSync(path.join(home, 'temporal.sqlite'))).toBe(true); // durable state in the Slipway data folder
+    expect(pictureCheckout(repo)).toEqual(before);
+  });
+});
+
+describe('slipway against a running server', () => {
+  it('runs, then reports the objective in status and list', async () => {
+    const repo = makeDemoRepo();
+    const run = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-status', '--follow', '--json'], serverEnv);
+    expect(run.code).toBe(0);
+    expect(JSON.parse(run.stdout).outcome).toBe('completed');
+
+    const status = await slipway(['status', 'cli-status', '--json'], serverEnv);
+    expect(status.code).toBe(0);
+    expect(JSON.parse(status.stdout)).toMatchObject({ objectiveId: 'cli-status', workflowStatus: 'COMPLETED', outcome: 'completed' });
+
+    const text = await slipway(['status', 'cli-status'], serverEnv);
+    expect(text.stdout).toMatch(/objective cli-status: completed/);
+    expect(text.stdout).toMatch(/clamp\s+merged\s+iterations=2/);
+
+    // Visibility is eventually consistent: retry list briefly.
+    let rows: Array<{ objectiveId: string; outcome?: string }> = [];
+    for (let i = 0; i < 20 && !rows.some((r) => r.objectiveId === 'cli-status' && r.outcome); i++) {
+      rows = JSON.parse((await slipway(['list', '--json'], serverEnv)).stdout);
+      if (!rows.some((r) => r.objectiveId === 'cli-status' && r.outcome)) await new Promise((r) => setTimeout(r, 500));
+    }
+    expect(rows.find((r) => r.objectiveId === 'cli-status')).toMatchObject({ outcome: 'completed' });
+  });
+
+  it('refuses a second objective with the same id (exit 2)', async () => {
+    const repo = makeDemoRepo();
+    const first = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-dup', '--follow', '--json'], serverEnv);
+    expect(first.code).toBe(0);
+    const second = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-dup'], serverEnv);
+    expect(second.code).toBe(2);
+    expect(second.stderr).toMatch(/objective "cli-dup" already exists/);
+  });
+
+  it('says so for an unknown objective (exit 2)', async () => {
+    const status = await slipway(['status', 'no-such-objective'], serverEnv);
+    expect(status.code).toBe(2);
+    expect(status.stderr).toContain('no objective "no-such-objective"');
+  });
+});
+
+describe('bad input', () => {
+  const repo = makeDemoRepo();
+  const good = {
+    objective: 'x',
+    repository: repo,
+    agents: { builder: { provider: 'script', command: 'true' } },
+    streams: [{ id: 'a', task: 'do a' }],
+  };
+  const cases: Array<{ name: string; yaml: string; expect: RegExp }> = [
+    { name: 'missing field', yaml: `repository: ${repo}\nagents:\n  builder: { provider: script, command: "true" }\nstreams:\n  - { id: a, task: t }\n`, expect: /objective\.yaml:1:1: objective: .*required/ },
+    { name: 'wrong type', yaml: `${toYaml(good)}max_parallel_streams: three\n`, expect: /objective\.yaml:\d+:\d+: max_parallel_streams: expected a number/ },
+    {
+      name: 'unknown stream dependency',
+      yaml: toYaml({ ...good, streams: [{ id: 'a', task: 'do a', depends_on: ['ghost'] }] }),
+      expect: /objective\.yaml:\d+:\d+: streams\[0\]\.depends_on\[0\]: unknown stream "ghost"/,
+    },
+    { name: 'repository that does not exist', yaml: toYaml({ ...good, repository: '/nonexistent/repo' }), expect: /objective\.yaml:2:\d+: repository: .*does not exist/ },
+  ];
+
+  for (const c of cases) {
+    it(`rejects a ${c.name} with exit 2 and starts nothing`, async () => {
+      const dir = tempDir('slipway-bad-');
+      const file = path.join(dir, 'objective.yaml');
+      writeFileSync(file, c.yaml);
+      const home = tempDir('slipway-home-');
+      const id = `bad-${c.name.replace(/\W+/g, '-')}`;
+      // Embedded mode: a bad file must fail before any server is started.
+      const embedded = await slipway(['run', file, '--id', id], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()) });
+      expect(embedded.code).toBe(2);
+      expect(embedded.stderr).toMatch(c.expect);
+      expect(existsSync(path.join(home, 'temporal.sqlite'))).toBe(false);
+      // Against a live server: no workflow was started.
+      const remote = await slipway(['run', file, '--id', id], serverEnv);
+      expect(remote.code).toBe(2);
+      await expect(worker.client.workflow.getHandle(`objective:${id}`).describe()).rejects.toThrow(/not found/i);
+    });
+  }
+
+  it('prints help for every command and exits 2 on an unknown one', async () => {
+    for (const args of [['--help'], ['run', '--help'], ['status', '--help'], ['list', '--help'], ['dev', '--help'], ['worker', '--help']]) {
+      const help = await slipway(args);
+      expect(help.code).toBe(0);
+      expect(help.stdout).toMatch(/Usage: slipway/);
+    }
+    const unknown = await slipway(['frobnicate']);
+    expect(unknown.code).toBe(2);
+  });
+});
+
+function toYaml(value: Record<string, unknown>): string {
+  return stringify(value);
+}
