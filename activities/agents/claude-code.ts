@@ -64,6 +64,7 @@ function decode(line: string): { json: Json } | { text: string } | undefined {
 export function createClaudeCodeProvider(): AgentProvider {
   let sessionId: string | undefined;
   let rateLimit: 'with-reset' | 'without-reset' | undefined;
+  let lastError: string | undefined;
 
   const session = (id: unknown): AgentEvent[] => {
     if (typeof id !== 'string' || !id || id === sessionId) return [];
@@ -76,6 +77,13 @@ export function createClaudeCodeProvider(): AgentProvider {
     if (rateLimit === 'with-reset' || (rateLimit && !resetAt)) return [];
     rateLimit = resetAt ? 'with-reset' : 'without-reset';
     return [resetAt ? { type: 'rate_limit', resetAt, message } : { type: 'rate_limit', message }];
+  };
+
+  /** Reports an error once: the synthetic assistant message and the result repeat the same text. */
+  const failed = (message: string): AgentEvent[] => {
+    if (message === lastError) return [];
+    lastError = message;
+    return [{ type: 'error', message }];
   };
 
   const assistant = (event: Json): AgentEvent[] => {
@@ -98,7 +106,7 @@ export function createClaudeCodeProvider(): AgentProvider {
     if (error === 'rate_limit' || USAGE_LIMIT_EPOCH.test(text) || /^API Error: 429\b/.test(text)) {
       out.push(...limited(text || 'rate limited', resetFromText(text)));
     } else if (error) {
-      out.push({ type: 'error', message: text ? `${error}: ${text}` : error });
+      out.push(...failed(text || error));
     }
     return out;
   };
@@ -122,7 +130,7 @@ export function createClaudeCodeProvider(): AgentProvider {
       const errors = Array.isArray(event.errors) ? event.errors.filter((e): e is string => typeof e === 'string') : [];
       const message = text || errors.join('; ') || str(event.subtype) || 'Claude Code reported an error';
       if (RATE_LIMIT_TEXT.test(message)) out.push(...limited(message, resetFromText(message)));
-      out.push({ type: 'error', message });
+      out.push(...failed(message));
     }
     out.push(isError ? { type: 'result', text, isError: true } : { type: 'result', text });
     return out;
