@@ -67,10 +67,12 @@ export async function resolveInside(root: string, requested: string, options: Re
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
       if (code !== 'ENOENT' && code !== 'ENOTDIR') throw e;
-      // Nothing below this point exists yet, so nothing below it can be a link.
-      const rest = path.resolve(next, ...pending);
-      if (!isInside(realRoot, rest)) throw escape();
-      return rest;
+      // Nothing below this point exists yet, so nothing below it can be a link. A `..` after
+      // a missing directory fails in the kernel too; do not guess where it would lead.
+      if (pending.includes('..')) {
+        throw Object.assign(new Error(`ENOENT: no such file or directory, '${requested}'`), { code: 'ENOENT' });
+      }
+      return path.join(next, ...pending);
     }
     if (stat.isSymbolicLink() && (pending.length > 0 || follow)) {
       if (++hops > MAX_LINK_HOPS) throw new PathEscapeError(requested, 'too many levels of symbolic links');

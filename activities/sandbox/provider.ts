@@ -1,6 +1,6 @@
 /**
  * The sandbox provider contract. Local worktrees implement it now; Daytona and Kubernetes
- * providers implement the same interface and pass the same contract suite (test/contract).
+ * providers implement the same interface and pass the same contract suite (test/sandbox/contract.ts).
  */
 import type { RunResult } from '../process';
 
@@ -14,6 +14,11 @@ export interface SandboxCreateRequest {
   branch: string;
   /** Branch or commit to start from. */
   base: string;
+  /**
+   * Copy the checkout's git-ignored files (node_modules, .env, ...) into the new sandbox;
+   * `.worktreeinclude` at the repository root limits which. Default: the provider's setting.
+   */
+  copyIgnored?: boolean;
 }
 
 export interface SandboxHandle {
@@ -26,6 +31,15 @@ export interface SandboxHandle {
   headCommit: string;
   /** True when create found an existing sandbox and reused it (idempotent retry). */
   reused: boolean;
+  /** What copying ignored files did on this create (absent when reused or not asked). */
+  ignoredCopy?: {
+    /** Number of top-level paths copied. */
+    paths: number;
+    warnings: string[];
+    method: string;
+    limitedByIncludeFile: boolean;
+    durationMs: number;
+  };
 }
 
 export interface ExecRequest {
@@ -50,5 +64,5 @@ export interface SandboxProvider {
   writeFile(handle: Pick<SandboxHandle, 'root'>, path: string, content: Buffer | string): Promise<void>;
   deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<void>;
   destroy(request: { repository: string; root: string }): Promise<void>;
-  list(repository: string): Promise<Array<{ root: string; branch?: string; head: string }>>;
+  list(repository: string): Promise<Array<{ root: string; branch?: string; head: string; sandboxId?: string }>>;
 }

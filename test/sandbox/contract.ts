@@ -1,0 +1,336 @@
+/**
+ * The contract every sandbox provider passes (local, local + bubblewrap, and later Daytona
+ * and Kubernetes). Call `describeSandboxContract(name, makeProvider)` from a test file.
+ *
+ * The suite makes a real git repository in a temp folder and a folder next to it that stands
+ * for "outside the sandbox". `makeProvider` is called once for the suite and again to check
+ * that a fresh instance rediscovers what the first one made.
+ */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { PathEscapeError } from '../../activities/sandbox/paths';
+import type { SandboxCreateRequest, SandboxHandle, SandboxProvider } from '../../activities/sandbox/provider';
+import { exists, gitIn, makeRepo, processesWith, tempDir, waitFor } from './helpers';
+
+export interface SandboxContractOptions {
+  /**
+   * True while a process whose command line contains `marker` still runs anywhere the
+   * sandbox's commands run. Default: scans this host's /proc (right for local providers).
+   */
+  processRunning?: (marker: string) => Promise<boolean>;
+}
+
+const hostProcessRunning = async (marker: string) => (await processesWith(marker)).length > 0;
+
+export function describeSandboxContract(
+  name: string,
+  makeProvider: () => SandboxProvider | Promise<SandboxProvider>,
+  options: SandboxContractOptions = {},
+): void {
+  const processRunning = options.processRunning ?? hostProcessRunning;
+
+  describe(`sandbox contract: ${name}`, () => {
+    let parent: string;
+    let repo: string;
+    let first: string;
+    let second: string;
+    let outside: string;
+    let provider: SandboxProvider;
+    let shared: SandboxHandle;
+    let counter = 0;
+
+    const request = (label: string, extra: Partial<SandboxCreateRequest> = {}): SandboxCreateRequest => ({
+      sandboxId: `contract.${label}`,
+      repository: repo,
+      group: 'contract',
+      name: label,
+      branch: `slipway/contract/${label}`,
+      base: 'main',
+      ...extra,
+    });
+    const marker = () => `${900 + ++counter}.${process.pid}${Math.floor(Math.random() * 1e5)}`;
+
+    beforeAll(async () => {
+      parent = tempDir('contract');
+      ({ repo, first, second } = makeRepo(parent));
+      outside = path.join(parent, 'outside');
+      await fs.mkdir(outside);
+      await fs.writeFile(path.join(outside, 'secret.txt'), 'secret\n');
+      await fs.mkdir(path.join(outside, 'deep'));
+      provider = await makeProvider();
+      shared = await provider.create(request('shared'));
+    });
+
+    afterAll(async () => {
+      if (parent) await fs.rm(parent, { recursive: true, force: true });
+    });
+
+    describe('create', () => {
+      it('creates a sandbox on a new branch at the base commit', async () => {
+        const handle = await provider.create(request('from-commit', { base: first }));
+        expect(handle.reused).toBe(false);
+        expect(handle.branch).toBe('slipway/contract/from-commit');
+        expect(handle.baseCommit).toBe(first);
+        expect(handle.headCommit).toBe(first);
+        expect(path.isAbsolute(handle.root)).toBe(true);
+        expect(gitIn(repo, 'rev-parse', 'refs/heads/slipway/contract/from-commit')).toBe(first);
+        const head = await provider.exec(handle, { command: 'git rev-parse HEAD && git symbolic-ref --short HEAD', shell: true });
+        expect(head.exitCode).toBe(0);
+        expect(head.stdout.trim().split('\n')).toEqual([first, 'slipway/contract/from-commit']);
+        expect((await provider.readFile(handle, 'src/a.txt')).toString()).toBe('one\n');
+      });
+
+      it('starts from a branch name at its tip', async () => {
+        expect(shared.baseCommit).toBe(second);
+        expect(shared.headCommit).toBe(second);
+        expect((await provider.readFile(shared, 'src/a.txt')).toString()).toBe('one\ntwo\n');
+      });
+
+      it('is idempotent: the same request reuses the sandbox and creates nothing twice', async () => {
+        const req = request('idempotent');
+        const one = await provider.create(req);
+        await provider.writeFile(one, 'work-in-progress.txt', 'keep me');
+        const worktreesBefore = gitIn(repo, 'worktree', 'list', '--porcelain');
+        const branchesBefore = gitIn(repo, 'branch', '--list', '--format=%(refname)');
+        const two = await provider.create(req);
+        expect(two.reused).toBe(true);
+        expect(two.root).toBe(one.root);
+        expect(two.branch).toBe(one.branch);
+        expect(two.headCommit).toBe(one.headCommit);
+        expect((await provider.readFile(two, 'work-in-progress.txt')).toString()).toBe('keep me');
+        expect(gitIn(repo, 'worktree', 'list', '--porcelain')).toBe(worktreesBefore);
+        expect(gitIn(repo, 'branch', '--list', '--format=%(refname)')).toBe(branchesBefore);
+        expect((await provider.list(repo)).filter((s) => s.root === one.root)).toHaveLength(1);
+      });
+    });
+
+    describe('exec', () => {
+      it('streams stdout and stderr lines in order', async () => {
+        const lines: string[] = [];
+        const result = await provider.exec(shared, {
+          command: 'for i in 1 2 3 4 5; do echo "out $i"; done; echo "err 1" >&2; printf "no newline"',
+          shell: true,
+          onLine: (stream, line) => lines.push(`${stream}:${line}`),
+        });
+        expect(result.exitCode).toBe(0);
+        expect(lines.filter((l) => l.startsWith('stdout:'))).toEqual(['stdout:out 1', 'stdout:out 2', 'stdout:out 3', 'stdout:out 4', 'stdout:out 5', 'stdout:no newline']);
+        expect(lines.filter((l) => l.startsWith('stderr:'))).toEqual(['stderr:err 1']);
+        expect(result.stdout).toBe('out 1\nout 2\nout 3\nout 4\nout 5\nno newline');
+      });
+
+      it('runs an executable with arguments, no shell', async () => {
+        const result = await provider.exec(shared, { command: 'printf', args: ['%s|', 'a b', '$HOME', ';'] });
+        expect(result.exitCode).toBe(0);
+        expect(result.stdout).toBe('a b|$HOME|;|');
+      });
+
+      it('reports the exit code', async () => {
+        const result = await provider.exec(shared, { command: 'exit 7', shell: true });
+        expect(result.exitCode).toBe(7);
+        expect(result.timedOut).toBe(false);
+        expect(result.cancelled).toBe(false);
+      });
+
+      it('feeds stdin', async () => {
+        const result = await provider.exec(shared, { command: 'cat', stdin: 'hello\nworld\n' });
+        expect(result.stdout).toBe('hello\nworld\n');
+      });
+
+      it('passes env', async () => {
+        const result = await provider.exec(shared, { command: 'printf "%s" "$SLIPWAY_CONTRACT_VAR"', shell: true, env: { SLIPWAY_CONTRACT_VAR: 'value with spaces' } });
+        expect(result.stdout).toBe('value with spaces');
+      });
+
+      it('runs in the sandbox root by default and in a relative cwd', async () => {
+        const atRoot = await provider.exec(shared, { command: 'pwd -P', shell: true });
+        expect(atRoot.stdout.trim()).toBe(await fs.realpath(shared.root).catch(() => shared.root));
+        await provider.writeFile(shared, 'deep/er/file.txt', 'x');
+        const inSub = await provider.exec(shared, { command: 'pwd -P && ls', shell: true, cwd: 'deep/er' });
+        expect(inSub.stdout.trim().split('\n')).toEqual([path.join(atRoot.stdout.trim(), 'deep', 'er'), 'file.txt']);
+      });
+
+      it('refuses a cwd that escapes the sandbox', async () => {
+        await expect(provider.exec(shared, { command: 'pwd', cwd: '../..' })).rejects.toBeInstanceOf(PathEscapeError);
+        await expect(provider.exec(shared, { command: 'pwd', cwd: '/' })).rejects.toBeInstanceOf(PathEscapeError);
+        await expect(provider.exec(shared, { command: 'pwd', cwd: 'src/../../..' })).rejects.toBeInstanceOf(PathEscapeError);
+        const link = await provider.exec(shared, { command: `ln -sfn '${outside}' cwd-out`, shell: true });
+        expect(link.exitCode).toBe(0);
+        await expect(provider.exec(shared, { command: 'pwd', cwd: 'cwd-out' })).rejects.toBeInstanceOf(PathEscapeError);
+      });
+
+      it('kills the whole process group on timeout', async () => {
+        const m = marker();
+        const started = Date.now();
+        const result = await provider.exec(shared, { command: `sleep ${m} & echo started; sleep 60`, shell: true, timeoutMs: 400 });
+        expect(result.timedOut).toBe(true);
+        expect(result.exitCode).not.toBe(0);
+        expect(result.stdout).toContain('started');
+        expect(Date.now() - started).toBeLessThan(10_000);
+        expect(await waitFor(async () => !(await processRunning(m)))).toBe(true);
+      });
+
+      it('kills the whole process group on cancellation', async () => {
+        const m = marker();
+        const controller = new AbortController();
+        const result = await provider.exec(shared, {
+          command: `sleep ${m} & echo started; sleep 60`,
+          shell: true,
+          signal: controller.signal,
+          onLine: (_stream, line) => {
+            if (line === 'started') setTimeout(() => controller.abort(), 50);
+          },
+        });
+        expect(result.cancelled).toBe(true);
+        expect(result.timedOut).toBe(false);
+        expect(await waitFor(async () => !(await processRunning(m)))).toBe(true);
+      });
+
+      it('does not start a command when already cancelled', async () => {
+        const controller = new AbortController();
+        controller.abort();
+        const result = await provider.exec(shared, { command: 'touch should-not-exist', shell: true, signal: controller.signal });
+        expect(result.cancelled).toBe(true);
+        await expect(provider.readFile(shared, 'should-not-exist')).rejects.toThrow();
+      });
+    });
+
+    describe('files', () => {
+      it('writes, reads and deletes files, creating folders', async () => {
+        await provider.writeFile(shared, 'files/a/b.txt', 'content');
+        await provider.writeFile(shared, 'files/bin.dat', Buffer.from([0, 1, 2, 255]));
+        expect((await provider.readFile(shared, 'files/a/b.txt')).toString()).toBe('content');
+        expect([...(await provider.readFile(shared, 'files/bin.dat'))]).toEqual([0, 1, 2, 255]);
+        const seen = await provider.exec(shared, { command: 'cat files/a/b.txt', shell: true });
+        expect(seen.stdout).toBe('content');
+        await provider.writeFile(shared, 'files/a/b.txt', 'replaced');
+        expect((await provider.readFile(shared, 'files/a/b.txt')).toString()).toBe('replaced');
+        await provider.deleteFile(shared, 'files/a/b.txt');
+        await expect(provider.readFile(shared, 'files/a/b.txt')).rejects.toThrow(/ENOENT|no such file/i);
+        await provider.deleteFile(shared, 'files/a/b.txt'); // deleting what is gone is fine
+      });
+
+      it('sees files written by commands', async () => {
+        await provider.exec(shared, { command: 'printf made > by-command.txt', shell: true });
+        expect((await provider.readFile(shared, 'by-command.txt')).toString()).toBe('made');
+      });
+
+      it('accepts names that merely start with two dots', async () => {
+        await provider.writeFile(shared, '..dotted', 'ok');
+        expect((await provider.readFile(shared, '..dotted')).toString()).toBe('ok');
+      });
+    });
+
+    describe('path escapes are refused with PathEscapeError', () => {
+      const secret = () => path.join(outside, 'secret.txt');
+      const ops = (p: string) => [
+        () => provider.readFile(shared, p),
+        () => provider.writeFile(shared, p, 'pwned'),
+        () => provider.deleteFile(shared, p),
+      ];
+
+      beforeAll(async () => {
+        const links = [
+          `ln -sfn '${secret()}' link-out`, // a link to a file outside
+          `ln -sfn '${outside}' dir-out`, // a symlinked parent directory
+          `ln -sfn '${path.join(outside, 'created-by-dangling')}' dangling-out`, // dangling, outside
+          `ln -sfn chain-2 chain-1 && ln -sfn '${path.join(outside, 'created-by-chain')}' chain-2`, // dangling chain
+          `ln -sfn ../../../../../../../../../../../tmp relative-out`, // relative, climbing out
+          `mkdir -p inner && ln -sfn ../dir-out/secret.txt inner/via-parent`, // inside link to an outside link
+          // `..` after a link climbs from where the link leads (outside/deep/.. = outside), not lexically.
+          `ln -sfn '${path.join(outside, 'deep')}' deep-out && ln -sfn deep-out/../created-by-dotdot dotdot-out`,
+        ];
+        const result = await provider.exec(shared, { command: links.join(' && '), shell: true });
+        expect(result.exitCode, result.stderr).toBe(0);
+      });
+
+      it('refuses ..', async () => {
+        for (const p of ['../x', '../../../../etc/passwd', 'src/../../x', '..']) {
+          for (const op of ops(p)) await expect(op()).rejects.toBeInstanceOf(PathEscapeError);
+        }
+      });
+
+      it('refuses absolute paths', async () => {
+        for (const p of ['/etc/passwd', secret(), path.join(shared.root, 'README.md')]) {
+          for (const op of ops(p)) await expect(op()).rejects.toBeInstanceOf(PathEscapeError);
+        }
+      });
+
+      it('refuses a symlink inside pointing outside', async () => {
+        await expect(provider.readFile(shared, 'link-out')).rejects.toBeInstanceOf(PathEscapeError);
+        await expect(provider.writeFile(shared, 'link-out', 'pwned')).rejects.toBeInstanceOf(PathEscapeError);
+        await expect(provider.readFile(shared, 'inner/via-parent')).rejects.toBeInstanceOf(PathEscapeError);
+        await expect(provider.writeFile(shared, 'inner/via-parent', 'pwned')).rejects.toBeInstanceOf(PathEscapeError);
+        await expect(provider.readFile(shared, 'relative-out')).rejects.toBeInstanceOf(PathEscapeError);
+        expect(await fs.readFile(secret(), 'utf8')).toBe('secret\n');
+      });
+
+      it('refuses dangling symlinks pointing outside, directly or through a chain', async () => {
+        for (const p of ['dangling-out', 'chain-1', 'chain-2', 'dotdot-out']) {
+          await expect(provider.writeFile(shared, p, 'pwned')).rejects.toBeInstanceOf(PathEscapeError);
+          await expect(provider.readFile(shared, p)).rejects.toBeInstanceOf(PathEscapeError);
+        }
+        expect(await exists(path.join(outside, 'created-by-dangling'))).toBe(false);
+        expect(await exists(path.join(outside, 'created-by-chain'))).toBe(false);
+        expect(await exists(path.join(outside, 'created-by-dotdot'))).toBe(false);
+      });
+
+      it('refuses a path through a symlinked parent directory', async () => {
+        for (const p of ['dir-out/secret.txt', 'dir-out/new.txt', 'dir-out/sub/new.txt', 'relative-out/x']) {
+          for (const op of ops(p)) await expect(op()).rejects.toBeInstanceOf(PathEscapeError);
+        }
+        expect(await exists(path.join(outside, 'new.txt'))).toBe(false);
+        expect(await exists(path.join(outside, 'sub'))).toBe(false);
+        expect(await fs.readFile(secret(), 'utf8')).toBe('secret\n');
+      });
+
+      it('deleting a symlink removes the link, never its target', async () => {
+        await provider.exec(shared, { command: `ln -sfn '${secret()}' link-to-delete`, shell: true });
+        await provider.deleteFile(shared, 'link-to-delete');
+        const left = await provider.exec(shared, { command: 'ls -A', shell: true });
+        expect(left.stdout.split('\n')).not.toContain('link-to-delete');
+        expect(await fs.readFile(secret(), 'utf8')).toBe('secret\n');
+      });
+    });
+
+    describe('destroy and list', () => {
+      it('lists live sandboxes, and a new provider instance rediscovers them', async () => {
+        const a = await provider.create(request('listed-a'));
+        const b = await provider.create(request('listed-b', { base: first }));
+        const listed = await provider.list(repo);
+        for (const h of [a, b]) {
+          const entry = listed.find((s) => s.root === h.root);
+          expect(entry, `${h.root} in list`).toBeDefined();
+          expect(entry!.branch).toBe(h.branch);
+          expect(entry!.head).toBe(h.headCommit);
+        }
+        const fresh = await makeProvider();
+        const rediscovered = await fresh.list(repo);
+        expect(rediscovered.map((s) => s.root)).toEqual(expect.arrayContaining([a.root, b.root, shared.root]));
+        const again = await fresh.create(request('listed-a'));
+        expect(again.reused).toBe(true);
+        expect(again.root).toBe(a.root);
+        const run = await fresh.exec(again, { command: 'git rev-parse HEAD', shell: true });
+        expect(run.stdout.trim()).toBe(a.headCommit);
+      });
+
+      it('destroy removes the folder and unregisters the worktree but keeps the branch', async () => {
+        const handle = await provider.create(request('doomed'));
+        await provider.writeFile(handle, 'scratch.txt', 'x');
+        const committed = await provider.exec(handle, { command: 'git add scratch.txt && git -c user.name=t -c user.email=t@t commit -q -m scratch && git rev-parse HEAD', shell: true });
+        expect(committed.exitCode, committed.stderr).toBe(0);
+        const head = committed.stdout.trim();
+        await provider.destroy({ repository: repo, root: handle.root });
+        expect(await exists(handle.root)).toBe(false);
+        expect(gitIn(repo, 'worktree', 'list', '--porcelain')).not.toContain(handle.root);
+        expect((await provider.list(repo)).map((s) => s.root)).not.toContain(handle.root);
+        expect(gitIn(repo, 'rev-parse', 'refs/heads/slipway/contract/doomed')).toBe(head);
+        await provider.destroy({ repository: repo, root: handle.root }); // twice is fine
+        // Creating it again picks the kept branch up where it was.
+        const back = await provider.create(request('doomed'));
+        expect(back.reused).toBe(false);
+        expect(back.headCommit).toBe(head);
+      });
+    });
+  });
+}

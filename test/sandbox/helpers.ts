@@ -1,0 +1,101 @@
+/**
+ * Real git repositories in temp folders for sandbox tests, and small probes.
+ */
+import { execFileSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { mkdtempSync, promises as fs, realpathSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+
+export const IDENTITY = ['-c', 'user.name=t', '-c', 'user.email=t@t'];
+export const IDENTITY_ENV = { GIT_AUTHOR_NAME: 't', GIT_AUTHOR_EMAIL: 't@t', GIT_COMMITTER_NAME: 't', GIT_COMMITTER_EMAIL: 't@t' };
+
+export function sh(cwd: string, command: string, env: Record<string, string> = {}): string {
+  return execFileSync('/bin/sh', ['-c', command], { cwd, encoding: 'utf8', env: { ...process.env, ...env } }).trim();
+}
+
+export function gitIn(cwd: string, ...args: string[]): string {
+  return execFileSync('git', ['-C', cwd, ...IDENTITY, ...args], { encoding: 'utf8' }).trim();
+}
+
+export function tempDir(prefix: string): string {
+  return realpathSync(mkdtempSync(path.join(os.tmpdir(), `slipway-${prefix}-`)));
+}
+
+/** `git init -b main` with a couple of commits; returns the repository path and commits. */
+export function makeRepo(parent: string, name = 'repo'): { repo: string; first: string; second: string } {
+  const repo = path.join(parent, name);
+  execFileSync('git', ['init', '-q', '-b', 'main', repo]);
+  sh(repo, 'printf "hello\\n" > README.md && mkdir -p src && printf "one\\n" > src/a.txt');
+  gitIn(repo, 'add', '-A');
+  gitIn(repo, 'commit', '-q', '-m', 'first');
+  const first = gitIn(repo, 'rev-parse', 'HEAD');
+  sh(repo, 'printf "two\\n" >> src/a.txt');
+  gitIn(repo, 'commit', '-q', '-am', 'second');
+  const second = gitIn(repo, 'rev-parse', 'HEAD');
+  return { repo, first, second };
+}
+
+/** PIDs of host processes whose command line contains `marker`. */
+export async function processesWith(marker: string): Promise<number[]> {
+  const found: number[] = [];
+  for (const entry of await fs.readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const cmdline = await fs.readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => '');
+    if (cmdline.includes(marker)) found.push(Number(entry));
+  }
+  return found;
+}
+
+export async function waitFor(check: () => Promise<boolean>, timeoutMs = 5_000): Promise<boolean> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (await check()) return true;
+    if (Date.now() > deadline) return false;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+export async function exists(p: string): Promise<boolean> {
+  return fs.lstat(p).then(
+    () => true,
+    () => false,
+  );
+}
+
+/**
+ * Everything observable about a user's checkout: branch, HEAD, index, working tree diff,
+ * untracked and ignored files, stash list, and every file's content, mode and mtime
+ * (outside .git and .slipway).
+ */
+export async function snapshotCheckout(repo: string): Promise<Record<string, string>> {
+  const snap: Record<string, string> = {
+    branch: gitIn(repo, 'symbolic-ref', 'HEAD'),
+    head: gitIn(repo, 'rev-parse', 'HEAD'),
+    index: gitIn(repo, 'diff', '--cached'),
+    worktree: gitIn(repo, 'diff'),
+    // Slipway's own folder is ignored through .git/info/exclude; everything else counts.
+    status: gitIn(repo, 'status', '--porcelain=v1', '--untracked-files=all', '--ignored')
+      .split('\n')
+      .filter((line) => !line.slice(3).startsWith('.slipway/'))
+      .join('\n'),
+    stash: gitIn(repo, 'stash', 'list'),
+    lsFilesStage: gitIn(repo, 'ls-files', '--stage'),
+  };
+  const walk = async (dir: string): Promise<void> => {
+    for (const entry of await fs.readdir(dir, { withFileTypes: true })) {
+      const full = path.join(dir, entry.name);
+      const rel = path.relative(repo, full);
+      if (rel === '.git' || rel === '.slipway') continue;
+      const st = await fs.lstat(full);
+      if (entry.isSymbolicLink()) snap[`file:${rel}`] = `link ${await fs.readlink(full)}`;
+      else if (entry.isDirectory()) await walk(full);
+      else {
+        const hash = createHash('sha256').update(await fs.readFile(full)).digest('hex');
+        snap[`file:${rel}`] = `${st.mode.toString(8)} ${st.mtimeMs} ${st.ino} ${hash}`;
+      }
+    }
+  };
+  await walk(repo);
+  return snap;
+}

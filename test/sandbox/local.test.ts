@@ -1,0 +1,360 @@
+/**
+ * Local sandboxes: the provider contract without and with bubblewrap, copying ignored files,
+ * confinement (writes, git commit, network) and the user's checkout left untouched.
+ */
+import { execFileSync } from 'node:child_process';
+import { promises as fs } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
+import { collapse, intersect } from '../../activities/sandbox/copy-ignored';
+import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import type { SandboxCreateRequest } from '../../activities/sandbox/provider';
+import { describeSandboxContract } from './contract';
+import { exists, gitIn, IDENTITY_ENV, makeRepo, sh, snapshotCheckout, tempDir } from './helpers';
+
+const hasBwrap = findExecutable('bwrap') !== undefined;
+const SKIP_BWRAP = 'bubblewrap (bwrap) is not installed on this machine; install it with `apt-get install bubblewrap` to run these tests';
+if (!hasBwrap) console.warn(`[skip] ${SKIP_BWRAP}`);
+
+describeSandboxContract('local', () => new LocalSandboxProvider());
+
+if (hasBwrap) {
+  describeSandboxContract('local + bubblewrap (network off)', () => new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false } }));
+} else {
+  describe.skip(`sandbox contract: local + bubblewrap — ${SKIP_BWRAP}`, () => {
+    it('skipped', () => undefined);
+  });
+}
+
+/** A checkout with ignored files of every kind, and a tracked file under src/. */
+async function addIgnoredFiles(repo: string): Promise<void> {
+  await fs.writeFile(path.join(repo, '.gitignore'), 'node_modules/\n.env\ndist/\n*.log\n');
+  gitIn(repo, 'add', '.gitignore');
+  gitIn(repo, 'commit', '-q', '-m', 'ignore');
+  await fs.mkdir(path.join(repo, 'node_modules/pkg/lib/deep'), { recursive: true });
+  await fs.mkdir(path.join(repo, 'node_modules/.bin'), { recursive: true });
+  await fs.mkdir(path.join(repo, 'node_modules/other'), { recursive: true });
+  await fs.writeFile(path.join(repo, 'node_modules/pkg/index.js'), 'module.exports = 1;\n');
+  await fs.writeFile(path.join(repo, 'node_modules/pkg/lib/deep/x.js'), 'deep\n');
+  await fs.writeFile(path.join(repo, 'node_modules/other/o.js'), 'other\n');
+  await fs.chmod(path.join(repo, 'node_modules/pkg/index.js'), 0o755);
+  await fs.symlink('../pkg/index.js', path.join(repo, 'node_modules/.bin/tool'));
+  await fs.symlink(path.join(repo, 'README.md'), path.join(repo, 'node_modules/abs-link'));
+  await fs.writeFile(path.join(repo, '.env'), 'SECRET=1\n');
+  await fs.mkdir(path.join(repo, 'dist'));
+  await fs.writeFile(path.join(repo, 'dist/app.js'), 'app\n');
+  await fs.writeFile(path.join(repo, 'src/debug.log'), 'log\n');
+  await fs.writeFile(path.join(repo, 'untracked.txt'), 'not ignored, not copied\n');
+}
+
+let counter = 0;
+const req = (repo: string, label: string, extra: Partial<SandboxCreateRequest> = {}): SandboxCreateRequest => ({
+  sandboxId: `t.${label}`,
+  repository: repo,
+  group: 'obj',
+  name: label,
+  branch: `slipway/obj/${label}-${++counter}`,
+  base: 'main',
+  ...extra,
+});
+
+describe('local sandboxes', () => {
+  let parent: string;
+  let repo: string;
+  let before: Record<string, string>;
+  const provider = new LocalSandboxProvider();
+
+  beforeAll(async () => {
+    parent = tempDir('local');
+    ({ repo } = makeRepo(parent));
+    await addIgnoredFiles(repo);
+    // A user in the middle of something: a stash, a staged change, an unstaged change, an untracked file.
+    await fs.writeFile(path.join(repo, 'README.md'), 'stashed edit\n');
+    gitIn(repo, 'stash', 'push', '-q', '-m', 'user stash');
+    await fs.writeFile(path.join(repo, 'staged.txt'), 'staged\n');
+    gitIn(repo, 'add', 'staged.txt');
+    await fs.appendFile(path.join(repo, 'src/a.txt'), 'unstaged edit\n');
+    before = await snapshotCheckout(repo);
+  });
+
+  afterAll(async () => {
+    if (parent) await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  describe.each(['gnu-cp', 'node'] as const)('copying ignored files (%s)', (copyMethod) => {
+    it('copies node_modules, .env and other ignored files; symlinks stay symlinks', async () => {
+      const p = new LocalSandboxProvider({ copyMethod });
+      const h = await p.create(req(repo, `copy-${copyMethod}`));
+      expect(h.ignoredCopy?.method).toBe(copyMethod);
+      expect(h.ignoredCopy?.warnings).toEqual([]);
+      const at = (rel: string) => path.join(h.root, rel);
+      expect(await fs.readFile(at('node_modules/pkg/index.js'), 'utf8')).toBe('module.exports = 1;\n');
+      expect((await fs.stat(at('node_modules/pkg/index.js'))).mode & 0o777).toBe(0o755);
+      expect(await fs.readFile(at('node_modules/pkg/lib/deep/x.js'), 'utf8')).toBe('deep\n');
+      expect(await fs.readFile(at('node_modules/other/o.js'), 'utf8')).toBe('other\n');
+      expect(await fs.readFile(at('.env'), 'utf8')).toBe('SECRET=1\n');
+      expect(await fs.readFile(at('dist/app.js'), 'utf8')).toBe('app\n');
+      expect(await fs.readFile(at('src/debug.log'), 'utf8')).toBe('log\n');
+      // Symlinks are copied verbatim, relative or absolute.
+      expect((await fs.lstat(at('node_modules/.bin/tool'))).isSymbolicLink()).toBe(true);
+      expect(await fs.readlink(at('node_modules/.bin/tool'))).toBe('../pkg/index.js');
+      expect(await fs.readlink(at('node_modules/abs-link'))).toBe(path.join(repo, 'README.md'));
+      // Not ignored, Slipway's own folder, git's folder: not copied.
+      expect(await exists(at('untracked.txt'))).toBe(false);
+      expect(await exists(at('.slipway'))).toBe(false);
+      expect((await fs.lstat(at('.git'))).isFile()).toBe(true);
+      // The copies keep the worktree clean (they are ignored there too).
+      expect(gitIn(h.root, 'status', '--porcelain')).toBe('');
+      await p.destroy({ repository: repo, root: h.root });
+    });
+
+    it('makes independent copies: never hard links', async () => {
+      const h = await new LocalSandboxProvider({ copyMethod }).create(req(repo, `inode-${copyMethod}`));
+      for (const rel of ['node_modules/pkg/index.js', 'node_modules/pkg/lib/deep/x.js', '.env', 'dist/app.js']) {
+        const original = await fs.stat(path.join(repo, rel));
+        const copy = await fs.stat(path.join(h.root, rel));
+        expect(copy.ino, rel).not.toBe(original.ino);
+        expect(original.nlink, rel).toBe(1);
+        expect(copy.nlink, rel).toBe(1);
+      }
+      await fs.writeFile(path.join(h.root, 'node_modules/pkg/index.js'), 'changed by agent\n');
+      await fs.appendFile(path.join(h.root, '.env'), 'MORE=2\n');
+      expect(await fs.readFile(path.join(repo, 'node_modules/pkg/index.js'), 'utf8')).toBe('module.exports = 1;\n');
+      expect(await fs.readFile(path.join(repo, '.env'), 'utf8')).toBe('SECRET=1\n');
+      await provider.destroy({ repository: repo, root: h.root });
+    });
+  });
+
+  it('copies nothing when copyIgnored is off (provider or request), and the request wins', async () => {
+    const off = new LocalSandboxProvider({ copyIgnored: false });
+    const a = await off.create(req(repo, 'no-copy'));
+    expect(a.ignoredCopy).toBeUndefined();
+    expect(await exists(path.join(a.root, 'node_modules'))).toBe(false);
+    expect(await exists(path.join(a.root, '.env'))).toBe(false);
+    const b = await provider.create(req(repo, 'no-copy-request', { copyIgnored: false }));
+    expect(await exists(path.join(b.root, 'node_modules'))).toBe(false);
+    const c = await off.create(req(repo, 'copy-request', { copyIgnored: true }));
+    expect(await exists(path.join(c.root, '.env'))).toBe(true);
+    for (const h of [a, b, c]) await provider.destroy({ repository: repo, root: h.root });
+  });
+
+  it('does not overwrite files the worktree already has (tracked on its branch)', async () => {
+    // dist/app.js is ignored in the checkout but tracked on another branch.
+    const wt = path.join(parent, 'side');
+    gitIn(repo, 'worktree', 'add', '-q', '-b', 'with-dist', wt, 'main');
+    await fs.mkdir(path.join(wt, 'dist'));
+    await fs.writeFile(path.join(wt, 'dist/app.js'), 'tracked version\n');
+    gitIn(wt, 'add', '-f', 'dist/app.js');
+    gitIn(wt, 'commit', '-q', '-m', 'track dist');
+    gitIn(repo, 'worktree', 'remove', wt);
+    const h = await provider.create(req(repo, 'tracked-dist', { base: 'with-dist' }));
+    expect(await fs.readFile(path.join(h.root, 'dist/app.js'), 'utf8')).toBe('tracked version\n');
+    expect(gitIn(h.root, 'status', '--porcelain')).toBe('');
+    await provider.destroy({ repository: repo, root: h.root });
+    gitIn(repo, 'branch', '-q', '-D', 'with-dist');
+  });
+
+  it('finishes a create that died half way instead of reusing a half-copied sandbox', async () => {
+    const r = req(repo, 'half-made');
+    const h = await provider.create(r);
+    // Simulate a crash during the copy: the record still says "creating" and a file is missing.
+    const record = path.join(repo, '.slipway/sandboxes', r.group, `${r.name}.json`);
+    const state = JSON.parse(await fs.readFile(record, 'utf8'));
+    await fs.writeFile(record, JSON.stringify({ ...state, state: 'creating' }));
+    await fs.rm(path.join(h.root, 'node_modules'), { recursive: true });
+    const again = await provider.create(r);
+    expect(again.reused).toBe(false);
+    expect(await exists(path.join(again.root, 'node_modules/pkg/index.js'))).toBe(true);
+    const third = await provider.create(r);
+    expect(third.reused).toBe(true);
+    await provider.destroy({ repository: repo, root: h.root });
+    expect(await exists(record)).toBe(false);
+  });
+
+  describe.skipIf(!hasBwrap)('bubblewrap confinement', () => {
+    let confined: LocalSandboxProvider;
+    let h: Awaited<ReturnType<LocalSandboxProvider['create']>>;
+    let other: Awaited<ReturnType<LocalSandboxProvider['create']>>;
+    const homeProbe = path.join(os.homedir(), `.slipway-escape-probe-${process.pid}`);
+
+    beforeAll(async () => {
+      confined = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false } });
+      h = await confined.create(req(repo, 'confined'));
+      other = await confined.create(req(repo, 'neighbour'));
+    });
+
+    afterAll(async () => {
+      await fs.rm(homeProbe, { force: true });
+    });
+
+    const run = (command: string, p = confined) => p.exec(h, { command, shell: true, env: IDENTITY_ENV });
+
+    it('lets a command write inside its worktree and in a private /tmp', async () => {
+      const r = await run('echo inside > inside.txt && echo tmp > /tmp/private.txt && cat /tmp/private.txt && echo shm > /dev/shm/x');
+      expect(r.exitCode, r.stderr).toBe(0);
+      expect(await fs.readFile(path.join(h.root, 'inside.txt'), 'utf8')).toBe('inside\n');
+      expect(await exists('/tmp/private.txt')).toBe(false);
+    });
+
+    it('refuses writes outside the worktree: the user checkout, $HOME, another sandbox, git internals', async () => {
+      const targets = [
+        path.join(repo, 'escape.txt'),
+        path.join(repo, 'README.md'),
+        path.join(repo, 'node_modules/pkg/index.js'),
+        homeProbe,
+        path.join(other.root, 'README.md'),
+        path.join(repo, '.git/config'),
+        path.join(repo, '.git/hooks/pre-commit'),
+        path.join(repo, '.slipway/sandboxes/obj/confined.json'),
+      ];
+      const contentBefore = await Promise.all(targets.map((t) => fs.readFile(t, 'utf8').catch(() => undefined)));
+      for (const target of targets) {
+        const r = await run(`echo pwned > '${target}'`);
+        expect(r.exitCode, target).not.toBe(0);
+        expect(r.stderr, target).toMatch(/Read-only file system|Permission denied/);
+      }
+      const contentAfter = await Promise.all(targets.map((t) => fs.readFile(t, 'utf8').catch(() => undefined)));
+      expect(contentAfter).toEqual(contentBefore);
+      const rm = await run(`rm -rf '${path.join(repo, 'src')}'`);
+      expect(rm.exitCode).not.toBe(0);
+      expect(await exists(path.join(repo, 'src/a.txt'))).toBe(true);
+    });
+
+    it('lets git commit on the sandbox branch, but not move the user\'s branches', async () => {
+      const mainBefore = gitIn(repo, 'rev-parse', 'main');
+      const r = await run('echo change >> README.md && git add -A && git commit -q -m "agent commit" && git rev-parse HEAD');
+      expect(r.exitCode, r.stderr).toBe(0);
+      const head = r.stdout.trim();
+      expect(gitIn(repo, 'rev-parse', h.branch)).toBe(head);
+      expect(gitIn(repo, 'log', '-1', '--format=%s', h.branch)).toBe('agent commit');
+      expect(gitIn(repo, 'cat-file', '-t', head)).toBe('commit');
+      const moveMain = await run('git update-ref refs/heads/main HEAD');
+      expect(moveMain.exitCode).not.toBe(0);
+      const newBranch = await run('git branch user-branch-from-agent');
+      expect(newBranch.exitCode).not.toBe(0);
+      expect(gitIn(repo, 'rev-parse', 'main')).toBe(mainBefore);
+      expect(gitIn(repo, 'branch', '--list', 'user-branch-from-agent')).toBe('');
+    });
+
+    it('puts back a .git link the agent rewrote', async () => {
+      const original = await fs.readFile(path.join(h.root, '.git'), 'utf8');
+      const r = await run(`mkdir -p /tmp/evil && printf 'gitdir: /tmp/evil\\n' > .git`);
+      expect(r.exitCode, r.stderr).toBe(0);
+      expect(gitIn(h.root, 'rev-parse', '--abbrev-ref', 'HEAD')).toBe(h.branch);
+      expect(path.resolve(h.root, (await fs.readFile(path.join(h.root, '.git'), 'utf8')).replace('gitdir:', '').trim())).toBe(
+        path.resolve(h.root, original.replace('gitdir:', '').trim()),
+      );
+    });
+
+    it('cuts the network off when network is false, and not when true', async () => {
+      const server = net.createServer((socket) => socket.end());
+      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+      const port = (server.address() as net.AddressInfo).port;
+      try {
+        const probe = `bash -c 'echo > /dev/tcp/127.0.0.1/${port}' && echo connected`;
+        const off = await run(probe);
+        expect(off.exitCode).not.toBe(0);
+        expect(off.stdout).not.toContain('connected');
+        const on = await run(probe, new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: true } }));
+        expect(on.exitCode, on.stderr).toBe(0);
+        expect(on.stdout).toContain('connected');
+        const unconfined = await run(probe, provider);
+        expect(unconfined.exitCode).toBe(0);
+      } finally {
+        server.close();
+      }
+    });
+
+    it('makes extra paths writable and hides others when asked', async () => {
+      const extra = path.join(parent, 'agent-state');
+      const hidden = path.join(parent, 'hidden');
+      await fs.mkdir(extra);
+      await fs.mkdir(hidden);
+      await fs.writeFile(path.join(hidden, 'key'), 'private');
+      const p = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false, writable: [extra], hidden: [hidden] } });
+      const r = await run(`echo state > '${extra}/s' && ls -A '${hidden}' | wc -l`, p);
+      expect(r.exitCode, r.stderr).toBe(0);
+      expect(r.stdout.trim()).toBe('0');
+      expect(await fs.readFile(path.join(extra, 's'), 'utf8')).toBe('state\n');
+      expect(await fs.readFile(path.join(hidden, 'key'), 'utf8')).toBe('private');
+    });
+  });
+
+  it('fails clearly when bwrap is missing', () => {
+    expect(() => new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false, bwrapPath: '/nonexistent/bwrap' } })).toThrow(BWRAP_MISSING_MESSAGE);
+    const savedPath = process.env.PATH;
+    process.env.PATH = parent;
+    try {
+      expect(() => new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: true } })).toThrow(BWRAP_MISSING_MESSAGE);
+    } finally {
+      process.env.PATH = savedPath;
+    }
+    expect(BWRAP_MISSING_MESSAGE).toBe('bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap`');
+  });
+
+  it("leaves the user's checkout untouched: branch, index, working files, untracked files, stash", async () => {
+    const after = await snapshotCheckout(repo);
+    expect(after).toEqual(before);
+    expect(after.stash).toContain('user stash');
+    expect(after.index).toContain('staged');
+    expect(after.worktree).toContain('unstaged edit');
+  });
+});
+
+describe('.worktreeinclude', () => {
+  let parent: string;
+  let repo: string;
+  const provider = new LocalSandboxProvider();
+
+  beforeAll(async () => {
+    parent = tempDir('include');
+    ({ repo } = makeRepo(parent));
+    await addIgnoredFiles(repo);
+    await fs.writeFile(
+      path.join(repo, '.worktreeinclude'),
+      ['# only what the agents need', '.env', 'node_modules/pkg/lib/', 'untracked.txt', '*.log', '!src/debug.log', ''].join('\n'),
+    );
+  });
+
+  afterAll(async () => {
+    if (parent) await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  it('copies only the ignored paths it matches', async () => {
+    const h = await provider.create(req(repo, 'included'));
+    expect(h.ignoredCopy?.limitedByIncludeFile).toBe(true);
+    const at = (rel: string) => path.join(h.root, rel);
+    expect(await fs.readFile(at('.env'), 'utf8')).toBe('SECRET=1\n');
+    expect(await fs.readFile(at('node_modules/pkg/lib/deep/x.js'), 'utf8')).toBe('deep\n');
+    expect(await exists(at('node_modules/pkg/index.js'))).toBe(false);
+    expect(await exists(at('node_modules/other'))).toBe(false);
+    expect(await exists(at('node_modules/.bin'))).toBe(false);
+    expect(await exists(at('dist'))).toBe(false);
+    expect(await exists(at('src/debug.log'))).toBe(false); // negated
+    expect(await exists(at('untracked.txt'))).toBe(false); // matched, but not ignored
+  });
+
+  it('intersects git listings in both directions', () => {
+    expect(intersect(['node_modules/', '.env', 'a/x.log'], ['node_modules/pkg/', '.env', 'a/', 'b/'])).toEqual(['.env', 'a/x.log', 'node_modules/pkg/']);
+    expect(collapse(['a/', 'a/b', 'a/c/', 'ab', 'a'])).toEqual(['a', 'a/', 'ab']);
+  });
+});
+
+describe('worktree records', () => {
+  it('keep .slipway out of git status through .git/info/exclude', async () => {
+    const parent = tempDir('exclude');
+    try {
+      const { repo } = makeRepo(parent);
+      const h = await new LocalSandboxProvider().create(req(repo, 'excluded'));
+      expect(gitIn(repo, 'status', '--porcelain')).toBe('');
+      expect(await fs.readFile(path.join(repo, '.git/info/exclude'), 'utf8')).toContain('/.slipway/');
+      expect(execFileSync('git', ['-C', repo, 'check-ignore', '-q', path.join(h.root, 'x')]).length).toBe(0);
+      expect(sh(repo, 'git ls-files --others --exclude-standard')).toBe('');
+    } finally {
+      await fs.rm(parent, { recursive: true, force: true });
+    }
+  });
+});
