@@ -5,12 +5,12 @@
 import path from 'node:path';
 import { Context } from '@temporalio/activity';
 import { integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
-import type { AgentSpec, Feedback, GateSpec, SandboxInfo, SandboxInput } from '../core/types';
+import type { AgentSpec, Feedback, GateSpec, SandboxInfo, SandboxInput, StreamSpec } from '../core/types';
 import type { AgentRole } from '../core/states';
 import { agentProvider } from './agents/registry';
 import type { AgentEvent, TokenUsage } from './agents/provider';
 import { buildPrompt, contextEnv } from './agents/prompt';
-import { extractTagged, ReviewVerdictSchema, type ReviewVerdict } from './agents/structured';
+import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from './agents/structured';
 import { failure } from './failures';
 import { branchExists, commitIdentityEnv, git, gitMaybe, gitWithIdentity, isAncestor, isDirty, resolveCommit } from './git';
 import { withHeartbeat } from './heartbeat';
@@ -166,6 +166,21 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       await git(input.mergerPath, ['clean', '-fdq']);
     },
 
+    /**
+     * Moves a stream's sandbox onto the current integration branch after a merge conflict, keeping
+     * the stream's previous change as a diff for the builder to re-apply. Idempotent.
+     */
+    async resetOntoIntegration(input: { path: string; onto: string }): Promise<{ head: string; previousDiff: string }> {
+      const onto = await resolveCommit(input.path, input.onto);
+      const head = await git(input.path, ['rev-parse', 'HEAD']);
+      const base = (await gitMaybe(input.path, ['merge-base', onto, head])) ?? onto;
+      const previousDiff = redact(tail(await git(input.path, ['diff', '--stat', '--patch', base, head]), OUTPUT_TAIL_CHARS));
+      await gitMaybe(input.path, ['merge', '--abort']);
+      await git(input.path, ['reset', '--hard', '-q', onto]);
+      await git(input.path, ['clean', '-fdq']);
+      return { head: onto, previousDiff };
+    },
+
     /** Removes the merger worktree; the integration branch stays. */
     async finishObjective(input: { repository: string; objectiveId: string }): Promise<{ integrationHead?: string }> {
       const branch = integrationBranch(input.objectiveId);
@@ -182,6 +197,7 @@ export interface AgentRunInput {
   sandboxPath: string;
   objectiveDir: string;
   objective: { id: string; text: string };
+  /** The stream the agent works on; a planner works for the whole objective. */
   stream: { id: string; task: string; branch: string };
   targetBranch: string;
   iteration: number;
@@ -197,6 +213,8 @@ export interface AgentRunResult {
   /** Tail of the agent's text output (redacted). */
   output: string;
   verdict?: ReviewVerdict;
+  /** A planner's streams, validated. */
+  plan?: StreamSpec[];
   durationMs: number;
 }
 
@@ -288,13 +306,18 @@ export function createAgentActivities(deps: ActivityDeps = defaultActivityDeps()
         throw failure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${redact(tail(run.stderr.trim() || output, 1_000))}`);
       }
       let verdict: ReviewVerdict | undefined;
+      let plan: StreamSpec[] | undefined;
       if (input.role === 'reviewer') {
         const parsed = extractTagged(texts.join('\n'), 'review', ReviewVerdictSchema);
         if (!parsed.ok) throw failure('agent_runtime_transient', `reviewer gave no usable verdict: ${parsed.error}`);
         verdict = parsed.value;
+      } else if (input.role === 'planner') {
+        const parsed = extractTagged(texts.join('\n'), 'plan', PlanSchema);
+        if (!parsed.ok) throw failure('agent_runtime_transient', `planner gave no usable plan: ${parsed.error}`);
+        plan = parsed.value.streams;
       }
       Context.current().log.info('agent run finished', { role: input.role, stream: input.stream.id, durationMs: run.durationMs });
-      return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, verdict, durationMs: run.durationMs };
+      return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, verdict, plan, durationMs: run.durationMs };
     },
   };
 }

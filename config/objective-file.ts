@@ -11,12 +11,27 @@
 import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { LineCounter, isCollection, isMap, isScalar, isSeq, parseDocument, type Document, type Node } from 'yaml';
-import { z } from 'zod';
+import { isMap } from 'yaml';
 import { ObjectiveFileSchema, type ObjectiveFile } from '../core/objective-schema';
 import { ID_PATTERN, ID_RULE } from '../core/ids';
-import type { ObjectiveInput } from '../core/types';
+import type { ObjectiveInput, ResolvedBlueprints } from '../core/types';
+import { resolveObjectiveBlueprint } from './resolve-blueprint';
 import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../activities/git';
+import {
+  describeIssue,
+  describeNode,
+  formatFieldPath,
+  formatPosition,
+  isEmptyDocument,
+  issuePath,
+  knownKeys,
+  parseYamlWithPositions,
+  sortByPosition,
+  type Issue,
+  type PathSegment,
+} from './yaml-positions';
+
+export { formatFieldPath };
 
 export interface ObjectiveFileProblem {
   file: string;
@@ -48,24 +63,8 @@ export interface ObjectiveFileOverrides {
 
 /** `file:LINE:COL: FIELD: message`, leaving out the parts that are unknown. */
 export function formatProblem(p: ObjectiveFileProblem): string {
-  let where = p.file;
-  if (p.line !== undefined) {
-    where += `:${p.line}`;
-    if (p.column !== undefined) where += `:${p.column}`;
-  }
+  const where = formatPosition(p.file, p);
   return p.field ? `${where}: ${p.field}: ${p.message}` : `${where}: ${p.message}`;
-}
-
-type PathSegment = string | number;
-
-/** `['streams', 1, 'depends_on', 0]` -> `streams[1].depends_on[0]`. */
-export function formatFieldPath(segments: readonly PathSegment[]): string {
-  let out = '';
-  for (const seg of segments) {
-    if (typeof seg === 'number') out += `[${seg}]`;
-    else out += out === '' ? seg : `.${seg}`;
-  }
-  return out;
 }
 
 export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOverrides = {}): Promise<ObjectiveInput> {
@@ -84,18 +83,13 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
   }
 
   // 2. Parse YAML.
-  const lineCounter = new LineCounter();
-  const doc = parseDocument(text, { lineCounter, prettyErrors: false });
-  const at = (offset: number | undefined) => {
-    if (offset === undefined) return {};
-    const { line, col } = lineCounter.linePos(offset);
-    return { line, column: col };
-  };
-  if (doc.errors.length > 0) {
-    return fail(doc.errors.map((e) => ({ file, ...at(e.pos?.[0]), message: `YAML syntax error: ${e.message}` })));
+  const yaml = parseYamlWithPositions(text);
+  const { doc, at } = yaml;
+  if (yaml.errors.length > 0) {
+    return fail(yaml.errors.map(({ message, ...pos }) => ({ file, ...pos, message: `YAML syntax error: ${message}` })));
   }
   const root = doc.contents;
-  if (root === null || (isScalar(root) && (root.value === null || root.value === undefined))) {
+  if (root === null || isEmptyDocument(doc)) {
     return fail([{ file, message: 'the file is empty; expected a mapping with objective, repository, agents and streams' }]);
   }
   if (!isMap(root)) {
@@ -110,18 +104,18 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
   const rawObject = raw as Record<string, unknown>;
 
   // 3. Validate.
-  const locate = (segments: readonly PathSegment[]) => at(locateOffset(doc, segments));
+  const locate = yaml.locate;
   const problems: ObjectiveFileProblem[] = [];
   const parsed = ObjectiveFileSchema.safeParse(raw, { reportInput: true });
   if (!parsed.success) {
     for (const issue of collectIssues(parsed.error.issues, rawObject)) {
-      const segments = issue.path.filter((s): s is PathSegment => typeof s !== 'symbol');
+      const segments = issuePath(issue);
       if (issue.code === 'unrecognized_keys') {
-        const known = knownKeys(segments);
+        const known = knownKeys(ObjectiveFileSchema, segments);
         for (const key of issue.keys) {
           problems.push({
             file,
-            ...at(locateKeyOffset(doc, segments, key)),
+            ...yaml.locateKey(segments, key),
             field: formatFieldPath([...segments, key]),
             message: `unknown key "${key}"${known ? ` (expected one of: ${known.join(', ')})` : ''}`,
           });
@@ -200,13 +194,23 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     id = parsed.data.id ?? deriveObjectiveId(sourceFile, overrides.now ?? new Date());
   }
 
-  if (problems.length > 0) return fail(sortProblems(problems));
-  if (!parsed.success || repository === undefined || baseBranch === undefined || id === undefined) {
+  // 7. Blueprint (and the blueprints it references).
+  let blueprint: ResolvedBlueprints | undefined;
+  if (parsed.success && repository !== undefined) {
+    try {
+      blueprint = await resolveObjectiveBlueprint(repository, parsed.data.blueprint);
+    } catch (e) {
+      problems.push({ file, ...locate(['blueprint']), field: 'blueprint', message: (e as Error).message });
+    }
+  }
+
+  if (problems.length > 0) return fail(sortByPosition(problems));
+  if (!parsed.success || repository === undefined || baseBranch === undefined || id === undefined || blueprint === undefined) {
     // Unreachable: every failing path above records a problem.
     return fail([{ file, message: 'the objective file is invalid' }]);
   }
 
-  // 7. Build.
+  // 8. Build.
   const data: ObjectiveFile = parsed.data;
   return {
     id,
@@ -217,6 +221,9 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     sourceFile,
     maxParallelStreams: data.max_parallel_streams,
     maxFixIterations: data.max_fix_iterations,
+    onExhausted: data.on_exhausted,
+    requireApproval: data.require_approval,
+    blueprint,
     gates: data.gates,
     postMergeGates: data.post_merge_gates ?? data.gates,
     agents: data.agents,
@@ -278,8 +285,6 @@ function describeReadError(err: unknown): string {
 // ---------------------------------------------------------------------------------------
 // Zod issues -> messages
 
-type Issue = z.core.$ZodIssue;
-
 /**
  * The schema's cross-stream checks (duplicate ids, unknown dependencies, cycles) live in a
  * superRefine that zod skips once any other field fails its checks. To still report them
@@ -309,149 +314,4 @@ function collectIssues(issues: Issue[], raw: Record<string, unknown>): Issue[] {
     all.push(issue);
   }
   return all;
-}
-
-function describeIssue(issue: Issue, missing: boolean): string {
-  switch (issue.code) {
-    case 'invalid_type': {
-      const expected = expectedName(issue.expected);
-      if (missing) return `is required (${expected})`;
-      return `expected ${expected}, got ${describeValue(issue.input)}`;
-    }
-    case 'too_small': {
-      if (issue.origin === 'string' && Number(issue.minimum) === 1) return 'must not be empty';
-      if (issue.origin === 'array') {
-        const n = Number(issue.minimum);
-        return `must list at least ${n} item${n === 1 ? '' : 's'}`;
-      }
-      if (issue.origin === 'string') return `must be at least ${issue.minimum} characters long`;
-      return `must be ${issue.inclusive ? 'at least' : 'greater than'} ${issue.minimum}, got ${describeValue(issue.input)}`;
-    }
-    case 'too_big': {
-      if (issue.origin === 'array') return `must list at most ${issue.maximum} items`;
-      if (issue.origin === 'string') return `must be at most ${issue.maximum} characters long`;
-      return `must be ${issue.inclusive ? 'at most' : 'less than'} ${issue.maximum}, got ${describeValue(issue.input)}`;
-    }
-    case 'invalid_value':
-      return `must be one of ${issue.values.map((v) => JSON.stringify(v)).join(', ')}, got ${describeValue(issue.input)}`;
-    case 'invalid_format':
-      return `${describeValue(issue.input)} ${issue.message}`;
-    case 'custom':
-      // Refinements such as "is reserved (...)" read better with the value in front.
-      return issue.message.startsWith('is ') && typeof issue.input === 'string'
-        ? `"${issue.input}" ${issue.message}`
-        : issue.message;
-    default:
-      return issue.message;
-  }
-}
-
-function expectedName(expected: string): string {
-  switch (expected) {
-    case 'string':
-      return 'a string';
-    case 'number':
-      return 'a number';
-    case 'int':
-      return 'a whole number';
-    case 'boolean':
-      return 'true or false';
-    case 'array':
-      return 'a list';
-    case 'object':
-      return 'a mapping';
-    default:
-      return expected;
-  }
-}
-
-function describeValue(value: unknown): string {
-  if (value === undefined) return 'nothing';
-  if (value === null) return 'an empty value';
-  if (typeof value === 'string') return `"${value.length > 40 ? `${value.slice(0, 40)}...` : value}"`;
-  if (typeof value === 'number' || typeof value === 'boolean') return String(value);
-  if (Array.isArray(value)) return 'a list';
-  if (typeof value === 'object') return 'a mapping';
-  return typeof value;
-}
-
-function describeNode(node: Node): string {
-  if (isSeq(node)) return 'a list';
-  if (isScalar(node)) return `the value ${describeValue(node.value)}`;
-  return 'something else';
-}
-
-/** Keys an object schema at `segments` accepts, for "unknown key" messages. */
-function knownKeys(segments: readonly PathSegment[]): string[] | undefined {
-  let schema: unknown = ObjectiveFileSchema;
-  const unwrap = (s: unknown): unknown => {
-    let cur = s;
-    for (let i = 0; i < 10; i++) {
-      if (cur instanceof z.ZodOptional || cur instanceof z.ZodDefault || cur instanceof z.ZodNullable) cur = cur.unwrap();
-      else break;
-    }
-    return cur;
-  };
-  for (const seg of segments) {
-    schema = unwrap(schema);
-    if (typeof seg === 'number' && schema instanceof z.ZodArray) schema = schema.element;
-    else if (typeof seg === 'string' && schema instanceof z.ZodObject) schema = (schema.shape as Record<string, unknown>)[seg];
-    else return undefined;
-  }
-  schema = unwrap(schema);
-  return schema instanceof z.ZodObject ? Object.keys(schema.shape) : undefined;
-}
-
-// ---------------------------------------------------------------------------------------
-// Zod path -> YAML position
-
-function findPair(map: unknown, key: PathSegment) {
-  if (!isMap(map)) return undefined;
-  return map.items.find((pair) => {
-    const k = isScalar(pair.key) ? pair.key.value : pair.key;
-    return k !== null && k !== undefined && String(k) === String(key);
-  });
-}
-
-function startOf(node: unknown): number | undefined {
-  if (node && typeof node === 'object' && 'range' in node) {
-    const range = (node as Node).range;
-    if (range) return range[0];
-  }
-  return undefined;
-}
-
-/**
- * Offset of the YAML node a zod path names. Scalars point at the value; block collections
- * at their key (the `streams:` line); a missing key at its parent mapping.
- */
-function locateOffset(doc: Document, segments: readonly PathSegment[]): number | undefined {
-  if (segments.length === 0) return startOf(doc.contents);
-  const parentPath = segments.slice(0, -1);
-  const last = segments[segments.length - 1];
-  const parent = parentPath.length === 0 ? doc.contents : doc.getIn(parentPath, true);
-  if (isMap(parent)) {
-    const pair = findPair(parent, last);
-    if (!pair) return locateOffset(doc, parentPath);
-    const value = pair.value;
-    if (isScalar(value) && value.range && value.range[1] > value.range[0]) return value.range[0];
-    if (isCollection(value) && value.flow && value.range) return value.range[0];
-    return startOf(pair.key) ?? locateOffset(doc, parentPath);
-  }
-  if (isSeq(parent) && typeof last === 'number') {
-    return startOf(parent.items[last]) ?? locateOffset(doc, parentPath);
-  }
-  return locateOffset(doc, parentPath);
-}
-
-function locateKeyOffset(doc: Document, mapPath: readonly PathSegment[], key: string): number | undefined {
-  const map = mapPath.length === 0 ? doc.contents : doc.getIn(mapPath, true);
-  return startOf(findPair(map, key)?.key) ?? locateOffset(doc, mapPath);
-}
-
-function sortProblems(problems: ObjectiveFileProblem[]): ObjectiveFileProblem[] {
-  return problems
-    .map((p, i) => ({ p, i }))
-    .sort((a, b) => (a.p.line ?? 0) - (b.p.line ?? 0) || (a.p.column ?? 0) - (b.p.column ?? 0) || a.i - b.i)
-    .map(({ p }) => p);
 }

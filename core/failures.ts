@@ -8,9 +8,11 @@ export const FAILURE_KINDS = {
   review_rejection: { action: 'rerun_builder_with_review_feedback', retryable: false, summary: 'the reviewer rejected the work' },
   agent_runtime_transient: { action: 'retry_step', retryable: true, summary: 'the agent crashed, hung or exited abnormally' },
   sandbox_failure: { action: 'retry_step', retryable: true, summary: 'the sandbox could not be created or used' },
-  provider_rate_limit: { action: 'wait_until_reset', retryable: true, summary: 'the agent provider rate-limited the run' },
+  // Not retried by Temporal: the workflow waits on a durable timer until the reset time instead.
+  provider_rate_limit: { action: 'wait_until_reset', retryable: false, summary: 'the agent provider rate-limited the run' },
   merge_conflict: { action: 'rebuild_on_integration', retryable: false, summary: 'the stream conflicts with the integration branch' },
   post_merge_gate_failure: { action: 'revert_merge_and_restart_stream', retryable: false, summary: 'a gate failed after the merge' },
+  plan_rejection: { action: 'replan_with_reason', retryable: false, summary: 'a human rejected the plan' },
   configuration_error: { action: 'fail', retryable: false, summary: 'the configuration is invalid' },
   unknown: { action: 'retry_step', retryable: true, summary: 'an unexpected error' },
 } as const;
@@ -24,3 +26,6 @@ export const NON_RETRYABLE_FAILURE_KINDS: FailureKind[] = FAILURE_KIND_NAMES.fil
 export function isFailureKind(value: unknown): value is FailureKind {
   return typeof value === 'string' && value in FAILURE_KINDS;
 }
+
+/** Kinds that a blueprint fix loop (`on_fail`) handles by sending work back with the failure attached. */
+export const FIX_LOOP_KINDS: FailureKind[] = ['quality_gate_failure', 'review_rejection', 'plan_rejection'];

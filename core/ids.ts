@@ -30,3 +30,6 @@ export const agentTaskQueue = (mainTaskQueue: string) => `${mainTaskQueue}-agent
 export const SLIPWAY_DIR = '.slipway';
 export const WORKTREES_DIR = `${SLIPWAY_DIR}/worktrees`;
 export const MERGER_SANDBOX_NAME = '_merge';
+
+/** Mailbox of the agent that acts on a blocked stream's guidance, e.g. `builder-api`. */
+export const mailboxName = (role: string, streamId: string) => `${role}-${streamId}`;

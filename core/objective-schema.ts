@@ -47,17 +47,30 @@ export const ObjectiveFileSchema = z
     objective: z.string().min(1),
     repository: z.string().min(1),
     base_branch: z.string().min(1).optional(),
+    /** Blueprint id (shipped, user or project folder). */
+    blueprint: z.string().min(1).default('standard'),
     max_parallel_streams: z.number().int().positive().max(64).default(3),
-    max_fix_iterations: z.number().int().min(0).max(50).default(3),
+    /** Overrides the blueprints' fix-loop bound for steps that set none. */
+    max_fix_iterations: z.number().int().min(0).max(50).optional(),
+    /** Overrides the blueprints' exhaustion mode (ask_human, escalate, fail) for steps that set none. */
+    on_exhausted: z.enum(['ask_human', 'escalate', 'fail']).optional(),
+    /** Ask for `slipway approve` even when the streams come from this file. */
+    require_approval: z.boolean().default(false),
     gates: z.array(GateSchema).default([]),
     post_merge_gates: z.array(GateSchema).optional(),
     agents: z.strictObject({
       builder: AgentSchema,
       reviewer: AgentSchema.optional(),
+      planner: AgentSchema.optional(),
+      scout: AgentSchema.optional(),
     }),
-    streams: z.array(StreamSchema).min(1),
+    /** May be left out when a planner agent produces the streams. */
+    streams: z.array(StreamSchema).default([]),
   })
   .superRefine((file, ctx) => {
+    if (file.streams.length === 0 && !file.agents.planner) {
+      ctx.addIssue({ code: 'custom', path: ['streams'], message: 'list at least one stream, or configure agents.planner to plan them' });
+    }
     const ids = new Set<string>();
     file.streams.forEach((stream, index) => {
       if (ids.has(stream.id)) {

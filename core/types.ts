@@ -1,12 +1,21 @@
 /**
- * Workflow inputs and results. Only data that is safe to keep in Temporal history:
+ * Workflow inputs, messages and results. Only data that is safe to keep in Temporal history:
  * no credentials, no environment values.
  */
 import type { AgentSpec, GateSpec, StreamSpec } from './objective-schema';
 import type { FailureKind } from './failures';
-import type { ObjectiveOutcome, ObjectivePhase, SandboxState, StreamPhase } from './states';
+import type { AgentRole, LedgerResult, ObjectiveOutcome, ObjectivePhase, SandboxState, StreamPhase } from './states';
+import type { Blueprint, ExhaustionMode } from '../blueprints/schema';
 
-export type { AgentSpec, GateSpec, StreamSpec };
+export type { AgentSpec, GateSpec, StreamSpec, Blueprint, ExhaustionMode };
+
+export type AgentSpecs = Partial<Record<AgentRole, AgentSpec>>;
+
+/** A blueprint with every blueprint it references, resolved before the run starts. */
+export interface ResolvedBlueprints {
+  root: Blueprint;
+  refs: Record<string, Blueprint>;
+}
 
 /** The resolved objective: absolute paths, defaults applied. The objective workflow's input. */
 export interface ObjectiveInput {
@@ -19,11 +28,19 @@ export interface ObjectiveInput {
   objectiveDir: string;
   sourceFile?: string;
   maxParallelStreams: number;
-  maxFixIterations: number;
+  /** Overrides the blueprints' fix-loop bound for steps that set none. */
+  maxFixIterations?: number;
+  /** Overrides the blueprints' exhaustion mode for steps that set none. */
+  onExhausted?: ExhaustionMode;
+  /** Ask a human to approve even a plan given in the file. */
+  requireApproval?: boolean;
   gates: GateSpec[];
   postMergeGates: GateSpec[];
-  agents: { builder: AgentSpec; reviewer?: AgentSpec };
+  agents: AgentSpecs;
+  /** May be empty when a planner agent produces the streams. */
   streams: StreamSpec[];
+  /** The objective's blueprint (default `standard`) and the blueprints it references. */
+  blueprint: ResolvedBlueprints;
 }
 
 export interface SandboxInfo {
@@ -54,21 +71,46 @@ export interface SandboxResult {
   error?: string;
 }
 
-/** Feedback handed to the next builder iteration. */
+/** Context handed to the next attempt: what failed, and any human guidance. */
 export interface Feedback {
   kind: FailureKind;
   summary: string;
-  /** Gate output tail or reviewer findings. */
+  /** Gate output tail, reviewer findings, conflict details. */
   details: string;
+  guidance?: string;
+  /** Short lines from the recovery ledger so far. */
+  history?: string[];
 }
 
-export interface AttemptRecord {
-  iteration: number;
-  step: 'build' | 'gates' | 'review' | 'merge' | 'post_merge_gates' | 'sandbox';
-  kind: FailureKind;
-  summary: string;
-  action: string;
+/** One line of the append-only recovery ledger. */
+export interface LedgerEntry {
   at: string;
+  stream?: string;
+  step: string;
+  kind: FailureKind;
+  action: string;
+  /** Attempt n of max for the mechanism that handled it (fix loop, retries, merges). */
+  attempt: number;
+  maxAttempts: number;
+  summary: string;
+  result: LedgerResult;
+  guidance?: string;
+}
+
+/** One line of the live feed (`slipway watch`). */
+export interface FeedEvent {
+  seq: number;
+  at: string;
+  source: string;
+  text: string;
+}
+
+export interface TokenTotals {
+  inputTokens: number;
+  outputTokens: number;
+  cachedTokens: number;
+  costUsd: number;
+  runs: number;
 }
 
 export interface StreamInput {
@@ -76,9 +118,12 @@ export interface StreamInput {
   stream: StreamSpec;
   /** Branch or commit to start from (the base commit, or the integration branch for dependents). */
   base: string;
+  integrationBranch: string;
   gates: GateSpec[];
-  agents: ObjectiveInput['agents'];
-  maxFixIterations: number;
+  agents: AgentSpecs;
+  blueprint: Blueprint;
+  maxFixIterations?: number;
+  onExhausted?: ExhaustionMode;
   parentWorkflowId: string;
 }
 
@@ -92,46 +137,96 @@ export type MergeDecision =
   | { status: 'merged'; commit: string }
   | { status: 'rejected'; kind: FailureKind; summary: string; details: string };
 
+export interface Guidance {
+  /** Mailbox the message is addressed to, e.g. `builder-api`. */
+  agent: string;
+  subject: string;
+  body: string;
+}
+
+export interface GuidanceAck {
+  streamId: string;
+  resumesAt: string;
+}
+
+export interface BlockedInfo {
+  mailbox: string;
+  since: string;
+  step: string;
+  kind: FailureKind;
+  summary: string;
+}
+
 export interface StreamResult {
   streamId: string;
-  status: 'merged' | 'failed';
+  status: 'merged' | 'failed' | 'escalated';
   branch: string;
   iterations: number;
   mergeCommit?: string;
   failure?: { kind: FailureKind; summary: string };
-  attempts: AttemptRecord[];
+  ledger: LedgerEntry[];
+  usage: TokenTotals;
 }
 
 export interface StreamStatus {
   streamId: string;
   phase: StreamPhase;
+  step?: string;
+  /** Builder runs so far. */
   iteration: number;
   branch: string;
   sandboxPath?: string;
-  attempts: AttemptRecord[];
+  ledger: LedgerEntry[];
+  blocked?: BlockedInfo;
   failure?: { kind: FailureKind; summary: string };
+  usage: TokenTotals;
+}
+
+/** What a stream tells its objective as it goes (feed line, phase, blocked state, ledger entry). */
+export interface StreamEvent {
+  streamId: string;
+  phase: StreamPhase;
+  text: string;
+  iteration: number;
+  blocked?: BlockedInfo | null;
+  ledger?: LedgerEntry;
+  usage?: TokenTotals;
 }
 
 export interface ObjectiveStreamView {
   id: string;
+  task?: string;
   phase: StreamPhase;
   iterations: number;
   mergeCommit?: string;
+  blocked?: BlockedInfo;
   failure?: { kind: FailureKind; summary: string };
+  usage?: TokenTotals;
 }
 
 export interface ObjectiveStatus {
   objectiveId: string;
   phase: ObjectivePhase;
+  blueprint: string;
   integrationBranch: string;
   baseCommit?: string;
   streams: ObjectiveStreamView[];
   /** Stream ids in the order they landed on the integration branch. */
   mergeOrder: string[];
+  /** The plan awaiting approval, if any. */
+  pendingApproval?: { streams: StreamSpec[]; prompt?: string };
+  ledger: LedgerEntry[];
+  usage: TokenTotals;
+  /** `blocked` while any stream waits for guidance; the final outcome once done. */
   outcome?: ObjectiveOutcome;
+  needsAttention: string[];
 }
 
 export interface ObjectiveResult extends ObjectiveStatus {
   outcome: ObjectiveOutcome;
   integrationHead?: string;
+  /** Why the objective itself failed (a rejected plan, a configuration problem), if it did. */
+  error?: string;
 }
+
+export const emptyTotals = (): TokenTotals => ({ inputTokens: 0, outputTokens: 0, cachedTokens: 0, costUsd: 0, runs: 0 });

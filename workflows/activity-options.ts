@@ -4,12 +4,12 @@
 import { proxyActivities, workflowInfo, type ActivityOptions } from '@temporalio/workflow';
 import { NON_RETRYABLE_FAILURE_KINDS } from '../core/failures';
 import { agentTaskQueue } from '../core/ids';
-import { RETRY_PROFILES, type RetryProfileName } from '../core/retry-profiles';
+import { RETRY_PROFILES } from '../core/retry-profiles';
 import type { SlipwayActivities, SlipwayAgentActivities } from '../activities';
 
-export function retryPolicy(profile: RetryProfileName, maximumAttempts?: number): NonNullable<ActivityOptions['retry']> {
+export function retryPolicy(maximumAttempts: number): NonNullable<ActivityOptions['retry']> {
   return {
-    maximumAttempts: maximumAttempts ?? RETRY_PROFILES[profile].maximumAttempts,
+    maximumAttempts,
     initialInterval: '1s',
     backoffCoefficient: 2,
     maximumInterval: '1m',
@@ -17,30 +17,32 @@ export function retryPolicy(profile: RetryProfileName, maximumAttempts?: number)
   };
 }
 
-/** Git and sandbox plumbing: quick, retried generously. */
-export function gitActivities(profile: RetryProfileName = 'balanced') {
+const DEFAULT_ATTEMPTS: number = RETRY_PROFILES.balanced.maximumAttempts;
+
+/** Git and sandbox plumbing: quick, retried by the balanced profile. */
+export function gitActivities(maximumAttempts = DEFAULT_ATTEMPTS) {
   return proxyActivities<SlipwayActivities>({
     startToCloseTimeout: '10 minutes',
-    heartbeatTimeout: '1 minute',
-    retry: retryPolicy(profile),
+    heartbeatTimeout: '30 seconds',
+    retry: retryPolicy(maximumAttempts),
   });
 }
 
 /** Gates may run long; they heartbeat while the command runs. */
-export function gateActivities(timeoutSeconds: number, profile: RetryProfileName = 'balanced') {
+export function gateActivities(timeoutSeconds: number, maximumAttempts = DEFAULT_ATTEMPTS) {
   return proxyActivities<SlipwayActivities>({
     startToCloseTimeout: `${timeoutSeconds + 60} seconds`,
-    heartbeatTimeout: '30 seconds',
-    retry: retryPolicy(profile),
+    heartbeatTimeout: '15 seconds',
+    retry: retryPolicy(maximumAttempts),
   });
 }
 
 /** Agent runs go to the agents task queue, which has its own small concurrency. */
-export function agentActivities(timeoutMinutes: number, profile: RetryProfileName = 'balanced') {
+export function agentActivities(timeoutMinutes: number, maximumAttempts = DEFAULT_ATTEMPTS) {
   return proxyActivities<SlipwayAgentActivities>({
     taskQueue: agentTaskQueue(workflowInfo().taskQueue),
     startToCloseTimeout: `${Math.ceil(timeoutMinutes * 60) + 60} seconds`,
-    heartbeatTimeout: '30 seconds',
-    retry: retryPolicy(profile),
+    heartbeatTimeout: '15 seconds',
+    retry: retryPolicy(maximumAttempts),
   });
 }

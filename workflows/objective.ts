@@ -1,12 +1,16 @@
 /**
- * Objective workflow: runs one child stream workflow per stream (bounded parallelism,
- * dependencies respected) and integrates finished streams one at a time through the merge
- * queue into `slipway/<objective>/integration`, with post-merge gates after each merge.
+ * Objective workflow: interprets the objective's blueprint (`standard` by default): plan (or
+ * take the streams from the file), optional human approval, one child stream workflow per work
+ * item (bounded parallelism, dependencies respected), and the merge queue, which integrates
+ * ready streams one at a time into `slipway/<objective>/integration` with post-merge gates.
+ * It also gathers its streams' events into the live feed and recovery ledger.
  */
 import {
   condition,
   defineQuery,
+  defineUpdate,
   getExternalWorkflowHandle,
+  isCancellation,
   setCurrentDetails,
   setHandler,
   startChild,
@@ -14,50 +18,129 @@ import {
   workflowInfo,
   type ChildWorkflowHandle,
 } from '@temporalio/workflow';
+import type { Blueprint, Step } from '../blueprints/schema';
+import { FAILURE_KINDS } from '../core/failures';
 import { streamWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
-import type { ObjectiveOutcome, ObjectivePhase } from '../core/states';
-import type { MergeDecision, MergeRequest, ObjectiveInput, ObjectiveResult, ObjectiveStatus, ObjectiveStreamView, StreamResult } from '../core/types';
-import { gateActivities, gitActivities } from './activity-options';
-import { failureKindOf, failureMessage, mergeDecisionSignal, streamMergeReadySignal, streamWorkflow } from './stream';
+import { FINAL_STREAM_PHASES, type ObjectiveOutcome, type ObjectivePhase } from '../core/states';
+import {
+  emptyTotals,
+  type FeedEvent,
+  type MergeDecision,
+  type MergeRequest,
+  type ObjectiveInput,
+  type ObjectiveResult,
+  type ObjectiveStatus,
+  type ObjectiveStreamView,
+  type StreamResult,
+  type StreamSpec,
+} from '../core/types';
+import { agentActivities, gateActivities, gitActivities } from './activity-options';
+import { fixLimit, nextStep, retryAttempts, startStep, stepById } from './blueprint-walker';
+import { failureKindOf, failureMessage, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
+/** Feed lines after `afterSeq` (for `slipway watch`), and whether the objective is done. */
+export const objectiveFeedQuery = defineQuery<{ events: FeedEvent[]; done: boolean }, [number]>('objectiveFeed');
+/** A human's decision on the plan (`slipway approve` / `slipway reject`). */
+export const planDecisionUpdate = defineUpdate<{ accepted: true }, [{ approve: boolean; reason?: string }]>('planDecision');
+
+/** Feed lines kept in workflow state; older ones stay in history (the ledger is kept whole). */
+const FEED_LIMIT = 2_000;
 
 export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): ObjectiveOutcome {
   const merged = streams.filter((s) => s.phase === 'merged').length;
-  if (merged === streams.length) return 'completed';
+  if (streams.length > 0 && merged === streams.length) return 'completed';
   return merged > 0 ? 'partial' : 'failed';
 }
 
 export async function objectiveWorkflow(input: ObjectiveInput): Promise<ObjectiveResult> {
-  const git = gitActivities();
-  const postMergeTimeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
-  const postMergeGates = gateActivities(postMergeTimeout);
+  const root = input.blueprint.root;
+  const overrides = { maxFixIterations: input.maxFixIterations, onExhausted: input.onExhausted };
+  const git = gitActivities(retryAttempts(root, root.steps[0]));
   const status: ObjectiveStatus = {
     objectiveId: input.id,
     phase: 'preparing',
+    blueprint: root.id,
     integrationBranch: '',
-    streams: input.streams.map((s) => ({ id: s.id, phase: 'waiting', iterations: 0 })),
+    streams: [],
     mergeOrder: [],
+    ledger: [],
+    usage: emptyTotals(),
+    needsAttention: [],
   };
-  const view = (id: string) => status.streams.find((s) => s.id === id)!;
+  const feed: FeedEvent[] = [];
+  let seq = 0;
+  let done = false;
+  let streams: StreamSpec[] = input.streams;
+  let planDecision: { approve: boolean; reason?: string } | undefined;
   const mergeQueue: MergeRequest[] = [];
   const running = new Map<string, ChildWorkflowHandle<typeof streamWorkflow>>();
   let childEnded = false;
+  let streamBlueprint: Blueprint | undefined;
+
+  const view = (id: string) => status.streams.find((s) => s.id === id);
+  const say = (source: string, text: string) => {
+    feed.push({ seq: ++seq, at: new Date().toISOString(), source, text });
+    if (feed.length > FEED_LIMIT) feed.splice(0, feed.length - FEED_LIMIT);
+  };
+  const refreshBlocked = () => {
+    const blocked = status.streams.some((s) => s.phase === 'blocked');
+    const outcome = blocked ? 'blocked' : undefined;
+    if (status.outcome !== outcome && !done) {
+      status.outcome = outcome;
+      upsertSearchAttributes([{ key: SlipwayOutcome, value: outcome ?? null }]);
+    }
+  };
+  const sumUsage = () => {
+    status.usage = status.streams.reduce((sum, s) => {
+      const u = s.usage;
+      if (!u) return sum;
+      return { inputTokens: sum.inputTokens + u.inputTokens, outputTokens: sum.outputTokens + u.outputTokens, cachedTokens: sum.cachedTokens + u.cachedTokens, costUsd: sum.costUsd + u.costUsd, runs: sum.runs + u.runs };
+    }, emptyTotals());
+  };
 
   setHandler(objectiveStatusQuery, () => status);
+  setHandler(objectiveFeedQuery, (afterSeq) => ({ events: feed.filter((e) => e.seq > afterSeq), done }));
+  setHandler(
+    planDecisionUpdate,
+    (decision) => {
+      planDecision = decision;
+      return { accepted: true };
+    },
+    {
+      validator: (decision) => {
+        if (status.phase !== 'awaiting_approval') throw new Error(`objective "${input.id}" is not waiting for approval (it is ${status.phase})`);
+        if (!decision.approve && !decision.reason?.trim()) throw new Error('a rejection needs a reason');
+      },
+    },
+  );
   setHandler(streamMergeReadySignal, (request) => {
     mergeQueue.push(request);
-    view(request.streamId).phase = 'merge_ready';
+  });
+  setHandler(streamEventSignal, (event) => {
+    const v = view(event.streamId);
+    if (!v) return;
+    if (!FINAL_STREAM_PHASES.includes(v.phase)) v.phase = event.phase;
+    v.iterations = event.iteration;
+    if (event.blocked !== undefined) v.blocked = event.blocked ?? undefined;
+    if (event.usage) v.usage = event.usage;
+    if (event.ledger) status.ledger.push(event.ledger);
+    say(event.streamId, event.text);
+    sumUsage();
+    refreshBlocked();
+    setCurrentDetails(details());
   });
   upsertSearchAttributes([
     { key: SlipwayKind, value: 'objective' },
     { key: SlipwayObjective, value: input.id },
   ]);
-  const enter = (phase: ObjectivePhase, details: string) => {
+  const details = () => `**${status.phase}**${status.outcome ? ` (${status.outcome})` : ''}\n\n${summarizeStreams(status.streams)}`;
+  const enter = (phase: ObjectivePhase, text: string) => {
     status.phase = phase;
     upsertSearchAttributes([{ key: SlipwayPhase, value: phase }]);
-    setCurrentDetails(`**${phase}** — ${details}\n\n${summarizeStreams(status.streams)}`);
+    say('objective', `${phase}: ${text}`);
+    setCurrentDetails(details());
   };
 
   enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
@@ -65,15 +148,24 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   status.integrationBranch = prepared.integrationBranch;
   status.baseCommit = prepared.baseCommit;
 
+  const setStreams = (specs: StreamSpec[]) => {
+    streams = specs;
+    status.streams = specs.map((s) => ({ id: s.id, task: s.task, phase: 'waiting', iterations: 0 }));
+  };
+  setStreams(streams);
+
+  // --- stream scheduling ---------------------------------------------------------------------------
   const startEligible = async () => {
-    for (const spec of input.streams) {
-      const v = view(spec.id);
+    if (!streamBlueprint) return;
+    for (const spec of streams) {
+      const v = view(spec.id)!;
       if (v.phase !== 'waiting' || running.has(spec.id)) continue;
-      const deps = spec.depends_on.map(view);
-      const brokenDep = deps.find((d) => d.phase === 'failed');
+      const deps = spec.depends_on.map((d) => view(d)!);
+      const brokenDep = deps.find((d) => d.phase === 'failed' || d.phase === 'escalated');
       if (brokenDep) {
         v.phase = 'failed';
-        v.failure = { kind: 'unknown', summary: `dependency "${brokenDep.id}" failed` };
+        v.failure = { kind: 'unknown', summary: `dependency "${brokenDep.id}" did not merge` };
+        say(spec.id, `failed: ${v.failure.summary}`);
         continue;
       }
       if (deps.some((d) => d.phase !== 'merged') || running.size >= input.maxParallelStreams) continue;
@@ -86,43 +178,51 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             objective: { id: input.id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
             stream: spec,
             base,
+            integrationBranch: prepared.integrationBranch,
             gates: input.gates,
             agents: input.agents,
+            blueprint: streamBlueprint,
             maxFixIterations: input.maxFixIterations,
+            onExhausted: input.onExhausted,
             parentWorkflowId: workflowInfo().workflowId,
           },
         ],
         staticSummary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
-        staticDetails: `Objective \`${input.id}\`, builds on \`${base === prepared.baseCommit ? input.baseBranch : prepared.integrationBranch}\`.`,
+        staticDetails: `Objective \`${input.id}\`, blueprint \`${streamBlueprint.id}\`, builds on \`${base === prepared.baseCommit ? input.baseBranch : prepared.integrationBranch}\`.`,
       });
       running.set(spec.id, handle);
       v.phase = 'provisioning';
       handle
         .result()
-        .then((result) => applyStreamResult(result))
+        .then(applyStreamResult)
         .catch((err) => {
-          const stream = view(spec.id);
+          const stream = view(spec.id)!;
           stream.phase = 'failed';
           stream.failure = { kind: failureKindOf(err), summary: failureMessage(err) };
+          say(spec.id, `failed: ${stream.failure.summary}`);
         })
         .finally(() => {
           running.delete(spec.id);
           childEnded = true;
+          refreshBlocked();
         });
     }
   };
   const applyStreamResult = (result: StreamResult) => {
-    const v = view(result.streamId);
+    const v = view(result.streamId)!;
     v.iterations = result.iterations;
-    v.phase = result.status === 'merged' ? 'merged' : 'failed';
+    v.phase = result.status;
     v.mergeCommit = result.mergeCommit;
     v.failure = result.failure;
+    v.usage = result.usage;
+    v.blocked = undefined;
+    if (result.status === 'escalated') status.needsAttention.push(result.streamId);
+    sumUsage();
   };
 
   const mergeOne = async (request: MergeRequest) => {
     enter('merging', `merging stream ${request.streamId}`);
-    view(request.streamId).phase = 'merging';
-    const streamHandle = getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId));
+    view(request.streamId)!.phase = 'merging';
     const merged = await git.mergeStream({
       mergerPath: prepared.mergerPath,
       branch: request.branch,
@@ -131,43 +231,162 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     });
     let decision: MergeDecision;
     if (merged.status === 'conflict') {
-      decision = {
-        status: 'rejected',
-        kind: 'merge_conflict',
-        summary: `merge conflict in ${merged.files.join(', ') || 'unknown files'}`,
-        details: merged.details,
-      };
+      decision = { status: 'rejected', kind: 'merge_conflict', summary: `merge conflict in ${merged.files.join(', ') || 'unknown files'}`, details: merged.details };
     } else {
       decision = { status: 'merged', commit: merged.commit };
       if (input.postMergeGates.length > 0) {
-        const gates = await postMergeGates.runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
+        const timeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
+        const gates = await gateActivities(timeout).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
         if (!gates.passed) {
           await git.resetIntegration({ mergerPath: prepared.mergerPath, commit: merged.previous });
           decision = { status: 'rejected', kind: 'post_merge_gate_failure', summary: 'post-merge gates failed; the merge was reverted', details: gates.failureReport };
         }
       }
     }
-    if (decision.status === 'merged') status.mergeOrder.push(request.streamId);
-    await streamHandle.signal(mergeDecisionSignal, decision);
+    if (decision.status === 'merged') {
+      status.mergeOrder.push(request.streamId);
+      say('merge-queue', `merged ${request.streamId} as ${decision.commit.slice(0, 10)}`);
+    } else {
+      say('merge-queue', `${decision.kind}: ${request.streamId} not merged (${decision.summary})`);
+    }
+    await getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId)).signal(mergeDecisionSignal, decision);
   };
 
-  enter('running', `${input.streams.length} streams, up to ${input.maxParallelStreams} at a time`);
-  for (;;) {
-    await startEligible();
-    if (running.size === 0 && mergeQueue.length === 0) break;
-    await condition(() => mergeQueue.length > 0 || childEnded);
-    childEnded = false;
-    while (mergeQueue.length > 0) await mergeOne(mergeQueue.shift()!);
-    if (status.phase === 'merging') enter('running', 'streams in progress');
+  /** The merge queue: runs until every stream has reached a final phase. */
+  const runMergeQueue = async () => {
+    enter('running', `${streams.length} streams, up to ${input.maxParallelStreams} at a time`);
+    for (;;) {
+      await startEligible();
+      if (running.size === 0 && mergeQueue.length === 0 && streams.every((s) => view(s.id)!.phase !== 'waiting' || !streamBlueprint)) break;
+      await condition(() => mergeQueue.length > 0 || childEnded);
+      childEnded = false;
+      while (mergeQueue.length > 0) await mergeOne(mergeQueue.shift()!);
+      if (status.phase === 'merging') enter('running', 'streams in progress');
+    }
+  };
+
+  // --- the blueprint interpreter ---------------------------------------------------------------------
+  let planned = false;
+  let feedbackForPlanner: string | undefined;
+  const fixCounts: Record<string, number> = {};
+  let failure: string | undefined;
+  let step: Step | undefined = startStep(root);
+  try {
+    while (step && !failure) {
+      const current: Step = step;
+      let failed: { kind: 'plan_rejection' | 'configuration_error'; summary: string } | undefined;
+      switch (current.type) {
+        case 'agent': {
+          if (current.role !== 'planner') {
+            failed = { kind: 'configuration_error', summary: `a ${current.role} step cannot run at objective level` };
+            break;
+          }
+          if (current.optional && streams.length > 0 && !feedbackForPlanner) break; // streams given: nothing to plan
+          const spec = input.agents.planner;
+          if (!spec) {
+            failed = { kind: 'configuration_error', summary: 'the objective lists no streams and no planner agent is configured' };
+            break;
+          }
+          enter('planning', 'the planner is splitting the objective into streams');
+          const run = await agentActivities(spec.timeout_minutes, retryAttempts(root, current)).runAgent({
+            role: 'planner',
+            spec,
+            sandboxPath: prepared.mergerPath,
+            objectiveDir: input.objectiveDir,
+            objective: { id: input.id, text: input.objective },
+            stream: { id: 'plan', task: input.objective, branch: prepared.integrationBranch },
+            targetBranch: prepared.integrationBranch,
+            iteration: (fixCounts.approve ?? 0) + 1,
+            feedback: feedbackForPlanner ? { kind: 'plan_rejection', summary: feedbackForPlanner, details: '' } : undefined,
+          });
+          setStreams(run.plan ?? []);
+          planned = true;
+          feedbackForPlanner = undefined;
+          say('planner', `planned ${streams.length} streams: ${streams.map((s) => s.id).join(', ')}`);
+          break;
+        }
+        case 'human': {
+          if (current.optional && !planned && !input.requireApproval) break;
+          status.pendingApproval = { streams, prompt: current.prompt };
+          planDecision = undefined;
+          enter('awaiting_approval', `waiting for \`slipway approve ${input.id}\` or \`slipway reject ${input.id} --reason ...\``);
+          await condition(() => planDecision !== undefined);
+          status.pendingApproval = undefined;
+          if (planDecision!.approve) {
+            say('human', 'plan approved');
+            break;
+          }
+          say('human', `plan rejected: ${planDecision!.reason}`);
+          failed = { kind: 'plan_rejection', summary: planDecision!.reason ?? 'rejected' };
+          break;
+        }
+        case 'blueprint_ref': {
+          const ref = input.blueprint.refs[current.ref];
+          if (!ref) {
+            failed = { kind: 'configuration_error', summary: `blueprint "${current.ref}" was not resolved` };
+            break;
+          }
+          streamBlueprint = ref;
+          say('objective', `dispatching ${streams.length} streams with blueprint ${ref.id}`);
+          break;
+        }
+        case 'deterministic': {
+          if (current.action === 'dispatch_streams') {
+            streamBlueprint = input.blueprint.refs['build-review'];
+            if (!streamBlueprint) failed = { kind: 'configuration_error', summary: 'dispatch_streams needs the build-review blueprint' };
+          } else if (current.action === 'merge_queue') {
+            await runMergeQueue();
+          } else if (current.action === 'run_quality_gates' && input.gates.length > 0) {
+            const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
+            const gates = await gateActivities(timeout, retryAttempts(root, current)).runGates({ path: prepared.mergerPath, gates: input.gates });
+            if (!gates.passed) failure = `gates failed on ${prepared.integrationBranch}`;
+          } else if (current.action === 'mark_complete') {
+            step = undefined;
+            continue;
+          }
+          break;
+        }
+      }
+      if (failed) {
+        const limit = fixLimit(root, current, overrides);
+        const count = fixCounts[current.id] ?? 0;
+        const canLoop = failed.kind === 'plan_rejection' && current.on_fail && count < limit;
+        status.ledger.push({
+          at: new Date().toISOString(),
+          step: current.id,
+          kind: failed.kind,
+          action: FAILURE_KINDS[failed.kind].action,
+          attempt: canLoop ? count + 1 : limit,
+          maxAttempts: limit,
+          summary: failed.summary,
+          result: canLoop ? 'retrying' : 'failed',
+        });
+        if (canLoop) {
+          fixCounts[current.id] = count + 1;
+          feedbackForPlanner = failed.summary;
+          step = stepById(root, current.on_fail!);
+          continue;
+        }
+        failure = failed.summary;
+        break;
+      }
+      step = nextStep(root, current);
+    }
+    // Streams dispatched by a blueprint without its own merge step still get merged.
+    if (!failure && streamBlueprint && (running.size > 0 || streams.some((s) => view(s.id)!.phase === 'waiting'))) await runMergeQueue();
+  } catch (err) {
+    if (isCancellation(err)) throw err;
+    failure = failureMessage(err);
   }
 
   enter('finishing', 'removing the merger worktree');
   const finished = await git.finishObjective({ repository: input.repository, objectiveId: input.id });
-  const outcome = decideOutcome(status.streams);
+  const outcome: ObjectiveOutcome = failure ? 'failed' : decideOutcome(status.streams);
+  done = true;
   status.outcome = outcome;
   upsertSearchAttributes([{ key: SlipwayOutcome, value: outcome }]);
-  enter('done', `outcome **${outcome}**: ${status.mergeOrder.length}/${input.streams.length} streams merged into \`${prepared.integrationBranch}\``);
-  return { ...status, outcome, integrationHead: finished.integrationHead };
+  enter('done', `outcome **${outcome}**${failure ? ` (${failure})` : ''}: ${status.mergeOrder.length}/${status.streams.length} streams merged into \`${prepared.integrationBranch}\``);
+  return { ...status, outcome, integrationHead: finished.integrationHead, error: failure };
 }
 
 function truncate(text: string, max: number): string {
@@ -175,5 +394,5 @@ function truncate(text: string, max: number): string {
 }
 
 function summarizeStreams(streams: ObjectiveStreamView[]): string {
-  return streams.map((s) => `- ${s.id}: ${s.phase}${s.failure ? ` (${s.failure.summary})` : ''}`).join('\n');
+  return streams.map((s) => `- ${s.id}: ${s.phase}${s.blocked ? ` (mailbox ${s.blocked.mailbox})` : ''}${s.failure ? ` (${s.failure.summary})` : ''}`).join('\n');
 }

@@ -1,59 +1,117 @@
 /**
- * Stream workflow: one parallel slice of an objective.
- * sandbox -> build -> gates -> review -> merge_ready, with a fix loop back to build on a gate
- * failure or a rejection (at most maxFixIterations), then waits for the merge queue's decision.
+ * Stream workflow: one parallel slice of an objective. It acquires a sandbox (child sandbox
+ * workflow), then interprets its stream blueprint (`build-review` by default): agent steps,
+ * gates, hand-off to the merge queue, fix loops through `on_fail`, and recovery when a loop or
+ * the retries are exhausted (ask a human, escalate, or fail). Every failure goes into the
+ * append-only recovery ledger.
  */
 import {
-  ApplicationFailure,
   ActivityFailure,
+  ApplicationFailure,
   CancellationScope,
   ChildWorkflowFailure,
   ParentClosePolicy,
   condition,
   defineQuery,
   defineSignal,
+  defineUpdate,
   getExternalWorkflowHandle,
   isCancellation,
   setCurrentDetails,
   setHandler,
+  sleep,
   startChild,
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
-import { FAILURE_KINDS, isFailureKind, type FailureKind } from '../core/failures';
-import { integrationBranch, sandboxWorkflowId, streamBranch, streamSandboxId } from '../core/ids';
+import type { Step } from '../blueprints/schema';
+import { FAILURE_KINDS, FIX_LOOP_KINDS, isFailureKind, type FailureKind } from '../core/failures';
+import { mailboxName, sandboxWorkflowId, streamBranch, streamSandboxId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
-import type { StreamPhase } from '../core/states';
-import type { AttemptRecord, Feedback, MergeDecision, MergeRequest, SandboxInfo, StreamInput, StreamResult, StreamStatus } from '../core/types';
+import type { LedgerResult, StreamPhase } from '../core/states';
+import {
+  emptyTotals,
+  type BlockedInfo,
+  type Feedback,
+  type Guidance,
+  type GuidanceAck,
+  type LedgerEntry,
+  type MergeDecision,
+  type MergeRequest,
+  type SandboxInfo,
+  type StreamEvent,
+  type StreamInput,
+  type StreamResult,
+  type StreamStatus,
+} from '../core/types';
+import type { AgentRunResult } from '../activities';
 import { agentActivities, gateActivities, gitActivities } from './activity-options';
+import { actingRole, exhaustionMode, firstStepWithRole, fixLimit, nextStep, retryAttempts, startStep, stepById } from './blueprint-walker';
 import { releaseSandboxSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 
 /** Sent by a stream to its objective when its work passed gates and review. */
 export const streamMergeReadySignal = defineSignal<[MergeRequest]>('streamMergeReady');
+/** Sent by a stream to its objective on every phase change, ledger entry and block. */
+export const streamEventSignal = defineSignal<[StreamEvent]>('streamEvent');
 /** Sent by the objective's merge queue to tell the stream what became of its merge. */
 export const mergeDecisionSignal = defineSignal<[MergeDecision]>('mergeDecision');
+/** Human guidance for a blocked stream (`slipway mail send`). Validated: the stream must be blocked. */
+export const guidanceUpdate = defineUpdate<GuidanceAck, [Guidance]>('guidance');
 export const streamStatusQuery = defineQuery<StreamStatus>('streamStatus');
+
+/** Rate-limit waits a stream sits out before it counts the limit as a failure. */
+export const MAX_RATE_LIMIT_WAITS = 10;
+const DEFAULT_RATE_LIMIT_WAIT_MS = 60_000;
 
 /** Reads the failure kind off an activity or child failure. */
 export function failureKindOf(err: unknown): FailureKind {
-  let cause: unknown = err;
-  while (cause instanceof ActivityFailure || cause instanceof ChildWorkflowFailure) cause = cause.cause;
+  const cause = rootCause(err);
   if (cause instanceof ApplicationFailure && isFailureKind(cause.type)) return cause.type;
   return 'unknown';
 }
 
 export function failureMessage(err: unknown): string {
-  let cause: unknown = err;
-  while ((cause instanceof ActivityFailure || cause instanceof ChildWorkflowFailure) && cause.cause) cause = cause.cause;
+  const cause = rootCause(err);
   return cause instanceof Error ? cause.message : String(cause);
 }
+
+function rootCause(err: unknown): unknown {
+  let cause: unknown = err;
+  while ((cause instanceof ActivityFailure || cause instanceof ChildWorkflowFailure) && cause.cause) cause = cause.cause;
+  return cause;
+}
+
+interface StepFailure {
+  kind: FailureKind;
+  summary: string;
+  details: string;
+  /** For rate limits: when the provider says it resets. */
+  resetAt?: string;
+}
+
+type StepOutcome = { ok: true; merged?: string; done?: boolean } | { ok: false; failure: StepFailure };
+
+function toStepFailure(err: unknown): StepFailure {
+  const cause = rootCause(err);
+  const details = cause instanceof ApplicationFailure ? (cause.details?.[0] as { resetAt?: string } | undefined) : undefined;
+  const summary = failureMessage(err);
+  return { kind: failureKindOf(err), summary, details: summary, resetAt: details?.resetAt };
+}
+
+const PHASE_OF_STEP = (step: Step): StreamPhase => {
+  if (step.type === 'agent') return step.role === 'reviewer' ? 'reviewing' : step.role === 'scout' ? 'scouting' : 'building';
+  if (step.type === 'deterministic') return step.action === 'run_quality_gates' ? 'gates' : step.action === 'signal_merge_ready' ? 'merge_ready' : 'building';
+  return 'blocked';
+};
 
 export async function streamWorkflow(input: StreamInput): Promise<StreamResult> {
   const { objective, stream } = input;
   const branch = streamBranch(objective.id, stream.id);
-  const status: StreamStatus = { streamId: stream.id, phase: 'provisioning', iteration: 0, branch, attempts: [] };
+  const status: StreamStatus = { streamId: stream.id, phase: 'provisioning', iteration: 0, branch, ledger: [], usage: emptyTotals() };
   let sandbox: SandboxInfo | undefined;
   let decision: MergeDecision | undefined;
+  let guidance: Guidance | undefined;
+  const parent = getExternalWorkflowHandle(input.parentWorkflowId);
 
   setHandler(streamStatusQuery, () => status);
   setHandler(sandboxReadySignal, (info) => {
@@ -62,48 +120,58 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
   setHandler(mergeDecisionSignal, (d) => {
     decision = d;
   });
+  setHandler(
+    guidanceUpdate,
+    (message) => {
+      guidance = message;
+      return { streamId: stream.id, resumesAt: status.blocked?.step ?? '' };
+    },
+    {
+      validator: (message) => {
+        if (!status.blocked) throw new Error(`stream "${stream.id}" is not blocked (it is ${status.phase}); guidance is only taken by a blocked stream`);
+        if (message.agent !== status.blocked.mailbox && message.agent !== stream.id) {
+          throw new Error(`unknown agent "${message.agent}" for stream "${stream.id}"; its mailbox is "${status.blocked.mailbox}"`);
+        }
+        if (!message.body.trim()) throw new Error('guidance body is empty');
+        if (guidance) throw new Error(`stream "${stream.id}" already has guidance waiting to be applied`);
+      },
+    },
+  );
   upsertSearchAttributes([
     { key: SlipwayKind, value: 'stream' },
     { key: SlipwayObjective, value: objective.id },
     { key: SlipwayStream, value: stream.id },
   ]);
-  const enter = (phase: StreamPhase, details: string) => {
+
+  /** Tells the objective (feed line, phase, block state, ledger entry). Best effort: the parent may be gone. */
+  const emit = async (text: string, extra: Partial<StreamEvent> = {}) => {
+    await parent
+      .signal(streamEventSignal, { streamId: stream.id, phase: status.phase, iteration: status.iteration, text, usage: status.usage, ...extra })
+      .catch(() => undefined);
+  };
+  const enter = async (phase: StreamPhase, details: string) => {
     status.phase = phase;
     upsertSearchAttributes([{ key: SlipwayPhase, value: phase }]);
-    setCurrentDetails(`**${phase}**${status.iteration ? ` (iteration ${status.iteration})` : ''} — ${details}`);
+    setCurrentDetails(`**${phase}**${status.step ? ` at step \`${status.step}\`` : ''}${status.iteration ? ` (iteration ${status.iteration})` : ''} — ${details}`);
+    await emit(`${phase}${status.iteration ? ` (iteration ${status.iteration})` : ''}: ${details}`);
   };
-  const record = (step: AttemptRecord['step'], kind: FailureKind, summary: string) => {
-    status.attempts.push({
-      iteration: status.iteration,
-      step,
-      kind,
-      summary,
-      action: FAILURE_KINDS[kind].action,
-      at: new Date().toISOString(),
-    });
+  const record = async (entry: Omit<LedgerEntry, 'at' | 'stream'>, text: string) => {
+    const full: LedgerEntry = { at: new Date().toISOString(), stream: stream.id, ...entry };
+    status.ledger.push(full);
+    await emit(text, { ledger: full });
   };
-  const fail = (kind: FailureKind, summary: string): StreamResult => {
-    status.failure = { kind, summary };
-    enter('failed', summary);
-    return { streamId: stream.id, status: 'failed', branch, iterations: status.iteration, failure: status.failure, attempts: status.attempts };
+  const finish = async (result: Omit<StreamResult, 'streamId' | 'branch' | 'iterations' | 'ledger' | 'usage'>, text: string): Promise<StreamResult> => {
+    status.failure = result.failure;
+    await enter(result.status === 'merged' ? 'merged' : result.status === 'escalated' ? 'escalated' : 'failed', text);
+    return { streamId: stream.id, branch, iterations: status.iteration, ledger: status.ledger, usage: status.usage, ...result };
   };
 
-  enter('provisioning', `starting sandbox for \`${branch}\``);
+  // --- sandbox ---------------------------------------------------------------------------------
+  await enter('provisioning', `starting a sandbox for \`${branch}\``);
   const sandboxId = streamSandboxId(objective.id, stream.id);
   const sandboxHandle = await startChild(sandboxWorkflow, {
     workflowId: sandboxWorkflowId(sandboxId),
-    args: [
-      {
-        sandboxId,
-        provider: 'local',
-        repository: objective.repository,
-        objectiveId: objective.id,
-        name: stream.id,
-        branch,
-        base: input.base,
-        ownerWorkflowId: workflowInfo().workflowId,
-      },
-    ],
+    args: [{ sandboxId, provider: 'local', repository: objective.repository, objectiveId: objective.id, name: stream.id, branch, base: input.base, ownerWorkflowId: workflowInfo().workflowId }],
     parentClosePolicy: ParentClosePolicy.REQUEST_CANCEL,
     staticSummary: `Sandbox for stream ${stream.id} of ${objective.id}`,
     staticDetails: `Local git worktree on branch \`${branch}\`, started from \`${input.base}\`.`,
@@ -112,116 +180,254 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
   const sandboxResult = sandboxHandle.result().finally(() => {
     sandboxEnded = true;
   });
-
-  const release = async () => {
-    await CancellationScope.nonCancellable(async () => {
-      if (!sandboxEnded) {
-        await getExternalWorkflowHandle(sandboxHandle.workflowId).signal(releaseSandboxSignal);
-        await sandboxResult;
-      }
+  const release = () =>
+    CancellationScope.nonCancellable(async () => {
+      if (sandboxEnded) return;
+      await getExternalWorkflowHandle(sandboxHandle.workflowId).signal(releaseSandboxSignal);
+      await sandboxResult;
     });
-  };
 
   try {
     await condition(() => sandbox !== undefined || sandboxEnded);
     if (!sandbox) {
       const ended = await sandboxResult;
-      record('sandbox', 'sandbox_failure', ended.error ?? 'sandbox ended before it was ready');
-      return fail('sandbox_failure', `sandbox could not be created: ${ended.error ?? 'unknown error'}`);
+      const summary = `sandbox could not be created: ${ended.error ?? 'unknown error'}`;
+      await record({ step: 'sandbox', kind: 'sandbox_failure', action: FAILURE_KINDS.sandbox_failure.action, attempt: 1, maxAttempts: 1, summary, result: 'failed' }, `sandbox_failure: ${summary}`);
+      return await finish({ status: 'failed', failure: { kind: 'sandbox_failure', summary } }, summary);
     }
     status.sandboxPath = sandbox.path;
-    const result = await buildUntilMerged(input, sandbox, status, enter, record, fail, () => decision, () => {
-      decision = undefined;
-    });
-    return result;
+    return await interpret(sandbox);
   } catch (err) {
     if (isCancellation(err)) throw err;
-    const kind = failureKindOf(err);
-    record('build', kind, failureMessage(err));
-    return fail(kind, failureMessage(err));
+    const summary = failureMessage(err);
+    return await finish({ status: 'failed', failure: { kind: failureKindOf(err), summary } }, summary);
   } finally {
     await release();
   }
-}
 
-async function buildUntilMerged(
-  input: StreamInput,
-  sandbox: SandboxInfo,
-  status: StreamStatus,
-  enter: (phase: StreamPhase, details: string) => void,
-  record: (step: AttemptRecord['step'], kind: FailureKind, summary: string) => void,
-  fail: (kind: FailureKind, summary: string) => StreamResult,
-  currentDecision: () => MergeDecision | undefined,
-  clearDecision: () => void,
-): Promise<StreamResult> {
-  const { objective, stream } = input;
-  const git = gitActivities();
-  const gateTimeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
-  const gates = gateActivities(gateTimeout);
-  const builder = agentActivities(input.agents.builder.timeout_minutes);
-  const reviewer = input.agents.reviewer ? agentActivities(input.agents.reviewer.timeout_minutes) : undefined;
-  const target = integrationBranch(objective.id);
-  const maxIterations = input.maxFixIterations + 1;
-  let feedback: Feedback | undefined;
-  let sessionId: string | undefined;
+  // --- the blueprint interpreter ------------------------------------------------------------------
+  async function interpret(box: SandboxInfo): Promise<StreamResult> {
+    const bp = input.blueprint;
+    const overrides = { maxFixIterations: input.maxFixIterations, onExhausted: input.onExhausted };
+    const git = gitActivities();
+    const fixCounts: Record<string, number> = {};
+    let feedback: Feedback | undefined;
+    let sessionId: string | undefined;
+    let rateLimitWaits = 0;
+    let recovering: { step: string; kind: FailureKind } | undefined;
+    let mergeCommit: string | undefined;
 
-  const agentInput = (role: 'builder' | 'reviewer') => ({
-    role,
-    spec: role === 'builder' ? input.agents.builder : input.agents.reviewer!,
-    sandboxPath: sandbox.path,
-    objectiveDir: objective.objectiveDir,
-    objective: { id: objective.id, text: objective.objective },
-    stream: { id: stream.id, task: stream.task, branch: sandbox.branch },
-    targetBranch: target,
-    iteration: status.iteration,
-    feedback,
-  });
+    const history = () => status.ledger.map((e) => `${e.step}: ${e.kind} -> ${e.action} (${e.attempt}/${e.maxAttempts}) ${e.result}: ${e.summary}`);
+    const addUsage = (run: AgentRunResult) => {
+      status.usage.inputTokens += run.usage.inputTokens;
+      status.usage.outputTokens += run.usage.outputTokens;
+      status.usage.cachedTokens += run.usage.cachedTokens ?? 0;
+      status.usage.costUsd += run.usage.costUsd ?? 0;
+      status.usage.runs += 1;
+    };
 
-  for (status.iteration = 1; status.iteration <= maxIterations; status.iteration++) {
-    enter('building', feedback ? `fixing: ${feedback.summary}` : stream.task);
-    const built = await builder.runAgent({ ...agentInput('builder'), resumeSessionId: sessionId });
-    sessionId = built.sessionId ?? sessionId;
-    const commit = await git.commitWork({ path: sandbox.path, message: `slipway(${stream.id}): iteration ${status.iteration}\n\n${stream.task}` });
+    const runAgentStep = async (step: Extract<Step, { type: 'agent' }>): Promise<StepOutcome> => {
+      const spec = input.agents[step.role];
+      if (!spec) {
+        if (step.optional) return { ok: true };
+        return { ok: false, failure: { kind: 'configuration_error', summary: `step "${step.id}" needs a ${step.role} agent; none is configured`, details: '' } };
+      }
+      if (step.role === 'builder') status.iteration += 1;
+      const acts = agentActivities(spec.timeout_minutes, retryAttempts(bp, step));
+      try {
+        const run = await acts.runAgent({
+          role: step.role,
+          spec,
+          sandboxPath: box.path,
+          objectiveDir: objective.objectiveDir,
+          objective: { id: objective.id, text: objective.objective },
+          stream: { id: stream.id, task: stream.task, branch: box.branch },
+          targetBranch: input.integrationBranch,
+          iteration: Math.max(status.iteration, 1),
+          feedback: feedback ? { ...feedback, history: history() } : undefined,
+          resumeSessionId: step.role === 'builder' ? sessionId : undefined,
+        });
+        addUsage(run);
+        if (step.role === 'builder') {
+          sessionId = run.sessionId ?? sessionId;
+          await git.commitWork({ path: box.path, message: `slipway(${stream.id}): iteration ${status.iteration}\n\n${stream.task}` });
+        }
+        if (step.role === 'reviewer' && run.verdict?.verdict !== 'approve') {
+          const findings = run.verdict?.findings ?? [];
+          return { ok: false, failure: { kind: 'review_rejection', summary: run.verdict?.summary ?? 'the reviewer rejected the change', details: findings.map((f) => `- ${f}`).join('\n') } };
+        }
+        return { ok: true };
+      } catch (err) {
+        if (isCancellation(err)) throw err;
+        return { ok: false, failure: toStepFailure(err) };
+      }
+    };
 
-    if (input.gates.length > 0) {
-      enter('gates', `running ${input.gates.map((g) => g.name).join(', ')}`);
-      const gateRun = await gates.runGates({ path: sandbox.path, gates: input.gates });
-      if (!gateRun.passed) {
-        const failed = gateRun.results.find((r) => !r.passed)!;
-        const summary = `gate "${failed.name}" ${failed.timedOut ? 'timed out' : `exited with ${failed.exitCode}`}`;
-        record('gates', 'quality_gate_failure', summary);
-        feedback = { kind: 'quality_gate_failure', summary, details: gateRun.failureReport };
+    const runDeterministicStep = async (step: Extract<Step, { type: 'deterministic' }>): Promise<StepOutcome> => {
+      switch (step.action) {
+        case 'run_quality_gates': {
+          if (input.gates.length === 0) return { ok: true };
+          const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
+          try {
+            const run = await gateActivities(timeout, retryAttempts(bp, step)).runGates({ path: box.path, gates: input.gates });
+            if (run.passed) return { ok: true };
+            const failed = run.results.find((r) => !r.passed)!;
+            const summary = `gate "${failed.name}" ${failed.timedOut ? 'timed out' : `exited with ${failed.exitCode}`}`;
+            return { ok: false, failure: { kind: 'quality_gate_failure', summary, details: run.failureReport } };
+          } catch (err) {
+            if (isCancellation(err)) throw err;
+            return { ok: false, failure: toStepFailure(err) };
+          }
+        }
+        case 'signal_merge_ready': {
+          const head = await git.commitWork({ path: box.path, message: `slipway(${stream.id}): leftovers before merge` });
+          decision = undefined;
+          await parent.signal(streamMergeReadySignal, { streamId: stream.id, branch: box.branch, headCommit: head.head });
+          await condition(() => decision !== undefined);
+          const d = decision!;
+          if (d.status === 'merged') return { ok: true, merged: d.commit, done: true };
+          return { ok: false, failure: { kind: d.kind, summary: d.summary, details: d.details } };
+        }
+        case 'mark_complete':
+          return { ok: true, done: true };
+        default:
+          return { ok: false, failure: { kind: 'configuration_error', summary: `action "${step.action}" cannot run in a stream`, details: '' } };
+      }
+    };
+
+    const runStep = (step: Step): Promise<StepOutcome> => {
+      if (step.type === 'agent') return runAgentStep(step);
+      if (step.type === 'deterministic') return runDeterministicStep(step);
+      if (step.type === 'human') return blockForGuidance(step, { kind: 'unknown', summary: step.prompt ?? 'approval requested', details: '' }).then(() => ({ ok: true as const }));
+      return Promise.resolve({ ok: false as const, failure: { kind: 'configuration_error' as const, summary: `step type "${step.type}" cannot run in a stream`, details: '' } });
+    };
+
+    /** Blocks until a human sends guidance through the update; returns it. */
+    const blockForGuidance = async (step: Step, failure: StepFailure): Promise<Guidance> => {
+      const blocked: BlockedInfo = {
+        mailbox: mailboxName(actingRole(bp, step), stream.id),
+        since: new Date().toISOString(),
+        step: step.id,
+        kind: failure.kind,
+        summary: failure.summary,
+      };
+      status.blocked = blocked;
+      status.phase = 'blocked';
+      upsertSearchAttributes([{ key: SlipwayPhase, value: 'blocked' }]);
+      setCurrentDetails(`**blocked** at step \`${step.id}\` — ${failure.summary}\n\nSend guidance: \`slipway mail send ${blocked.mailbox} "subject" "body" --objective ${objective.id}\``);
+      await emit(`recovery blocked: retry budget exhausted; awaiting guidance (mailbox ${blocked.mailbox})`, { blocked, phase: 'blocked' });
+      await condition(() => guidance !== undefined);
+      const received = guidance!;
+      guidance = undefined;
+      status.blocked = undefined;
+      await emit(`guidance applied; resuming at step ${step.id}`, { blocked: null });
+      return received;
+    };
+
+    let step: Step | undefined = startStep(bp);
+    while (step) {
+      status.step = step.id;
+      await enter(PHASE_OF_STEP(step), step.description ?? (step.type === 'agent' ? `${step.role}: ${stream.task}` : step.id));
+      const outcome = await runStep(step);
+
+      if (outcome.ok) {
+        if (recovering?.step === step.id) {
+          const limit = fixLimit(bp, step, overrides);
+          await record(
+            { step: step.id, kind: recovering.kind, action: FAILURE_KINDS[recovering.kind].action, attempt: fixCounts[step.id] ?? 0, maxAttempts: limit, summary: `step ${step.id} passed`, result: 'recovered' },
+            `${step.id} passed after recovery`,
+          );
+          recovering = undefined;
+        }
+        if (outcome.merged) mergeCommit = outcome.merged;
+        if (outcome.done) break;
+        step = nextStep(bp, step);
         continue;
       }
-    }
 
-    if (reviewer) {
-      enter('reviewing', `reviewing ${commit.head.slice(0, 10)}`);
-      const review = await reviewer.runAgent(agentInput('reviewer'));
-      if (review.verdict?.verdict !== 'approve') {
-        const summary = review.verdict?.summary ?? 'the reviewer rejected the change';
-        record('review', 'review_rejection', summary);
-        feedback = { kind: 'review_rejection', summary, details: review.verdict?.findings.map((f) => `- ${f}`).join('\n') ?? '' };
+      const failure = outcome.failure;
+      const limit = fixLimit(bp, step, overrides);
+      const count = fixCounts[step.id] ?? 0;
+
+      // A rate limit waits for the provider's reset on a durable timer; it spends no attempt.
+      if (failure.kind === 'provider_rate_limit' && rateLimitWaits < MAX_RATE_LIMIT_WAITS) {
+        rateLimitWaits += 1;
+        const waitMs = failure.resetAt ? Math.max(1_000, Date.parse(failure.resetAt) - Date.now()) : DEFAULT_RATE_LIMIT_WAIT_MS;
+        await record(
+          { step: step.id, kind: failure.kind, action: FAILURE_KINDS[failure.kind].action, attempt: rateLimitWaits, maxAttempts: MAX_RATE_LIMIT_WAITS, summary: `${failure.summary}; waiting ${Math.ceil(waitMs / 1000)} s until ${failure.resetAt ?? 'the default back-off'}`, result: 'waiting' },
+          `provider_rate_limit -> wait until ${failure.resetAt ?? `${waitMs / 1000} s from now`} (${rateLimitWaits}/${MAX_RATE_LIMIT_WAITS})`,
+        );
+        status.phase = 'rate_limited';
+        setCurrentDetails(`**rate_limited** — waiting until ${failure.resetAt ?? 'back-off'}`);
+        await sleep(waitMs);
         continue;
       }
+
+      // Fix loop: send the work back with the failure attached.
+      if (FIX_LOOP_KINDS.includes(failure.kind) && step.on_fail && count < limit) {
+        fixCounts[step.id] = count + 1;
+        const target = stepById(bp, step.on_fail);
+        await record(
+          { step: step.id, kind: failure.kind, action: FAILURE_KINDS[failure.kind].action, attempt: count + 1, maxAttempts: limit, summary: failure.summary, result: 'retrying' },
+          `${failure.kind} -> rerun ${target.type === 'agent' ? target.role : target.id} (${count + 1}/${limit})`,
+        );
+        feedback = { kind: failure.kind, summary: failure.summary, details: failure.details, guidance: feedback?.guidance };
+        recovering = { step: step.id, kind: failure.kind };
+        step = target;
+        continue;
+      }
+
+      // Merge trouble: rebuild on top of the integration branch, or restart the stream.
+      if ((failure.kind === 'merge_conflict' || failure.kind === 'post_merge_gate_failure') && count < limit) {
+        fixCounts[step.id] = count + 1;
+        let details = failure.details;
+        if (failure.kind === 'merge_conflict') {
+          const reset = await git.resetOntoIntegration({ path: box.path, onto: input.integrationBranch });
+          details = `${failure.details}\n\nYour previous change (now to be re-applied on top of ${input.integrationBranch}):\n${reset.previousDiff}`;
+        }
+        const restartAt = failure.kind === 'merge_conflict' ? firstStepWithRole(bp, 'builder') ?? startStep(bp) : startStep(bp);
+        await record(
+          { step: step.id, kind: failure.kind, action: FAILURE_KINDS[failure.kind].action, attempt: count + 1, maxAttempts: limit, summary: failure.summary, result: 'retrying' },
+          `${failure.kind} -> ${failure.kind === 'merge_conflict' ? `rebuild on ${input.integrationBranch}` : 'restart the stream'} (${count + 1}/${limit})`,
+        );
+        feedback = { kind: failure.kind, summary: failure.summary, details };
+        recovering = { step: step.id, kind: failure.kind };
+        step = restartAt;
+        continue;
+      }
+
+      // Exhausted: the blueprint's exhaustion mode decides.
+      const mode = exhaustionMode(bp, step, overrides);
+      const exhaustedResult: LedgerResult = mode === 'ask_human' ? 'blocked' : mode === 'escalate' ? 'escalated' : 'failed';
+      const loopExhausted = FIX_LOOP_KINDS.includes(failure.kind) && step.on_fail;
+      const attempts = loopExhausted || failure.kind === 'merge_conflict' || failure.kind === 'post_merge_gate_failure' ? limit : retryAttempts(bp, step);
+      const summary = loopExhausted
+        ? `fix loop exhausted after ${status.iteration} iterations: ${failure.summary}`
+        : `${FAILURE_KINDS[failure.kind].summary} (${attempts} attempts): ${failure.summary}`;
+      await record(
+        { step: step.id, kind: failure.kind, action: FAILURE_KINDS[failure.kind].action, attempt: attempts, maxAttempts: attempts, summary, result: exhaustedResult },
+        `${failure.kind} exhausted at ${step.id} -> ${mode}`,
+      );
+      if (mode === 'ask_human') {
+        const received = await blockForGuidance(step, { ...failure, summary });
+        await record(
+          { step: step.id, kind: failure.kind, action: 'apply_guidance', attempt: 1, maxAttempts: 1, summary: received.subject, result: 'guidance_applied', guidance: received.body },
+          `guidance applied: ${received.subject}`,
+        );
+        fixCounts[step.id] = 0; // guidance buys a fresh budget
+        feedback = { kind: failure.kind, summary: failure.summary, details: failure.details, guidance: `${received.subject}\n${received.body}` };
+        recovering = { step: step.id, kind: failure.kind };
+        if (loopExhausted) step = stepById(bp, step.on_fail!);
+        else if (failure.kind === 'merge_conflict' || failure.kind === 'post_merge_gate_failure') step = firstStepWithRole(bp, 'builder') ?? startStep(bp);
+        continue;
+      }
+      return await finish(
+        { status: mode === 'escalate' ? 'escalated' : 'failed', failure: { kind: failure.kind, summary } },
+        mode === 'escalate' ? `needs attention: ${summary}` : summary,
+      );
     }
 
-    enter('merge_ready', `waiting for the merge queue (${commit.head.slice(0, 10)})`);
-    clearDecision();
-    await getExternalWorkflowHandle(input.parentWorkflowId).signal(streamMergeReadySignal, {
-      streamId: stream.id,
-      branch: sandbox.branch,
-      headCommit: commit.head,
-    });
-    await condition(() => currentDecision() !== undefined);
-    const decision = currentDecision()!;
-    if (decision.status === 'merged') {
-      enter('merged', `merged as ${decision.commit.slice(0, 10)}`);
-      return { streamId: stream.id, status: 'merged', branch: sandbox.branch, iterations: status.iteration, mergeCommit: decision.commit, attempts: status.attempts };
-    }
-    record('merge', decision.kind, decision.summary);
-    return fail(decision.kind, decision.summary);
+    if (mergeCommit) return await finish({ status: 'merged', mergeCommit }, `merged as ${mergeCommit.slice(0, 10)}`);
+    return await finish({ status: 'failed', failure: { kind: 'configuration_error', summary: `blueprint ${bp.id} ended without merging` } }, 'ended without merging');
   }
-  status.iteration = maxIterations;
-  return fail(feedback?.kind ?? 'unknown', `fix loop exhausted after ${maxIterations} iterations: ${feedback?.summary ?? ''}`);
 }

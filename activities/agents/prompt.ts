@@ -24,7 +24,17 @@ export function buildPrompt(ctx: PromptContext): string {
     lines.push('', 'Make the change described by the stream task in this repository and commit it.');
     if (ctx.feedback) {
       lines.push('', `Iteration ${ctx.iteration}: the previous attempt failed (${ctx.feedback.kind}): ${ctx.feedback.summary}`, '', ctx.feedback.details);
+      if (ctx.feedback.guidance) lines.push('', `Guidance from a human: ${ctx.feedback.guidance}`);
+      if (ctx.feedback.history?.length) lines.push('', 'Recovery history so far:', ...ctx.feedback.history.map((h) => `- ${h}`));
     }
+  } else if (ctx.role === 'planner') {
+    lines.splice(1, 2);
+    lines.push(
+      '',
+      'Split the objective into independent streams of work that can be built in parallel, each on its own branch.',
+      'Answer with <plan>{"streams": [{"id": "short-id", "task": "what to build", "depends_on": []}]}</plan>.',
+    );
+    if (ctx.feedback) lines.push('', `The previous plan was rejected: ${ctx.feedback.summary}`, ctx.feedback.details);
   } else if (ctx.role === 'reviewer') {
     lines.push(
       '',
@@ -47,5 +57,6 @@ export function contextEnv(ctx: PromptContext): Record<string, string> {
     SLIPWAY_TARGET_BRANCH: ctx.targetBranch,
     SLIPWAY_FEEDBACK_KIND: ctx.feedback?.kind ?? '',
     SLIPWAY_FEEDBACK: ctx.feedback ? `${ctx.feedback.summary}\n${ctx.feedback.details}` : '',
+    SLIPWAY_GUIDANCE: ctx.feedback?.guidance ?? '',
   };
 }

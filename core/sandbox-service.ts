@@ -1,0 +1,161 @@
+/**
+ * The sandbox service's shared vocabulary: ids, reasons, session kinds, the policy a sandbox
+ * runs under, and the workflow's input. Defined once; the API, the ledger, the workflow and
+ * the CLI import from here. Everything in this file is safe to keep in workflow history:
+ * no token, no grant secret, only ids and hashes.
+ */
+import type { SandboxState } from './states';
+
+export const SANDBOX_ID_PREFIX = 'sbx_';
+/** `sbx_` + 20 characters of lowercase base32: path-safe, branch-safe, workflow-id-safe. */
+export const SANDBOX_ID_PATTERN = /^sbx_[a-z2-7]{20}$/;
+
+/** The service's task queue: only service workers (which hold the ledger) poll it. */
+export const sandboxServiceTaskQueue = (mainTaskQueue: string) => `${mainTaskQueue}-sandboxes`;
+export const serviceSandboxWorkflowId = (sandboxId: string) => `sandbox:${sandboxId}`;
+export const REAPER_SCHEDULE_ID = 'slipway-sandbox-reaper';
+export const reaperWorkflowId = 'sandbox-reaper';
+
+/** Group (folder) under `.slipway/worktrees/` that holds an account's local sandboxes. */
+export const serviceSandboxGroup = (accountId: string) => `acct-${accountId}`;
+export const serviceSandboxBranch = (sandboxId: string) => `slipway/sandboxes/${sandboxId}`;
+export const WARM_GROUP = 'warm';
+
+/** States in which a sandbox holds one of its account's concurrency slots. */
+export const SLOT_HOLDING_STATES = ['pending', 'ready', 'suspending', 'suspended', 'restoring'] as const satisfies readonly SandboxState[];
+export const TERMINAL_STATES = ['terminated', 'failed'] as const satisfies readonly SandboxState[];
+
+/**
+ * Why a billing session (or the sandbox) ended. The first group is the proposal's
+ * ready -> terminating edges; abnormal ends come from the provider watcher.
+ */
+export const END_REASONS = {
+  explicit_delete: 'DELETE /api/v1/sandboxes/:id',
+  deadline: 'the deadline passed (timer or reaper)',
+  absolute_cap: 'the absolute lifetime cap passed',
+  idle_offload: 'idle: the sandbox was suspended to a snapshot',
+  restored: 'the snapshot was restored (storage line closes)',
+  restore_failed: 'the snapshot could not be restored',
+  provisioning_timeout: 'provisioning did not finish in time',
+  provisioning_failed: 'the provider could not create the sandbox',
+  directory_removed: 'the sandbox directory disappeared outside Slipway',
+  worktree_unregistered: 'the git worktree was removed outside Slipway',
+  sandbox_lost: 'the provider no longer knows the sandbox',
+  orphaned: 'the sandbox workflow is gone; the reaper closed the books',
+} as const;
+export type EndReason = keyof typeof END_REASONS;
+export const ABNORMAL_END_REASONS = ['directory_removed', 'worktree_unregistered', 'sandbox_lost'] as const satisfies readonly EndReason[];
+export type AbnormalEndReason = (typeof ABNORMAL_END_REASONS)[number];
+/** Reasons a caller or a timer can ask a sandbox to terminate for. */
+export const TERMINATE_REASONS = ['explicit_delete', 'deadline', 'absolute_cap', ...ABNORMAL_END_REASONS, 'orphaned'] as const satisfies readonly EndReason[];
+export type TerminateReason = (typeof TERMINATE_REASONS)[number];
+
+/** Billing lines: compute while ready, snapshot storage while suspended. */
+export const SESSION_KINDS = ['compute', 'snapshot_storage'] as const;
+export type SessionKind = (typeof SESSION_KINDS)[number];
+
+/** How a sandbox became ready (logged with the session per the proposal). */
+export const PROVISIONING_KINDS = ['warm_hit', 'cold_boot'] as const;
+export type ProvisioningKind = (typeof PROVISIONING_KINDS)[number];
+
+export const PLATFORMS = ['linux', 'macos'] as const;
+export type Platform = (typeof PLATFORMS)[number];
+
+export const SERVICE_PROVIDERS = ['local'] as const;
+export type ServiceProviderKind = (typeof SERVICE_PROVIDERS)[number];
+
+/** Defaults from the proposal; each profile may override them. */
+export const SERVICE_DEFAULTS = {
+  idleTimeoutSeconds: 5 * 60,
+  provisioningTimeoutSeconds: 120,
+  defaultDeadlineMinutes: 60,
+  maxDeadlineMinutes: 24 * 60,
+  absoluteCapMinutes: 7 * 24 * 60,
+  concurrentLimit: 1,
+  /** Grant tokens live at most this long, and never past the sandbox's deadline. */
+  grantTtlMinutes: 60,
+} as const;
+
+/** Where grant tokens are written inside a sandbox (ignored by git: `.slipway/` is excluded). */
+export const GRANTS_FILE = '.slipway/grants.json';
+
+/** A profile, as the workflow needs it. Copied into the workflow input at create time. */
+export interface SandboxPolicy {
+  profileId: string;
+  profileName: string;
+  provider: ServiceProviderKind;
+  platform: Platform;
+  /** Local provider: the repository each sandbox is a worktree of, and the ref it starts from. */
+  repository: string;
+  baseRef: string;
+  copyIgnored: boolean;
+  confinement: 'none' | 'bubblewrap';
+  network: boolean;
+  idleTimeoutMs: number;
+  provisioningTimeoutMs: number;
+  absoluteCapMs: number;
+  warmReplicas: number;
+}
+
+export interface GrantRequest {
+  projectId: string;
+  scopes: string[];
+}
+
+export interface ServiceSandboxInput {
+  sandboxId: string;
+  accountId: string;
+  policy: SandboxPolicy;
+  /** Deadline budget: time the sandbox may spend not suspended. */
+  deadlineMs: number;
+  /** Epoch ms of the POST; the absolute cap counts from here. */
+  createdAtMs: number;
+  grants: GrantRequest[];
+  /** Present after continue-as-new: where the previous run left off. */
+  carried?: CarriedSandboxState;
+}
+
+/** What a sandbox workflow hands to its next run on continue-as-new. */
+export interface CarriedSandboxState {
+  state: Extract<SandboxState, 'ready' | 'suspended'>;
+  handle: SandboxHandleRef;
+  snapshotRef?: string;
+  computeSeq: number;
+  storageSeq: number;
+  deadlineRemainingMs: number;
+  /** Epoch ms when the current ready or suspended period began. */
+  periodStartMs: number;
+}
+
+/** How the workflow refers to a provider's sandbox: paths and names, no secrets. */
+export interface SandboxHandleRef {
+  provider: ServiceProviderKind;
+  repository: string;
+  root: string;
+  branch: string;
+}
+
+export interface ServiceSandboxResult {
+  sandboxId: string;
+  state: Extract<SandboxState, 'terminated' | 'failed'>;
+  reason?: EndReason;
+  error?: string;
+}
+
+export interface ServiceSandboxStatus {
+  sandboxId: string;
+  state: SandboxState;
+  handle?: SandboxHandleRef;
+  deadlineRemainingMs: number;
+  computeSeq: number;
+  storageSeq: number;
+  reason?: EndReason;
+  error?: string;
+}
+
+export interface SandboxExitReport {
+  reason: AbnormalEndReason;
+  /** When the provider saw it die (epoch ms): the compute session ends here. */
+  observedAtMs: number;
+  detail?: string;
+}
