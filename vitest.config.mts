@@ -5,7 +5,7 @@ export default defineConfig({
     pool: 'forks',
     // 2 cores: at most two test files at once; each integration test uses its own task queue.
     maxWorkers: 2,
-    globalSetup: ['test/global-setup.ts'],
+    globalSetup: ['test/global-setup.ts', 'test/postgres-setup.ts'],
     testTimeout: 120_000,
     hookTimeout: 180_000,
     include: ['test/**/*.test.ts'],

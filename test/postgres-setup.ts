@@ -1,0 +1,104 @@
+/**
+ * A real Postgres for the service tests. With DATABASE_URL set (CI with a service container,
+ * a developer's server), tests use it and create one database per test file there. Otherwise
+ * a throwaway cluster starts in a temp folder: initdb + pg_ctl from PATH or
+ * /usr/lib/postgresql/<version>/bin, run as the `postgres` user when we are root (postgres
+ * refuses to run as root), listening on 127.0.0.1 on a free port, fsync off.
+ */
+import { execFileSync } from 'node:child_process';
+import { accessSync, chmodSync, chownSync, constants, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { freePort } from '../workers/dev-server';
+
+declare module 'vitest' {
+  export interface ProvidedContext {
+    /** Admin connection URL of the test Postgres ('' when none could be started). */
+    postgresUrl: string;
+    postgresError: string;
+  }
+}
+
+function findPgBin(name: string): string | undefined {
+  for (const dir of (process.env.PATH ?? '').split(path.delimiter).filter(Boolean)) {
+    const candidate = path.join(dir, name);
+    try {
+      accessSync(candidate, constants.X_OK);
+      return candidate;
+    } catch {
+      /* next */
+    }
+  }
+  const root = '/usr/lib/postgresql';
+  let versions: string[] = [];
+  try {
+    versions = readdirSync(root).sort((a, b) => Number(b) - Number(a));
+  } catch {
+    return undefined;
+  }
+  for (const v of versions) {
+    const candidate = path.join(root, v, 'bin', name);
+    try {
+      accessSync(candidate, constants.X_OK);
+      return candidate;
+    } catch {
+      /* next */
+    }
+  }
+  return undefined;
+}
+
+let dataDir: string | undefined;
+let pgCtl: string | undefined;
+let asUser: string[] = [];
+
+function run(cmd: string, args: string[]): string {
+  return execFileSync(asUser.length ? 'runuser' : cmd, asUser.length ? [...asUser, cmd, ...args] : args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+export async function setup(project: { provide(key: 'postgresUrl' | 'postgresError', value: string): void }) {
+  if (process.env.DATABASE_URL) {
+    project.provide('postgresUrl', process.env.DATABASE_URL);
+    project.provide('postgresError', '');
+    return;
+  }
+  const initdb = findPgBin('initdb');
+  pgCtl = findPgBin('pg_ctl');
+  if (!initdb || !pgCtl) {
+    project.provide('postgresUrl', '');
+    project.provide('postgresError', 'no Postgres found (initdb/pg_ctl on PATH or under /usr/lib/postgresql/*/bin): run scripts/setup.sh or set DATABASE_URL');
+    return;
+  }
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-test-pg-'));
+  dataDir = path.join(dir, 'data');
+  if (process.getuid?.() === 0) {
+    const uid = Number(execFileSync('id', ['-u', 'postgres'], { encoding: 'utf8' }).trim());
+    const gid = Number(execFileSync('id', ['-g', 'postgres'], { encoding: 'utf8' }).trim());
+    chownSync(dir, uid, gid);
+    chmodSync(dir, 0o700);
+    asUser = ['-u', 'postgres', '--'];
+  }
+  const port = await freePort();
+  try {
+    run(initdb, ['-D', dataDir, '-A', 'trust', '-U', 'postgres', '--no-sync', '-E', 'UTF8', '--locale=C']);
+    const opts = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200`;
+    run(pgCtl, ['-D', dataDir, '-o', opts, '-l', path.join(dir, 'postgres.log'), '-w', '-t', '60', 'start']);
+  } catch (e) {
+    const err = e as { stderr?: string; message: string };
+    project.provide('postgresUrl', '');
+    project.provide('postgresError', `could not start the test Postgres: ${err.stderr || err.message}`);
+    return;
+  }
+  project.provide('postgresUrl', `postgres://postgres@127.0.0.1:${port}/postgres`);
+  project.provide('postgresError', '');
+}
+
+export async function teardown() {
+  if (!dataDir || !pgCtl) return;
+  try {
+    run(pgCtl, ['-D', dataDir, '-m', 'immediate', 'stop']);
+  } catch {
+    /* already stopped */
+  }
+  rmSync(path.dirname(dataDir), { recursive: true, force: true });
+}
