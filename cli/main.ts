@@ -8,6 +8,8 @@ import { listCommand } from './commands/list';
 import { runCommand } from './commands/run';
 import { devCommand, workerCommand } from './commands/serve';
 import { statusCommand } from './commands/status';
+import { mailListCommand, mailSendCommand, planDecisionCommand } from './commands/human';
+import { watchCommand } from './commands/watch';
 
 export function buildProgram(): Command {
   const program = new Command('slipway')
@@ -40,6 +42,43 @@ export function buildProgram(): Command {
     .option('--json', 'print JSON')
     .option('--limit <n>', 'at most this many', (v) => Number.parseInt(v, 10), 50)
     .action(async (opts) => setExit(await listCommand(opts)));
+
+  program
+    .command('watch')
+    .description('follow the live feed of an objective (the newest running one by default) until it ends')
+    .option('--objective <id>', 'objective to watch')
+    .option('--stream <id>', 'only this stream')
+    .option('--agent <name>', 'only this agent mailbox, e.g. builder-api')
+    .action(async (opts) => setExit(await watchCommand(opts)));
+
+  program
+    .command('approve')
+    .description('approve the plan an objective is waiting on')
+    .argument('<objective-id>')
+    .action(async (id: string) => setExit(await planDecisionCommand(id, true)));
+
+  program
+    .command('reject')
+    .description('reject the plan an objective is waiting on; the planner tries again with the reason')
+    .argument('<objective-id>')
+    .requiredOption('--reason <text>', 'why the plan is rejected')
+    .action(async (id: string, opts) => setExit(await planDecisionCommand(id, false, opts.reason)));
+
+  const mail = program
+    .command('mail')
+    .description('escalations waiting for guidance (one per blocked stream), optionally for one agent mailbox')
+    .argument('[agent]', 'mailbox, e.g. builder-api')
+    .option('--objective <id>', 'only this objective')
+    .option('--json', 'print JSON')
+    .action(async (agent: string | undefined, opts) => setExit(await mailListCommand(agent, opts)));
+  mail
+    .command('send')
+    .description('send guidance to a blocked stream; its next attempt carries it')
+    .argument('<agent>', 'mailbox, e.g. builder-api')
+    .argument('<subject>')
+    .argument('<body>')
+    .requiredOption('--objective <id>', 'objective of the stream')
+    .action(async (agent: string, subject: string, body: string, opts) => setExit(await mailSendCommand(agent, subject, body, opts)));
 
   program
     .command('dev')

@@ -98,6 +98,13 @@ function toStepFailure(err: unknown): StepFailure {
   return { kind: failureKindOf(err), summary, details: summary, resetAt: details?.resetAt };
 }
 
+function describeStep(step: Step, input: StreamInput): string {
+  if (step.type === 'agent') return `${step.role}: ${input.stream.task}`;
+  if (step.type === 'deterministic' && step.action === 'run_quality_gates') return `running ${input.gates.map((g) => g.name).join(', ') || 'no gates'}`;
+  if (step.type === 'deterministic' && step.action === 'signal_merge_ready') return 'handed to the merge queue';
+  return step.id;
+}
+
 const PHASE_OF_STEP = (step: Step): StreamPhase => {
   if (step.type === 'agent') return step.role === 'reviewer' ? 'reviewing' : step.role === 'scout' ? 'scouting' : 'building';
   if (step.type === 'deterministic') return step.action === 'run_quality_gates' ? 'gates' : step.action === 'signal_merge_ready' ? 'merge_ready' : 'building';
@@ -232,7 +239,6 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
         if (step.optional) return { ok: true };
         return { ok: false, failure: { kind: 'configuration_error', summary: `step "${step.id}" needs a ${step.role} agent; none is configured`, details: '' } };
       }
-      if (step.role === 'builder') status.iteration += 1;
       const acts = agentActivities(spec.timeout_minutes, retryAttempts(bp, step));
       try {
         const run = await acts.runAgent({
@@ -327,7 +333,8 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     let step: Step | undefined = startStep(bp);
     while (step) {
       status.step = step.id;
-      await enter(PHASE_OF_STEP(step), step.description ?? (step.type === 'agent' ? `${step.role}: ${stream.task}` : step.id));
+      if (step.type === 'agent' && step.role === 'builder' && input.agents.builder) status.iteration += 1;
+      await enter(PHASE_OF_STEP(step), step.description ?? describeStep(step, input));
       const outcome = await runStep(step);
 
       if (outcome.ok) {
