@@ -27,6 +27,7 @@ import {
   type BubblewrapConfinement,
 } from './bubblewrap';
 import { copyIgnoredFiles, type CopyMethod } from './copy-ignored';
+import { deleteLocalSnapshot, probeLocal, restoreLocal, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
 import type { ExecRequest, SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
 
@@ -262,6 +263,23 @@ export class LocalSandboxProvider implements SandboxProvider {
       await fs.rm(file, { force: true });
       await fs.rmdir(path.dirname(file)).catch(() => undefined);
     }
+  }
+
+  // Idle offload and the watcher's probe live in local-snapshot.ts.
+  suspend(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
+    return suspendLocal(handle.root, options);
+  }
+
+  restore(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
+    return restoreLocal(handle.root, options);
+  }
+
+  deleteSnapshot(handle: Pick<SandboxHandle, 'root'>) {
+    return deleteLocalSnapshot(handle.root);
+  }
+
+  probe(handle: Pick<SandboxHandle, 'root'>) {
+    return probeLocal(handle.root);
   }
 
   async list(repository: string) {

@@ -65,4 +65,17 @@ export interface SandboxProvider {
   deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<void>;
   destroy(request: { repository: string; root: string }): Promise<void>;
   list(repository: string): Promise<Array<{ root: string; branch?: string; head: string; sandboxId?: string }>>;
+  /**
+   * Idle offload (optional): store the sandbox's state as a snapshot and free its resources.
+   * `templateIgnored`: ignored files the template supplies are re-copied on restore, not stored.
+   */
+  suspend?(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }): Promise<{ snapshotRef: string; bytes: number }>;
+  /** Brings a suspended sandbox back where it was; drops the snapshot. */
+  restore?(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }): Promise<{ root: string; branch?: string; head: string }>;
+  /** Drops the snapshot of a sandbox terminated while suspended. */
+  deleteSnapshot?(handle: Pick<SandboxHandle, 'root'>): Promise<void>;
+  /** Watcher probe (optional): is the sandbox still alive, or did it die outside Slipway? */
+  probe?(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness>;
 }
+
+export type SandboxLiveness = { alive: true } | { alive: false; reason: string; detail: string };
