@@ -86,7 +86,13 @@ export const BlueprintSchema = z.strictObject({
   id: stepId,
   description: z.string().optional(),
   level: z.enum(BLUEPRINT_LEVELS),
-  retry: z.strictObject({ profile: z.enum(RETRY_PROFILE_NAMES) }).default({ profile: 'balanced' }),
+  retry: z
+    .strictObject({
+      profile: z.enum(RETRY_PROFILE_NAMES),
+      /** First back-off between activity attempts (doubling each time, at most a minute). */
+      initial_interval_seconds: z.number().positive().max(600).optional(),
+    })
+    .default({ profile: 'balanced' }),
   /** Default bound for fix loops of steps that set none. */
   max_fix_iterations: z.number().int().min(0).max(50).default(3),
   /** What happens when recovery is exhausted, unless a step says otherwise. */

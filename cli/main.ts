@@ -16,6 +16,7 @@ export function buildProgram(): Command {
     .description('Runs AI coding agents in parallel, isolated sandboxes and merges their work, durably on Temporal.')
     .version('0.1.0')
     .exitOverride()
+    .enablePositionalOptions()
     .showHelpAfterError('(run with --help for usage)');
 
   program
@@ -70,6 +71,7 @@ export function buildProgram(): Command {
     .argument('[agent]', 'mailbox, e.g. builder-api')
     .option('--objective <id>', 'only this objective')
     .option('--json', 'print JSON')
+    .enablePositionalOptions()
     .action(async (agent: string | undefined, opts) => setExit(await mailListCommand(agent, opts)));
   mail
     .command('send')

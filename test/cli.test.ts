@@ -2,35 +2,14 @@
  * The `slipway` CLI end to end, as a user runs it: a real process, the embedded server or the
  * shared test server, real repositories.
  */
-import { spawn } from 'node:child_process';
 import { existsSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { freePort } from '../workers/dev-server';
-import { DEMO_DIR, PROJECT_ROOT, gitIn, makeDemoRepo, pictureCheckout, tempDir } from './helpers/repo';
+import { DEMO_DIR, gitIn, makeDemoRepo, pictureCheckout, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
-
-const BIN = path.join(PROJECT_ROOT, 'bin', 'slipway.cjs');
-
-interface CliRun {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-function slipway(args: string[], env: NodeJS.ProcessEnv = {}, cwd = PROJECT_ROOT): Promise<CliRun> {
-  return new Promise((resolve) => {
-    const base = { ...process.env };
-    delete base.TEMPORAL_ADDRESS;
-    const child = spawn(process.execPath, [BIN, ...args], { cwd, env: { ...base, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c) => (stdout += c));
-    child.stderr.on('data', (c) => (stderr += c));
-    child.on('close', (code) => resolve({ code, stdout, stderr }));
-  });
-}
+import { slipway } from './helpers/cli';
 
 let worker: TestWorker;
 let serverEnv: NodeJS.ProcessEnv;

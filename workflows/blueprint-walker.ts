@@ -38,6 +38,12 @@ export function retryAttempts(blueprint: Blueprint, step: Step): number {
   return step.retry?.max_attempts ?? RETRY_PROFILES[blueprint.retry.profile].maximumAttempts;
 }
 
+/** The retry policy inputs for a step's activities. */
+export function retryFor(blueprint: Blueprint, step: Step): { maximumAttempts: number; initialIntervalMs?: number } {
+  const seconds = blueprint.retry.initial_interval_seconds;
+  return { maximumAttempts: retryAttempts(blueprint, step), initialIntervalMs: seconds === undefined ? undefined : Math.round(seconds * 1000) };
+}
+
 /** The first agent step with the given role (where a rebuild starts). */
 export function firstStepWithRole(blueprint: Blueprint, role: string): Step | undefined {
   return blueprint.steps.find((s) => s.type === 'agent' && s.role === role);

@@ -36,7 +36,7 @@ import {
   type StreamSpec,
 } from '../core/types';
 import { agentActivities, gateActivities, gitActivities } from './activity-options';
-import { fixLimit, nextStep, retryAttempts, startStep, stepById } from './blueprint-walker';
+import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
 import { failureKindOf, failureMessage, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
@@ -57,7 +57,7 @@ export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): Ob
 export async function objectiveWorkflow(input: ObjectiveInput): Promise<ObjectiveResult> {
   const root = input.blueprint.root;
   const overrides = { maxFixIterations: input.maxFixIterations, onExhausted: input.onExhausted };
-  const git = gitActivities(retryAttempts(root, root.steps[0]));
+  const git = gitActivities(retryFor(root, root.steps[0]));
   const status: ObjectiveStatus = {
     objectiveId: input.id,
     phase: 'preparing',
@@ -288,7 +288,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             break;
           }
           enter('planning', 'the planner is splitting the objective into streams');
-          const run = await agentActivities(spec.timeout_minutes, retryAttempts(root, current)).runAgent({
+          const run = await agentActivities(spec.timeout_minutes, retryFor(root, current)).runAgent({
             role: 'planner',
             spec,
             sandboxPath: prepared.mergerPath,
@@ -338,7 +338,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             await runMergeQueue();
           } else if (current.action === 'run_quality_gates' && input.gates.length > 0) {
             const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
-            const gates = await gateActivities(timeout, retryAttempts(root, current)).runGates({ path: prepared.mergerPath, gates: input.gates });
+            const gates = await gateActivities(timeout, retryFor(root, current)).runGates({ path: prepared.mergerPath, gates: input.gates });
             if (!gates.passed) failure = `gates failed on ${prepared.integrationBranch}`;
           } else if (current.action === 'mark_complete') {
             step = undefined;

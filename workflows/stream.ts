@@ -46,7 +46,7 @@ import {
 } from '../core/types';
 import type { AgentRunResult } from '../activities';
 import { agentActivities, gateActivities, gitActivities } from './activity-options';
-import { actingRole, exhaustionMode, firstStepWithRole, fixLimit, nextStep, retryAttempts, startStep, stepById } from './blueprint-walker';
+import { actingRole, exhaustionMode, firstStepWithRole, fixLimit, nextStep, retryAttempts, retryFor, startStep, stepById } from './blueprint-walker';
 import { releaseSandboxSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 
 /** Sent by a stream to its objective when its work passed gates and review. */
@@ -239,7 +239,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
         if (step.optional) return { ok: true };
         return { ok: false, failure: { kind: 'configuration_error', summary: `step "${step.id}" needs a ${step.role} agent; none is configured`, details: '' } };
       }
-      const acts = agentActivities(spec.timeout_minutes, retryAttempts(bp, step));
+      const acts = agentActivities(spec.timeout_minutes, retryFor(bp, step));
       try {
         const run = await acts.runAgent({
           role: step.role,
@@ -275,7 +275,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
           if (input.gates.length === 0) return { ok: true };
           const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
           try {
-            const run = await gateActivities(timeout, retryAttempts(bp, step)).runGates({ path: box.path, gates: input.gates });
+            const run = await gateActivities(timeout, retryFor(bp, step)).runGates({ path: box.path, gates: input.gates });
             if (run.passed) return { ok: true };
             const failed = run.results.find((r) => !r.passed)!;
             const summary = `gate "${failed.name}" ${failed.timedOut ? 'timed out' : `exited with ${failed.exitCode}`}`;

@@ -22,6 +22,7 @@ async function objectiveStatus(client: Client, objectiveId: string): Promise<Obj
 
 function updateError(e: unknown): never {
   if (e instanceof WorkflowUpdateFailedError) throw new CliError(`refused: ${(e.cause as Error | undefined)?.message ?? e.message}`);
+  if (e instanceof WorkflowNotFoundError) throw new CliError(`refused: ${e.message}`);
   throw e;
 }
 
@@ -118,6 +119,8 @@ export async function mailSendCommand(agent: string, subject: string, body: stri
       const mailboxes = status.streams.filter((s) => s.blocked).map((s) => s.blocked!.mailbox);
       throw new CliError(`unknown agent "${agent}" in objective ${opts.objective}${mailboxes.length ? `; waiting mailboxes: ${mailboxes.join(', ')}` : '; no stream is blocked'}`);
     }
+    const view = status.streams.find((s) => s.id === streamId)!;
+    if (!view.blocked) throw new CliError(`refused: stream "${streamId}" is not blocked (it is ${view.phase}); guidance is only taken by a blocked stream`);
     const ack = await runtime.client.workflow
       .getHandle(streamWorkflowId(opts.objective, streamId))
       .executeUpdate(guidanceUpdate, { args: [{ agent, subject, body }] })
