@@ -36,9 +36,12 @@ export interface BubblewrapConfinement {
   kind: 'bubblewrap';
   /** False: the sandbox gets its own network namespace with only a loopback device. */
   network: boolean;
-  /** Extra absolute paths the command may write (agent state such as ~/.claude). */
+  /**
+   * Extra absolute paths the command may write (agent state such as ~/.claude). A missing
+   * path is created as a directory; a file must exist to be bound.
+   */
   writable?: string[];
-  /** Absolute paths replaced by an empty tmpfs (for example ~/.ssh, ~/.aws). */
+  /** Absolute paths replaced by an empty tmpfs (for example ~/.ssh, ~/.aws); missing ones are skipped. */
   hidden?: string[];
   /** The bwrap executable; default: `bwrap` found on PATH. */
   bwrapPath?: string;
@@ -171,15 +174,36 @@ export async function confinementLayout(repository: string, worktree: string, br
 
 const PRIVATE_TMP = '/tmp';
 
+/** The extra writable and hidden paths, checked and resolved (bwrap cannot mount on missing paths in a read-only tree). */
+export async function resolveExtraPaths(confinement: BubblewrapConfinement): Promise<{ writable: string[]; hidden: string[] }> {
+  const writable: string[] = [];
+  for (const p of confinement.writable ?? []) {
+    const abs = absolute(p, 'writable');
+    if (!(await fs.lstat(abs).then(() => true, () => false))) await fs.mkdir(abs, { recursive: true });
+    writable.push(await fs.realpath(abs));
+  }
+  const hidden: string[] = [];
+  for (const p of confinement.hidden ?? []) {
+    const real = await fs.realpath(absolute(p, 'hidden')).catch(() => undefined);
+    if (real) hidden.push(real);
+  }
+  return { writable, hidden };
+}
+
 /** The bwrap arguments (everything before the command) for a layout. */
-export function bwrapArgs(layout: ConfinementLayout, confinement: BubblewrapConfinement, cwd: string): string[] {
+export function bwrapArgs(
+  layout: ConfinementLayout,
+  confinement: BubblewrapConfinement,
+  cwd: string,
+  extra: { writable: string[]; hidden: string[] } = { writable: confinement.writable ?? [], hidden: confinement.hidden ?? [] },
+): string[] {
   const args = ['--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--tmpfs', PRIVATE_TMP];
   // The private /tmp hides whatever lived there; bring the repository back, read-only.
   const underTmp = (p: string) => isInside(PRIVATE_TMP, p);
   const readOnly = [layout.repository, layout.commonDir].filter(underTmp);
   for (const p of dedupe(readOnly)) args.push('--ro-bind', p, p);
-  for (const p of confinement.hidden ?? []) args.push('--tmpfs', absolute(p, 'hidden'));
-  const writable = [layout.worktree, ...layout.gitWritable, ...(confinement.writable ?? []).map((p) => absolute(p, 'writable'))];
+  for (const p of extra.hidden) args.push('--tmpfs', absolute(p, 'hidden'));
+  const writable = [layout.worktree, ...layout.gitWritable, ...extra.writable.map((p) => absolute(p, 'writable'))];
   for (const p of dedupe(writable)) args.push('--bind', p, p);
   args.push('--unshare-pid', '--unshare-ipc');
   if (!confinement.network) args.push('--unshare-net');

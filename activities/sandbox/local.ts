@@ -23,6 +23,7 @@ import {
   confinementLayout,
   probeBwrap,
   requireBwrap,
+  resolveExtraPaths,
   snapshotGitLinks,
   type BubblewrapConfinement,
 } from './bubblewrap';
@@ -207,7 +208,7 @@ export class LocalSandboxProvider implements SandboxProvider {
       return await runProcess({
         ...common,
         command: this.bwrap,
-        args: [...bwrapArgs(layout, this.confinement, cwd), '--', ...inner],
+        args: [...bwrapArgs(layout, this.confinement, cwd, await resolveExtraPaths(this.confinement)), '--', ...inner],
         env,
       });
     } catch (e) {

@@ -274,11 +274,17 @@ describe('local sandboxes', () => {
       await fs.mkdir(extra);
       await fs.mkdir(hidden);
       await fs.writeFile(path.join(hidden, 'key'), 'private');
-      const p = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false, writable: [extra], hidden: [hidden] } });
-      const r = await run(`echo state > '${extra}/s' && ls -A '${hidden}' | wc -l`, p);
+      const missingWritable = path.join(parent, 'not-yet', 'state');
+      const missingHidden = path.join(os.homedir(), `.slipway-no-such-secret-${process.pid}`); // read-only parent: bwrap cannot make a mount point
+      const p = new LocalSandboxProvider({
+        confinement: { kind: 'bubblewrap', network: false, writable: [extra, missingWritable], hidden: [hidden, missingHidden] },
+      });
+      const r = await run(`echo state > '${extra}/s' && echo more > '${missingWritable}/m' && ls -A '${hidden}' | wc -l`, p);
       expect(r.exitCode, r.stderr).toBe(0);
       expect(r.stdout.trim()).toBe('0');
       expect(await fs.readFile(path.join(extra, 's'), 'utf8')).toBe('state\n');
+      expect(await fs.readFile(path.join(missingWritable, 'm'), 'utf8')).toBe('more\n');
+      expect(await exists(missingHidden)).toBe(false);
       expect(await fs.readFile(path.join(hidden, 'key'), 'utf8')).toBe('private');
     });
   });
