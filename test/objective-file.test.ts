@@ -106,7 +106,7 @@ describe('loadObjectiveFile: valid files', () => {
     expect(input.objectiveDir).toBe(objectivesDir);
     expect(input.sourceFile).toBe(file);
     expect(input.maxParallelStreams).toBe(3);
-    expect(input.maxFixIterations).toBe(3);
+    expect(input.maxFixIterations).toBeUndefined(); // the blueprints decide unless the file says
     expect(input.gates).toEqual([{ name: 'test', command: 'npm test', timeout_seconds: 600 }]);
     expect(input.postMergeGates).toEqual(input.gates);
     expect(input.agents).toEqual({

@@ -2,7 +2,7 @@
  * Recovery and the human loop on the real Temporal server: exhaustion modes, guidance through
  * the CLI, merge-conflict rebuilds, post-merge gate failures, planner and approval.
  */
-import { readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
@@ -265,5 +265,90 @@ describe('planner and approval', () => {
     await waitFor(async () => (await status(id)).phase === 'awaiting_approval', 'approval phase');
     expect((await slipway(['approve', id], cliEnv)).code).toBe(0);
     expect(((await handle.result()) as ObjectiveResult).outcome).toBe('completed');
+  });
+});
+
+describe('blueprints from the project folder', () => {
+  const writeBlueprint = (repo: string, name: string, yaml: string) => {
+    mkdirSync(path.join(repo, '.slipway', 'blueprints'), { recursive: true });
+    writeFileSync(path.join(repo, '.slipway', 'blueprints', `${name}.yaml`), yaml);
+  };
+  const streamBlueprint = (id: string, retry: string, buildRetry = '') => `
+id: ${id}
+level: stream
+retry: { ${retry}, initial_interval_seconds: 0.05 }
+on_exhausted: fail
+steps:
+  - id: build
+    type: agent
+    role: builder
+    next: ready${buildRetry ? `\n    retry: { ${buildRetry} }` : ''}
+  - id: ready
+    type: deterministic
+    action: signal_merge_ready
+`;
+  const objectiveBlueprint = (id: string, ref: string) => `
+id: ${id}
+level: objective
+steps:
+  - id: execute
+    type: blueprint_ref
+    ref: ${ref}
+    foreach: work_item
+    next: merge
+  - id: merge
+    type: deterministic
+    action: merge_queue
+`;
+
+  it('uses each retry profile\'s attempt count, and a per-step override, for a crashing agent', async () => {
+    const cases = [
+      { name: 'strict', retry: 'profile: strict', expected: 2 },
+      { name: 'balanced', retry: 'profile: balanced', expected: 4 },
+      { name: 'self-healing', retry: 'profile: self_healing', expected: 6 },
+      { name: 'override', retry: 'profile: self_healing', buildRetry: 'max_attempts: 3', expected: 3 },
+    ];
+    const runs = await Promise.all(
+      cases.map(async (c) => {
+        const repo = makeDemoRepo();
+        writeBlueprint(repo, `crash-${c.name}`, streamBlueprint(`crash-${c.name}`, c.retry, c.buildRetry));
+        writeBlueprint(repo, `run-${c.name}`, objectiveBlueprint(`run-${c.name}`, `crash-${c.name}`));
+        const { handle, dir } = await start(
+          { repository: repo, objective: c.name, blueprint: `run-${c.name}`, agents: { builder }, streams: [{ id: 'crash', task: 'exits 1' }] },
+          { crash: [{ exit: 1 }] },
+          `profile-${c.name}`,
+        );
+        return { c, dir, result: (await handle.result()) as ObjectiveResult };
+      }),
+    );
+    for (const { c, dir, result } of runs) {
+      expect(result.outcome, c.name).toBe('failed');
+      expect(readFileSync(path.join(dir, 'calls.log'), 'utf8').trim().split('\n'), c.name).toHaveLength(c.expected);
+      expect(result.ledger.at(-1), c.name).toMatchObject({ kind: 'agent_runtime_transient', result: 'failed', attempt: c.expected });
+    }
+  });
+
+  it('runs a custom project blueprint that overrides build-review, without code changes', async () => {
+    const repo = makeDemoRepo();
+    // No gates and no review: build, then straight to the merge queue.
+    writeBlueprint(repo, 'mine', streamBlueprint('build-review', 'profile: strict'));
+    const { handle, dir } = await start(
+      { repository: repo, objective: 'custom', gates: [{ name: 'never-run', command: 'exit 1' }], post_merge_gates: [], agents: { builder }, streams: [{ id: 'one', task: 'one' }] },
+      { one: [{ files: helperFiles('one') }] },
+      'custom-blueprint',
+    );
+    const result = (await handle.result()) as ObjectiveResult;
+    expect(result.outcome).toBe('completed'); // the failing gate is not part of this blueprint
+    expect(readFileSync(path.join(dir, 'calls.log'), 'utf8').trim().split('\n')).toHaveLength(1);
+  });
+
+  it('rejects an objective whose project blueprint is malformed, naming the file and line, before anything starts', async () => {
+    const repo = makeDemoRepo();
+    writeBlueprint(repo, 'broken', 'id: broken\nlevel: stream\nsteps:\n  - id: build\n    type: agent\n    role: builder\n    next: nowhere\n');
+    const file = writeObjective({ repository: repo, objective: 'x', agents: { builder }, streams: [{ id: 'a', task: 'a' }] });
+    const run = await slipway(['run', file, '--id', 'bad-blueprint'], cliEnv);
+    expect(run.code).toBe(2);
+    expect(run.stderr).toMatch(/broken\.yaml:7:\d+: step build: next: unknown step "nowhere"/);
+    await expect(worker.client.workflow.getHandle('objective:bad-blueprint').describe()).rejects.toThrow(/not found/i);
   });
 });
