@@ -8,7 +8,7 @@ export const PLAN_BUILDER = path.join(PROJECT_ROOT, 'test', 'fixtures', 'agents'
 export const DEMO_BUILDER = path.join(DEMO_DIR, 'agents', 'builder.mjs');
 export const DEMO_REVIEWER = path.join(DEMO_DIR, 'agents', 'reviewer.mjs');
 
-export type PlanStep = { files?: Record<string, string>; exit?: number; commit?: boolean };
+export type PlanStep = { files?: Record<string, string>; exit?: number; commit?: boolean; sleep_ms?: number };
 /** Builder steps per stream (`<stream>:guided` for after guidance), and `_plans` for the planner. */
 export type Plan = Record<string, PlanStep[] | Array<{ streams: Array<{ id: string; task: string; depends_on?: string[] }> }>>;
 

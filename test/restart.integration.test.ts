@@ -1,0 +1,123 @@
+/**
+ * Durability: a worker killed with SIGKILL in the middle of a run (with every process it
+ * started), then a new worker. The objective must end exactly as an undisturbed run does: same
+ * outcome, same integration tree, one merge commit per stream. A blocked stream stays blocked,
+ * with its ledger, across the restart.
+ */
+import { randomUUID } from 'node:crypto';
+import { afterEach, describe, expect, inject, it } from 'vitest';
+import { Client, Connection } from '@temporalio/client';
+import { loadObjectiveFile } from '../config/objective-file';
+import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
+import type { ObjectiveResult } from '../core/types';
+import { objectiveStatusQuery, objectiveWorkflow } from '../workflows/objective';
+import { streamStatusQuery } from '../workflows/stream';
+import { slipway, waitFor } from './helpers/cli';
+import { PLAN_BUILDER, helperFiles, writeObjective, type Plan } from './helpers/objective';
+import { gitIn, makeDemoRepo, pictureCheckout } from './helpers/repo';
+import { startWorkerProcess, type WorkerProcess } from './helpers/worker-process';
+
+const workers: WorkerProcess[] = [];
+afterEach(async () => {
+  for (const w of workers.splice(0)) {
+    w.crash();
+  }
+});
+
+async function client(): Promise<Client> {
+  return new Client({ connection: await Connection.connect({ address: inject('temporalAddress') }) });
+}
+
+function objectiveSpec(repo: string) {
+  return {
+    objective: 'three slow helpers',
+    repository: repo,
+    gates: [{ name: 'test', command: 'node --test' }],
+    agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+    streams: ['alpha', 'beta', 'gamma'].map((id) => ({ id, task: `helper ${id}` })),
+  };
+}
+const plan: Plan = Object.fromEntries(['alpha', 'beta', 'gamma'].map((id) => [id, [{ files: helperFiles(id), sleep_ms: 1500 }]]));
+
+async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, disturb?: (c: Client) => Promise<void>) {
+  const repo = makeDemoRepo();
+  const before = pictureCheckout(repo);
+  const file = writeObjective(objectiveSpec(repo), plan);
+  const c = await client();
+  workers.push(await startWorkerProcess(workerEnv));
+  const handle = await c.workflow.start(objectiveWorkflow, {
+    taskQueue: workerEnv.SLIPWAY_TASK_QUEUE!,
+    workflowId: objectiveWorkflowId(id),
+    args: [await loadObjectiveFile(file, { id })],
+  });
+  if (disturb) await disturb(c);
+  const result = (await handle.result()) as ObjectiveResult;
+  expect(pictureCheckout(repo)).toEqual(before);
+  return { repo, result };
+}
+
+describe('restarts', () => {
+  it('a worker killed mid-run: the objective ends as an undisturbed run does, without duplicate merges', async () => {
+    const env = () => ({ TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `restart-${randomUUID().slice(0, 8)}` });
+    const calm = await runWith(env(), 'restart-calm');
+
+    const crashEnv = env();
+    const crashed = await runWith(crashEnv, 'restart-crash', async (c) => {
+      // Kill while builders are running and at least one stream is past its first merge.
+      await waitFor(async () => {
+        const s = await c.workflow.getHandle(objectiveWorkflowId('restart-crash')).query(objectiveStatusQuery);
+        return s.streams.some((x) => x.phase === 'building') ? s : undefined;
+      }, 'a builder to be running');
+      workers.at(-1)!.crash();
+      await new Promise((r) => setTimeout(r, 500));
+      workers.push(await startWorkerProcess(crashEnv));
+    });
+
+    expect(crashed.result.outcome).toBe('completed');
+    expect(crashed.result.outcome).toBe(calm.result.outcome);
+    const tree = (repo: string, id: string) => gitIn(repo, 'rev-parse', `${integrationBranch(id)}^{tree}`);
+    expect(tree(crashed.repo, 'restart-crash')).toBe(tree(calm.repo, 'restart-calm'));
+    const merges = gitIn(crashed.repo, 'log', '--first-parent', '--merges', '--format=%s', integrationBranch('restart-crash')).split('\n');
+    expect(merges).toHaveLength(3);
+    expect(new Set(merges.map((m) => m.match(/merge stream (\S+)/)![1]))).toEqual(new Set(['alpha', 'beta', 'gamma']));
+    // No worktree or branch was created twice, and nothing is left behind.
+    expect(gitIn(crashed.repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
+    expect(gitIn(crashed.repo, 'branch', '--list', 'slipway/restart-crash/*').split('\n')).toHaveLength(4);
+  }, 240_000);
+
+  it('a blocked stream stays blocked with its ledger across a worker restart, then takes guidance', async () => {
+    const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `blocked-${randomUUID().slice(0, 8)}` };
+    const repo = makeDemoRepo();
+    const file = writeObjective(
+      {
+        objective: 'blocked across restart',
+        repository: repo,
+        max_fix_iterations: 0,
+        gates: [{ name: 'test', command: 'node --test' }],
+        agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+        streams: [{ id: 'stuck', task: 'needs help' }],
+      },
+      { stuck: [{ files: helperFiles('stuck', '(x) => x', 'assert.strictEqual(1, 2)') }], 'stuck:guided': [{ files: helperFiles('stuck') }] },
+    );
+    const c = await client();
+    workers.push(await startWorkerProcess(env));
+    const id = 'blocked-restart';
+    const handle = await c.workflow.start(objectiveWorkflow, { taskQueue: env.SLIPWAY_TASK_QUEUE, workflowId: objectiveWorkflowId(id), args: [await loadObjectiveFile(file, { id })] });
+    const stream = c.workflow.getHandle(streamWorkflowId(id, 'stuck'));
+    const before = await waitFor(async () => {
+      const s = await stream.query(streamStatusQuery);
+      return s.phase === 'blocked' ? s : undefined;
+    }, 'the stream to block');
+
+    workers.at(-1)!.crash();
+    workers.push(await startWorkerProcess(env));
+    const after = await stream.query(streamStatusQuery);
+    expect(after.phase).toBe('blocked');
+    expect(after.blocked).toEqual(before.blocked);
+    expect(after.ledger).toEqual(before.ledger);
+
+    const send = await slipway(['mail', 'send', 'builder-stuck', 'Hint', 'Return x.', '--objective', id], env);
+    expect(send.code).toBe(0);
+    expect(((await handle.result()) as ObjectiveResult).outcome).toBe('completed');
+  }, 240_000);
+});
