@@ -65,6 +65,22 @@ describe('slipway against a running server', () => {
     expect(rows.find((r) => r.objectiveId === 'cli-status')).toMatchObject({ outcome: 'completed' });
   });
 
+  it('watch follows a run to its end, with recovery lines, filtered by stream', async () => {
+    const repo = makeDemoRepo();
+    const run = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-watch'], serverEnv);
+    expect(run.code).toBe(0);
+    const [all, clampOnly] = await Promise.all([
+      slipway(['watch', '--objective', 'cli-watch'], serverEnv),
+      slipway(['watch', '--objective', 'cli-watch', '--agent', 'builder-clamp'], serverEnv),
+    ]);
+    expect(all.code).toBe(0);
+    expect(all.stdout).toMatch(/^\d\d:\d\d:\d\d \[clamp\] quality_gate_failure -> rerun builder \(1\/2\)$/m);
+    expect(all.stdout).toMatch(/\[merge-queue\] merged greet/);
+    expect(all.stdout.trim().split('\n').at(-1)).toBe('objective cli-watch: completed');
+    expect(clampOnly.stdout).toContain('[clamp]');
+    expect(clampOnly.stdout).not.toMatch(/\[(greet|sum|objective)\]/);
+  });
+
   it('refuses a second objective with the same id (exit 2)', async () => {
     const repo = makeDemoRepo();
     const first = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-dup', '--follow', '--json'], serverEnv);
