@@ -2,3 +2,4 @@
 export { objectiveWorkflow } from './objective';
 export { streamWorkflow } from './stream';
 export { sandboxWorkflow } from './sandbox';
+export { serviceSandboxWorkflow, sandboxReaperWorkflow } from './service-sandbox';

@@ -1,0 +1,266 @@
+/**
+ * Activities of the sandbox service: ledger writes (run as local activities: fast, idempotent),
+ * provisioning with warm-pool claims and grant tokens, suspend/restore, destroy, and the
+ * reaper's tick. Secrets (grant tokens) are minted and written here, inside the activity, and
+ * never returned to the workflow.
+ */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import { Context } from '@temporalio/activity';
+import { WorkflowNotFoundError, type Client } from '@temporalio/client';
+import {
+  GRANTS_FILE,
+  serviceSandboxBranch,
+  serviceSandboxGroup,
+  serviceSandboxWorkflowId,
+  WARM_GROUP,
+  type EndReason,
+  type GrantRequest,
+  type ProvisioningKind,
+  type SandboxHandleRef,
+  type SandboxPolicy,
+  type TerminateReason,
+} from '../../core/sandbox-service';
+import { failure } from '../failures';
+import { withHeartbeat } from '../heartbeat';
+import { git } from '../git';
+import { localSandboxRoot } from '../sandbox/local';
+import type { SandboxHandle } from '../sandbox/provider';
+import type { Db } from '../ledger/db';
+import * as ledger from '../ledger/ledger';
+import type { ProviderFor } from './providers';
+import type { ServiceMetrics } from './metrics';
+
+export interface SandboxServiceActivityDeps {
+  db: Db;
+  providerFor: ProviderFor;
+  /** For the reaper: signals sandbox workflows. */
+  client?: Client;
+  metrics?: ServiceMetrics;
+}
+
+export interface ProvisionInput {
+  sandboxId: string;
+  accountId: string;
+  policy: SandboxPolicy;
+  grants: GrantRequest[];
+  /** Grant tokens expire no later than this (the sandbox's deadline). */
+  grantsNotAfterMs: number;
+  grantTtlMs: number;
+}
+
+export interface ProvisionResult {
+  handle: SandboxHandleRef;
+  provisioningKind: ProvisioningKind;
+  durationMs: number;
+}
+
+export interface ReapResult {
+  signalled: Array<{ sandboxId: string; reason: TerminateReason }>;
+  closedOrphans: string[];
+  warmed: number;
+}
+
+/** Where a service sandbox lives when the warm pool did not supply it. */
+export const coldRoot = (policy: SandboxPolicy, accountId: string, sandboxId: string) =>
+  localSandboxRoot(policy.repository, serviceSandboxGroup(accountId), sandboxId);
+
+export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps) {
+  const { db, providerFor } = deps;
+
+  const writeGrants = async (handle: SandboxHandleRef, input: ProvisionInput) => {
+    if (input.grants.length === 0) return;
+    const notAfter = Math.min(input.grantsNotAfterMs, Date.now() + input.grantTtlMs);
+    const minted = await ledger.mintGrants(db, input.sandboxId, input.accountId, input.grants, notAfter);
+    const file = path.join(handle.root, GRANTS_FILE);
+    await fs.mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
+    const body = {
+      sandbox_id: input.sandboxId,
+      grants: minted.map((g) => ({ id: g.id, project_id: g.projectId, scopes: g.scopes, token: g.token, expires_at: g.expiresAt.toISOString() })),
+    };
+    const tmp = `${file}.tmp`;
+    await fs.writeFile(tmp, JSON.stringify(body, null, 2) + '\n', { mode: 0o600 });
+    await fs.rename(tmp, file);
+  };
+
+  const claimWarm = async (input: ProvisionInput): Promise<SandboxHandleRef | undefined> => {
+    if (input.policy.warmReplicas <= 0) return undefined;
+    const warm = await ledger.claimWarm(db, input.policy.profileId, input.sandboxId);
+    if (!warm) return undefined;
+    // Name the branch after the sandbox (cheap: a ref rename) so `git branch` tells the story.
+    const branch = serviceSandboxBranch(input.sandboxId);
+    const current = await git(warm.root, ['symbolic-ref', '--short', 'HEAD']).catch(() => undefined);
+    if (current && current !== branch) await git(warm.root, ['branch', '-m', current, branch]);
+    return { provider: input.policy.provider, repository: warm.repository, root: warm.root, branch };
+  };
+
+  const replenish = async (policy: SandboxPolicy, accountId: string): Promise<number> => {
+    const free = await ledger.countFreeWarm(db, policy.profileId);
+    let made = 0;
+    for (let i = free; i < policy.warmReplicas; i++) {
+      const id = ledger.newId('warm');
+      const provider = providerFor(policy);
+      const handle = await provider.create({
+        sandboxId: id,
+        repository: policy.repository,
+        group: WARM_GROUP,
+        name: id,
+        branch: `slipway/warm/${id}`,
+        base: policy.baseRef,
+      });
+      await ledger.addWarm(db, { id, profile_id: policy.profileId, repository: policy.repository, root: handle.root, branch: handle.branch });
+      made++;
+    }
+    void accountId;
+    return made;
+  };
+
+  return {
+    // --- ledger (local activities) ---------------------------------------------------------
+
+    async recordSandboxTransition(t: ledger.LedgerTransition): Promise<void> {
+      await ledger.recordTransition(db, t);
+      deps.metrics?.transition(t.status);
+    },
+
+    async claimIdleSandbox(input: { sandboxId: string; idleMs: number }) {
+      return ledger.claimIdle(db, input.sandboxId, input.idleMs);
+    },
+
+    /** Moves grant expiry to the sandbox's current deadline (it moved after a suspension). */
+    async capSandboxGrants(input: { sandboxId: string; notAfterMs: number }): Promise<void> {
+      await ledger.capGrants(db, input.sandboxId, input.notAfterMs);
+    },
+
+    // --- provider work ----------------------------------------------------------------------
+
+    /** Warm-pool claim or cold create, then grants. Idempotent: a retry reuses what exists. */
+    async provisionSandbox(input: ProvisionInput): Promise<ProvisionResult> {
+      const started = Date.now();
+      return withHeartbeat(async () => {
+        let handle = await claimWarm(input);
+        let provisioningKind: ProvisioningKind = 'warm_hit';
+        if (!handle) {
+          provisioningKind = 'cold_boot';
+          let created: SandboxHandle;
+          try {
+            created = await providerFor(input.policy).create({
+              sandboxId: input.sandboxId,
+              repository: input.policy.repository,
+              group: serviceSandboxGroup(input.accountId),
+              name: input.sandboxId,
+              branch: serviceSandboxBranch(input.sandboxId),
+              base: input.policy.baseRef,
+              copyIgnored: input.policy.copyIgnored,
+            });
+          } catch (e) {
+            throw failure('sandbox_failure', `could not create sandbox ${input.sandboxId}: ${(e as Error).message}`);
+          }
+          handle = { provider: input.policy.provider, repository: input.policy.repository, root: created.root, branch: created.branch };
+        } else if (input.policy.warmReplicas > 0) {
+          // Refill in the background; the reaper's tick catches up if this process dies.
+          void replenish(input.policy, input.accountId).catch((e) => Context.current().log.warn('warm pool refill failed', { error: String(e) }));
+        }
+        await writeGrants(handle, input);
+        const durationMs = Date.now() - started;
+        deps.metrics?.provisioned(input.policy.platform, provisioningKind, durationMs);
+        return { handle, provisioningKind, durationMs };
+      });
+    },
+
+    async suspendSandbox(input: { sandboxId: string; handle: SandboxHandleRef; policy: SandboxPolicy }) {
+      const provider = providerFor(input.policy);
+      if (!provider.suspend) throw failure('configuration_error', `the ${provider.kind} provider cannot suspend sandboxes`);
+      const started = Date.now();
+      const result = await withHeartbeat(() => provider.suspend!({ root: input.handle.root }, { templateIgnored: input.policy.copyIgnored }));
+      deps.metrics?.suspended(Date.now() - started);
+      return { snapshotRef: result.snapshotRef, bytes: result.bytes, durationMs: Date.now() - started };
+    },
+
+    async restoreSandbox(input: { sandboxId: string; handle: SandboxHandleRef; policy: SandboxPolicy }) {
+      const provider = providerFor(input.policy);
+      if (!provider.restore) throw failure('configuration_error', `the ${provider.kind} provider cannot restore sandboxes`);
+      const started = Date.now();
+      try {
+        await withHeartbeat(() => provider.restore!({ root: input.handle.root }, { templateIgnored: input.policy.copyIgnored }));
+      } catch (e) {
+        if ((e as Error).name === 'SnapshotError') throw failure('configuration_error', (e as Error).message);
+        throw e;
+      }
+      deps.metrics?.restored(Date.now() - started);
+      return { durationMs: Date.now() - started };
+    },
+
+    /** Frees everything the sandbox holds: its directory, its snapshot, its grant tokens. */
+    async destroyServiceSandbox(input: { sandboxId: string; accountId: string; policy: SandboxPolicy; handle?: SandboxHandleRef }) {
+      const provider = providerFor(input.policy);
+      const root = input.handle?.root ?? coldRoot(input.policy, input.accountId, input.sandboxId);
+      const repository = input.handle?.repository ?? input.policy.repository;
+      await provider.destroy({ repository, root });
+      await provider.deleteSnapshot?.({ root });
+      await ledger.revokeGrants(db, input.sandboxId);
+    },
+
+    // --- reaper ------------------------------------------------------------------------------
+
+    /**
+     * One tick of the safety net: terminate sandboxes past their deadline or cap (the
+     * workflow's timers should have done it already), close the books of sandboxes whose
+     * workflow is gone, and refill warm pools.
+     */
+    async reapSandboxes(input: { orphanGraceMs?: number } = {}): Promise<ReapResult> {
+      const client = deps.client;
+      if (!client) throw failure('configuration_error', 'the reaper needs a Temporal client');
+      const result: ReapResult = { signalled: [], closedOrphans: [], warmed: 0 };
+      const { rows } = await db.query<{ id: string; account_id: string; status: string; reason: TerminateReason | null; age_ms: number }>(
+        `SELECT id, account_id, status,
+                CASE WHEN cap_at < now() THEN 'absolute_cap'
+                     WHEN status = 'ready' AND deadline_at < now() THEN 'deadline' END AS reason,
+                extract(epoch FROM now() - created_at) * 1000 AS age_ms
+         FROM sandboxes WHERE status NOT IN ('terminated', 'failed')`,
+      );
+      const grace = input.orphanGraceMs ?? 60_000;
+      for (const row of rows) {
+        const handle = client.workflow.getHandle(serviceSandboxWorkflowId(row.id));
+        let running = true;
+        try {
+          running = (await handle.describe()).status.name === 'RUNNING';
+        } catch (e) {
+          if (!(e instanceof WorkflowNotFoundError)) throw e;
+          running = false;
+        }
+        if (!running) {
+          if (row.age_ms < grace) continue; // the API may be between its insert and the workflow start
+          const at = Date.now();
+          const reason: EndReason = 'orphaned';
+          await ledger.closeOrphanSessions(db, row.id, at, reason);
+          await ledger.recordTransition(db, {
+            sandboxId: row.id,
+            status: row.status === 'pending' ? 'failed' : 'terminated',
+            fields: { terminatedAtMs: at, endReason: reason, error: 'the sandbox workflow is not running' },
+            audit: { event: 'reaper_closed_orphan' },
+          });
+          await ledger.revokeGrants(db, row.id);
+          result.closedOrphans.push(row.id);
+          continue;
+        }
+        if (row.reason) {
+          await handle.signal('terminateSandbox', { reason: row.reason });
+          result.signalled.push({ sandboxId: row.id, reason: row.reason });
+        }
+      }
+      for (const profile of await ledger.listProfiles(db)) {
+        if (profile.warm_replicas > 0) result.warmed += await replenish(ledger.policyFromProfile(profile), profile.account_id);
+      }
+      return result;
+    },
+
+    async replenishWarmPool(input: { profileId: string }): Promise<number> {
+      const profile = await ledger.getProfile(db, input.profileId);
+      if (!profile) return 0;
+      return replenish(ledger.policyFromProfile(profile), profile.account_id);
+    },
+  };
+}
+
+export type SandboxServiceActivities = ReturnType<typeof createSandboxServiceActivities>;

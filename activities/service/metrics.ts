@@ -1,0 +1,61 @@
+/**
+ * Prometheus metrics of the sandbox service: provisioning time, exec duration, suspend and
+ * restore times, and active sandboxes per account and state (read from the ledger at scrape
+ * time, so every API replica reports the same truth).
+ */
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { Queryable } from '../ledger/db';
+
+const SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
+
+export interface ServiceMetrics {
+  registry: Registry;
+  provisioned(platform: string, kind: string, ms: number): void;
+  exec(accountId: string, platform: string, ms: number): void;
+  suspended(ms: number): void;
+  restored(ms: number): void;
+  transition(state: string): void;
+}
+
+export function createServiceMetrics(db: Queryable, opts: { defaultMetrics?: boolean } = {}): ServiceMetrics {
+  const registry = new Registry();
+  if (opts.defaultMetrics) collectDefaultMetrics({ register: registry });
+  const provisioning = new Histogram({
+    name: 'slipway_sandbox_provisioning_seconds',
+    help: 'Time from the start of provisioning to ready, by platform and provisioning kind (warm_hit, cold_boot).',
+    labelNames: ['platform', 'kind'],
+    buckets: SECONDS,
+    registers: [registry],
+  });
+  const exec = new Histogram({
+    name: 'slipway_sandbox_exec_duration_seconds',
+    help: 'Duration of POST /exec calls inside sandboxes, by account and platform.',
+    labelNames: ['account', 'platform'],
+    buckets: SECONDS,
+    registers: [registry],
+  });
+  const suspend = new Histogram({ name: 'slipway_sandbox_suspend_seconds', help: 'Idle offload: time to snapshot and free a sandbox.', buckets: SECONDS, registers: [registry] });
+  const restore = new Histogram({ name: 'slipway_sandbox_restore_seconds', help: 'Wake: time to restore a suspended sandbox.', buckets: SECONDS, registers: [registry] });
+  const transitions = new Counter({ name: 'slipway_sandbox_transitions_total', help: 'Lifecycle transitions recorded, by the state entered.', labelNames: ['state'], registers: [registry] });
+  new Gauge({
+    name: 'slipway_sandboxes',
+    help: 'Sandboxes not yet terminated, by account, platform and state.',
+    labelNames: ['account', 'platform', 'state'],
+    registers: [registry],
+    async collect() {
+      this.reset();
+      const { rows } = await db.query<{ account_id: string; platform: string; status: string; n: number }>(
+        `SELECT account_id, platform, status, count(*)::int AS n FROM sandboxes WHERE status NOT IN ('terminated', 'failed') GROUP BY 1, 2, 3`,
+      );
+      for (const r of rows) this.set({ account: r.account_id, platform: r.platform, state: r.status }, r.n);
+    },
+  });
+  return {
+    registry,
+    provisioned: (platform, kind, ms) => provisioning.observe({ platform, kind }, ms / 1000),
+    exec: (account, platform, ms) => exec.observe({ account, platform }, ms / 1000),
+    suspended: (ms) => suspend.observe(ms / 1000),
+    restored: (ms) => restore.observe(ms / 1000),
+    transition: (state) => transitions.inc({ state }),
+  };
+}

@@ -1,0 +1,47 @@
+/**
+ * Provider instances for service sandboxes, one per distinct confinement setting, shared by
+ * the API (exec and files run straight against the provider) and the worker (lifecycle).
+ */
+import { LocalSandboxProvider } from '../sandbox/local';
+import type { SandboxProvider } from '../sandbox/provider';
+import type { SandboxPolicy } from '../../core/sandbox-service';
+
+export type ProviderPolicy = Pick<SandboxPolicy, 'provider' | 'confinement' | 'network' | 'copyIgnored'>;
+export type ProviderFor = (policy: ProviderPolicy) => SandboxProvider;
+
+export function defaultProviderFor(): ProviderFor {
+  const cache = new Map<string, SandboxProvider>();
+  return (policy) => {
+    const key = `${policy.provider}:${policy.confinement}:${policy.network}:${policy.copyIgnored}`;
+    let provider = cache.get(key);
+    if (!provider) {
+      provider = new LocalSandboxProvider({
+        copyIgnored: policy.copyIgnored,
+        confinement: policy.confinement === 'bubblewrap' ? { kind: 'bubblewrap', network: policy.network } : undefined,
+      });
+      cache.set(key, provider);
+    }
+    return provider;
+  };
+}
+
+/**
+ * The environment a service sandbox's commands see: a minimal base plus what the caller
+ * passed. Never the server's own environment (DATABASE_URL, tokens): commands are wrapped in
+ * `env -i`, because the provider merges the host environment into every command.
+ */
+export const SANDBOX_BASE_ENV: Record<string, string> = {
+  PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+  LANG: 'C.UTF-8',
+};
+
+export function cleanEnvCommand(
+  command: string,
+  args: string[],
+  env: Record<string, string>,
+): { command: string; args: string[] } {
+  const pairs = Object.entries(env).map(([k, v]) => `${k}=${v}`);
+  // `--` ends env's options, so a command starting with "-" is still a command. (A command
+  // containing "=" would read as an assignment; the API refuses those.)
+  return { command: '/usr/bin/env', args: ['-i', '--', ...pairs, command, ...args] };
+}

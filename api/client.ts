@@ -1,0 +1,102 @@
+/**
+ * A small HTTP client of the sandbox API (fetch, keep-alive): what the CLI's sandbox verbs and
+ * the stdio MCP server use. The token comes from the caller (SLIPWAY_API_TOKEN), never argv.
+ */
+import type { z } from 'zod';
+import type { CreateSandboxBody, ExecBody, ExecResult, SandboxView } from './schemas';
+
+export type CreateSandboxInput = z.input<typeof CreateSandboxBody>;
+export type ExecInput = z.input<typeof ExecBody>;
+export type ExecOutput = z.infer<typeof ExecResult>;
+
+/** What both the in-process service and this HTTP client offer (the MCP tools sit on it). */
+export interface SandboxOps {
+  create(body: CreateSandboxInput): Promise<SandboxView>;
+  get(id: string, waitReadySeconds?: number): Promise<SandboxView>;
+  list(opts?: { status?: string; limit?: number }): Promise<SandboxView[]>;
+  destroy(id: string): Promise<SandboxView>;
+  exec(id: string, body: ExecInput): Promise<ExecOutput>;
+  readFile(id: string, path: string): Promise<Buffer>;
+  writeFile(id: string, path: string, content: Buffer): Promise<void>;
+  deleteFile(id: string, path: string): Promise<void>;
+}
+
+export class ApiClientError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ApiClientError';
+  }
+}
+
+export const DEFAULT_API_URL = 'http://127.0.0.1:8787';
+
+/** Encodes a sandbox-relative path for /files/*, keeping its slashes. */
+const filePath = (p: string) => p.split('/').map(encodeURIComponent).join('/');
+
+export class SandboxApiClient implements SandboxOps {
+  constructor(
+    private readonly baseUrl: string,
+    private readonly token: string,
+  ) {}
+
+  private async request(method: string, path: string, body?: unknown, raw?: Buffer): Promise<Response> {
+    const headers: Record<string, string> = { authorization: `Bearer ${this.token}` };
+    let payload: Uint8Array | string | undefined;
+    if (raw) {
+      headers['content-type'] = 'application/octet-stream';
+      payload = new Uint8Array(raw);
+    } else if (body !== undefined) {
+      headers['content-type'] = 'application/json';
+      payload = JSON.stringify(body);
+    }
+    const res = await fetch(new URL(path, this.baseUrl), { method, headers, body: payload });
+    if (!res.ok) {
+      let code = 'http_error';
+      let message = `${method} ${path}: HTTP ${res.status}`;
+      try {
+        const err = (await res.json()) as { error?: { code: string; message: string } };
+        if (err.error) ({ code, message } = err.error);
+      } catch {
+        /* not JSON */
+      }
+      throw new ApiClientError(res.status, code, message);
+    }
+    return res;
+  }
+
+  private async json<T>(method: string, path: string, body?: unknown): Promise<T> {
+    return (await (await this.request(method, path, body)).json()) as T;
+  }
+
+  create(body: CreateSandboxInput) {
+    return this.json<SandboxView>('POST', '/api/v1/sandboxes', body);
+  }
+  get(id: string, waitReadySeconds?: number) {
+    return this.json<SandboxView>('GET', `/api/v1/sandboxes/${encodeURIComponent(id)}${waitReadySeconds ? `?wait_ready_seconds=${waitReadySeconds}` : ''}`);
+  }
+  async list(opts: { status?: string; limit?: number } = {}) {
+    const q = new URLSearchParams();
+    if (opts.status) q.set('status', opts.status);
+    if (opts.limit) q.set('limit', String(opts.limit));
+    return (await this.json<{ sandboxes: SandboxView[] }>('GET', `/api/v1/sandboxes${q.size ? `?${q}` : ''}`)).sandboxes;
+  }
+  destroy(id: string) {
+    return this.json<SandboxView>('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}`);
+  }
+  exec(id: string, body: ExecInput) {
+    return this.json<ExecOutput>('POST', `/api/v1/sandboxes/${encodeURIComponent(id)}/exec`, body);
+  }
+  async readFile(id: string, path: string) {
+    return Buffer.from(await (await this.request('GET', `/api/v1/sandboxes/${encodeURIComponent(id)}/files/${filePath(path)}`)).arrayBuffer());
+  }
+  async writeFile(id: string, path: string, content: Buffer) {
+    await this.request('PUT', `/api/v1/sandboxes/${encodeURIComponent(id)}/files/${filePath(path)}`, undefined, content);
+  }
+  async deleteFile(id: string, path: string) {
+    await this.request('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}/files/${filePath(path)}`);
+  }
+}

@@ -1,0 +1,116 @@
+/**
+ * MCP tools mirroring the REST surface: create_sandbox, exec_in_sandbox, read_sandbox_file,
+ * write_sandbox_file, destroy_sandbox, and wait_sandbox_ready (polling sugar over GET). The
+ * same tools run over HTTP inside the API (`POST /mcp`, bearer token, stateless) and over
+ * stdio (`slipway mcp`, a thin client of the REST API), so auth and quotas are the REST ones.
+ */
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import { z } from 'zod';
+import { ApiClientError, type SandboxOps } from './client';
+import { CreateSandboxBody, ExecBody } from './schemas';
+import { ApiError, type Principal, type SandboxService } from './service';
+
+export const MCP_TOOLS = ['create_sandbox', 'exec_in_sandbox', 'read_sandbox_file', 'write_sandbox_file', 'destroy_sandbox', 'wait_sandbox_ready'] as const;
+
+const text = (value: unknown): CallToolResult => ({ content: [{ type: 'text', text: typeof value === 'string' ? value : JSON.stringify(value, null, 2) }] });
+
+async function guard(fn: () => Promise<CallToolResult>): Promise<CallToolResult> {
+  try {
+    return await fn();
+  } catch (e) {
+    if (e instanceof ApiError || e instanceof ApiClientError) {
+      return { isError: true, content: [{ type: 'text', text: `${e.code}: ${e.message}` }] };
+    }
+    throw e;
+  }
+}
+
+const sandboxId = z.string().describe('the sandbox id (sbx_...)');
+const encoding = z.enum(['utf8', 'base64']).default('utf8');
+
+export function buildMcpServer(ops: SandboxOps): McpServer {
+  const server = new McpServer({ name: 'slipway-sandboxes', version: '1.0.0' });
+
+  server.registerTool(
+    'create_sandbox',
+    { description: 'Create a sandbox from a profile. Returns it in status "pending"; call wait_sandbox_ready next.', inputSchema: CreateSandboxBody.shape },
+    async (args) => guard(async () => text(await ops.create(args))),
+  );
+  server.registerTool(
+    'wait_sandbox_ready',
+    {
+      description: 'Wait until a sandbox leaves "pending" (polls GET /api/v1/sandboxes/:id). Returns the sandbox.',
+      inputSchema: { sandbox_id: sandboxId, timeout_seconds: z.number().positive().max(300).default(60) },
+    },
+    async ({ sandbox_id, timeout_seconds }) =>
+      guard(async () => {
+        const until = Date.now() + timeout_seconds * 1000;
+        let sandbox = await ops.get(sandbox_id);
+        while (sandbox.status === 'pending' && Date.now() < until) {
+          sandbox = await ops.get(sandbox_id, Math.min(10, Math.max(0.1, (until - Date.now()) / 1000)));
+        }
+        return text(sandbox);
+      }),
+  );
+  server.registerTool(
+    'exec_in_sandbox',
+    { description: 'Run a command in the sandbox (no shell; use command "sh" with args ["-c", "..."]). Wakes a suspended sandbox first.', inputSchema: { sandbox_id: sandboxId, ...ExecBody.shape } },
+    async ({ sandbox_id, ...body }) => guard(async () => text(await ops.exec(sandbox_id, body))),
+  );
+  server.registerTool(
+    'read_sandbox_file',
+    { description: 'Read a file of the sandbox (path relative to its root).', inputSchema: { sandbox_id: sandboxId, path: z.string().min(1), encoding } },
+    async ({ sandbox_id, path, encoding: enc }) => guard(async () => text((await ops.readFile(sandbox_id, path)).toString(enc))),
+  );
+  server.registerTool(
+    'write_sandbox_file',
+    { description: 'Write a file in the sandbox (parent folders are created).', inputSchema: { sandbox_id: sandboxId, path: z.string().min(1), content: z.string(), encoding } },
+    async ({ sandbox_id, path, content, encoding: enc }) =>
+      guard(async () => {
+        const bytes = Buffer.from(content, enc);
+        await ops.writeFile(sandbox_id, path, bytes);
+        return text(`wrote ${bytes.length} bytes to ${path}`);
+      }),
+  );
+  server.registerTool(
+    'destroy_sandbox',
+    { description: 'Destroy the sandbox (it moves to terminating, then terminated).', inputSchema: { sandbox_id: sandboxId } },
+    async ({ sandbox_id }) => guard(async () => text(await ops.destroy(sandbox_id))),
+  );
+  return server;
+}
+
+/** The service bound to one principal, as SandboxOps (the HTTP MCP endpoint's view). */
+export function inProcessOps(service: SandboxService, principal: Principal): SandboxOps {
+  const parse = <T extends z.ZodType>(schema: T, value: unknown): z.infer<T> => {
+    const r = schema.safeParse(value);
+    if (!r.success) throw new ApiError(400, 'invalid_body', r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
+    return r.data;
+  };
+  return {
+    create: (body) => service.create(principal, parse(CreateSandboxBody, body)),
+    get: (id, wait) => service.get(principal, id, (wait ?? 0) * 1000),
+    list: (opts) => service.list(principal, { status: opts?.status as never, limit: opts?.limit ?? 100 }),
+    destroy: (id) => service.destroy(principal, id),
+    exec: (id, body) => service.exec(principal, id, parse(ExecBody, body)),
+    readFile: (id, path) => service.readFile(principal, id, path),
+    writeFile: (id, path, content) => service.writeFile(principal, id, path, content),
+    deleteFile: (id, path) => service.deleteFile(principal, id, path),
+  };
+}
+
+/** One stateless MCP exchange over HTTP (JSON responses, no session). */
+export async function handleMcpHttp(service: SandboxService, principal: Principal, req: FastifyRequest, reply: FastifyReply): Promise<void> {
+  const server = buildMcpServer(inProcessOps(service, principal));
+  const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+  reply.hijack();
+  reply.raw.on('close', () => {
+    void transport.close();
+    void server.close();
+  });
+  await server.connect(transport);
+  await transport.handleRequest(req.raw, reply.raw, req.body);
+}

@@ -1,0 +1,130 @@
+/**
+ * The OpenAPI 3.1 document of the sandbox API, generated from the zod schemas the server
+ * validates with. `api/openapi.json` is the committed copy (regenerate: `npm run openapi`);
+ * a test fails when the two drift apart.
+ */
+import { z } from 'zod';
+import { CreateSandboxBody, ErrorBody, ExecBody, ExecResult, GrantIntrospection, SandboxList, SandboxView } from './schemas';
+
+const schema = (s: z.ZodType, io: 'input' | 'output') => {
+  const json = z.toJSONSchema(s, { io, target: 'draft-2020-12', unrepresentable: 'any' }) as Record<string, unknown>;
+  delete json.$schema;
+  return json;
+};
+
+const ref = (name: string) => ({ $ref: `#/components/schemas/${name}` });
+const json = (name: string) => ({ content: { 'application/json': { schema: ref(name) } } });
+const error = (description: string) => ({ description, ...json('Error') });
+const ID = { name: 'id', in: 'path', required: true, schema: { type: 'string', pattern: '^sbx_[a-z2-7]{20}$' } };
+const PATH = { name: 'path', in: 'path', required: true, description: 'file path relative to the sandbox root; links and ".." may not leave it', schema: { type: 'string' } };
+const AUTH_ERRORS = { '401': error('missing or invalid token'), '403': error('sandboxes are not enabled for the account') };
+const SANDBOX_ERRORS = { ...AUTH_ERRORS, '404': error("no such sandbox in this account (another account's is a 404 too)") };
+const CALL_ERRORS = { ...SANDBOX_ERRORS, '409': error('the sandbox is pending (not_ready) or ended (sandbox_ended)') };
+
+export function buildOpenApiDocument() {
+  return {
+    openapi: '3.1.0',
+    info: {
+      title: 'Slipway sandbox API',
+      version: '1.0.0',
+      description:
+        'Account-scoped sandboxes: create with a profile, exec and edit files in a tight loop, destroy. ' +
+        'Idle sandboxes suspend themselves (snapshot stored, compute released) and wake on the next exec or file call. ' +
+        'Every billable interval is recorded in the sandbox_sessions ledger.',
+    },
+    servers: [{ url: '/' }],
+    security: [{ bearer: [] }],
+    components: {
+      securitySchemes: { bearer: { type: 'http', scheme: 'bearer', description: 'an account API token (`slipway token create`)' } },
+      schemas: {
+        CreateSandbox: schema(CreateSandboxBody, 'input'),
+        Exec: schema(ExecBody, 'input'),
+        ExecResult: schema(ExecResult, 'output'),
+        Sandbox: schema(SandboxView, 'output'),
+        SandboxList: schema(SandboxList, 'output'),
+        GrantIntrospection: schema(GrantIntrospection, 'output'),
+        Error: schema(ErrorBody, 'output'),
+      },
+    },
+    paths: {
+      '/api/v1/sandboxes': {
+        post: {
+          operationId: 'createSandbox',
+          summary: 'Create a sandbox (status pending; poll GET until ready)',
+          requestBody: { required: true, ...json('CreateSandbox') },
+          responses: {
+            '201': { description: 'created, pending', ...json('Sandbox') },
+            '400': error('malformed body'),
+            ...AUTH_ERRORS,
+            '422': error('unknown profile, deadline over the profile maximum, or a grant on a project of another account'),
+            '429': error("the account's concurrency limit is reached"),
+          },
+        },
+        get: {
+          operationId: 'listSandboxes',
+          summary: "List the account's sandboxes, newest first",
+          parameters: [
+            { name: 'status', in: 'query', schema: { type: 'string' } },
+            { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: 500, default: 100 } },
+          ],
+          responses: { '200': { description: 'sandboxes', ...json('SandboxList') }, ...AUTH_ERRORS },
+        },
+      },
+      '/api/v1/sandboxes/{id}': {
+        get: {
+          operationId: 'getSandbox',
+          summary: 'Get one sandbox',
+          parameters: [ID, { name: 'wait_ready_seconds', in: 'query', description: 'long-poll while pending', schema: { type: 'number', minimum: 0, maximum: 300 } }],
+          responses: { '200': { description: 'the sandbox', ...json('Sandbox') }, ...SANDBOX_ERRORS },
+        },
+        delete: {
+          operationId: 'destroySandbox',
+          summary: 'Destroy a sandbox (asynchronous: it moves to terminating, then terminated)',
+          parameters: [ID],
+          responses: { '202': { description: 'termination requested', ...json('Sandbox') }, ...SANDBOX_ERRORS },
+        },
+      },
+      '/api/v1/sandboxes/{id}/exec': {
+        post: {
+          operationId: 'execInSandbox',
+          summary: 'Run a command in the sandbox and wait for it (wakes a suspended sandbox first)',
+          parameters: [ID],
+          requestBody: { required: true, ...json('Exec') },
+          responses: { '200': { description: 'the finished command', ...json('ExecResult') }, '400': error('malformed body or cwd outside the sandbox'), ...CALL_ERRORS },
+        },
+      },
+      '/api/v1/sandboxes/{id}/files/{path}': {
+        get: {
+          operationId: 'readSandboxFile',
+          summary: 'Read a file (raw bytes)',
+          parameters: [ID, PATH],
+          responses: {
+            '200': { description: 'file content', content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
+            '400': error('path leaves the sandbox, or names a directory'),
+            ...CALL_ERRORS,
+          },
+        },
+        put: {
+          operationId: 'writeSandboxFile',
+          summary: 'Write a file (raw bytes; parent folders are created)',
+          parameters: [ID, PATH],
+          requestBody: { required: true, content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
+          responses: { '204': { description: 'written' }, '400': error('path leaves the sandbox'), ...CALL_ERRORS },
+        },
+        delete: {
+          operationId: 'deleteSandboxFile',
+          summary: 'Delete a file (a link is removed, never its target)',
+          parameters: [ID, PATH],
+          responses: { '204': { description: 'deleted' }, '400': error('path leaves the sandbox'), ...CALL_ERRORS },
+        },
+      },
+      '/api/v1/grants/introspect': {
+        get: {
+          operationId: 'introspectGrant',
+          summary: "Inside a sandbox: what a grant token (from .slipway/grants.json) allows; bearer = the grant token",
+          responses: { '200': { description: 'the grant', ...json('GrantIntrospection') }, '401': error('invalid, expired or revoked grant token') },
+        },
+      },
+    },
+  };
+}

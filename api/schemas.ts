@@ -1,0 +1,104 @@
+/**
+ * Request and response shapes of the sandbox REST API, defined once in zod: the server
+ * validates with them, the OpenAPI document is generated from them, the MCP tools reuse them.
+ */
+import { z } from 'zod';
+import { SANDBOX_STATES } from '../core/states';
+import { END_REASONS, PLATFORMS, PROVISIONING_KINDS, SANDBOX_ID_PATTERN } from '../core/sandbox-service';
+
+export const SandboxIdSchema = z.string().regex(SANDBOX_ID_PATTERN, 'must be a sandbox id (sbx_ followed by 20 characters)');
+
+const SCOPE = /^[a-z][a-z0-9_.:-]{0,63}$/;
+export const GrantSchema = z.strictObject({
+  project_id: z.uuid(),
+  scopes: z.array(z.string().regex(SCOPE, 'scopes are lowercase words such as "cache:read"')).min(1).max(16),
+});
+
+export const CreateSandboxBody = z.strictObject({
+  profile: z.string().min(1).max(100).describe('profile name, e.g. "linux-medium"; implies provider, platform and resources'),
+  deadline_minutes: z.number().positive().max(7 * 24 * 60).optional().describe("minutes the sandbox may stay up while not suspended (default: the profile's)"),
+  project_id: z.uuid().optional().describe('reporting tag only; no access implications'),
+  grants: z.array(GrantSchema).max(16).default([]).describe('scoped, short-lived tokens minted for the sandbox and written to .slipway/grants.json inside it'),
+});
+export type CreateSandboxBody = z.infer<typeof CreateSandboxBody>;
+
+const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+export const ExecBody = z.strictObject({
+  command: z
+    .string()
+    .min(1)
+    .max(4096)
+    .refine((c) => !c.includes('=') && !c.includes('\0'), 'must be a program name or path (no "=" or NUL); use args for arguments')
+    .describe('program to run (no shell: use "sh" with args ["-c", "..."] for one)'),
+  args: z.array(z.string().max(128 * 1024)).max(4096).default([]),
+  env: z
+    .record(z.string().regex(ENV_NAME, 'environment names are letters, digits and "_"'), z.string().max(128 * 1024))
+    .default({})
+    .describe("the command's environment is this plus PATH, HOME, LANG and SLIPWAY_* (never the server's)"),
+  stdin: z.string().max(16 * 1024 * 1024).optional(),
+  cwd: z.string().max(4096).optional().describe('working directory relative to the sandbox root'),
+  timeout_seconds: z.number().positive().max(3600).default(300),
+});
+export type ExecBody = z.infer<typeof ExecBody>;
+
+export const ExecResult = z.object({
+  exit_code: z.number().int().nullable(),
+  stdout: z.string(),
+  stderr: z.string(),
+  timed_out: z.boolean(),
+  duration_ms: z.number(),
+});
+
+export const ListQuery = z.strictObject({
+  status: z.enum(SANDBOX_STATES).optional(),
+  limit: z.coerce.number().int().positive().max(500).default(100),
+});
+
+export const GetQuery = z.strictObject({
+  wait_ready_seconds: z.coerce.number().min(0).max(300).optional().describe('long-poll: wait up to this long while the sandbox is pending'),
+});
+
+export const SandboxView = z.object({
+  id: z.string(),
+  status: z.enum(SANDBOX_STATES),
+  profile: z.string(),
+  platform: z.enum(PLATFORMS),
+  project_id: z.string().nullable(),
+  provisioning_kind: z.enum(PROVISIONING_KINDS).nullable(),
+  created_at: z.string(),
+  ready_at: z.string().nullable(),
+  suspended_at: z.string().nullable(),
+  terminated_at: z.string().nullable(),
+  deadline_at: z.string().nullable().describe('null while suspended: the deadline clock is paused'),
+  deadline_remaining_seconds: z.number().nullable(),
+  cap_at: z.string(),
+  end_reason: z.enum(Object.keys(END_REASONS) as [keyof typeof END_REASONS, ...Array<keyof typeof END_REASONS>]).nullable(),
+  error: z.string().nullable(),
+  ssh_endpoint: z.null(),
+  grants: z.array(z.object({ project_id: z.string(), scopes: z.array(z.string()) })),
+  grants_file: z.string().nullable(),
+});
+export type SandboxView = z.infer<typeof SandboxView>;
+
+export const SandboxList = z.object({ sandboxes: z.array(SandboxView) });
+
+export const ErrorBody = z.object({
+  error: z.object({
+    code: z.string(),
+    message: z.string(),
+    issues: z.array(z.object({ path: z.string(), message: z.string() })).optional(),
+  }),
+});
+
+export const GrantIntrospection = z.object({
+  grant_id: z.string(),
+  sandbox_id: z.string(),
+  project_id: z.string(),
+  scopes: z.array(z.string()),
+  expires_at: z.string(),
+});
+
+/** "a.b[0].c: message" lines for a zod error: the clear 4xx the API promises. */
+export function zodIssues(error: z.ZodError): Array<{ path: string; message: string }> {
+  return error.issues.map((i) => ({ path: i.path.map(String).join('.') || '(body)', message: i.message }));
+}

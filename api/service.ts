@@ -1,0 +1,309 @@
+/**
+ * The sandbox service's operations, account-scoped: what REST routes and MCP tools call.
+ *
+ * Control plane (create, delete, wake) goes through the sandbox workflow; data plane (exec,
+ * files) goes straight to the provider after one ledger statement that admits the call, so a
+ * tight exec loop costs a database round trip, not a workflow round trip. A call that finds
+ * the sandbox suspended wakes it (a workflow update) before it is served.
+ */
+import type { Client } from '@temporalio/client';
+import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
+import type { Logger } from 'pino';
+import {
+  GRANTS_FILE,
+  SERVICE_DEFAULTS,
+  serviceSandboxWorkflowId,
+  SANDBOX_ID_PATTERN,
+  type ServiceSandboxInput,
+} from '../core/sandbox-service';
+import type { SandboxState } from '../core/states';
+import type { Db } from '../activities/ledger/db';
+import * as ledger from '../activities/ledger/ledger';
+import { cleanEnvCommand, SANDBOX_BASE_ENV, type ProviderFor } from '../activities/service/providers';
+import type { ServiceMetrics } from '../activities/service/metrics';
+import { PathEscapeError } from '../activities/sandbox/paths';
+import type { SandboxProvider } from '../activities/sandbox/provider';
+import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../workflows/service-sandbox';
+import type { CreateSandboxBody, ExecBody, SandboxView } from './schemas';
+
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly issues?: Array<{ path: string; message: string }>,
+  ) {
+    super(message);
+    this.name = 'ApiError';
+  }
+}
+
+export interface SandboxServiceDeps {
+  db: Db;
+  client: Client;
+  /** The service task queue (sandbox workflows run there). */
+  taskQueue: string;
+  providerFor: ProviderFor;
+  logger: Logger;
+  metrics?: ServiceMetrics;
+}
+
+export type Principal = ledger.Principal;
+
+const iso = (d: Date | null) => (d ? d.toISOString() : null);
+const LIVE_WAKE_STATES: SandboxState[] = ['suspending', 'suspended', 'restoring'];
+
+export class SandboxService {
+  private readonly profiles = new Map<string, ledger.ProfileRow>();
+
+  constructor(private readonly deps: SandboxServiceDeps) {}
+
+  get db(): Db {
+    return this.deps.db;
+  }
+
+  async authenticate(token: string | undefined): Promise<Principal> {
+    if (!token) throw new ApiError(401, 'unauthorized', 'missing bearer token (Authorization: Bearer <token>)');
+    const principal = await ledger.authenticate(this.deps.db, token);
+    if (!principal) throw new ApiError(401, 'unauthorized', 'invalid, expired or revoked token');
+    if (!principal.sandboxesEnabled) throw new ApiError(403, 'sandboxes_disabled', 'sandboxes are not enabled for this account');
+    return principal;
+  }
+
+  private async profile(id: string): Promise<ledger.ProfileRow> {
+    let p = this.profiles.get(id);
+    if (!p) {
+      p = await ledger.getProfile(this.deps.db, id);
+      if (!p) throw new ApiError(500, 'internal', `profile ${id} is missing`);
+      this.profiles.set(id, p);
+    }
+    return p;
+  }
+
+  async view(row: ledger.SandboxRow): Promise<SandboxView> {
+    const profile = await this.profile(row.profile_id);
+    return {
+      id: row.id,
+      status: row.status,
+      profile: profile.name,
+      platform: row.platform,
+      project_id: row.project_id,
+      provisioning_kind: row.provisioning_kind,
+      created_at: row.created_at.toISOString(),
+      ready_at: iso(row.ready_at),
+      suspended_at: iso(row.suspended_at),
+      terminated_at: iso(row.terminated_at),
+      deadline_at: iso(row.deadline_at),
+      deadline_remaining_seconds: row.deadline_remaining_ms === null ? null : Math.round(row.deadline_remaining_ms / 1000),
+      cap_at: row.cap_at.toISOString(),
+      end_reason: row.end_reason,
+      error: row.error,
+      ssh_endpoint: null,
+      grants: row.grants.map((g) => ({ project_id: g.projectId, scopes: g.scopes })),
+      grants_file: row.grants.length > 0 ? GRANTS_FILE : null,
+    };
+  }
+
+  async create(principal: Principal, body: CreateSandboxBody): Promise<SandboxView> {
+    const { db, logger } = this.deps;
+    const profile = await ledger.getProfileByName(db, principal.accountId, body.profile);
+    if (!profile) throw new ApiError(422, 'unknown_profile', `no profile "${body.profile}" in this account`);
+    const deadlineMinutes = body.deadline_minutes ?? profile.default_deadline_minutes;
+    if (deadlineMinutes > profile.max_deadline_minutes) {
+      throw new ApiError(422, 'deadline_too_long', `deadline_minutes may be at most ${profile.max_deadline_minutes} for profile "${profile.name}"`);
+    }
+    const foreign = await ledger.foreignProjects(db, principal.accountId, body.grants.map((g) => g.project_id));
+    if (foreign.length > 0) {
+      throw new ApiError(422, 'grant_not_allowed', `grants must name projects of this account; not: ${foreign.join(', ')}`, foreign.map((id) => ({ path: 'grants', message: `project ${id} is not this account's` })));
+    }
+    const policy = ledger.policyFromProfile(profile);
+    const id = ledger.newSandboxId();
+    const createdAtMs = Date.now();
+    const deadlineMs = Math.round(deadlineMinutes * 60_000);
+    const grants = body.grants.map((g) => ({ projectId: g.project_id, scopes: g.scopes }));
+    const outcome = await ledger.insertSandboxWithinLimit(db, {
+      id,
+      accountId: principal.accountId,
+      profileId: profile.id,
+      projectId: body.project_id,
+      platform: profile.platform,
+      provider: profile.provider,
+      grants,
+      createdAtMs,
+      deadlineAtMs: createdAtMs + deadlineMs,
+      capAtMs: createdAtMs + policy.absoluteCapMs,
+    });
+    if (!outcome.ok) {
+      throw new ApiError(429, 'concurrency_limit', `this account may have ${outcome.limit} live sandbox${outcome.limit === 1 ? '' : 'es'} at once (${outcome.active} now); delete one first`);
+    }
+    const input: ServiceSandboxInput = { sandboxId: id, accountId: principal.accountId, policy, deadlineMs, createdAtMs, grants };
+    try {
+      await this.deps.client.workflow.start(serviceSandboxWorkflow, {
+        workflowId: serviceSandboxWorkflowId(id),
+        taskQueue: this.deps.taskQueue,
+        args: [input],
+        staticSummary: `Sandbox ${id} (${profile.name}) for account ${principal.accountId}`,
+      });
+    } catch (e) {
+      if (!(e instanceof WorkflowExecutionAlreadyStartedError)) {
+        await ledger.recordTransition(db, { sandboxId: id, status: 'failed', fields: { endReason: 'provisioning_failed', error: `could not start the sandbox workflow: ${(e as Error).message}`, terminatedAtMs: Date.now() } });
+        logger.error({ sandboxId: id, err: e }, 'could not start the sandbox workflow');
+        throw new ApiError(503, 'unavailable', 'the sandbox could not be started; try again');
+      }
+    }
+    logger.info({ sandboxId: id, accountId: principal.accountId, profile: profile.name, grants: grants.length, tokenId: principal.tokenId }, 'sandbox created');
+    for (const g of grants) {
+      logger.info({ sandboxId: id, projectId: g.projectId, scopes: g.scopes, caller: principal.tokenId }, 'sandbox received scopes on project via caller');
+    }
+    return this.view(outcome.sandbox);
+  }
+
+  private async row(principal: Principal, id: string): Promise<ledger.SandboxRow> {
+    const row = SANDBOX_ID_PATTERN.test(id) ? await ledger.getSandbox(this.deps.db, principal.accountId, id) : undefined;
+    if (!row) throw new ApiError(404, 'not_found', `no sandbox ${id}`);
+    return row;
+  }
+
+  async get(principal: Principal, id: string, waitReadyMs = 0): Promise<SandboxView> {
+    let row = await this.row(principal, id);
+    const until = Date.now() + waitReadyMs;
+    while (row.status === 'pending' && Date.now() < until) {
+      await new Promise((r) => setTimeout(r, 5));
+      row = await this.row(principal, id);
+    }
+    return this.view(row);
+  }
+
+  async list(principal: Principal, opts: { status?: SandboxState; limit: number }): Promise<SandboxView[]> {
+    const rows = await ledger.listSandboxes(this.deps.db, principal.accountId, { status: opts.status ? [opts.status] : undefined, limit: opts.limit });
+    return Promise.all(rows.map((r) => this.view(r)));
+  }
+
+  async destroy(principal: Principal, id: string): Promise<SandboxView> {
+    const row = await this.row(principal, id);
+    if (row.status !== 'terminated' && row.status !== 'failed') {
+      try {
+        await this.deps.client.workflow.getHandle(serviceSandboxWorkflowId(id)).signal(terminateSandboxSignal, { reason: 'explicit_delete' });
+      } catch (e) {
+        // No workflow (it never started, or it is gone): the reaper closes the books.
+        if (!(e instanceof WorkflowNotFoundError)) throw e;
+      }
+      this.deps.logger.info({ sandboxId: id, accountId: principal.accountId, tokenId: principal.tokenId }, 'sandbox delete requested');
+    }
+    return this.view(await this.row(principal, id));
+  }
+
+  /**
+   * Admits one call on a sandbox: ready -> stamped and returned; suspended (or on its way) ->
+   * woken first. Returns a release function that ends the call's keep-alive.
+   */
+  private async admit(principal: Principal, id: string): Promise<{ row: ledger.SandboxRow; provider: SandboxProvider; release: () => void; profile: ledger.ProfileRow }> {
+    const { db } = this.deps;
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const admitted = await ledger.admitActivity(db, principal.accountId, id);
+      if (admitted.admitted) {
+        const row = admitted.sandbox;
+        const profile = await this.profile(row.profile_id);
+        const policy = ledger.policyFromProfile(profile);
+        // A call running longer than a third of the idle threshold keeps stamping, so a long
+        // build is never suspended under itself; if this process dies, the stamps stop.
+        const every = Math.max(250, Math.min(policy.idleTimeoutMs / 3, 30_000));
+        const started = Date.now();
+        const timer = setInterval(() => void ledger.touchSandbox(db, id).catch(() => undefined), every);
+        timer.unref();
+        return {
+          row,
+          profile,
+          provider: this.deps.providerFor(policy),
+          release: () => {
+            clearInterval(timer);
+            if (Date.now() - started > Math.min(1000, policy.idleTimeoutMs / 10)) void ledger.touchSandbox(db, id).catch(() => undefined);
+          },
+        };
+      }
+      const status = admitted.status;
+      if (status === undefined) throw new ApiError(404, 'not_found', `no sandbox ${id}`);
+      if (status === 'pending') throw new ApiError(409, 'not_ready', `sandbox ${id} is still provisioning; wait for ready (GET with wait_ready_seconds)`);
+      if (!LIVE_WAKE_STATES.includes(status)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${status}`);
+      const woken = await this.deps.client.workflow.getHandle(serviceSandboxWorkflowId(id)).executeUpdate(wakeSandboxUpdate);
+      this.deps.logger.info({ sandboxId: id, state: woken }, 'sandbox woken by activity');
+      if (woken !== 'ready') throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${woken}`);
+    }
+    throw new ApiError(503, 'unavailable', `sandbox ${id} did not stay ready; try again`);
+  }
+
+  async exec(principal: Principal, id: string, body: ExecBody) {
+    const { row, provider, release } = await this.admit(principal, id);
+    try {
+      const env = {
+        ...SANDBOX_BASE_ENV,
+        HOME: row.root!,
+        SLIPWAY_SANDBOX_ID: id,
+        SLIPWAY_SANDBOX_ROOT: row.root!,
+        ...(row.grants.length > 0 ? { SLIPWAY_GRANTS_FILE: `${row.root}/${GRANTS_FILE}` } : {}),
+        ...body.env,
+      };
+      const wrapped = cleanEnvCommand(body.command, body.args, env);
+      const run = await provider
+        .exec({ root: row.root! }, { ...wrapped, cwd: body.cwd, stdin: body.stdin, timeoutMs: body.timeout_seconds * 1000, maxCaptureBytes: 4 * 1024 * 1024 })
+        .catch((e) => {
+          throw mapFsError(e, body.cwd ?? '.');
+        });
+      this.deps.metrics?.exec(principal.accountId, row.platform, run.durationMs);
+      return { exit_code: run.exitCode, stdout: run.stdout, stderr: run.stderr, timed_out: run.timedOut, duration_ms: run.durationMs };
+    } finally {
+      release();
+    }
+  }
+
+  async readFile(principal: Principal, id: string, file: string): Promise<Buffer> {
+    const { row, provider, release } = await this.admit(principal, id);
+    try {
+      return await provider.readFile({ root: row.root! }, file).catch((e) => {
+        throw mapFsError(e, file);
+      });
+    } finally {
+      release();
+    }
+  }
+
+  async writeFile(principal: Principal, id: string, file: string, content: Buffer): Promise<void> {
+    const { row, provider, release } = await this.admit(principal, id);
+    try {
+      await provider.writeFile({ root: row.root! }, file, content).catch((e) => {
+        throw mapFsError(e, file);
+      });
+    } finally {
+      release();
+    }
+  }
+
+  async deleteFile(principal: Principal, id: string, file: string): Promise<void> {
+    const { row, provider, release } = await this.admit(principal, id);
+    try {
+      await provider.deleteFile({ root: row.root! }, file).catch((e) => {
+        throw mapFsError(e, file);
+      });
+    } finally {
+      release();
+    }
+  }
+
+  async introspectGrant(token: string | undefined) {
+    if (!token) throw new ApiError(401, 'unauthorized', 'missing bearer token');
+    const grant = await ledger.introspectGrant(this.deps.db, token);
+    if (!grant) throw new ApiError(401, 'unauthorized', 'invalid, expired or revoked grant token');
+    return { grant_id: grant.grantId, sandbox_id: grant.sandboxId, project_id: grant.projectId, scopes: grant.scopes, expires_at: grant.expiresAt.toISOString() };
+  }
+}
+
+function mapFsError(e: unknown, file: string): unknown {
+  if (e instanceof PathEscapeError) return new ApiError(400, 'path_refused', e.message);
+  const code = (e as NodeJS.ErrnoException).code;
+  if (code === 'ENOENT') return new ApiError(404, 'file_not_found', `no file "${file}" in the sandbox`);
+  if (code === 'EISDIR') return new ApiError(400, 'is_a_directory', `"${file}" is a directory`);
+  if (code === 'ENOTDIR') return new ApiError(400, 'not_a_directory', `a parent of "${file}" is not a directory`);
+  if (code === 'ELOOP') return new ApiError(400, 'path_refused', `"${file}" is a symbolic link`);
+  return e;
+}
+

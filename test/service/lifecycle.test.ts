@@ -1,0 +1,236 @@
+/**
+ * The lifecycle table, edge by edge, on real Postgres, real Temporal and real HTTP, with short
+ * thresholds: ledger rows exactly as the proposal's billing rules say.
+ */
+import { existsSync } from 'node:fs';
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { defaultProviderFor } from '../../activities/service/providers';
+import { serviceSandboxWorkflowId } from '../../core/sandbox-service';
+import { startServiceHarness, slowCreates, type ServiceHarness, type TestAccount } from './harness';
+import { makeServiceRepo, tempDir } from './repo';
+
+let h: ServiceHarness;
+beforeAll(async () => {
+  h = await startServiceHarness({ providerFor: slowCreates(defaultProviderFor(), 8_000) });
+});
+afterAll(async () => {
+  await h?.stop();
+});
+
+const sh = (script: string) => ({ command: 'sh', args: ['-c', script] });
+const root = async (id: string) => (await h.database.db.query<{ root: string }>('SELECT root FROM sandboxes WHERE id = $1', [id])).rows[0]!.root;
+
+describe('pending -> ready -> terminating -> terminated (DELETE)', () => {
+  it('opens the compute session at ready and closes it with explicit_delete', async () => {
+    const a = await h.account();
+    await a.profile({ name: 'linux-small' });
+    const created = await a.api.create({ profile: 'linux-small', deadline_minutes: 30 });
+    expect(created).toMatchObject({ status: 'pending', platform: 'linux', profile: 'linux-small', ssh_endpoint: null, grants: [] });
+    expect(Date.parse(created.deadline_at!) - Date.parse(created.created_at)).toBe(30 * 60_000);
+    expect(await h.sessions(created.id)).toEqual([]); // no session row while pending
+
+    const ready = await a.api.get(created.id, 30);
+    expect(ready).toMatchObject({ status: 'ready', provisioning_kind: 'cold_boot' });
+    const run = await a.api.exec(created.id, sh('echo hello from $SLIPWAY_SANDBOX_ID; git rev-parse --abbrev-ref HEAD'));
+    expect(run).toMatchObject({ exit_code: 0, timed_out: false });
+    expect(run.stdout).toBe(`hello from ${created.id}\nslipway/sandboxes/${created.id}\n`);
+
+    const sessions = await h.sessions(created.id);
+    expect(sessions).toHaveLength(1);
+    expect(sessions[0]).toMatchObject({ kind: 'compute', seq: 1, ended_at: null, provisioning_kind: 'cold_boot' });
+    expect(sessions[0]!.started_at.toISOString()).toBe(ready.ready_at);
+
+    const dir = await root(created.id);
+    expect((await a.api.destroy(created.id)).status).toMatch(/ready|terminating|terminated/);
+    const done = await h.waitFor(a.api, created.id, ['terminated']);
+    expect(done.end_reason).toBe('explicit_delete');
+    const closed = await h.sessions(created.id);
+    expect(closed).toHaveLength(1);
+    expect(closed[0]).toMatchObject({ kind: 'compute', end_reason: 'explicit_delete' });
+    expect(closed[0]!.ended_at!.getTime()).toBeLessThanOrEqual(Date.parse(done.terminated_at!));
+    expect(existsSync(dir)).toBe(false);
+    // Deleting again is harmless.
+    expect((await a.api.destroy(created.id)).status).toBe('terminated');
+  });
+});
+
+describe('pending -> failed', () => {
+  it('fails on provisioning timeout and opens no session', async () => {
+    const a = await h.account();
+    const slowRepo = makeServiceRepo(tempDir('slow'));
+    await a.profile({ name: 'slow', repository: slowRepo, provisioningTimeoutSeconds: 1.5 });
+    const created = await a.api.create({ profile: 'slow' });
+    const failed = await h.waitFor(a.api, created.id, ['failed', 'terminated'], 20_000);
+    expect(failed).toMatchObject({ status: 'failed', end_reason: 'provisioning_timeout' });
+    expect(await h.sessions(created.id)).toEqual([]);
+    // The failed sandbox no longer holds the account's only slot.
+    await a.profile({ name: 'fast' });
+    const next = await a.api.create({ profile: 'fast' });
+    await h.waitFor(a.api, next.id, ['ready']);
+    await a.api.destroy(next.id);
+  });
+});
+
+describe('idle offload: ready -> suspending -> suspended -> restoring -> ready', () => {
+  let a: TestAccount;
+  beforeAll(async () => {
+    a = await h.account({ limit: 5 });
+    await a.profile({ name: 'idle', idleTimeoutSeconds: 1.5 });
+  });
+
+  it('suspends an idle sandbox (snapshot, directory freed, compute closed, storage open) and wakes it on exec', async () => {
+    const { id } = await a.api.create({ profile: 'idle' });
+    await a.api.get(id, 30);
+    await a.api.exec(id, sh('printf "draft\\n" > notes.txt && printf "more\\n" >> README.md && git add README.md'));
+    const dir = await root(id);
+    const suspended = await h.waitFor(a.api, id, ['suspended'], 20_000);
+    expect(suspended.deadline_at).toBeNull(); // the deadline clock is paused
+    expect(suspended.deadline_remaining_seconds).toBeGreaterThan(0);
+    expect(existsSync(dir)).toBe(false);
+    let sessions = await h.sessions(id);
+    expect(sessions.map((s) => [s.kind, s.seq, s.end_reason])).toEqual([
+      ['compute', 1, 'idle_offload'],
+      ['snapshot_storage', 1, null],
+    ]);
+
+    // The next call wakes it before it is served, with everything in place.
+    const woke = await a.api.exec(id, sh('cat notes.txt && git status --porcelain'));
+    expect(woke.stdout).toBe('draft\nM  README.md\n?? notes.txt\n');
+    const ready = await a.api.get(id);
+    expect(ready.status).toBe('ready');
+    expect(ready.deadline_at).not.toBeNull();
+    sessions = await h.sessions(id);
+    expect(sessions.map((s) => [s.kind, s.seq, s.end_reason])).toEqual([
+      ['compute', 1, 'idle_offload'],
+      ['snapshot_storage', 1, 'restored'],
+      ['compute', 2, null],
+    ]);
+    expect(sessions[1]!.ended_at!.getTime()).toBe(sessions[2]!.started_at.getTime());
+
+    // File calls wake it too.
+    await h.waitFor(a.api, id, ['suspended'], 20_000);
+    expect((await a.api.readFile(id, 'notes.txt')).toString()).toBe('draft\n');
+    expect((await h.sessions(id)).filter((s) => s.kind === 'compute')).toHaveLength(3);
+    await a.api.destroy(id);
+    await h.waitFor(a.api, id, ['terminated']);
+  });
+
+  it('keeps a sandbox awake while a long call runs', async () => {
+    const { id } = await a.api.create({ profile: 'idle' });
+    await a.api.get(id, 30);
+    const run = await a.api.exec(id, sh('sleep 3; echo done'));
+    expect(run.stdout).toBe('done\n');
+    const sessions = await h.sessions(id);
+    expect(sessions.filter((s) => s.end_reason === 'idle_offload')).toEqual([]);
+    await a.api.destroy(id);
+  });
+
+  it('returns to ready when the suspend fails, and the session continues', async () => {
+    const { id } = await a.api.create({ profile: 'idle' });
+    await a.api.get(id, 30);
+    // An unresolved merge cannot be captured faithfully: the suspend refuses.
+    await a.api.exec(
+      id,
+      sh(
+        'git -c user.name=t -c user.email=t@t checkout -q -b side && echo side > src/a.txt && git -c user.name=t -c user.email=t@t commit -qam side && ' +
+          `git checkout -q slipway/sandboxes/${id} && echo mine > src/a.txt && git -c user.name=t -c user.email=t@t commit -qam mine && ` +
+          '(git -c user.name=t -c user.email=t@t merge side >/dev/null 2>&1 || true)',
+      ),
+    );
+    const until = Date.now() + 20_000;
+    let failedSuspend = false;
+    while (Date.now() < until && !failedSuspend) {
+      const { rows } = await h.database.db.query(`SELECT 1 FROM audit_events WHERE sandbox_id = $1 AND event = 'suspend_failed'`, [id]);
+      failedSuspend = rows.length > 0;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(failedSuspend).toBe(true);
+    expect((await a.api.get(id)).status).toMatch(/ready|suspending/);
+    const sessions = await h.sessions(id);
+    expect(sessions.map((s) => [s.kind, s.seq, s.end_reason])).toEqual([['compute', 1, null]]);
+    expect((await a.api.exec(id, sh('git diff --name-only --diff-filter=U'))).stdout).toBe('src/a.txt\n');
+    await a.api.destroy(id);
+    await h.waitFor(a.api, id, ['terminated']);
+  });
+
+  it('closes the storage line when a suspended sandbox is deleted, and drops the snapshot', async () => {
+    const { id } = await a.api.create({ profile: 'idle' });
+    await a.api.get(id, 30);
+    await h.waitFor(a.api, id, ['suspended'], 20_000);
+    await a.api.destroy(id);
+    const done = await h.waitFor(a.api, id, ['terminated']);
+    expect(done.end_reason).toBe('explicit_delete');
+    const sessions = await h.sessions(id);
+    expect(sessions.map((s) => [s.kind, s.seq, s.end_reason])).toEqual([
+      ['compute', 1, 'idle_offload'],
+      ['snapshot_storage', 1, 'explicit_delete'],
+    ]);
+    expect(existsSync(path.join(h.repo, '.slipway', 'snapshots', `acct-${a.id}`, id))).toBe(false);
+  });
+});
+
+describe('deadline, cap and abnormal death', () => {
+  it('terminates at the deadline with reason deadline', async () => {
+    const a = await h.account();
+    await a.profile({ name: 'short' });
+    const { id } = await a.api.create({ profile: 'short', deadline_minutes: 0.05 });
+    const done = await h.waitFor(a.api, id, ['terminated'], 20_000);
+    expect(done.end_reason).toBe('deadline');
+    expect((await h.sessions(id)).map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'deadline']]);
+  });
+
+  it('does not count suspended time against the deadline', async () => {
+    const a = await h.account();
+    await a.profile({ name: 'pausing', idleTimeoutSeconds: 2 });
+    const { id } = await a.api.create({ profile: 'pausing', deadline_minutes: 0.1 }); // 6 s of not-suspended time
+    await a.api.get(id, 30);
+    await h.waitFor(a.api, id, ['suspended'], 20_000);
+    await new Promise((r) => setTimeout(r, 7_000)); // longer than the whole deadline, suspended
+    // Wakes it; the call then keeps it busy until the rest of the deadline runs out.
+    const woke = await a.api.exec(id, sh('echo awake; sleep 6'));
+    expect(woke.stdout).toBe('awake\n');
+    const done = await h.waitFor(a.api, id, ['terminated'], 20_000);
+    expect(done.end_reason).toBe('deadline');
+    const sessions = await h.sessions(id);
+    expect(sessions.map((s) => [s.kind, s.seq, s.end_reason])).toEqual([
+      ['compute', 1, 'idle_offload'],
+      ['snapshot_storage', 1, 'restored'],
+      ['compute', 2, 'deadline'],
+    ]);
+    const computeMs = sessions.filter((s) => s.kind === 'compute').reduce((sum, s) => sum + (s.ended_at!.getTime() - s.started_at.getTime()), 0);
+    expect(computeMs).toBeGreaterThan(4_500);
+    expect(computeMs).toBeLessThan(6_500);
+    expect(sessions[1]!.ended_at!.getTime() - sessions[1]!.started_at.getTime()).toBeGreaterThan(7_000);
+  });
+
+  it('ends at the absolute cap whatever the deadline', async () => {
+    const a = await h.account();
+    await a.profile({ name: 'capped', absoluteCapMinutes: 0.05 });
+    const { id } = await a.api.create({ profile: 'capped', deadline_minutes: 60 });
+    const done = await h.waitFor(a.api, id, ['terminated'], 20_000);
+    expect(done.end_reason).toBe('absolute_cap');
+    expect((await h.sessions(id)).map((s) => s.end_reason)).toEqual(['absolute_cap']);
+  });
+
+  it('closes the session when the sandbox dies outside Slipway (watcher)', async () => {
+    const a = await h.account();
+    await a.profile({ name: 'fragile' });
+    const { id } = await a.api.create({ profile: 'fragile' });
+    await a.api.get(id, 30);
+    const dir = await root(id);
+    const killedAt = Date.now();
+    await fs.rm(dir, { recursive: true, force: true });
+    const done = await h.waitFor(a.api, id, ['terminated'], 20_000);
+    expect(done.end_reason).toBe('directory_removed');
+    const [session] = await h.sessions(id);
+    expect(session).toMatchObject({ kind: 'compute', end_reason: 'directory_removed' });
+    expect(session!.ended_at!.getTime()).toBeGreaterThanOrEqual(killedAt);
+    expect(session!.ended_at!.getTime()).toBeLessThanOrEqual(Date.parse(done.terminated_at!));
+    const { rows } = await h.database.db.query(`SELECT event FROM audit_events WHERE sandbox_id = $1 AND event = 'abnormal_exit'`, [id]);
+    expect(rows).toHaveLength(1);
+    const description = await h.host.client.workflow.getHandle(serviceSandboxWorkflowId(id)).describe();
+    expect(description.status.name).toBe('COMPLETED');
+  });
+});

@@ -1,0 +1,154 @@
+/**
+ * The sandbox service host: what `slipway api` runs. One process holds the ledger, a worker
+ * on the service task queue (sandbox and reaper workflows, their activities), the provider
+ * watcher, the reaper's Temporal Schedule, and the HTTP API (REST, MCP, metrics).
+ *
+ * The local provider keeps sandboxes on this machine's disk, so API and worker share a host;
+ * with remote providers they can be split (`worker: false` / `api: false`).
+ */
+import { Client, Connection, ScheduleAlreadyRunning, ScheduleOverlapPolicy } from '@temporalio/client';
+import { NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
+import type { FastifyInstance } from 'fastify';
+import pino, { type Logger } from 'pino';
+import { REAPER_SCHEDULE_ID, reaperWorkflowId, sandboxServiceTaskQueue } from '../core/sandbox-service';
+import type { Db } from '../activities/ledger/db';
+import { migrate } from '../activities/ledger/migrate';
+import { createSandboxServiceActivities } from '../activities/service';
+import { createServiceMetrics, type ServiceMetrics } from '../activities/service/metrics';
+import { defaultProviderFor, type ProviderFor } from '../activities/service/providers';
+import { buildApiServer } from '../api/server';
+import { SandboxService } from '../api/service';
+import { sandboxReaperWorkflow } from '../workflows/service-sandbox';
+import { startSandboxWatcher, type SandboxWatcher } from './sandbox-watcher';
+import { bundleWorkflows } from './worker';
+
+export interface SandboxServiceHostOptions {
+  db: Db;
+  temporalAddress: string;
+  namespace?: string;
+  /** The main task queue; the service's own queue is derived from it. */
+  taskQueue: string;
+  workflowBundle?: WorkflowBundleWithSourceMap | { codePath: string };
+  providerFor?: ProviderFor;
+  logger?: Logger;
+  /** HTTP listener; false: no API in this process. */
+  api?: { host: string; port: number } | false;
+  /** Host a worker on the service queue (default true). */
+  worker?: boolean;
+  watchIntervalMs?: number;
+  /** The reaper's schedule; false: do not create one. */
+  reaper?: { intervalMs: number; scheduleId?: string; orphanGraceMs?: number } | false;
+  activityConcurrency?: number;
+  /** Process-level metrics (memory, event loop) on /metrics too. */
+  defaultMetrics?: boolean;
+}
+
+export interface SandboxServiceHost {
+  url?: string;
+  app?: FastifyInstance;
+  service: SandboxService;
+  metrics: ServiceMetrics;
+  client: Client;
+  watcher?: SandboxWatcher;
+  serviceTaskQueue: string;
+  close(): Promise<void>;
+}
+
+/** JSON logs on stderr. Authorization headers and token fields are redacted wherever they appear. */
+export function serviceLogger(level = process.env.SLIPWAY_LOG_LEVEL?.toLowerCase() || 'info', destination?: pino.DestinationStream): Logger {
+  return pino(
+    {
+      level,
+      base: { service: 'slipway-api' },
+      redact: { paths: ['req.headers.authorization', 'headers.authorization', '*.token', 'token', '*.password'], censor: '[redacted]' },
+    },
+    destination ?? pino.destination(2),
+  );
+}
+
+export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): Promise<SandboxServiceHost> {
+  const logger = opts.logger ?? serviceLogger();
+  const { db } = opts;
+  await migrate(db);
+  const providerFor = opts.providerFor ?? defaultProviderFor();
+  const metrics = createServiceMetrics(db, { defaultMetrics: opts.defaultMetrics });
+  const namespace = opts.namespace ?? 'default';
+  const serviceTaskQueue = sandboxServiceTaskQueue(opts.taskQueue);
+  const connection = await Connection.connect({ address: opts.temporalAddress });
+  const client = new Client({ connection, namespace });
+  const closers: Array<() => Promise<void>> = [];
+
+  let workerRun: Promise<void> | undefined;
+  if (opts.worker !== false) {
+    const nativeConnection = await NativeConnection.connect({ address: opts.temporalAddress });
+    const worker = await Worker.create({
+      connection: nativeConnection,
+      namespace,
+      taskQueue: serviceTaskQueue,
+      workflowBundle: opts.workflowBundle ?? (await bundleWorkflows()),
+      activities: createSandboxServiceActivities({ db, providerFor, client, metrics }),
+      maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 16,
+      maxConcurrentLocalActivityExecutions: 64,
+      maxConcurrentWorkflowTaskExecutions: 16,
+      shutdownGraceTime: 5_000,
+    });
+    workerRun = worker.run();
+    closers.push(async () => {
+      if (worker.getState() === 'RUNNING') worker.shutdown();
+      await workerRun!.catch(() => undefined);
+      await nativeConnection.close();
+    });
+  }
+
+  if (opts.reaper) {
+    const scheduleId = opts.reaper.scheduleId ?? REAPER_SCHEDULE_ID;
+    const spec = { intervals: [{ every: opts.reaper.intervalMs }] };
+    const action = {
+      type: 'startWorkflow' as const,
+      workflowType: sandboxReaperWorkflow,
+      workflowId: `${reaperWorkflowId}:${scheduleId}`,
+      taskQueue: serviceTaskQueue,
+      args: [{ orphanGraceMs: opts.reaper.orphanGraceMs }] as [{ orphanGraceMs?: number }],
+    };
+    try {
+      await client.schedule.create({ scheduleId, spec, action, policies: { overlap: ScheduleOverlapPolicy.SKIP } });
+    } catch (e) {
+      if (!(e instanceof ScheduleAlreadyRunning)) throw e;
+      await client.schedule.getHandle(scheduleId).update((prev) => ({ ...prev, spec, action }));
+    }
+  }
+
+  let watcher: SandboxWatcher | undefined;
+  if (opts.worker !== false && opts.watchIntervalMs !== 0) {
+    watcher = startSandboxWatcher({ db, client, providerFor, intervalMs: opts.watchIntervalMs ?? 2_000, logger: logger.child({ component: 'watcher' }) });
+    closers.unshift(() => watcher!.stop());
+  }
+
+  const service = new SandboxService({ db, client, taskQueue: serviceTaskQueue, providerFor, logger, metrics });
+  let app: FastifyInstance | undefined;
+  let url: string | undefined;
+  if (opts.api !== false) {
+    app = await buildApiServer({
+      service,
+      logger,
+      metrics: async () => ({ contentType: metrics.registry.contentType, body: await metrics.registry.metrics() }),
+    });
+    const listen = opts.api ?? { host: '127.0.0.1', port: 8787 };
+    url = await app.listen({ host: listen.host, port: listen.port });
+    closers.unshift(() => app!.close());
+  }
+
+  return {
+    url,
+    app,
+    service,
+    metrics,
+    client,
+    watcher,
+    serviceTaskQueue,
+    async close() {
+      for (const close of closers) await close().catch(() => undefined);
+      await connection.close();
+    },
+  };
+}
