@@ -34,8 +34,12 @@ export class ApiClientError extends Error {
 
 export const DEFAULT_API_URL = 'http://127.0.0.1:8787';
 
-/** Encodes a sandbox-relative path for /files/*, keeping its slashes. */
-const filePath = (p: string) => p.split('/').map(encodeURIComponent).join('/');
+/**
+ * Encodes a sandbox-relative path for /files/* as one segment (slashes too): URL parsers fold
+ * "..", "%2e%2e" and friends away before sending, so the server would never see, and judge,
+ * the path the caller meant.
+ */
+const filePath = (p: string) => encodeURIComponent(p);
 
 export class SandboxApiClient implements SandboxOps {
   constructor(
