@@ -75,7 +75,7 @@ export async function startServiceHarness(opts: Partial<Pick<SandboxServiceHostO
     workflowBundle: { codePath: inject('workflowBundlePath') },
     api: { host: '127.0.0.1', port: 0 },
     watchIntervalMs: opts.watchIntervalMs ?? 100,
-    reaper: opts.reaper ?? false,
+    reaper: opts.reaper ? { ...opts.reaper, scheduleId: `reaper-${taskQueue}` } : false,
     providerFor: opts.providerFor ?? defaultProviderFor(),
     logger,
   });

@@ -1,0 +1,58 @@
+/**
+ * The reaper: a workflow on a Temporal Schedule, the safety net behind the timers. It ends
+ * sandboxes past their deadline within one tick, and closes the books of sandboxes whose
+ * workflow is gone.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { newSandboxId, recordTransition } from '../../activities/ledger/ledger';
+import { startServiceHarness, type ServiceHarness } from './harness';
+
+const TICK_MS = 1_000;
+let h: ServiceHarness;
+beforeAll(async () => {
+  h = await startServiceHarness({ reaper: { intervalMs: TICK_MS, orphanGraceMs: 500 } });
+});
+afterAll(async () => {
+  await h?.stop();
+});
+
+describe('sandbox reaper on a schedule', () => {
+  it('is a Temporal Schedule that starts the reaper workflow every tick', async () => {
+    const schedule = await h.host.client.schedule.getHandle(`reaper-${h.host.serviceTaskQueue.replace(/-sandboxes$/, '')}`).describe();
+    expect(schedule.spec.intervals?.[0]?.every).toBe(TICK_MS);
+    expect(schedule.action).toMatchObject({ type: 'startWorkflow', workflowType: 'sandboxReaperWorkflow', taskQueue: h.host.serviceTaskQueue });
+  });
+
+  it('terminates a sandbox past its deadline within one tick even when its timer has not fired', async () => {
+    const a = await h.account();
+    await a.profile({ name: 'p' });
+    const { id } = await a.api.create({ profile: 'p', deadline_minutes: 60 });
+    await a.api.get(id, 30);
+    // The timer is an hour away; the ledger says the deadline passed (a clock jump, a lost timer).
+    await h.database.db.query(`UPDATE sandboxes SET deadline_at = now() - interval '1 second' WHERE id = $1`, [id]);
+    const seen = Date.now();
+    const done = await h.waitFor(a.api, id, ['terminated'], 10_000);
+    expect(Date.now() - seen).toBeLessThan(TICK_MS * 3 + 2_000);
+    expect(done.end_reason).toBe('deadline');
+    expect((await h.sessions(id)).map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'deadline']]);
+  });
+
+  it("closes the books of a sandbox whose workflow is gone", async () => {
+    const a = await h.account();
+    await a.profile({ name: 'p' });
+    const { rows } = await h.database.db.query<{ id: string }>('SELECT id FROM sandbox_profiles WHERE account_id = $1', [a.id]);
+    const id = newSandboxId();
+    const past = Date.now() - 60_000;
+    await h.database.db.query(
+      `INSERT INTO sandboxes (id, account_id, profile_id, platform, provider, status, created_at, cap_at, last_activity_at, deadline_at)
+       VALUES ($1, $2, $3, 'linux', 'local', 'pending', $4, $5, $4, $5)`,
+      [id, a.id, rows[0]!.id, new Date(past), new Date(past + 3_600_000)],
+    );
+    await recordTransition(h.database.db, { sandboxId: id, status: 'ready', open: { kind: 'compute', seq: 1, startedAtMs: past } });
+    const done = await h.waitFor(a.api, id, ['terminated', 'failed'], 10_000);
+    expect(done).toMatchObject({ status: 'terminated', end_reason: 'orphaned' });
+    const [session] = await h.sessions(id);
+    expect(session).toMatchObject({ end_reason: 'orphaned' });
+    expect(session!.ended_at).not.toBeNull();
+  });
+});
