@@ -34,7 +34,7 @@ function isExecutable(file: string): boolean {
   }
 }
 
-export function findTemporalBinary(env: NodeJS.ProcessEnv = process.env): string {
+export function findTemporalBinary(env: NodeJS.ProcessEnv = process.env, localCandidates: string[] = LOCAL_TEMPORAL_CANDIDATES): string {
   if (env.TEMPORAL_CLI_PATH) {
     if (isExecutable(env.TEMPORAL_CLI_PATH)) return env.TEMPORAL_CLI_PATH;
     throw new Error(`TEMPORAL_CLI_PATH=${env.TEMPORAL_CLI_PATH} is not an executable file.\n${MISSING_TEMPORAL_MESSAGE}`);
@@ -43,7 +43,7 @@ export function findTemporalBinary(env: NodeJS.ProcessEnv = process.env): string
     const candidate = path.join(dir, 'temporal');
     if (isExecutable(candidate)) return candidate;
   }
-  for (const candidate of LOCAL_TEMPORAL_CANDIDATES) {
+  for (const candidate of localCandidates) {
     if (isExecutable(candidate)) return candidate;
   }
   throw new TemporalBinaryNotFound();

@@ -1,0 +1,105 @@
+/** Finding the Temporal CLI, and what every workflow shows in the Web UI. */
+import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadObjectiveFile } from '../config/objective-file';
+import { objectiveWorkflowId } from '../core/ids';
+import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase, SlipwaySandboxState, SlipwayStream } from '../core/search-attributes';
+import { findTemporalBinary, MISSING_TEMPORAL_MESSAGE, TemporalBinaryNotFound } from '../workers/temporal-binary';
+import { searchAttributeFlags } from '../workers/dev-server';
+import { objectiveWorkflow } from '../workflows/objective';
+import { waitFor } from './helpers/cli';
+import { DEMO_DIR, makeDemoRepo, tempDir } from './helpers/repo';
+import { startTestWorker, type TestWorker } from './helpers/temporal';
+
+describe('finding the temporal binary', () => {
+  const fakeBinary = () => {
+    const dir = tempDir('slipway-bin-');
+    const file = path.join(dir, 'temporal');
+    writeFileSync(file, '#!/bin/sh\n');
+    chmodSync(file, 0o755);
+    return { dir, file };
+  };
+
+  it('prefers TEMPORAL_CLI_PATH, then PATH, then the project-local install', () => {
+    const explicit = fakeBinary();
+    const onPath = fakeBinary();
+    const local = fakeBinary();
+    expect(findTemporalBinary({ TEMPORAL_CLI_PATH: explicit.file, PATH: onPath.dir }, [local.file])).toBe(explicit.file);
+    expect(findTemporalBinary({ PATH: `/nonexistent:${onPath.dir}` }, [local.file])).toBe(path.join(onPath.dir, 'temporal'));
+    expect(findTemporalBinary({ PATH: '/nonexistent' }, ['/nonexistent/temporal', local.file])).toBe(local.file);
+  });
+
+  it('says how to get it when it is missing', () => {
+    expect(() => findTemporalBinary({ PATH: '/nonexistent' }, [])).toThrow(TemporalBinaryNotFound);
+    expect(MISSING_TEMPORAL_MESSAGE).toMatch(/npm run setup/);
+    expect(MISSING_TEMPORAL_MESSAGE).toMatch(/TEMPORAL_ADDRESS/);
+    const notExecutable = path.join(tempDir('slipway-bin-'), 'temporal');
+    mkdirSync(path.dirname(notExecutable), { recursive: true });
+    writeFileSync(notExecutable, '');
+    expect(() => findTemporalBinary({ TEMPORAL_CLI_PATH: notExecutable }, [])).toThrow(/TEMPORAL_CLI_PATH=.* is not an executable file/);
+  });
+
+  it('registers every Slipway search attribute as Keyword on the embedded server', () => {
+    expect(searchAttributeFlags()).toEqual([
+      '--search-attribute', 'SlipwayKind=Keyword',
+      '--search-attribute', 'SlipwayObjective=Keyword',
+      '--search-attribute', 'SlipwayStream=Keyword',
+      '--search-attribute', 'SlipwayPhase=Keyword',
+      '--search-attribute', 'SlipwayOutcome=Keyword',
+      '--search-attribute', 'SlipwayAccount=Keyword',
+      '--search-attribute', 'SlipwaySandboxState=Keyword',
+    ]);
+  });
+});
+
+describe('Web UI', () => {
+  let worker: TestWorker;
+  beforeAll(async () => {
+    worker = await startTestWorker();
+  });
+  afterAll(async () => {
+    await worker?.stop();
+  });
+
+  it('gives every workflow a readable id, typed search attributes, a static summary and current details', async () => {
+    const id = 'web-ui';
+    const input = await loadObjectiveFile(path.join(DEMO_DIR, 'objective.yaml'), { repository: makeDemoRepo(), id });
+    await worker.client.workflow.execute(objectiveWorkflow, {
+      taskQueue: worker.taskQueue,
+      workflowId: objectiveWorkflowId(id),
+      args: [input],
+      staticSummary: `Objective ${id}`,
+    });
+    const ids = await waitFor(async () => {
+      const found: string[] = [];
+      for await (const wf of worker.client.workflow.list({ query: `SlipwayObjective = "${id}"` })) found.push(wf.workflowId);
+      return found.length === 7 ? found.sort() : undefined;
+    }, 'visibility to list all 7 workflows');
+    expect(ids).toEqual([
+      'objective:web-ui',
+      'sandbox:web-ui.clamp', 'sandbox:web-ui.greet', 'sandbox:web-ui.sum',
+      'stream:web-ui:clamp', 'stream:web-ui:greet', 'stream:web-ui:sum',
+    ]);
+    for (const workflowId of ids) {
+      const handle = worker.client.workflow.getHandle(workflowId);
+      const d = await handle.describe();
+      const kind = workflowId.split(':')[0];
+      const sa = d.typedSearchAttributes;
+      expect(sa.get(SlipwayKind), workflowId).toBe(kind);
+      expect(sa.get(SlipwayObjective), workflowId).toBe(id);
+      if (kind === 'objective') {
+        expect(sa.get(SlipwayOutcome)).toBe('completed');
+        expect(sa.get(SlipwayPhase)).toBe('done');
+      }
+      if (kind === 'stream') {
+        expect(sa.get(SlipwayStream)).toBe(workflowId.split(':')[2]);
+        expect(sa.get(SlipwayPhase)).toBe('merged');
+      }
+      if (kind === 'sandbox') expect(sa.get(SlipwaySandboxState)).toBe('terminated');
+      expect(await d.staticSummary(), workflowId).toBeTruthy();
+      const metadata = (await handle.query('__temporal_workflow_metadata')) as { currentDetails?: string };
+      expect(metadata.currentDetails, workflowId).toMatch(/\*\*(done|merged|terminated)\*\*/);
+    }
+  });
+});
