@@ -10,6 +10,9 @@ import { devCommand, workerCommand } from './commands/serve';
 import { statusCommand } from './commands/status';
 import { mailListCommand, mailSendCommand, planDecisionCommand } from './commands/human';
 import { watchCommand } from './commands/watch';
+import { registerAccountCommands } from './commands/account';
+import { registerApiCommands } from './commands/api';
+import { registerSandboxCommands } from './commands/sandbox';
 
 export function buildProgram(): Command {
   const program = new Command('slipway')
@@ -91,6 +94,11 @@ export function buildProgram(): Command {
     .command('worker')
     .description('run a worker against TEMPORAL_ADDRESS or the running embedded server')
     .action(async () => setExit(await workerCommand()));
+
+  // The sandbox service: `sandbox ...` (API client), `api`, `mcp`, and ledger administration.
+  registerSandboxCommands(program);
+  registerApiCommands(program, setExit);
+  registerAccountCommands(program);
 
   return program;
 }

@@ -3,9 +3,10 @@
  * the embedded default, PGlite (Postgres compiled to WebAssembly, in this process, data in a
  * folder). Both speak the same SQL, so the ledger and its migrations are written once.
  */
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
+import { migrate } from './migrate';
 
 export interface QueryResult<T> {
   rows: T[];
@@ -65,11 +66,45 @@ export function openPostgres(url: string, opts: { max?: number } = {}): Db {
   };
 }
 
+export class LedgerInUseError extends Error {
+  constructor(dir: string, pid: number) {
+    super(`the embedded ledger in ${dir} is in use by process ${pid} (\`slipway api\`?); stop it first, or set DATABASE_URL to share a Postgres server`);
+    this.name = 'LedgerInUseError';
+  }
+}
+
+/**
+ * PGlite is one process's database: two processes opening the same folder would corrupt it.
+ * A pid lock file refuses the second one clearly; a stale lock (dead pid) is taken over.
+ */
+function lockPglite(dataDir: string): () => void {
+  mkdirSync(dataDir, { recursive: true });
+  const lock = path.join(dataDir, 'slipway.lock');
+  try {
+    const pid = Number(readFileSync(lock, 'utf8').trim());
+    if (pid && pid !== process.pid) {
+      try {
+        process.kill(pid, 0);
+        throw new LedgerInUseError(dataDir, pid);
+      } catch (e) {
+        if (e instanceof LedgerInUseError) throw e; // alive; ESRCH means stale
+      }
+    }
+  } catch (e) {
+    if (e instanceof LedgerInUseError) throw e;
+  }
+  writeFileSync(lock, `${process.pid}\n`);
+  return () => rmSync(lock, { force: true });
+}
+
 /** PGlite in `dataDir` (created when missing), or in memory when dataDir is undefined. */
 export async function openPglite(dataDir?: string): Promise<Db> {
   const { PGlite } = await import('@electric-sql/pglite');
-  if (dataDir) mkdirSync(path.dirname(dataDir), { recursive: true });
-  const db = await PGlite.create(dataDir);
+  const unlock = dataDir ? lockPglite(dataDir) : () => undefined;
+  const db = await PGlite.create(dataDir).catch((e) => {
+    unlock();
+    throw e;
+  });
   type Pg = Pick<typeof db, 'query'>;
   const run = async <T>(q: Pg, sql: string, params?: unknown[]): Promise<QueryResult<T>> => {
     const r = await q.query<T>(sql, params);
@@ -90,7 +125,10 @@ export async function openPglite(dataDir?: string): Promise<Db> {
     async exec(sql) {
       await db.exec(sql);
     },
-    close: () => db.close(),
+    close: async () => {
+      await db.close();
+      unlock();
+    },
   };
 }
 
@@ -101,4 +139,16 @@ export async function openPglite(dataDir?: string): Promise<Db> {
 export async function openDatabase(opts: { databaseUrl?: string; dataDir: string }): Promise<Db> {
   if (opts.databaseUrl) return openPostgres(opts.databaseUrl);
   return openPglite(path.join(opts.dataDir, 'ledger'));
+}
+
+/** The ledger from the environment (DATABASE_URL, else PGlite under SLIPWAY_HOME), migrated. */
+export async function openLedger(opts: { databaseUrl?: string; dataDir: string }): Promise<Db> {
+  const db = await openDatabase(opts);
+  try {
+    await migrate(db);
+  } catch (e) {
+    await db.close();
+    throw e;
+  }
+  return db;
 }

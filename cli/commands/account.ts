@@ -1,0 +1,233 @@
+/**
+ * Operator verbs on the ledger: accounts, API tokens, projects, profiles, and monthly usage.
+ * They open the ledger directly (DATABASE_URL, else the embedded PGlite under SLIPWAY_HOME).
+ */
+import path from 'node:path';
+import type { Command } from 'commander';
+import { openLedger, type Db } from '../../activities/ledger/db';
+import * as ledger from '../../activities/ledger/ledger';
+import { slipwaySettings } from '../../workers/settings';
+import { CliError, EXIT } from '../exit-codes';
+
+async function withLedger<T>(fn: (db: Db) => Promise<T>): Promise<T> {
+  let db: Db;
+  try {
+    db = await openLedger({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: slipwaySettings().dataDir });
+  } catch (e) {
+    throw new CliError((e as Error).message, EXIT.runFailed);
+  }
+  try {
+    return await fn(db);
+  } finally {
+    await db.close();
+  }
+}
+
+const out = (line: string): void => void process.stdout.write(`${line}\n`);
+const positive = (name: string) => (v: string) => {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n <= 0) throw new CliError(`${name} must be a positive number, got "${v}"`);
+  return n;
+};
+const count = (name: string) => (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new CliError(`${name} must be a whole number, got "${v}"`);
+  return n;
+};
+
+async function requireAccount(db: Db, id: string): Promise<ledger.Account> {
+  const account = await ledger.getAccount(db, id);
+  if (!account) throw new CliError(`no account "${id}" (create it with \`slipway account create ${id}\`)`);
+  return account;
+}
+
+/** Unique-violation and check-violation errors read as bad input, not crashes. */
+function dbInputError(e: unknown): never {
+  const code = (e as { code?: string }).code;
+  if (code === '23505') throw new CliError(`already exists: ${(e as { detail?: string }).detail ?? (e as Error).message}`);
+  if (code === '23514' || code === '22P02') throw new CliError(`invalid value: ${(e as Error).message}`);
+  throw e;
+}
+
+export function registerAccountCommands(program: Command): void {
+  const account = program.command('account').description('sandbox service accounts (ledger)');
+  account
+    .command('create')
+    .argument('<id>', `account id: ${ledger.ACCOUNT_ID_PATTERN.source}`)
+    .option('--name <name>', 'display name')
+    .option('--concurrency <n>', 'live sandboxes at once (default 1)', count('--concurrency'))
+    .option('--monthly-minutes <n>', 'soft monthly cap, for dashboards', count('--monthly-minutes'))
+    .option('--disabled', 'create with sandboxes turned off')
+    .description('create an account')
+    .action(async (id: string, opts) => {
+      if (!ledger.ACCOUNT_ID_PATTERN.test(id)) throw new CliError(`account id must match ${ledger.ACCOUNT_ID_PATTERN.source}`);
+      await withLedger(async (db) => {
+        const a = await ledger
+          .createAccount(db, { id, name: opts.name, concurrentLimit: opts.concurrency, monthlyMinutes: opts.monthlyMinutes, sandboxesEnabled: !opts.disabled })
+          .catch(dbInputError);
+        out(`account ${a.id} created (concurrency ${a.concurrent_limit}${a.sandboxes_enabled ? '' : ', sandboxes disabled'})`);
+      });
+    });
+  account
+    .command('set')
+    .argument('<id>')
+    .option('--concurrency <n>', 'live sandboxes at once', count('--concurrency'))
+    .option('--monthly-minutes <n>', 'soft monthly cap', count('--monthly-minutes'))
+    .option('--enable', 'turn sandboxes on')
+    .option('--disable', 'turn sandboxes off')
+    .description("change an account's limits or feature flag")
+    .action(async (id: string, opts) => {
+      await withLedger(async (db) => {
+        await requireAccount(db, id);
+        const a = await ledger.updateAccount(db, id, {
+          concurrentLimit: opts.concurrency,
+          monthlyMinutes: opts.monthlyMinutes,
+          sandboxesEnabled: opts.enable ? true : opts.disable ? false : undefined,
+        });
+        out(`account ${a!.id}: concurrency ${a!.concurrent_limit}, sandboxes ${a!.sandboxes_enabled ? 'enabled' : 'disabled'}`);
+      });
+    });
+  account
+    .command('list')
+    .option('--json', 'print JSON')
+    .description('list accounts')
+    .action(async (opts) => {
+      await withLedger(async (db) => {
+        const { rows } = await db.query<ledger.Account>('SELECT * FROM accounts ORDER BY id');
+        if (opts.json) out(JSON.stringify(rows));
+        else for (const a of rows) out(`${a.id.padEnd(24)} concurrency ${a.concurrent_limit}  ${a.sandboxes_enabled ? 'enabled' : 'disabled'}`);
+      });
+    });
+
+  const token = program.command('token').description('account API tokens (stored hashed; shown once)');
+  token
+    .command('create')
+    .requiredOption('--account <id>', 'account')
+    .option('--name <name>', 'what the token is for', 'default')
+    .option('--expires-days <n>', 'expire after this many days', positive('--expires-days'))
+    .description('create a token and print it (the only time it is shown)')
+    .action(async (opts) => {
+      await withLedger(async (db) => {
+        await requireAccount(db, opts.account);
+        const t = await ledger.createApiToken(db, opts.account, { name: opts.name, expiresAtMs: opts.expiresDays ? Date.now() + opts.expiresDays * 86_400_000 : undefined });
+        process.stderr.write(`token ${t.id} for account ${opts.account}; store it now, it is not shown again\n`);
+        out(t.token);
+      });
+    });
+  token
+    .command('revoke')
+    .requiredOption('--account <id>', 'account')
+    .argument('<token-id>', 'the tok_... id printed at creation')
+    .description('revoke a token')
+    .action(async (tokenId: string, opts) => {
+      await withLedger(async (db) => {
+        if (!(await ledger.revokeApiToken(db, opts.account, tokenId))) throw new CliError(`no live token ${tokenId} in account ${opts.account}`);
+        out(`token ${tokenId} revoked`);
+      });
+    });
+
+  program
+    .command('project')
+    .description('projects (grants name them)')
+    .command('create')
+    .argument('<name>')
+    .requiredOption('--account <id>', 'account')
+    .description('create a project and print its id')
+    .action(async (name: string, opts) => {
+      await withLedger(async (db) => {
+        await requireAccount(db, opts.account);
+        out((await ledger.createProject(db, opts.account, name).catch(dbInputError)).id);
+      });
+    });
+
+  const profile = program.command('profile').description('sandbox profiles: name -> provider, platform, resources, lifecycle thresholds');
+  profile
+    .command('create')
+    .argument('<name>')
+    .requiredOption('--account <id>', 'account')
+    .requiredOption('--repo <path>', 'repository each sandbox is a worktree of (local provider)')
+    .option('--base <ref>', 'branch or commit sandboxes start from', 'HEAD')
+    .option('--platform <platform>', 'linux or macos', 'linux')
+    .option('--resources <json>', 'resources, e.g. {"cpu":2,"memory_gb":4}', '{}')
+    .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positive('--idle-seconds'))
+    .option('--provisioning-timeout-seconds <n>', 'pending longer than this fails (default 120)', positive('--provisioning-timeout-seconds'))
+    .option('--default-deadline-minutes <n>', 'default deadline (default 60)', positive('--default-deadline-minutes'))
+    .option('--max-deadline-minutes <n>', 'largest deadline a create may ask for (default 1440)', positive('--max-deadline-minutes'))
+    .option('--cap-minutes <n>', 'absolute lifetime cap (default 10080, 7 days)', positive('--cap-minutes'))
+    .option('--warm <n>', 'warm pool size', count('--warm'))
+    .option('--confinement <kind>', 'none or bubblewrap', 'none')
+    .option('--no-network', 'confined sandboxes get no network')
+    .option('--no-copy-ignored', "do not copy the checkout's ignored files (node_modules, ...)")
+    .description('create a profile')
+    .action(async (name: string, opts) => {
+      let resources: Record<string, unknown>;
+      try {
+        resources = JSON.parse(opts.resources);
+      } catch {
+        throw new CliError('--resources must be JSON');
+      }
+      if (!['linux', 'macos'].includes(opts.platform)) throw new CliError('--platform must be linux or macos');
+      if (!['none', 'bubblewrap'].includes(opts.confinement)) throw new CliError('--confinement must be none or bubblewrap');
+      await withLedger(async (db) => {
+        await requireAccount(db, opts.account);
+        const p = await ledger
+          .createProfile(db, opts.account, {
+            name,
+            repository: path.resolve(opts.repo),
+            baseRef: opts.base,
+            platform: opts.platform,
+            resources,
+            idleTimeoutSeconds: opts.idleSeconds,
+            provisioningTimeoutSeconds: opts.provisioningTimeoutSeconds,
+            defaultDeadlineMinutes: opts.defaultDeadlineMinutes,
+            maxDeadlineMinutes: opts.maxDeadlineMinutes,
+            absoluteCapMinutes: opts.capMinutes,
+            warmReplicas: opts.warm,
+            confinement: opts.confinement,
+            network: opts.network,
+            copyIgnored: opts.copyIgnored,
+          })
+          .catch(dbInputError);
+        out(`profile ${p.name} (${p.id}) for ${opts.account}: ${p.provider}/${p.platform}, idle ${p.idle_timeout_seconds} s, warm ${p.warm_replicas}`);
+      });
+    });
+  profile
+    .command('list')
+    .option('--account <id>', 'only this account')
+    .option('--json', 'print JSON')
+    .description('list profiles')
+    .action(async (opts) => {
+      await withLedger(async (db) => {
+        const rows = await ledger.listProfiles(db, opts.account);
+        if (opts.json) out(JSON.stringify(rows));
+        else for (const p of rows) out(`${p.account_id.padEnd(20)} ${p.name.padEnd(24)} ${p.provider}/${p.platform}  ${p.repository}`);
+      });
+    });
+
+  program
+    .command('usage')
+    .requiredOption('--account <id>', 'account')
+    .requiredOption('--month <yyyy-mm>', 'calendar month (UTC), e.g. 2026-11')
+    .option('--json', 'print JSON')
+    .description("billable minutes from the sandbox_sessions ledger (one SQL query)")
+    .action(async (opts) => {
+      try {
+        ledger.monthRange(opts.month);
+      } catch (e) {
+        throw new CliError((e as Error).message);
+      }
+      await withLedger(async (db) => {
+        const acct = await requireAccount(db, opts.account);
+        const lines = await ledger.monthlyUsage(db, opts.account, opts.month);
+        const compute = lines.filter((l) => l.kind === 'compute').reduce((s, l) => s + l.minutes, 0);
+        if (opts.json) {
+          out(JSON.stringify({ account: opts.account, month: opts.month, lines, compute_minutes: compute, monthly_minutes_cap: acct.monthly_minutes }));
+          return;
+        }
+        out(`usage of ${opts.account} in ${opts.month} (UTC)`);
+        if (lines.length === 0) out('  no sessions');
+        for (const l of lines) out(`  ${l.kind.padEnd(17)} ${l.platform.padEnd(6)} ${l.minutes.toFixed(2).padStart(10)} min  (${l.sessions} sessions)`);
+        if (acct.monthly_minutes !== null) out(`  soft cap: ${acct.monthly_minutes} compute minutes (${((compute / acct.monthly_minutes) * 100).toFixed(1)}% used)`);
+      });
+    });
+}

@@ -1,0 +1,92 @@
+/**
+ * `slipway api`: the sandbox service (REST, MCP over HTTP, metrics) with its worker, watcher
+ * and reaper schedule, on the embedded Temporal and ledger unless TEMPORAL_ADDRESS and
+ * DATABASE_URL say otherwise. `slipway mcp`: the MCP tools over stdio, as a client of the API.
+ */
+import type { Command } from 'commander';
+import { openLedger, type Db } from '../../activities/ledger/db';
+import { slipwaySettings } from '../../workers/settings';
+import { resolveTemporal } from '../../workers/temporal';
+import { installRuntimeLogging } from '../../workers/logging';
+import { CliError, EXIT } from '../exit-codes';
+import { apiClientFromEnv } from './sandbox';
+
+const log = (line: string) => process.stderr.write(`${line}\n`);
+
+export async function apiCommand(opts: { host: string; port: number; worker: boolean; reaperSeconds: number; watchSeconds: number }): Promise<number> {
+  const settings = slipwaySettings();
+  let target;
+  try {
+    target = await resolveTemporal(settings, { startIfMissing: true });
+  } catch (e) {
+    throw new CliError((e as Error).message, EXIT.runFailed);
+  }
+  if (target.server) log(`started the embedded Temporal server at ${target.address} (Web UI ${target.uiUrl})`);
+  let db: Db;
+  try {
+    db = await openLedger({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: settings.dataDir });
+  } catch (e) {
+    await target.server?.stop();
+    throw new CliError((e as Error).message, EXIT.runFailed);
+  }
+  installRuntimeLogging();
+  // Loaded here: the HTTP server and the worker are heavy, and other verbs do not need them.
+  const { serviceLogger, startSandboxServiceHost } = require('../../workers/sandbox-service') as typeof import('../../workers/sandbox-service');
+  const host = await startSandboxServiceHost({
+    db,
+    temporalAddress: target.address,
+    namespace: target.namespace,
+    taskQueue: settings.taskQueue,
+    api: { host: opts.host, port: opts.port },
+    worker: opts.worker,
+    reaper: { intervalMs: opts.reaperSeconds * 1000 },
+    watchIntervalMs: opts.watchSeconds * 1000,
+    logger: serviceLogger(),
+    defaultMetrics: true,
+  });
+  log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); ledger: ${db.engine}`);
+  await new Promise<void>((resolve) => {
+    process.once('SIGINT', () => resolve());
+    process.once('SIGTERM', () => resolve());
+  });
+  log('shutting down');
+  await host.close();
+  await db.close();
+  await target.server?.stop();
+  return EXIT.ok;
+}
+
+export async function mcpStdioCommand(): Promise<number> {
+  const { StdioServerTransport } = require('@modelcontextprotocol/sdk/server/stdio.js') as typeof import('@modelcontextprotocol/sdk/server/stdio.js');
+  const { buildMcpServer } = require('../../api/mcp') as typeof import('../../api/mcp');
+  const server = buildMcpServer(apiClientFromEnv());
+  const transport = new StdioServerTransport();
+  await server.connect(transport);
+  await new Promise<void>((resolve) => {
+    transport.onclose = () => resolve();
+    process.stdin.once('end', () => resolve());
+  });
+  await server.close();
+  return EXIT.ok;
+}
+
+export function registerApiCommands(program: Command, setExit: (code: number) => void): void {
+  const int = (v: string) => {
+    const n = Number(v);
+    if (!Number.isInteger(n) || n < 0) throw new CliError(`expected a whole number, got "${v}"`);
+    return n;
+  };
+  program
+    .command('api')
+    .description('serve the sandbox API (REST, MCP, metrics) with its worker, watcher and reaper')
+    .option('--host <host>', 'listen address', process.env.SLIPWAY_API_HOST || '127.0.0.1')
+    .option('--port <port>', 'listen port', int, Number(process.env.SLIPWAY_API_PORT || 8787))
+    .option('--no-worker', 'serve HTTP only; sandbox workflows run on workers elsewhere')
+    .option('--reaper-seconds <n>', 'reaper schedule interval', int, 60)
+    .option('--watch-seconds <n>', 'provider watcher interval (0: off)', int, 2)
+    .action(async (opts) => setExit(await apiCommand(opts)));
+  program
+    .command('mcp')
+    .description('MCP server over stdio for agents (uses SLIPWAY_API_URL and SLIPWAY_API_TOKEN)')
+    .action(async () => setExit(await mcpStdioCommand()));
+}

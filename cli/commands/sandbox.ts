@@ -1,0 +1,173 @@
+/**
+ * `slipway sandbox ...`: a client of the sandbox REST API (SLIPWAY_API_URL, default
+ * http://127.0.0.1:8787, and SLIPWAY_API_TOKEN: the token never goes on the command line,
+ * where `ps` would show it).
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import type { Command } from 'commander';
+import { ApiClientError, DEFAULT_API_URL, SandboxApiClient } from '../../api/client';
+import type { SandboxView } from '../../api/schemas';
+import { CliError, EXIT } from '../exit-codes';
+
+export function apiClientFromEnv(env: NodeJS.ProcessEnv = process.env): SandboxApiClient {
+  const token = env.SLIPWAY_API_TOKEN;
+  if (!token) throw new CliError('set SLIPWAY_API_TOKEN to an account token (`slipway token create --account <id>`)');
+  return new SandboxApiClient(env.SLIPWAY_API_URL || DEFAULT_API_URL, token);
+}
+
+/** API errors become CLI errors: 4xx are bad input (exit 2), the rest failures (exit 1). */
+async function call<T>(fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (e) {
+    if (e instanceof ApiClientError) throw new CliError(`${e.code}: ${e.message}`, e.status >= 400 && e.status < 500 ? EXIT.badInput : EXIT.runFailed);
+    if (e instanceof TypeError && /fetch failed/.test(e.message)) {
+      throw new CliError(`cannot reach the sandbox API at ${process.env.SLIPWAY_API_URL || DEFAULT_API_URL} (is \`slipway api\` running?)`, EXIT.runFailed);
+    }
+    throw e;
+  }
+}
+
+const out = (line: string): void => void process.stdout.write(`${line}\n`);
+const show = (s: SandboxView, json?: boolean) => {
+  if (json) return out(JSON.stringify(s));
+  out(`${s.id}  ${s.status}${s.end_reason ? ` (${s.end_reason})` : ''}  profile ${s.profile}/${s.platform}`);
+  if (s.deadline_at) out(`  deadline ${s.deadline_at}`);
+  else if (s.deadline_remaining_seconds !== null) out(`  deadline paused: ${s.deadline_remaining_seconds} s left`);
+  if (s.error) out(`  error: ${s.error}`);
+};
+
+const collect = (value: string, previous: string[] = []) => [...previous, value];
+
+export function registerSandboxCommands(program: Command): void {
+  const sandbox = program.command('sandbox').description('use sandboxes through the API (SLIPWAY_API_URL, SLIPWAY_API_TOKEN)');
+
+  sandbox
+    .command('create')
+    .requiredOption('--profile <name>', 'profile')
+    .option('--deadline-minutes <n>', 'deadline (not counting suspended time)', Number)
+    .option('--project <uuid>', 'reporting tag')
+    .option('--grant <project:scopes>', 'grant, e.g. 7c4...:cache:read,registry:write (repeatable)', collect)
+    .option('--wait', 'wait until ready')
+    .option('--json', 'print JSON')
+    .description('create a sandbox')
+    .action(async (opts) => {
+      const grants = ((opts.grant as string[] | undefined) ?? []).map((g) => {
+        const i = g.indexOf(':');
+        if (i <= 0) throw new CliError(`--grant must be <project-id>:<scope>[,<scope>...], got "${g}"`);
+        return { project_id: g.slice(0, i), scopes: g.slice(i + 1).split(',').filter(Boolean) };
+      });
+      const api = apiClientFromEnv();
+      let s = await call(() => api.create({ profile: opts.profile, deadline_minutes: opts.deadlineMinutes, project_id: opts.project, grants }));
+      if (opts.wait) {
+        while (s.status === 'pending') s = await call(() => api.get(s.id, 30));
+      }
+      show(s, opts.json);
+      if (opts.wait && s.status !== 'ready') process.exitCode = EXIT.runFailed;
+    });
+
+  sandbox
+    .command('get')
+    .argument('<id>')
+    .option('--wait', 'wait while pending')
+    .option('--json', 'print JSON')
+    .description('show a sandbox')
+    .action(async (id: string, opts) => {
+      const api = apiClientFromEnv();
+      show(await call(() => api.get(id, opts.wait ? 60 : undefined)), opts.json);
+    });
+
+  sandbox
+    .command('list')
+    .option('--status <state>', 'only this state')
+    .option('--json', 'print JSON')
+    .description("list the account's sandboxes")
+    .action(async (opts) => {
+      const api = apiClientFromEnv();
+      const rows = await call(() => api.list({ status: opts.status }));
+      if (opts.json) return out(JSON.stringify(rows));
+      if (rows.length === 0) return out('no sandboxes');
+      for (const s of rows) out(`${s.id}  ${s.status.padEnd(11)} ${s.profile.padEnd(20)} ${s.created_at}`);
+    });
+
+  sandbox
+    .command('exec')
+    .argument('<id>')
+    .argument('<command>')
+    .argument('[args...]')
+    .option('--cwd <dir>', 'working directory inside the sandbox')
+    .option('--env <KEY=VALUE>', 'environment variable (repeatable)', collect)
+    .option('--timeout <seconds>', 'kill after this long', Number)
+    .option('-i, --stdin', 'pass this process’s standard input')
+    .option('--json', 'print the result as JSON instead of replaying the output')
+    .description('run a command in a sandbox; exits with its exit code (use -- before the command)')
+    .action(async (id: string, command: string, args: string[], opts) => {
+      const env: Record<string, string> = {};
+      for (const pair of (opts.env as string[] | undefined) ?? []) {
+        const i = pair.indexOf('=');
+        if (i <= 0) throw new CliError(`--env must be KEY=VALUE, got "${pair}"`);
+        env[pair.slice(0, i)] = pair.slice(i + 1);
+      }
+      const api = apiClientFromEnv();
+      const stdin = opts.stdin ? readFileSync(0, 'utf8') : undefined;
+      const r = await call(() => api.exec(id, { command, args, env, cwd: opts.cwd, stdin, timeout_seconds: opts.timeout }));
+      if (opts.json) out(JSON.stringify(r));
+      else {
+        process.stdout.write(r.stdout);
+        process.stderr.write(r.stderr);
+        if (r.timed_out) process.stderr.write(`slipway: the command timed out\n`);
+      }
+      process.exitCode = r.timed_out ? 124 : (r.exit_code ?? 1);
+    });
+
+  const files = sandbox.command('files').description('read, write and delete files in a sandbox');
+  files
+    .command('get')
+    .argument('<id>')
+    .argument('<path>')
+    .option('-o, --output <file>', 'write here instead of standard output')
+    .description('read a file')
+    .action(async (id: string, p: string, opts) => {
+      const api = apiClientFromEnv();
+      const content = await call(() => api.readFile(id, p));
+      if (opts.output) writeFileSync(opts.output, content);
+      else process.stdout.write(content);
+    });
+  files
+    .command('put')
+    .argument('<id>')
+    .argument('<path>', 'path inside the sandbox')
+    .argument('[local]', 'local file, or - for standard input', '-')
+    .description('write a file')
+    .action(async (id: string, p: string, local: string) => {
+      const api = apiClientFromEnv();
+      const content = readFileSync(local === '-' ? 0 : local);
+      await call(() => api.writeFile(id, p, content));
+      process.stderr.write(`wrote ${content.length} bytes to ${p}\n`);
+    });
+  files
+    .command('rm')
+    .argument('<id>')
+    .argument('<path>')
+    .description('delete a file')
+    .action(async (id: string, p: string) => {
+      const api = apiClientFromEnv();
+      await call(() => api.deleteFile(id, p));
+    });
+
+  sandbox
+    .command('destroy')
+    .argument('<id>')
+    .option('--wait', 'wait until terminated')
+    .option('--json', 'print JSON')
+    .description('destroy a sandbox')
+    .action(async (id: string, opts) => {
+      const api = apiClientFromEnv();
+      let s = await call(() => api.destroy(id));
+      while (opts.wait && s.status !== 'terminated' && s.status !== 'failed') {
+        await new Promise((r) => setTimeout(r, 100));
+        s = await call(() => api.get(id));
+      }
+      show(s, opts.json);
+    });
+}

@@ -1,0 +1,138 @@
+/**
+ * The service's CLI verbs as a user runs them (real processes): ledger administration against
+ * the test Postgres, `slipway sandbox ...` against the API over HTTP, `slipway mcp` over
+ * stdio, `slipway usage`, and the embedded PGlite ledger with its single-process lock.
+ */
+import { spawn } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { Client as McpClient } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { openPglite } from '../../activities/ledger/db';
+import { startServiceHarness, type ServiceHarness } from './harness';
+import { tempDir } from './repo';
+
+const BIN = path.join(__dirname, '..', '..', 'bin', 'slipway.cjs');
+
+function slipway(args: string[], env: NodeJS.ProcessEnv = {}, stdin?: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const base = { ...process.env };
+    delete base.DATABASE_URL;
+    delete base.SLIPWAY_API_TOKEN;
+    const child = spawn(process.execPath, [BIN, ...args], { env: { ...base, ...env }, stdio: ['pipe', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c) => (stdout += c));
+    child.stderr.on('data', (c) => (stderr += c));
+    child.stdin.end(stdin ?? '');
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+  });
+}
+
+let h: ServiceHarness;
+let dbEnv: NodeJS.ProcessEnv;
+let apiEnv: NodeJS.ProcessEnv;
+beforeAll(async () => {
+  h = await startServiceHarness();
+  dbEnv = { DATABASE_URL: h.database.url };
+});
+afterAll(async () => {
+  await h?.stop();
+});
+
+describe('slipway account, token, project, profile', () => {
+  it('sets up an account that the API then serves', async () => {
+    expect(await slipway(['account', 'create', 'cli-co', '--concurrency', '2'], dbEnv)).toMatchObject({ code: 0, stdout: 'account cli-co created (concurrency 2)\n' });
+    expect((await slipway(['account', 'create', 'cli-co'], dbEnv)).code).toBe(2); // already exists: bad input
+    expect((await slipway(['account', 'create', 'Bad Name'], dbEnv)).code).toBe(2);
+    const token = await slipway(['token', 'create', '--account', 'cli-co', '--name', 'ci'], dbEnv);
+    expect(token.code).toBe(0);
+    expect(token.stdout.trim()).toMatch(/^slp_[A-Za-z0-9_-]{43}$/);
+    const project = await slipway(['project', 'create', 'web', '--account', 'cli-co'], dbEnv);
+    expect(project.stdout.trim()).toMatch(/^[0-9a-f-]{36}$/);
+    const profile = await slipway(['profile', 'create', 'linux-small', '--account', 'cli-co', '--repo', h.repo, '--base', 'main', '--idle-seconds', '120'], dbEnv);
+    expect(profile).toMatchObject({ code: 0 });
+    expect(profile.stdout).toContain('profile linux-small');
+    apiEnv = { SLIPWAY_API_URL: h.url, SLIPWAY_API_TOKEN: token.stdout.trim(), PROJECT: project.stdout.trim() };
+  });
+});
+
+describe('slipway sandbox', () => {
+  it('creates, execs, edits files, lists and destroys through the API', async () => {
+    const created = await slipway(['sandbox', 'create', '--profile', 'linux-small', '--grant', `${apiEnv.PROJECT}:cache:read`, '--wait', '--json'], apiEnv);
+    expect(created.stderr).toBe('');
+    const sandbox = JSON.parse(created.stdout) as { id: string; status: string; grants: unknown[] };
+    expect(sandbox).toMatchObject({ status: 'ready', grants: [{ project_id: apiEnv.PROJECT, scopes: ['cache:read'] }] });
+    const id = sandbox.id;
+
+    const exec = await slipway(['sandbox', 'exec', id, '--', 'sh', '-c', 'echo out; echo err >&2; exit 3'], apiEnv);
+    expect(exec).toMatchObject({ code: 3, stdout: 'out\n', stderr: 'err\n' });
+    const withStdin = await slipway(['sandbox', 'exec', id, '-i', '--env', 'X=1', '--', 'sh', '-c', 'cat; echo $X'], apiEnv, 'piped\n');
+    expect(withStdin).toMatchObject({ code: 0, stdout: 'piped\n1\n' });
+
+    const local = path.join(tempDir('cli-files'), 'in.txt');
+    writeFileSync(local, 'from disk\n');
+    expect((await slipway(['sandbox', 'files', 'put', id, 'docs/in.txt', local], apiEnv)).code).toBe(0);
+    expect((await slipway(['sandbox', 'files', 'get', id, 'docs/in.txt'], apiEnv)).stdout).toBe('from disk\n');
+    const outFile = `${local}.out`;
+    await slipway(['sandbox', 'files', 'get', id, 'docs/in.txt', '-o', outFile], apiEnv);
+    expect(readFileSync(outFile, 'utf8')).toBe('from disk\n');
+    expect((await slipway(['sandbox', 'files', 'rm', id, 'docs/in.txt'], apiEnv)).code).toBe(0);
+    const missing = await slipway(['sandbox', 'files', 'get', id, 'docs/in.txt'], apiEnv);
+    expect(missing.code).toBe(2);
+    expect(missing.stderr).toContain('file_not_found');
+    const escape = await slipway(['sandbox', 'files', 'get', id, '../../../../etc/passwd'], apiEnv);
+    expect(escape.stderr).toContain('path_refused');
+
+    expect((await slipway(['sandbox', 'list'], apiEnv)).stdout).toContain(`${id}  ready`);
+    expect((await slipway(['sandbox', 'get', id], apiEnv)).stdout).toContain(`${id}  ready  profile linux-small/linux`);
+
+    // MCP over stdio, as an agent would launch it.
+    const transport = new StdioClientTransport({ command: process.execPath, args: [BIN, 'mcp'], env: { ...(process.env as Record<string, string>), ...(apiEnv as Record<string, string>) }, stderr: 'pipe' });
+    const mcp = new McpClient({ name: 'cli-test', version: '1.0.0' });
+    await mcp.connect(transport);
+    try {
+      const r = (await mcp.callTool({ name: 'exec_in_sandbox', arguments: { sandbox_id: id, command: 'echo', args: ['over stdio'] } })) as { content: Array<{ text: string }> };
+      expect(JSON.parse(r.content[0]!.text)).toMatchObject({ exit_code: 0, stdout: 'over stdio\n' });
+    } finally {
+      await mcp.close();
+    }
+
+    const destroyed = await slipway(['sandbox', 'destroy', id, '--wait', '--json'], apiEnv);
+    expect(JSON.parse(destroyed.stdout)).toMatchObject({ status: 'terminated', end_reason: 'explicit_delete' });
+
+    const month = new Date().toISOString().slice(0, 7);
+    const usage = await slipway(['usage', '--account', 'cli-co', '--month', month, '--json'], dbEnv);
+    const report = JSON.parse(usage.stdout) as { lines: Array<{ kind: string; minutes: number; sessions: number }>; compute_minutes: number };
+    expect(report.lines).toEqual([{ kind: 'compute', platform: 'linux', minutes: expect.any(Number), sessions: 1 }]);
+    expect(report.compute_minutes).toBeGreaterThan(0);
+    expect((await slipway(['usage', '--account', 'cli-co', '--month', '2026-13'], dbEnv)).code).toBe(2);
+  });
+
+  it('says clearly when the token or the API is missing', async () => {
+    expect((await slipway(['sandbox', 'list'])).stderr).toContain('SLIPWAY_API_TOKEN');
+    const down = await slipway(['sandbox', 'list'], { SLIPWAY_API_URL: 'http://127.0.0.1:9', SLIPWAY_API_TOKEN: 'x' });
+    expect(down).toMatchObject({ code: 1 });
+    expect(down.stderr).toContain('cannot reach the sandbox API');
+    expect((await slipway(['sandbox', 'list'], { ...apiEnv, SLIPWAY_API_TOKEN: 'slp_wrong' })).stderr).toContain('unauthorized');
+  });
+});
+
+describe('embedded ledger (PGlite)', () => {
+  it('needs no server, and refuses a second process while one holds it', async () => {
+    const home = tempDir('cli-home');
+    const env = { SLIPWAY_HOME: home };
+    expect(await slipway(['account', 'create', 'embedded'], env)).toMatchObject({ code: 0 });
+    expect((await slipway(['account', 'list'], env)).stdout).toContain('embedded');
+    const held = await openPglite(path.join(home, 'ledger'));
+    try {
+      const refused = await slipway(['account', 'list'], env);
+      expect(refused.code).toBe(1);
+      expect(refused.stderr).toMatch(/in use by process \d+/);
+    } finally {
+      await held.close();
+    }
+    expect((await slipway(['account', 'list'], env)).code).toBe(0);
+  });
+});
