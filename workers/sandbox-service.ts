@@ -13,6 +13,7 @@ import pino, { type Logger } from 'pino';
 import { REAPER_SCHEDULE_ID, reaperWorkflowId, sandboxServiceTaskQueue } from '../core/sandbox-service';
 import type { Db } from '../activities/ledger/db';
 import { migrate } from '../activities/ledger/migrate';
+import { listProfiles } from '../activities/ledger/ledger';
 import { createSandboxServiceActivities } from '../activities/service';
 import { createServiceMetrics, type ServiceMetrics } from '../activities/service/metrics';
 import { defaultProviderFor, type ProviderFor } from '../activities/service/providers';
@@ -51,6 +52,8 @@ export interface SandboxServiceHost {
   client: Client;
   watcher?: SandboxWatcher;
   serviceTaskQueue: string;
+  /** Fills every profile's warm pool now (also done at start and on each reaper tick). */
+  replenishWarmPools(): Promise<number>;
   close(): Promise<void>;
 }
 
@@ -78,6 +81,12 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
   const client = new Client({ connection, namespace });
   const closers: Array<() => Promise<void>> = [];
 
+  const activities = createSandboxServiceActivities({ db, providerFor, client, metrics });
+  const replenishWarmPools = async () => {
+    let made = 0;
+    for (const p of await listProfiles(db)) if (p.warm_replicas > 0) made += await activities.replenishWarmPool({ profileId: p.id });
+    return made;
+  };
   let workerRun: Promise<void> | undefined;
   if (opts.worker !== false) {
     const nativeConnection = await NativeConnection.connect({ address: opts.temporalAddress });
@@ -86,13 +95,15 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
       namespace,
       taskQueue: serviceTaskQueue,
       workflowBundle: opts.workflowBundle ?? (await bundleWorkflows()),
-      activities: createSandboxServiceActivities({ db, providerFor, client, metrics }),
+      activities,
       maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 16,
       maxConcurrentLocalActivityExecutions: 64,
       maxConcurrentWorkflowTaskExecutions: 16,
       shutdownGraceTime: 5_000,
     });
     workerRun = worker.run();
+    // Warm pools fill in the background; a create before that is a cold boot.
+    void replenishWarmPools().catch((e) => logger.warn({ err: e }, 'warm pool fill failed'));
     closers.push(async () => {
       if (worker.getState() === 'RUNNING') worker.shutdown();
       await workerRun!.catch(() => undefined);
@@ -146,6 +157,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     client,
     watcher,
     serviceTaskQueue,
+    replenishWarmPools,
     async close() {
       for (const close of closers) await close().catch(() => undefined);
       await connection.close();

@@ -144,7 +144,19 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
 
   enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
-  const prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch });
+  let prepared: Awaited<ReturnType<typeof git.prepareObjective>>;
+  try {
+    prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch });
+  } catch (err) {
+    if (isCancellation(err)) throw err;
+    // Nothing was started: end as failed with the reason rather than as a failed workflow.
+    const error = `could not prepare the integration branch: ${failureMessage(err)}`;
+    done = true;
+    status.outcome = 'failed';
+    upsertSearchAttributes([{ key: SlipwayOutcome, value: 'failed' }]);
+    enter('done', `outcome **failed**: ${error}`);
+    return { ...status, outcome: 'failed', error };
+  }
   status.integrationBranch = prepared.integrationBranch;
   status.baseCommit = prepared.baseCommit;
 

@@ -56,6 +56,26 @@ describe('pending -> ready -> terminating -> terminated (DELETE)', () => {
   });
 });
 
+describe('warm pool', () => {
+  it('claims a pre-provisioned sandbox (warm_hit) and refills the pool', async () => {
+    const a = await h.account();
+    await a.profile({ name: 'warm', warmReplicas: 1 });
+    expect(await h.host.replenishWarmPools()).toBeGreaterThanOrEqual(1);
+    const free = async () => (await h.database.db.query<{ n: number }>(`SELECT count(*)::int AS n FROM warm_sandboxes w JOIN sandbox_profiles p ON p.id = w.profile_id WHERE p.account_id = $1 AND claimed_by IS NULL`, [a.id])).rows[0]!.n;
+    expect(await free()).toBe(1);
+    const { id } = await a.api.create({ profile: 'warm' });
+    const ready = await a.api.get(id, 30);
+    expect(ready.provisioning_kind).toBe('warm_hit');
+    expect((await h.sessions(id))[0]).toMatchObject({ provisioning_kind: 'warm_hit' });
+    expect((await a.api.exec(id, sh('git rev-parse --abbrev-ref HEAD'))).stdout).toBe(`slipway/sandboxes/${id}\n`);
+    const until = Date.now() + 15_000;
+    while ((await free()) < 1 && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
+    expect(await free()).toBe(1); // refilled in the background
+    await a.api.destroy(id);
+    await h.waitFor(a.api, id, ['terminated']);
+  });
+});
+
 describe('pending -> failed', () => {
   it('fails on provisioning timeout and opens no session', async () => {
     const a = await h.account();
