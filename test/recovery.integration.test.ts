@@ -352,3 +352,30 @@ steps:
     await expect(worker.client.workflow.getHandle('objective:bad-blueprint').describe()).rejects.toThrow(/not found/i);
   });
 });
+
+describe('sandbox failures', () => {
+  it('a sandbox that cannot be created fails its stream as sandbox_failure after retries; the others go on', async () => {
+    const repo = makeDemoRepo();
+    // A branch below the stream's branch name makes `git worktree add -b slipway/<id>/blocked` fail.
+    gitIn(repo, 'branch', 'slipway/sandbox-fail/blocked/x');
+    const { handle } = await start(
+      { repository: repo, objective: 'one sandbox cannot be made', agents: { builder }, streams: [{ id: 'blocked', task: 'x' }, { id: 'ok', task: 'y' }] },
+      { ok: [{ files: helperFiles('ok') }] },
+      'sandbox-fail',
+    );
+    const result = (await handle.result()) as ObjectiveResult;
+    expect(result.outcome).toBe('partial');
+    expect(result.streams.find((s) => s.id === 'blocked')).toMatchObject({ phase: 'failed', failure: { kind: 'sandbox_failure' } });
+    expect(result.ledger.find((e) => e.stream === 'blocked')).toMatchObject({ kind: 'sandbox_failure', result: 'failed' });
+  }, 120_000);
+
+  it('an objective whose integration branch cannot be prepared ends failed with the reason, starting no stream', async () => {
+    const repo = makeDemoRepo();
+    gitIn(repo, 'branch', 'slipway/prep-fail/integration/x');
+    const { handle } = await start({ repository: repo, objective: 'x', agents: { builder }, streams: [{ id: 'a', task: 'a' }] }, {}, 'prep-fail');
+    const result = (await handle.result()) as ObjectiveResult;
+    expect(result.outcome).toBe('failed');
+    expect(result.error).toMatch(/could not prepare the integration branch/);
+    expect(result.streams.every((s) => s.phase === 'waiting')).toBe(true);
+  }, 120_000);
+});
