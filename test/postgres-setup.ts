@@ -72,11 +72,25 @@ export async function setup(project: { provide(key: 'postgresUrl' | 'postgresErr
   const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-test-pg-'));
   dataDir = path.join(dir, 'data');
   if (process.getuid?.() === 0) {
-    const uid = Number(execFileSync('id', ['-u', 'postgres'], { encoding: 'utf8' }).trim());
-    const gid = Number(execFileSync('id', ['-g', 'postgres'], { encoding: 'utf8' }).trim());
+    // The Debian package creates `postgres`; any unprivileged user does.
+    const user = ['postgres', 'nobody'].find((u) => {
+      try {
+        execFileSync('id', ['-u', u], { stdio: 'ignore' });
+        return true;
+      } catch {
+        return false;
+      }
+    });
+    if (!user) {
+      project.provide('postgresUrl', '');
+      project.provide('postgresError', 'running as root with no unprivileged user to run postgres as');
+      return;
+    }
+    const uid = Number(execFileSync('id', ['-u', user], { encoding: 'utf8' }).trim());
+    const gid = Number(execFileSync('id', ['-g', user], { encoding: 'utf8' }).trim());
     chownSync(dir, uid, gid);
     chmodSync(dir, 0o700);
-    asUser = ['-u', 'postgres', '--'];
+    asUser = ['-u', user, '--'];
   }
   const port = await freePort();
   try {
