@@ -10,6 +10,7 @@ import { freePort } from '../workers/dev-server';
 import { DEMO_DIR, gitIn, makeDemoRepo, pictureCheckout, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
 import { slipway } from './helpers/cli';
+import { startWorkerProcess } from './helpers/worker-process';
 
 let worker: TestWorker;
 let serverEnv: NodeJS.ProcessEnv;
@@ -88,6 +89,16 @@ describe('slipway against a running server', () => {
     const second = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-dup'], serverEnv);
     expect(second.code).toBe(2);
     expect(second.stderr).toMatch(/objective "cli-dup" already exists/);
+  });
+
+  it('worker shuts down gracefully on SIGTERM and SIGINT', async () => {
+    for (const signal of ['SIGTERM', 'SIGINT'] as const) {
+      const w = await startWorkerProcess(serverEnv);
+      const exited = new Promise<number | null>((resolve) => w.child.once('exit', (code) => resolve(code)));
+      w.child.kill(signal);
+      expect(await exited).toBe(0);
+      expect(w.output()).toContain(`${signal}: shutting down the worker`);
+    }
   });
 
   it('says so for an unknown objective (exit 2)', async () => {
