@@ -3,16 +3,11 @@
  * real dependencies (sandbox provider, logger).
  */
 import path from 'node:path';
-import { Context } from '@temporalio/activity';
 import { integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
-import type { AgentSpec, Feedback, GateSpec, SandboxInfo, SandboxInput, StreamSpec } from '../core/types';
-import type { AgentRole } from '../core/states';
-import { agentProvider } from './agents/registry';
-import type { AgentEvent, TokenUsage } from './agents/provider';
-import { buildPrompt, contextEnv } from './agents/prompt';
-import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from './agents/structured';
+import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
+import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, commitIdentityEnv, git, gitMaybe, gitWithIdentity, isAncestor, isDirty, resolveCommit } from './git';
+import { branchExists, git, gitMaybe, gitWithIdentity, isAncestor, isDirty, resolveCommit } from './git';
 import { withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redact } from './redact';
@@ -191,136 +186,11 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   };
 }
 
-export interface AgentRunInput {
-  role: AgentRole;
-  spec: AgentSpec;
-  sandboxPath: string;
-  objectiveDir: string;
-  objective: { id: string; text: string };
-  /** The stream the agent works on; a planner works for the whole objective. */
-  stream: { id: string; task: string; branch: string };
-  targetBranch: string;
-  iteration: number;
-  feedback?: Feedback;
-  resumeSessionId?: string;
-}
-
-export interface AgentRunResult {
-  exitCode: number | null;
-  sessionId?: string;
-  usage: TokenUsage;
-  toolCalls: number;
-  /** Tail of the agent's text output (redacted). */
-  output: string;
-  verdict?: ReviewVerdict;
-  /** A planner's streams, validated. */
-  plan?: StreamSpec[];
-  durationMs: number;
-}
-
+/** Agent runs live in agents/run-agent.ts; the workers build them from the same deps. */
 export function createAgentActivities(deps: ActivityDeps = defaultActivityDeps()) {
-  const { sandboxes } = deps;
-  return {
-    async runAgent(input: AgentRunInput): Promise<AgentRunResult> {
-      const provider = agentProvider(input.spec.provider);
-      const promptContext = {
-        role: input.role,
-        objective: input.objective.text,
-        objectiveId: input.objective.id,
-        streamId: input.stream.id,
-        task: input.stream.task,
-        iteration: input.iteration,
-        sourceBranch: input.stream.branch,
-        targetBranch: input.targetBranch,
-        feedback: input.feedback,
-      };
-      const command = provider.buildCommand({
-        role: input.role,
-        spec: input.spec,
-        prompt: buildPrompt(promptContext),
-        cwd: input.sandboxPath,
-        resumeSessionId: input.resumeSessionId,
-        env: {},
-      });
-      const env = {
-        ...(await commitIdentityEnv(input.sandboxPath)),
-        ...contextEnv(promptContext),
-        SLIPWAY_OBJECTIVE_DIR: input.objectiveDir,
-        SLIPWAY_SANDBOX: input.sandboxPath,
-        ...command.env,
-      };
-      const usage: TokenUsage = { inputTokens: 0, outputTokens: 0, cachedTokens: 0, costUsd: 0 };
-      const texts: string[] = [];
-      let sessionId: string | undefined;
-      let toolCalls = 0;
-      const events: AgentEvent[] = [];
-      const onEvent = (event: AgentEvent) => {
-        switch (event.type) {
-          case 'text':
-          case 'result':
-            texts.push(event.text);
-            break;
-          case 'session':
-            sessionId = event.sessionId;
-            break;
-          case 'tool_call':
-            toolCalls += 1;
-            break;
-          case 'usage':
-            usage.inputTokens += event.inputTokens;
-            usage.outputTokens += event.outputTokens;
-            usage.cachedTokens = (usage.cachedTokens ?? 0) + (event.cachedTokens ?? 0);
-            usage.costUsd = (usage.costUsd ?? 0) + (event.costUsd ?? 0);
-            break;
-          default:
-            events.push(event);
-        }
-      };
-      const run = await withHeartbeat((signal, beat) =>
-        sandboxes.exec(
-          { root: input.sandboxPath },
-          {
-            command: command.command,
-            args: command.args,
-            shell: command.shell,
-            stdin: command.stdin,
-            env,
-            signal,
-            timeoutMs: input.spec.timeout_minutes * 60_000,
-            onLine: (stream, line) => {
-              for (const event of provider.parseLine(line, stream)) onEvent(event);
-              beat({ lines: texts.length });
-            },
-          },
-        ),
-      );
-      const output = redact(tail(texts.join('\n'), 6_000));
-      const name = `${input.role} agent (${input.spec.provider})`;
-      if (run.cancelled) throw failure('agent_runtime_transient', `${name} was cancelled`);
-      if (run.timedOut) throw failure('agent_runtime_transient', `${name} ran past its ${input.spec.timeout_minutes} minute limit and was killed`);
-      const rateLimit = events.find((e) => e.type === 'rate_limit');
-      if (rateLimit && rateLimit.type === 'rate_limit') {
-        throw failure('provider_rate_limit', `${name} hit a rate limit`, { resetAt: rateLimit.resetAt });
-      }
-      if (run.exitCode !== 0) {
-        throw failure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${redact(tail(run.stderr.trim() || output, 1_000))}`);
-      }
-      let verdict: ReviewVerdict | undefined;
-      let plan: StreamSpec[] | undefined;
-      if (input.role === 'reviewer') {
-        const parsed = extractTagged(texts.join('\n'), 'review', ReviewVerdictSchema);
-        if (!parsed.ok) throw failure('agent_runtime_transient', `reviewer gave no usable verdict: ${parsed.error}`);
-        verdict = parsed.value;
-      } else if (input.role === 'planner') {
-        const parsed = extractTagged(texts.join('\n'), 'plan', PlanSchema);
-        if (!parsed.ok) throw failure('agent_runtime_transient', `planner gave no usable plan: ${parsed.error}`);
-        plan = parsed.value.streams;
-      }
-      Context.current().log.info('agent run finished', { role: input.role, stream: input.stream.id, durationMs: run.durationMs });
-      return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, verdict, plan, durationMs: run.durationMs };
-    },
-  };
+  return createAgentRunActivities(deps);
 }
+export type { AgentRunInput, AgentRunResult } from './agents/run-agent';
 
 export type SlipwayActivities = ReturnType<typeof createActivities>;
 export type SlipwayAgentActivities = ReturnType<typeof createAgentActivities>;

@@ -16,6 +16,7 @@ import { ObjectiveFileSchema, type ObjectiveFile } from '../core/objective-schem
 import { ID_PATTERN, ID_RULE } from '../core/ids';
 import type { ObjectiveInput, ResolvedBlueprints } from '../core/types';
 import { resolveObjectiveBlueprint } from './resolve-blueprint';
+import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, type AgentSource } from './agent-config';
 import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../activities/git';
 import {
   describeIssue,
@@ -185,6 +186,30 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     }
   }
 
+  // 5b. Agents: `.slipway/config.yaml`'s defaults under the file's, prompt templates, command lines.
+  // Checked even when other fields are invalid; without a repository there are no defaults to merge.
+  const objectiveAgents: AgentSource = {
+    file,
+    dir: objectiveDir,
+    locate,
+    locateKey: yaml.locateKey,
+    ...sanitizeAgents(rawObject.agents, parsed.success ? [] : parsed.error.issues, ['agents']),
+  };
+  const config = repository === undefined ? { problems: [] } : await loadProjectConfig(repository);
+  const otherFiles: ObjectiveFileProblem[] = [...config.problems];
+  const resolved = await resolveAgents(objectiveAgents, config.source);
+  for (const p of resolved.problems) (p.file === file ? problems : otherFiles).push(p);
+  const configName = repository === undefined ? PROJECT_CONFIG_FILE : path.join(repository, PROJECT_CONFIG_FILE);
+  const declared = (role: 'builder' | 'planner') =>
+    objectiveAgents.agents[role] !== undefined || objectiveAgents.reported[role] !== undefined || config.source?.agents[role] !== undefined;
+  if (!declared('builder') && (rawObject.agents === undefined || isMap(doc.get('agents', true)))) {
+    problems.push({ file, ...locate(['agents']), field: 'agents.builder', message: `is required: configure the builder agent here or in ${configName}` });
+  }
+  const noStreams = rawObject.streams === undefined || (Array.isArray(rawObject.streams) && rawObject.streams.length === 0);
+  if (noStreams && !declared('planner')) {
+    problems.push({ file, ...locate(['streams']), field: 'streams', message: `list at least one stream, or configure agents.planner (here or in ${configName}) to plan them` });
+  }
+
   // 6. Id.
   let id: string | undefined;
   if (overrides.id !== undefined) {
@@ -204,7 +229,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     }
   }
 
-  if (problems.length > 0) return fail(sortByPosition(problems));
+  if (problems.length > 0 || otherFiles.length > 0) return fail([...sortByPosition(problems), ...otherFiles]);
   if (!parsed.success || repository === undefined || baseBranch === undefined || id === undefined || blueprint === undefined) {
     // Unreachable: every failing path above records a problem.
     return fail([{ file, message: 'the objective file is invalid' }]);
@@ -226,7 +251,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     blueprint,
     gates: data.gates,
     postMergeGates: data.post_merge_gates ?? data.gates,
-    agents: data.agents,
+    agents: resolved.agents,
     streams: data.streams,
   };
 }

@@ -17,19 +17,80 @@ export const GateSchema = z.strictObject({
 });
 export type GateSpec = z.infer<typeof GateSchema>;
 
-export const AgentSchema = z.strictObject({
+/** Printed by an agent to end its step's iteration loop early (Sandcastle's convention). */
+export const DEFAULT_COMPLETION_SIGNAL = '<promise>COMPLETE</promise>';
+/** `{{KEY}}` names a prompt template may use. */
+export const TEMPLATE_KEY_PATTERN = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/**
+ * Agent fields as a user writes them, with no defaults: the objective file's `agents.<role>`
+ * overrides `.slipway/config.yaml`'s field by field, so an absent field must stay absent until
+ * the two are merged (config/agent-config.ts) and `AgentSchema` applies the defaults.
+ */
+const agentFields = {
   provider: z.enum(AGENT_PROVIDERS),
-  /** For `script`: the shell command run inside the sandbox. For real agents: overrides the executable. */
-  command: z.string().min(1).optional(),
-  model: z.string().min(1).optional(),
-  permission_mode: z.string().min(1).optional(),
-  extra_args: z.array(z.string()).default([]),
+  /**
+   * For `script`: the shell command run inside the sandbox. For real agents: the executable,
+   * optionally followed by arguments (split like a shell would, no shell involved), e.g.
+   * `node /path/fake-agent.mjs --format claude`.
+   */
+  command: z.string().min(1),
+  model: z.string().min(1),
+  permission_mode: z.string().min(1),
+  extra_args: z.array(z.string()),
   /** Hard cap on one agent run. */
-  timeout_minutes: z.number().positive().max(24 * 60).default(30),
-}).refine((a) => a.provider !== 'script' || a.command !== undefined, {
-  message: 'the script provider needs a "command"',
-  path: ['command'],
-});
+  timeout_minutes: z.number().positive().max(24 * 60),
+  /** No output (stdout or stderr) for this long: the process group is killed; the run is `agent_runtime_transient`. */
+  idle_timeout_minutes: z.number().positive().max(24 * 60),
+  /** Agent runs per step; the loop ends early when the output holds a completion signal. */
+  max_iterations: z.number().int().min(1).max(100),
+  completion_signals: z.array(z.string().min(1)).min(1),
+  /** After a completion signal: how long the process may take to exit before its process group is killed. */
+  completion_grace_seconds: z.number().min(0).max(600),
+  /** Inline prompt template (`{{KEY}}` arguments, `` !`command` `` expansions). */
+  prompt: z.string().min(1),
+  /** Prompt template file, relative to the file that names it. */
+  prompt_file: z.string().min(1),
+  /** Values of the template's own `{{KEY}}` arguments. */
+  args: z.record(z.string().regex(TEMPLATE_KEY_PATTERN, 'must be a template key: letters, digits and "_", not starting with a digit'), z.string()),
+  /** New runs allowed when a reviewer's or planner's structured answer is invalid (each told why). */
+  max_output_retries: z.number().int().min(0).max(10),
+};
+
+const onePrompt = (a: { prompt?: string; prompt_file?: string }) => a.prompt === undefined || a.prompt_file === undefined;
+const onePromptIssue = { message: 'set either "prompt" or "prompt_file", not both', path: ['prompt_file'] };
+
+/** One role's agent as written in the objective file or `.slipway/config.yaml`: every field optional. */
+export const AgentOverridesSchema = z.strictObject(agentFields).partial().refine(onePrompt, onePromptIssue);
+export type AgentOverrides = z.infer<typeof AgentOverridesSchema>;
+
+/** A role's agent after the objective file and `.slipway/config.yaml` are merged: defaults applied. */
+export const AgentSchema = z
+  .strictObject({
+    provider: agentFields.provider,
+    command: agentFields.command.optional(),
+    model: agentFields.model.optional(),
+    permission_mode: agentFields.permission_mode.optional(),
+    extra_args: agentFields.extra_args.default([]),
+    timeout_minutes: agentFields.timeout_minutes.default(30),
+    // Long enough for a silent tool call (a test suite run by the agent prints nothing until it ends).
+    idle_timeout_minutes: agentFields.idle_timeout_minutes.default(15),
+    max_iterations: agentFields.max_iterations.default(1),
+    completion_signals: agentFields.completion_signals.default([DEFAULT_COMPLETION_SIGNAL]),
+    completion_grace_seconds: agentFields.completion_grace_seconds.default(5),
+    /**
+     * The prompt template's text. When the user wrote `prompt_file`, the loader reads the file
+     * into `prompt` and keeps `prompt_file` (the path as written) to name it in messages.
+     */
+    prompt: agentFields.prompt.optional(),
+    prompt_file: agentFields.prompt_file.optional(),
+    args: agentFields.args.default({}),
+    max_output_retries: agentFields.max_output_retries.default(2),
+  })
+  .refine((a) => a.provider !== 'script' || a.command !== undefined, {
+    message: 'the script provider needs a "command"',
+    path: ['command'],
+  });
 export type AgentSpec = z.infer<typeof AgentSchema>;
 
 export const StreamSchema = z.strictObject({
@@ -58,19 +119,20 @@ export const ObjectiveFileSchema = z
     require_approval: z.boolean().default(false),
     gates: z.array(GateSchema).default([]),
     post_merge_gates: z.array(GateSchema).optional(),
-    agents: z.strictObject({
-      builder: AgentSchema,
-      reviewer: AgentSchema.optional(),
-      planner: AgentSchema.optional(),
-      scout: AgentSchema.optional(),
-    }),
+    /** Per role; merged over `.slipway/config.yaml`'s agents (config/agent-config.ts), which may supply them all. */
+    agents: z
+      .strictObject({
+        builder: AgentOverridesSchema.optional(),
+        reviewer: AgentOverridesSchema.optional(),
+        planner: AgentOverridesSchema.optional(),
+        scout: AgentOverridesSchema.optional(),
+      })
+      .default({}),
     /** May be left out when a planner agent produces the streams. */
     streams: z.array(StreamSchema).default([]),
   })
   .superRefine((file, ctx) => {
-    if (file.streams.length === 0 && !file.agents.planner) {
-      ctx.addIssue({ code: 'custom', path: ['streams'], message: 'list at least one stream, or configure agents.planner to plan them' });
-    }
+    // "No streams and no planner" is checked by the loader once .slipway/config.yaml's agents are merged in.
     const ids = new Set<string>();
     file.streams.forEach((stream, index) => {
       if (ids.has(stream.id)) {

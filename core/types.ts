@@ -113,6 +113,37 @@ export interface TokenTotals {
   runs: number;
 }
 
+/**
+ * One agent run (one activity call), as recorded in stream and objective status: where it ran,
+ * what it cost, how it ended. Tokens follow the providers' shared convention (input includes
+ * cached); `costUsd` is absent when the agent reports no cost.
+ */
+export interface AgentRunRecord {
+  at: string;
+  /** Absent for the planner (it works for the whole objective). */
+  stream?: string;
+  step: string;
+  role: AgentRole;
+  provider: AgentSpec['provider'];
+  model?: string;
+  /** Builder runs of the stream so far (the fix-loop iteration). */
+  iteration: number;
+  /** This run within the step's iteration loop, and the loop's bound. */
+  agentIteration: number;
+  maxIterations: number;
+  sessionId?: string;
+  /** The run resumed this agent session. */
+  resumed?: string;
+  inputTokens: number;
+  outputTokens: number;
+  cachedTokens: number;
+  costUsd?: number;
+  toolCalls: number;
+  durationMs: number;
+  /** `signalled`: the output held a completion signal; `invalid_output`: its structured answer did not validate. */
+  result: 'finished' | 'signalled' | 'invalid_output';
+}
+
 export interface StreamInput {
   objective: Pick<ObjectiveInput, 'id' | 'objective' | 'repository' | 'objectiveDir'>;
   stream: StreamSpec;
@@ -180,6 +211,8 @@ export interface StreamStatus {
   blocked?: BlockedInfo;
   failure?: { kind: FailureKind; summary: string };
   usage: TokenTotals;
+  /** Every agent run of the stream, oldest first (absent until the first one). */
+  agentRuns?: AgentRunRecord[];
 }
 
 /** What a stream tells its objective as it goes (feed line, phase, blocked state, ledger entry). */
@@ -191,6 +224,8 @@ export interface StreamEvent {
   blocked?: BlockedInfo | null;
   ledger?: LedgerEntry;
   usage?: TokenTotals;
+  /** An agent run that just ended. */
+  agentRun?: AgentRunRecord;
 }
 
 export interface ObjectiveStreamView {
@@ -216,7 +251,10 @@ export interface ObjectiveStatus {
   /** The plan awaiting approval, if any. */
   pendingApproval?: { streams: StreamSpec[]; prompt?: string };
   ledger: LedgerEntry[];
+  /** Summed over every agent run of the objective (its streams and the planner). */
   usage: TokenTotals;
+  /** Every agent run of the objective, oldest first (absent until the first one). */
+  agentRuns?: AgentRunRecord[];
   /** `blocked` while any stream waits for guidance; the final outcome once done. */
   outcome?: ObjectiveOutcome;
   needsAttention: string[];

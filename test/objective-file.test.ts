@@ -110,7 +110,10 @@ describe('loadObjectiveFile: valid files', () => {
     expect(input.gates).toEqual([{ name: 'test', command: 'npm test', timeout_seconds: 600 }]);
     expect(input.postMergeGates).toEqual(input.gates);
     expect(input.agents).toEqual({
-      builder: { provider: 'script', command: './build.sh', extra_args: [], timeout_minutes: 30 },
+      builder: {
+        provider: 'script', command: './build.sh', extra_args: [], timeout_minutes: 30, idle_timeout_minutes: 15, max_iterations: 1,
+        completion_signals: ['<promise>COMPLETE</promise>'], completion_grace_seconds: 5, args: {}, max_output_retries: 2,
+      },
     });
     expect(input.streams).toEqual([
       { id: 'ui', task: 'Build the toggle', depends_on: [] },

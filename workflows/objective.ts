@@ -35,9 +35,11 @@ import {
   type StreamResult,
   type StreamSpec,
 } from '../core/types';
-import { agentActivities, gateActivities, gitActivities } from './activity-options';
+import { gateActivities, gitActivities } from './activity-options';
+import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
-import { failureKindOf, failureMessage, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
+import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
+import { failureKindOf, failureMessage, MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
 /** Feed lines after `afterSeq` (for `slipway watch`), and whether the objective is done. */
@@ -92,12 +94,14 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       upsertSearchAttributes([{ key: SlipwayOutcome, value: outcome ?? null }]);
     }
   };
+  // The planner's runs count too; streams report theirs with every event.
+  const plannerUsage = emptyTotals();
   const sumUsage = () => {
     status.usage = status.streams.reduce((sum, s) => {
       const u = s.usage;
       if (!u) return sum;
       return { inputTokens: sum.inputTokens + u.inputTokens, outputTokens: sum.outputTokens + u.outputTokens, cachedTokens: sum.cachedTokens + u.cachedTokens, costUsd: sum.costUsd + u.costUsd, runs: sum.runs + u.runs };
-    }, emptyTotals());
+    }, { ...plannerUsage });
   };
 
   setHandler(objectiveStatusQuery, () => status);
@@ -126,6 +130,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     if (event.blocked !== undefined) v.blocked = event.blocked ?? undefined;
     if (event.usage) v.usage = event.usage;
     if (event.ledger) status.ledger.push(event.ledger);
+    if (event.agentRun) (status.agentRuns ??= []).push(event.agentRun);
     say(event.streamId, event.text);
     sumUsage();
     refreshBlocked();
@@ -135,7 +140,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     { key: SlipwayKind, value: 'objective' },
     { key: SlipwayObjective, value: input.id },
   ]);
-  const details = () => `**${status.phase}**${status.outcome ? ` (${status.outcome})` : ''}\n\n${summarizeStreams(status.streams)}`;
+  const details = () => `**${status.phase}**${status.outcome ? ` (${status.outcome})` : ''}\n\n${summarizeStreams(status.streams)}\n\nAgent usage: ${formatTotals(status.usage)}`;
   const enter = (phase: ObjectivePhase, text: string) => {
     status.phase = phase;
     upsertSearchAttributes([{ key: SlipwayPhase, value: phase }]);
@@ -286,7 +291,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   try {
     while (step && !failure) {
       const current: Step = step;
-      let failed: { kind: 'plan_rejection' | 'configuration_error'; summary: string } | undefined;
+      let failed: { kind: 'plan_rejection' | 'configuration_error' | 'agent_runtime_transient'; summary: string } | undefined;
       switch (current.type) {
         case 'agent': {
           if (current.role !== 'planner') {
@@ -300,17 +305,53 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             break;
           }
           enter('planning', 'the planner is splitting the objective into streams');
-          const run = await agentActivities(spec.timeout_minutes, retryFor(root, current)).runAgent({
-            role: 'planner',
-            spec,
-            sandboxPath: prepared.mergerPath,
-            objectiveDir: input.objectiveDir,
-            objective: { id: input.id, text: input.objective },
-            stream: { id: 'plan', task: input.objective, branch: prepared.integrationBranch },
-            targetBranch: prepared.integrationBranch,
-            iteration: (fixCounts.approve ?? 0) + 1,
-            feedback: feedbackForPlanner ? { kind: 'plan_rejection', summary: feedbackForPlanner, details: '' } : undefined,
-          });
+          const planLoop = newAgentLoop();
+          const outcome = await withRateLimitWaits(
+            () =>
+              runAgentLoop({
+                input: {
+                  role: 'planner',
+                  spec,
+                  sandboxPath: prepared.mergerPath,
+                  repository: input.repository,
+                  objectiveDir: input.objectiveDir,
+                  objective: { id: input.id, text: input.objective },
+                  stream: { id: 'plan', task: input.objective, branch: prepared.integrationBranch },
+                  targetBranch: prepared.integrationBranch,
+                  iteration: (fixCounts.approve ?? 0) + 1,
+                  feedback: feedbackForPlanner ? { kind: 'plan_rejection', summary: feedbackForPlanner, details: '' } : undefined,
+                },
+                step: current.id,
+                retry: retryFor(root, current),
+                state: planLoop,
+                onRun: async (_run, record) => {
+                  addRunUsage(plannerUsage, record);
+                  (status.agentRuns ??= []).push(record);
+                  sumUsage();
+                  say('planner', `planner run (${spec.provider}): ${formatUsage(record)}${record.result === 'invalid_output' ? '; answer unusable' : ''}`);
+                  setCurrentDetails(details());
+                },
+              }),
+            MAX_RATE_LIMIT_WAITS,
+            (wait) => {
+              status.ledger.push({
+                at: new Date().toISOString(),
+                step: current.id,
+                kind: 'provider_rate_limit',
+                action: FAILURE_KINDS.provider_rate_limit.action,
+                attempt: wait.n,
+                maxAttempts: MAX_RATE_LIMIT_WAITS,
+                summary: `${wait.summary}; waiting ${Math.ceil(wait.waitMs / 1000)} s until ${wait.resetAt ?? 'the default back-off'}`,
+                result: 'waiting',
+              });
+              say('planner', `provider_rate_limit -> wait until ${wait.resetAt ?? `${wait.waitMs / 1000} s from now`} (${wait.n}/${MAX_RATE_LIMIT_WAITS})`);
+            },
+          );
+          if (!outcome.ok) {
+            failed = { kind: 'agent_runtime_transient', summary: outcome.summary };
+            break;
+          }
+          const run = outcome.last;
           setStreams(run.plan ?? []);
           planned = true;
           feedbackForPlanner = undefined;
@@ -406,5 +447,7 @@ function truncate(text: string, max: number): string {
 }
 
 function summarizeStreams(streams: ObjectiveStreamView[]): string {
-  return streams.map((s) => `- ${s.id}: ${s.phase}${s.blocked ? ` (mailbox ${s.blocked.mailbox})` : ''}${s.failure ? ` (${s.failure.summary})` : ''}`).join('\n');
+  return streams
+    .map((s) => `- ${s.id}: ${s.phase}${s.blocked ? ` (mailbox ${s.blocked.mailbox})` : ''}${s.failure ? ` (${s.failure.summary})` : ''}${s.usage?.runs ? ` — ${formatUsage(s.usage)}` : ''}`)
+    .join('\n');
 }

@@ -29,6 +29,7 @@ import { FAILURE_KINDS, FIX_LOOP_KINDS, isFailureKind, type FailureKind } from '
 import { mailboxName, sandboxWorkflowId, streamBranch, streamSandboxId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
 import type { LedgerResult, StreamPhase } from '../core/states';
+import { formatTotals, formatUsage } from '../core/usage';
 import {
   emptyTotals,
   type BlockedInfo,
@@ -45,7 +46,8 @@ import {
   type StreamStatus,
 } from '../core/types';
 import type { AgentRunResult } from '../activities';
-import { agentActivities, gateActivities, gitActivities } from './activity-options';
+import { gateActivities, gitActivities } from './activity-options';
+import { newAgentLoop, runAgentLoop, type AgentLoopState } from './agent-runs';
 import { actingRole, exhaustionMode, firstStepWithRole, fixLimit, nextStep, retryAttempts, retryFor, startStep, stepById } from './blueprint-walker';
 import { releaseSandboxSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 
@@ -233,31 +235,50 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
       status.usage.runs += 1;
     };
 
+    // A step re-entered after a rate-limit wait or guidance continues its iteration loop where it stopped.
+    const agentLoops: Record<string, AgentLoopState> = {};
     const runAgentStep = async (step: Extract<Step, { type: 'agent' }>): Promise<StepOutcome> => {
       const spec = input.agents[step.role];
       if (!spec) {
         if (step.optional) return { ok: true };
         return { ok: false, failure: { kind: 'configuration_error', summary: `step "${step.id}" needs a ${step.role} agent; none is configured`, details: '' } };
       }
-      const acts = agentActivities(spec.timeout_minutes, retryFor(bp, step));
+      const loop = (agentLoops[step.id] ??= newAgentLoop());
       try {
-        const run = await acts.runAgent({
-          role: step.role,
-          spec,
-          sandboxPath: box.path,
-          objectiveDir: objective.objectiveDir,
-          objective: { id: objective.id, text: objective.objective },
-          stream: { id: stream.id, task: stream.task, branch: box.branch },
-          targetBranch: input.integrationBranch,
-          iteration: Math.max(status.iteration, 1),
-          feedback: feedback ? { ...feedback, history: history() } : undefined,
-          resumeSessionId: step.role === 'builder' ? sessionId : undefined,
+        const outcome = await runAgentLoop({
+          input: {
+            role: step.role,
+            spec,
+            sandboxPath: box.path,
+            repository: objective.repository,
+            objectiveDir: objective.objectiveDir,
+            objective: { id: objective.id, text: objective.objective },
+            stream: { id: stream.id, task: stream.task, branch: box.branch },
+            targetBranch: input.integrationBranch,
+            iteration: Math.max(status.iteration, 1),
+            feedback: feedback ? { ...feedback, history: history() } : undefined,
+            resumeSessionId: step.role === 'builder' ? sessionId : undefined,
+          },
+          step: step.id,
+          retry: retryFor(bp, step),
+          state: loop,
+          onRun: async (run, record) => {
+            addUsage(run);
+            (status.agentRuns ??= []).push(record);
+            if (step.role === 'builder') {
+              sessionId = run.sessionId ?? sessionId;
+              const runNote = spec.max_iterations > 1 ? `, run ${record.agentIteration}` : '';
+              await git.commitWork({ path: box.path, message: `slipway(${stream.id}): iteration ${status.iteration}${runNote}\n\n${stream.task}` });
+            }
+            const ending = record.result === 'signalled' ? '; completion signal' : record.result === 'invalid_output' ? '; answer unusable' : '';
+            const text = `${step.role} run ${record.agentIteration}/${record.maxIterations} (${spec.provider}): ${formatUsage(record)}${ending}`;
+            setCurrentDetails(`**${status.phase}** at step \`${step.id}\`${status.iteration ? ` (iteration ${status.iteration})` : ''} — ${text}\n\nStream usage: ${formatTotals(status.usage)}`);
+            await emit(text, { agentRun: record });
+          },
         });
-        addUsage(run);
-        if (step.role === 'builder') {
-          sessionId = run.sessionId ?? sessionId;
-          await git.commitWork({ path: box.path, message: `slipway(${stream.id}): iteration ${status.iteration}\n\n${stream.task}` });
-        }
+        delete agentLoops[step.id];
+        if (!outcome.ok) return { ok: false, failure: { kind: 'agent_runtime_transient', summary: outcome.summary, details: outcome.summary } };
+        const run = outcome.last;
         if (step.role === 'reviewer' && run.verdict?.verdict !== 'approve') {
           const findings = run.verdict?.findings ?? [];
           return { ok: false, failure: { kind: 'review_rejection', summary: run.verdict?.summary ?? 'the reviewer rejected the change', details: findings.map((f) => `- ${f}`).join('\n') } };

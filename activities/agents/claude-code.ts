@@ -21,6 +21,7 @@
  * Token convention (shared by all providers): inputTokens counts every prompt token including
  * cache reads and cache writes; cachedTokens is the part read from the cache.
  */
+import { withExecutable } from './command-line';
 import type { AgentEvent, AgentProvider } from './provider';
 
 type Json = Record<string, unknown>;
@@ -146,8 +147,7 @@ export function createClaudeCodeProvider(): AgentProvider {
       if (invocation.resumeSessionId) args.push('--resume', invocation.resumeSessionId);
       args.push(...spec.extra_args);
       return {
-        command: spec.command ?? 'claude',
-        args,
+        ...withExecutable(spec.command, 'claude', args),
         stdin: invocation.prompt,
         env: Object.keys(invocation.env).length > 0 ? { ...invocation.env } : undefined,
       };

@@ -24,6 +24,7 @@
  * runs of the thread; the stream carries no baseline to subtract. Codex reports no cost.
  * input_tokens already includes cached_input_tokens, which matches the shared convention.
  */
+import { withExecutable } from './command-line';
 import type { AgentEvent, AgentProvider } from './provider';
 
 type Json = Record<string, unknown>;
@@ -208,8 +209,7 @@ export function createCodexProvider(): AgentProvider {
       if (invocation.resumeSessionId) args.push('resume', invocation.resumeSessionId);
       args.push('-');
       return {
-        command: spec.command ?? 'codex',
-        args,
+        ...withExecutable(spec.command, 'codex', args),
         stdin: invocation.prompt,
         env: Object.keys(invocation.env).length > 0 ? { ...invocation.env } : undefined,
       };

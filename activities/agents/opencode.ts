@@ -23,6 +23,7 @@
  * The final answer (`result`) is the text of the last step, emitted when a step finishes for a
  * reason other than tool calls, or at `done` if that did not happen.
  */
+import { withExecutable } from './command-line';
 import type { AgentEvent, AgentProvider } from './provider';
 
 type Json = Record<string, unknown>;
@@ -156,8 +157,7 @@ export function createOpencodeProvider(): AgentProvider {
       }
       args.push(...spec.extra_args);
       return {
-        command: spec.command ?? 'opencode',
-        args,
+        ...withExecutable(spec.command, 'opencode', args),
         stdin: invocation.prompt,
         env: Object.keys(env).length > 0 ? env : undefined,
       };

@@ -27,6 +27,7 @@
  * The final answer is the last assistant message at an `agent_end` that will not be retried; a
  * rate limit is only reported then (or at a failed `auto_retry_end`), never for an attempt pi retries.
  */
+import { withExecutable } from './command-line';
 import type { AgentEvent, AgentProvider } from './provider';
 
 type Json = Record<string, unknown>;
@@ -167,8 +168,7 @@ export function createPiProvider(): AgentProvider {
       }
       args.push(...spec.extra_args);
       return {
-        command: spec.command ?? 'pi',
-        args,
+        ...withExecutable(spec.command, 'pi', args),
         stdin: invocation.prompt,
         env: Object.keys(invocation.env).length > 0 ? { ...invocation.env } : undefined,
       };

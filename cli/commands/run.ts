@@ -1,7 +1,8 @@
 import { WorkflowExecutionAlreadyStartedError } from '@temporalio/client';
 import { objectiveWorkflowId } from '../../core/ids';
 import { SlipwayKind, SlipwayObjective } from '../../core/search-attributes';
-import type { ObjectiveInput, ObjectiveResult } from '../../core/types';
+import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamView } from '../../core/types';
+import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
 import { objectiveWorkflow } from '../../workflows/objective';
 import { CliError, EXIT } from '../exit-codes';
@@ -90,8 +91,37 @@ export function renderResult(result: ObjectiveResult, uiUrl?: string): string {
     `objective ${result.objectiveId}: ${result.outcome}`,
     `integration branch: ${result.integrationBranch}${result.integrationHead ? ` @ ${result.integrationHead.slice(0, 12)}` : ''}`,
     `merged (in order): ${result.mergeOrder.join(', ') || 'none'}`,
-    ...result.streams.map((s) => `  ${s.id.padEnd(16)} ${s.phase.padEnd(8)} iterations=${s.iterations}${s.failure ? `  ${s.failure.kind}: ${s.failure.summary}` : ''}`),
+    ...plannerLines(result.agentRuns),
+    ...result.streams.flatMap((s) => [
+      `  ${s.id.padEnd(16)} ${s.phase.padEnd(8)} iterations=${s.iterations}${streamUsage(s)}${s.failure ? `  ${s.failure.kind}: ${s.failure.summary}` : ''}`,
+      ...agentRunLines(result.agentRuns, s.id),
+    ]),
+    `agent usage: ${formatTotals(result.usage)}`,
   ];
   if (uiUrl) lines.push(`Web UI: ${uiUrl}`);
   return `${lines.join('\n')}\n`;
+}
+
+/** One line per agent run of a stream (`undefined`: the planner's), indented under it. */
+export function agentRunLines(runs: AgentRunRecord[] | undefined, streamId: string | undefined): string[] {
+  return (runs ?? [])
+    .filter((r) => r.stream === streamId)
+    .map((r) => {
+      const loop = r.maxIterations > 1 ? ` run ${r.agentIteration}/${r.maxIterations}` : '';
+      const ending = r.result === 'signalled' ? ', completion signal' : r.result === 'invalid_output' ? ', answer unusable' : '';
+      return `      ${r.role}${loop} (${r.provider}${r.model ? ` ${r.model}` : ''}): ${formatUsage(r)}, ${(r.durationMs / 1000).toFixed(1)} s${ending}`;
+    });
+}
+
+/** The planner's runs under a `planner` heading (nothing when streams came from the file). */
+export function plannerLines(runs: AgentRunRecord[] | undefined): string[] {
+  const lines = agentRunLines(runs, undefined);
+  return lines.length > 0 ? ['  (planner)', ...lines] : [];
+}
+
+/** `  tokens=12,345/678 cost=$0.0421` for a stream's agent runs (nothing before its first run). */
+export function streamUsage(s: Pick<ObjectiveStreamView, 'usage'>): string {
+  const u = s.usage;
+  if (!u?.runs) return '';
+  return `  tokens=${formatCount(u.inputTokens)}/${formatCount(u.outputTokens)}${u.costUsd ? ` cost=${formatCost(u.costUsd)}` : ''}`;
 }

@@ -4,7 +4,8 @@ import type { ObjectiveResult, ObjectiveStatus } from '../../core/types';
 import { objectiveStatusQuery } from '../../workflows/objective';
 import { CliError, EXIT } from '../exit-codes';
 import { openRuntime } from '../runtime';
-import { renderResult } from './run';
+import { formatTotals } from '../../core/usage';
+import { agentRunLines, plannerLines, renderResult, streamUsage } from './run';
 
 export async function statusCommand(objectiveId: string, opts: { json?: boolean }): Promise<number> {
   const runtime = await openRuntime({ startIfMissing: false });
@@ -37,7 +38,12 @@ export async function statusCommand(objectiveId: string, opts: { json?: boolean 
       process.stdout.write(renderResult(status as ObjectiveResult));
     } else if (status) {
       process.stdout.write(
-        [`objective ${objectiveId}: ${status.phase} (running)`, ...status.streams.map((s) => `  ${s.id.padEnd(16)} ${s.phase}${s.failure ? `  ${s.failure.summary}` : ''}`)].join('\n') + '\n',
+        [
+          `objective ${objectiveId}: ${status.phase} (running)`,
+          ...plannerLines(status.agentRuns),
+          ...status.streams.flatMap((s) => [`  ${s.id.padEnd(16)} ${s.phase}${streamUsage(s)}${s.failure ? `  ${s.failure.summary}` : ''}`, ...agentRunLines(status.agentRuns, s.id)]),
+          `agent usage: ${formatTotals(status.usage)}`,
+        ].join('\n') + '\n',
       );
     } else {
       process.stdout.write(`objective ${objectiveId}: ${error ?? `${state.toLowerCase()} (no worker answered the status query)`}\n`);

@@ -1,0 +1,311 @@
+/**
+ * The agent activity: ONE run of a coding agent in a sandbox. The workflow calls it once per
+ * iteration of a step's loop (workflows/agent-runs.ts), so a worker crash resumes at the run that
+ * was in flight, never at the start of the step.
+ *
+ * One run: read `.slipway/.env`, render the prompt (template arguments, `` !`command` ``
+ * expansions in the sandbox), start the provider's command line in the sandbox, parse its output
+ * line by line, and end it:
+ * - normally, when it exits (non-zero: `agent_runtime_transient`);
+ * - `completion_grace_seconds` after it printed a completion signal or its final result, by
+ *   killing its process group, so children it left behind (a dev server, a watcher holding
+ *   stdout open) never hang the run. That ending counts as success;
+ * - after `idle_timeout_minutes` without a line of output, or `timeout_minutes` in all, or on
+ *   cancellation: process group killed, `agent_runtime_transient`;
+ * - a rate limit reported by the agent: `provider_rate_limit` with `{ resetAt }`, which the
+ *   workflow sits out on a durable timer.
+ * A reviewer's or planner's structured answer that does not validate is returned as
+ * `outputError` (not thrown): the workflow decides whether to ask again.
+ *
+ * Everything returned or thrown is redacted: the worker's secret-looking environment values and
+ * `.slipway/.env`'s values never reach workflow history.
+ */
+import { Context } from '@temporalio/activity';
+import { ApplicationFailure } from '@temporalio/common';
+import type { AgentSpec, Feedback, StreamSpec } from '../../core/types';
+import type { AgentRole } from '../../core/states';
+import { failure } from '../failures';
+import { commitIdentityEnv } from '../git';
+import { withHeartbeat } from '../heartbeat';
+import { tail } from '../process';
+import { redact, secretValuesWith } from '../redact';
+import type { SandboxProvider } from '../sandbox/provider';
+import { readProjectEnv } from './credentials';
+import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionRequest, feedbackSection, type PromptContext } from './prompt';
+import type { AgentEvent, TokenUsage } from './provider';
+import { agentProvider } from './registry';
+import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from './structured';
+import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from './template';
+
+/** Characters of agent output kept in workflow history per run. */
+export const AGENT_OUTPUT_TAIL_CHARS = 6_000;
+/** Longest a prompt's `` !`command` `` may run, and the most output it may give. */
+const EXPANSION_TIMEOUT_MS = 60_000;
+const EXPANSION_MAX_BYTES = 1024 * 1024;
+
+export interface AgentRunInput {
+  role: AgentRole;
+  spec: AgentSpec;
+  sandboxPath: string;
+  /** The user's repository: `.slipway/.env` is read from it (a path; never the values). */
+  repository: string;
+  objectiveDir: string;
+  objective: { id: string; text: string };
+  /** The stream the agent works on; a planner works for the whole objective. */
+  stream: { id: string; task: string; branch: string };
+  targetBranch: string;
+  /** Builder runs of the stream so far, this one included (the fix-loop iteration). */
+  iteration: number;
+  /** This run within the step's iteration loop (1..spec.max_iterations); default 1. */
+  agentIteration?: number;
+  feedback?: Feedback;
+  resumeSessionId?: string;
+  /** The previous run's structured answer could not be used: why. The agent is asked again. */
+  outputError?: string;
+}
+
+export interface AgentRunResult {
+  exitCode: number | null;
+  sessionId?: string;
+  /** `costUsd` is absent when the agent reports no cost (codex). */
+  usage: TokenUsage;
+  toolCalls: number;
+  /** Tail of the agent's text output (redacted). */
+  output: string;
+  /** The completion signal the output held, if any (ends the step's iteration loop). */
+  completionSignal?: string;
+  /** How the process ended: it exited, or it was killed once the grace period after its completion signal or final result ran out. */
+  ended: 'exited' | 'grace_killed';
+  verdict?: ReviewVerdict;
+  /** A planner's streams, validated. */
+  plan?: StreamSpec[];
+  /** Why a reviewer's or planner's answer could not be used (redacted); absent when it could. */
+  outputError?: string;
+  durationMs: number;
+}
+
+/** `failure()` with the secrets taken out of its message (agent output goes into it). */
+function redactedFailure(kind: Parameters<typeof failure>[0], message: string, secrets: string[], details?: unknown): ApplicationFailure {
+  return failure(kind, redact(message, secrets), details);
+}
+
+export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
+  const { sandboxes } = deps;
+  return {
+    async runAgent(input: AgentRunInput): Promise<AgentRunResult> {
+      const { spec, role } = input;
+      const name = `${role} agent (${spec.provider})`;
+      const agentIteration = input.agentIteration ?? 1;
+
+      let projectEnv: Record<string, string>;
+      try {
+        projectEnv = await readProjectEnv(input.repository);
+      } catch (e) {
+        throw failure('configuration_error', (e as Error).message);
+      }
+      const secrets = secretValuesWith(projectEnv);
+
+      const ctx: PromptContext = {
+        role,
+        objective: input.objective.text,
+        objectiveId: input.objective.id,
+        streamId: input.stream.id,
+        task: input.stream.task,
+        iteration: input.iteration,
+        agentIteration,
+        maxIterations: spec.max_iterations,
+        completionSignals: spec.completion_signals,
+        sourceBranch: input.stream.branch,
+        targetBranch: input.targetBranch,
+        feedback: input.feedback,
+      };
+      const env: Record<string, string> = {
+        ...(await commitIdentityEnv(input.sandboxPath)),
+        ...projectEnv,
+        ...contextEnv(ctx),
+        SLIPWAY_OBJECTIVE_DIR: input.objectiveDir,
+        SLIPWAY_SANDBOX: input.sandboxPath,
+      };
+      const cancelSignal = Context.current().cancellationSignal;
+
+      // --- the prompt ---------------------------------------------------------------------------
+      let prompt: string;
+      if (spec.prompt !== undefined) {
+        const source = spec.prompt_file ?? `agents.${role}.prompt`;
+        const template = parseTemplate(spec.prompt);
+        const values: Record<string, string> = { ...spec.args, ...builtinValues(ctx) };
+        try {
+          prompt = await renderTemplate(template, values, async (command, at) => {
+            const run = await sandboxes.exec(
+              { root: input.sandboxPath },
+              { command, shell: true, env, timeoutMs: EXPANSION_TIMEOUT_MS, signal: cancelSignal, maxCaptureBytes: EXPANSION_MAX_BYTES },
+            );
+            const where = `${source}:${at.line}:${at.column}: !\`${command}\``;
+            if (run.cancelled) throw new TemplateError(`${where} was cancelled`);
+            if (run.timedOut) throw new TemplateError(`${where} ran over ${EXPANSION_TIMEOUT_MS / 1000} s`);
+            if (run.exitCode !== 0) throw new TemplateError(`${where} exited with ${run.exitCode ?? run.signal}: ${tail(run.stderr.trim(), 500)}`);
+            if (run.stdout.startsWith('…[truncated]')) throw new TemplateError(`${where} printed more than ${EXPANSION_MAX_BYTES / 1024} KB`);
+            return run.stdout;
+          });
+        } catch (e) {
+          if (e instanceof TemplateError) throw redactedFailure('agent_runtime_transient', `prompt of the ${name}: ${e.message}`, secrets);
+          throw e;
+        }
+        // A template that never asks for the failure still gets it: a fix loop must not lose why it runs.
+        const keys = new Set(templateKeys(template).map((k) => k.key as BuiltinTemplateKey));
+        if (input.feedback && !FEEDBACK_KEYS.some((k) => keys.has(k))) prompt += `\n\n${feedbackSection(ctx).join('\n')}`;
+        // The answer's shape is Slipway's contract; say it unless the template already does.
+        const format = ANSWER_FORMATS[role];
+        if (format && !prompt.includes(`<${format.tag}>`)) prompt += `\n\n${format.instruction}`;
+      } else {
+        prompt = buildPrompt(ctx);
+      }
+      if (input.outputError) prompt += `\n\n${correctionRequest(role, input.outputError)}`;
+
+      // --- the command --------------------------------------------------------------------------
+      const provider = agentProvider(spec.provider);
+      let command;
+      try {
+        command = provider.buildCommand({ role, spec, prompt, cwd: input.sandboxPath, resumeSessionId: input.resumeSessionId, env: {} });
+      } catch (e) {
+        throw failure('configuration_error', `${name}: ${(e as Error).message}`);
+      }
+
+      // --- the run ------------------------------------------------------------------------------
+      const usage: TokenUsage = { inputTokens: 0, outputTokens: 0, cachedTokens: 0, costUsd: undefined };
+      const texts: string[] = [];
+      const errors: string[] = [];
+      let rateLimit: Extract<AgentEvent, { type: 'rate_limit' }> | undefined;
+      let sessionId: string | undefined;
+      let toolCalls = 0;
+      let completionSignal: string | undefined;
+      let lines = 0;
+      let lastOutputAt = Date.now();
+      let idleKilled = false;
+      let graceKilled = false;
+      let graceTimer: NodeJS.Timeout | undefined;
+      const stop = new AbortController();
+      const startGrace = () => {
+        graceTimer ??= setTimeout(() => {
+          graceKilled = true;
+          stop.abort();
+        }, spec.completion_grace_seconds * 1000);
+      };
+      const onEvent = (event: AgentEvent) => {
+        switch (event.type) {
+          case 'text':
+          case 'result':
+            texts.push(event.text);
+            completionSignal ??= spec.completion_signals.find((s) => event.text.includes(s));
+            if (completionSignal || event.type === 'result') startGrace();
+            break;
+          case 'session':
+            sessionId = event.sessionId;
+            break;
+          case 'tool_call':
+            toolCalls += 1;
+            break;
+          case 'usage':
+            usage.inputTokens += event.inputTokens;
+            usage.outputTokens += event.outputTokens;
+            usage.cachedTokens = (usage.cachedTokens ?? 0) + (event.cachedTokens ?? 0);
+            if (event.costUsd !== undefined) usage.costUsd = (usage.costUsd ?? 0) + event.costUsd;
+            break;
+          case 'error':
+            errors.push(event.message);
+            break;
+          case 'rate_limit':
+            rateLimit ??= event;
+            break;
+        }
+      };
+      const idleMs = spec.idle_timeout_minutes * 60_000;
+      const run = await withHeartbeat(async (signal, beat) => {
+        const idleCheck = setInterval(
+          () => {
+            if (Date.now() - lastOutputAt >= idleMs && !graceKilled) {
+              idleKilled = true;
+              stop.abort();
+            }
+          },
+          Math.min(Math.max(idleMs / 10, 50), 5_000),
+        );
+        try {
+          return await sandboxes.exec(
+            { root: input.sandboxPath },
+            {
+              command: command.command,
+              args: command.args,
+              shell: command.shell,
+              stdin: command.stdin,
+              env: { ...env, ...command.env },
+              signal: AbortSignal.any([signal, stop.signal]),
+              timeoutMs: spec.timeout_minutes * 60_000,
+              onLine: (stream, line) => {
+                lastOutputAt = Date.now();
+                lines += 1;
+                for (const event of provider.parseLine(line, stream)) onEvent(event);
+                beat({ lines, agentIteration });
+              },
+            },
+          );
+        } finally {
+          clearInterval(idleCheck);
+          if (graceTimer) clearTimeout(graceTimer);
+        }
+      });
+
+      const output = redact(tail(texts.join('\n'), AGENT_OUTPUT_TAIL_CHARS), secrets);
+      if (cancelSignal.aborted) throw failure('agent_runtime_transient', `${name} was cancelled`);
+      if (idleKilled && !graceKilled) {
+        throw failure('agent_runtime_transient', `${name} printed nothing for ${formatMinutes(spec.idle_timeout_minutes)} (idle_timeout_minutes) and was killed`);
+      }
+      if (run.timedOut) throw failure('agent_runtime_transient', `${name} ran past its ${formatMinutes(spec.timeout_minutes)} limit (timeout_minutes) and was killed`);
+      if (rateLimit) {
+        const message = rateLimit.message ? `: ${tail(rateLimit.message, 300)}` : '';
+        throw redactedFailure('provider_rate_limit', `${name} hit a rate limit${message}`, secrets, { resetAt: rateLimit.resetAt });
+      }
+      if (!graceKilled && run.exitCode !== 0) {
+        const why = errors.at(-1) ?? (run.stderr.trim() || output);
+        throw redactedFailure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${tail(why, 1_000)}`, secrets);
+      }
+
+      let verdict: ReviewVerdict | undefined;
+      let plan: StreamSpec[] | undefined;
+      let outputError: string | undefined;
+      const answer = texts.join('\n');
+      if (role === 'reviewer') {
+        const parsed = extractTagged(answer, ANSWER_FORMATS.reviewer!.tag, ReviewVerdictSchema);
+        if (parsed.ok) {
+          verdict = {
+            ...parsed.value,
+            summary: parsed.value.summary === undefined ? undefined : redact(parsed.value.summary, secrets),
+            findings: parsed.value.findings.map((f) => redact(f, secrets)),
+          };
+        } else outputError = redact(parsed.error, secrets);
+      } else if (role === 'planner') {
+        const parsed = extractTagged(answer, ANSWER_FORMATS.planner!.tag, PlanSchema);
+        if (parsed.ok) plan = parsed.value.streams.map((s) => ({ ...s, task: redact(s.task, secrets) }));
+        else outputError = redact(parsed.error, secrets);
+      }
+      const ended = graceKilled ? 'grace_killed' : 'exited';
+      Context.current().log.info('agent run finished', {
+        role,
+        stream: input.stream.id,
+        provider: spec.provider,
+        agentIteration,
+        durationMs: run.durationMs,
+        inputTokens: usage.inputTokens,
+        outputTokens: usage.outputTokens,
+        costUsd: usage.costUsd,
+        completionSignal: completionSignal !== undefined,
+        ended,
+      });
+      return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, completionSignal, ended, verdict, plan, outputError, durationMs: run.durationMs };
+    },
+  };
+}
+
+function formatMinutes(minutes: number): string {
+  return minutes < 1 ? `${Math.round(minutes * 600) / 10} s` : `${minutes} min`;
+}

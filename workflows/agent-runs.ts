@@ -1,0 +1,131 @@
+/**
+ * The iteration loop of one agent step, shared by the stream workflow (builder, reviewer, scout)
+ * and the objective workflow (planner). Deterministic workflow code.
+ *
+ * Each agent run is its own activity call, so history records every finished run and a worker
+ * crash resumes at the run in flight. The loop runs the agent up to `max_iterations` times and
+ * stops early when a run's output holds a completion signal. When the signal never comes, the step
+ * still succeeds after the last run: `max_iterations` is a budget, not a requirement (as in
+ * Sandcastle, whose loop simply ends there); gates and review decide whether the work is good.
+ *
+ * Sessions: the first run resumes `resumeSessionId` (a builder's previous session in a fix loop);
+ * later iterations start fresh, like a Ralph loop, and find their progress in the repository.
+ * A reviewer's or planner's answer that does not validate is asked for again (resuming its
+ * session, told what was wrong) up to `max_output_retries` times; then the step fails as
+ * `agent_runtime_transient`.
+ *
+ * The caller keeps the loop's state across a re-entry of the step: after a rate-limit wait (the
+ * activity throws `provider_rate_limit` out of this loop) the step continues at the same run.
+ */
+import { ActivityFailure, ApplicationFailure, ChildWorkflowFailure, sleep } from '@temporalio/workflow';
+import type { AgentRunInput, AgentRunResult } from '../activities';
+import type { AgentRunRecord } from '../core/types';
+import { agentActivities, type RetrySpec } from './activity-options';
+
+export interface AgentLoopState {
+  /** The next run's place in the loop (1-based). */
+  agentIteration: number;
+  /** Structured-output retries spent so far. */
+  outputRetries: number;
+  /** Why the previous answer could not be used; sent with the next run. */
+  outputError?: string;
+  /** The session of the run whose answer is being corrected. */
+  retrySessionId?: string;
+}
+
+export const newAgentLoop = (): AgentLoopState => ({ agentIteration: 1, outputRetries: 0 });
+
+export type AgentLoopOutcome =
+  | { ok: true; last: AgentRunResult; runs: number; signalled: boolean }
+  | { ok: false; summary: string };
+
+export interface AgentLoopOptions {
+  input: Omit<AgentRunInput, 'agentIteration' | 'outputError'>;
+  step: string;
+  retry: RetrySpec;
+  state: AgentLoopState;
+  /** Called after every run (usage, commits, feed), before the loop decides what comes next. */
+  onRun(run: AgentRunResult, record: AgentRunRecord): Promise<void>;
+}
+
+export async function runAgentLoop({ input, step, retry, state, onRun }: AgentLoopOptions): Promise<AgentLoopOutcome> {
+  const { spec } = input;
+  const acts = agentActivities(spec.timeout_minutes, retry);
+  let runs = 0;
+  let last: AgentRunResult | undefined;
+  while (state.agentIteration <= spec.max_iterations) {
+    const resumed = state.outputError !== undefined ? state.retrySessionId : state.agentIteration === 1 ? input.resumeSessionId : undefined;
+    const run = await acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError });
+    runs += 1;
+    const record: AgentRunRecord = {
+      at: new Date().toISOString(),
+      ...(input.role === 'planner' ? {} : { stream: input.stream.id }),
+      step,
+      role: input.role,
+      provider: spec.provider,
+      ...(spec.model ? { model: spec.model } : {}),
+      iteration: input.iteration,
+      agentIteration: state.agentIteration,
+      maxIterations: spec.max_iterations,
+      ...(run.sessionId ? { sessionId: run.sessionId } : {}),
+      ...(resumed ? { resumed } : {}),
+      inputTokens: run.usage.inputTokens,
+      outputTokens: run.usage.outputTokens,
+      cachedTokens: run.usage.cachedTokens ?? 0,
+      ...(run.usage.costUsd !== undefined ? { costUsd: run.usage.costUsd } : {}),
+      toolCalls: run.toolCalls,
+      durationMs: run.durationMs,
+      result: run.outputError ? 'invalid_output' : run.completionSignal ? 'signalled' : 'finished',
+    };
+    await onRun(run, record);
+    if (run.outputError !== undefined) {
+      if (state.outputRetries >= spec.max_output_retries) {
+        return { ok: false, summary: `the ${input.role} gave no usable answer in ${state.outputRetries + 1} tries (max_output_retries: ${spec.max_output_retries}): ${run.outputError}` };
+      }
+      state.outputRetries += 1;
+      state.outputError = run.outputError;
+      state.retrySessionId = run.sessionId ?? resumed;
+      continue;
+    }
+    state.outputError = undefined;
+    state.retrySessionId = undefined;
+    last = run;
+    if (run.completionSignal !== undefined) return { ok: true, last, runs, signalled: true };
+    state.agentIteration += 1;
+  }
+  if (!last) return { ok: false, summary: `the ${input.role} step ran no agent (max_iterations: ${spec.max_iterations})` };
+  return { ok: true, last, runs, signalled: false };
+}
+
+/** Wait when a rate limit gives no reset time (the stream interpreter uses the same). */
+const DEFAULT_RATE_LIMIT_WAIT_MS = 60_000;
+
+function rootCause(err: unknown): unknown {
+  let cause: unknown = err;
+  while ((cause instanceof ActivityFailure || cause instanceof ChildWorkflowFailure) && cause.cause) cause = cause.cause;
+  return cause;
+}
+
+/**
+ * Runs `attempt`, sitting out `provider_rate_limit` failures on a durable timer until the
+ * provider's reset time (at most `maxWaits` times), then runs it again. For agent calls outside
+ * the stream interpreter (the planner), which handles rate limits itself.
+ */
+export async function withRateLimitWaits<T>(
+  attempt: () => Promise<T>,
+  maxWaits: number,
+  onWait: (wait: { n: number; resetAt?: string; waitMs: number; summary: string }) => void,
+): Promise<T> {
+  for (let n = 1; ; n++) {
+    try {
+      return await attempt();
+    } catch (err) {
+      const cause = rootCause(err);
+      if (!(cause instanceof ApplicationFailure) || cause.type !== 'provider_rate_limit' || n > maxWaits) throw err;
+      const resetAt = (cause.details?.[0] as { resetAt?: string } | undefined)?.resetAt;
+      const waitMs = resetAt ? Math.max(1_000, Date.parse(resetAt) - Date.now()) : DEFAULT_RATE_LIMIT_WAIT_MS;
+      onWait({ n, resetAt, waitMs, summary: cause.message });
+      await sleep(waitMs);
+    }
+  }
+}
