@@ -5,6 +5,7 @@
 import path from 'node:path';
 import { integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
 import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
+import type { SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
 import { branchExists, git, gitMaybe, gitWithIdentity, isAncestor, isDirty, resolveCommit } from './git';
@@ -12,6 +13,7 @@ import { withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redact } from './redact';
 import { LocalSandboxProvider, localSandboxRoot } from './sandbox/local';
+import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
 import type { SandboxProvider } from './sandbox/provider';
 
 /** Characters of command output kept in workflow history per gate or agent run. */
@@ -50,43 +52,18 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   const { sandboxes } = deps;
   return {
     /** Creates the integration branch at the base commit and the merger worktree. Idempotent. */
-    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string }) {
+    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions }) {
       const baseCommit = await resolveCommit(input.repository, input.baseBranch).catch(() => {
         throw failure('configuration_error', `base branch "${input.baseBranch}" does not exist in ${input.repository}`);
       });
       const branch = integrationBranch(input.objectiveId);
-      const merger = await sandboxes.create({
-        sandboxId: `${input.objectiveId}.${MERGER_SANDBOX_NAME}`,
-        repository: input.repository,
-        group: input.objectiveId,
-        name: MERGER_SANDBOX_NAME,
-        branch,
-        base: baseCommit,
-      });
+      const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit, branch, sandbox: input.sandbox });
       return { baseCommit, integrationBranch: branch, mergerPath: merger.root };
     },
 
+    /** Creates (or finds again) a stream's sandbox with the objective's sandbox options; heartbeats through setup. */
     async createSandbox(input: SandboxInput): Promise<SandboxInfo> {
-      try {
-        const handle = await sandboxes.create({
-          sandboxId: input.sandboxId,
-          repository: input.repository,
-          group: input.objectiveId,
-          name: input.name,
-          branch: input.branch,
-          base: input.base,
-        });
-        return {
-          sandboxId: handle.sandboxId,
-          provider: 'local',
-          path: handle.root,
-          branch: handle.branch,
-          baseCommit: handle.baseCommit,
-          headCommit: handle.headCommit,
-        };
-      } catch (e) {
-        throw failure('sandbox_failure', `could not create sandbox ${input.sandboxId}: ${(e as Error).message}`);
-      }
+      return createStreamSandbox(sandboxes, input);
     },
 
     async destroySandbox(input: { repository: string; path: string }): Promise<void> {

@@ -18,6 +18,7 @@ import type { ObjectiveInput, ResolvedBlueprints } from '../core/types';
 import { resolveObjectiveBlueprint } from './resolve-blueprint';
 import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, type AgentSource } from './agent-config';
 import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../activities/git';
+import { sandboxOptionsFromConfig } from '../activities/sandbox/options';
 import {
   describeIssue,
   describeNode,
@@ -253,6 +254,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     postMergeGates: data.post_merge_gates ?? data.gates,
     agents: resolved.agents,
     streams: data.streams,
+    sandbox: sandboxOptionsFromConfig(data.sandbox, objectiveDir),
   };
 }
 

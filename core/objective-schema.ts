@@ -93,6 +93,37 @@ export const AgentSchema = z
   });
 export type AgentSpec = z.infer<typeof AgentSchema>;
 
+/** Absolute path, or `~/...` (the worker's home). */
+const hostPath = z.string().refine((p) => p.startsWith('/') || p === '~' || p.startsWith('~/'), { message: 'must be an absolute path or start with ~/' });
+
+/** The `sandbox:` section: how every sandbox of the objective is made and confined. */
+export const SandboxConfigSchema = z.strictObject({
+  /** `bubblewrap`: agents, gates and setup commands can write only to their worktree. */
+  confinement: z.enum(['none', 'bubblewrap']).default('none'),
+  /** Under bubblewrap: false leaves the sandbox a loopback device only. */
+  network: z.boolean().default(true),
+  /** Copy the checkout's git-ignored files (node_modules, .env; `.worktreeinclude` limits them). */
+  copy_ignored: z.boolean().default(true),
+  project_setup: z
+    .strictObject({
+      /** Run once after a sandbox is created (`npm ci`). */
+      commands: z.array(z.string().min(1)).default([]),
+      /** Checks after setup (`node -e "require('left-pad')"`); one failing retries setup. */
+      verify: z.array(z.string().min(1)).default([]),
+      timeout_seconds: z.number().int().positive().max(3600).default(300),
+      /** Setup runs at most this many times (a failing verify retries it). */
+      attempts: z.number().int().min(1).max(5).default(2),
+    })
+    .optional(),
+  /** Ready worktrees kept per repository and base commit, claimed on create (0: off). */
+  warm_pool: z.number().int().min(0).max(16).default(0),
+  /** Under bubblewrap: extra paths commands may write (agent state such as ~/.claude). */
+  writable: z.array(hostPath).default([]),
+  /** Under bubblewrap: paths hidden behind an empty folder (~/.ssh, ~/.aws). */
+  hidden: z.array(hostPath).default([]),
+});
+export type SandboxConfig = z.infer<typeof SandboxConfigSchema>;
+
 export const StreamSchema = z.strictObject({
   id: id.refine((v) => !(RESERVED_STREAM_IDS as readonly string[]).includes(v), {
     message: `is reserved (${RESERVED_STREAM_IDS.join(', ')})`,
@@ -130,6 +161,8 @@ export const ObjectiveFileSchema = z
       .default({}),
     /** May be left out when a planner agent produces the streams. */
     streams: z.array(StreamSchema).default([]),
+    /** How sandboxes are made and confined; see SandboxConfigSchema. */
+    sandbox: SandboxConfigSchema.optional(),
   })
   .superRefine((file, ctx) => {
     // "No streams and no planner" is checked by the loader once .slipway/config.yaml's agents are merged in.

@@ -41,6 +41,40 @@ export interface ObjectiveInput {
   streams: StreamSpec[];
   /** The objective's blueprint (default `standard`) and the blueprints it references. */
   blueprint: ResolvedBlueprints;
+  /** How sandboxes are made and confined (the file's `sandbox:` section); absent: defaults. */
+  sandbox?: SandboxOptions;
+}
+
+/**
+ * The objective file's `sandbox:` section, resolved (absolute paths). Applies to every sandbox
+ * of the objective: streams and the merger. No secrets: commands and paths only.
+ */
+export interface SandboxOptions {
+  /** `bubblewrap`: every command in the sandbox (agents, gates, setup) runs confined. */
+  confinement: 'none' | 'bubblewrap';
+  /** Under bubblewrap: false gives the sandbox a network namespace with loopback only. */
+  network: boolean;
+  /** Copy the checkout's git-ignored files (dependencies, .env) into new sandboxes. */
+  copyIgnored: boolean;
+  /** Run once after creation; `verify` checks after, a failing check retries setup. */
+  projectSetup?: ProjectSetupSpec;
+  /** Ready worktrees kept per repository and base commit (0: no pool). */
+  warmPool: number;
+  /** Under bubblewrap: extra absolute paths commands may write (agent state such as ~/.claude). */
+  writable?: string[];
+  /** Under bubblewrap: absolute paths hidden behind an empty tmpfs (~/.ssh, ~/.aws). */
+  hidden?: string[];
+  /** Under bubblewrap: absolute paths kept readable although they live under the private /tmp (the objective folder). */
+  readable?: string[];
+}
+
+export interface ProjectSetupSpec {
+  commands: string[];
+  verify: string[];
+  /** Limit for each command. */
+  timeoutSeconds: number;
+  /** Setup runs at most this many times before the sandbox fails (a failing verify retries it). */
+  attempts: number;
 }
 
 export interface SandboxInfo {
@@ -63,6 +97,8 @@ export interface SandboxInput {
   base: string;
   /** Workflow that receives the ready signal. */
   ownerWorkflowId: string;
+  /** The objective's sandbox settings; recorded with the sandbox, so every command in it honours them. */
+  options?: SandboxOptions;
 }
 
 export interface SandboxResult {
@@ -142,6 +178,8 @@ export interface AgentRunRecord {
   durationMs: number;
   /** `signalled`: the output held a completion signal; `invalid_output`: its structured answer did not validate. */
   result: 'finished' | 'signalled' | 'invalid_output';
+  /** `grace_killed`: its process group was killed once the grace period after its completion signal or final result ran out. */
+  ended: 'exited' | 'grace_killed';
 }
 
 export interface StreamInput {
@@ -156,6 +194,8 @@ export interface StreamInput {
   maxFixIterations?: number;
   onExhausted?: ExhaustionMode;
   parentWorkflowId: string;
+  /** The objective's sandbox settings, handed to the stream's sandbox. */
+  sandbox?: SandboxOptions;
 }
 
 export interface MergeRequest {

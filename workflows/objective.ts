@@ -151,7 +151,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
   let prepared: Awaited<ReturnType<typeof git.prepareObjective>>;
   try {
-    prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch });
+    prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox });
   } catch (err) {
     if (isCancellation(err)) throw err;
     // Nothing was started: end as failed with the reason rather than as a failed workflow.
@@ -202,6 +202,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             maxFixIterations: input.maxFixIterations,
             onExhausted: input.onExhausted,
             parentWorkflowId: workflowInfo().workflowId,
+            sandbox: input.sandbox,
           },
         ],
         staticSummary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,

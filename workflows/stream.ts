@@ -180,7 +180,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
   const sandboxId = streamSandboxId(objective.id, stream.id);
   const sandboxHandle = await startChild(sandboxWorkflow, {
     workflowId: sandboxWorkflowId(sandboxId),
-    args: [{ sandboxId, provider: 'local', repository: objective.repository, objectiveId: objective.id, name: stream.id, branch, base: input.base, ownerWorkflowId: workflowInfo().workflowId }],
+    args: [{ sandboxId, provider: 'local', repository: objective.repository, objectiveId: objective.id, name: stream.id, branch, base: input.base, ownerWorkflowId: workflowInfo().workflowId, options: input.sandbox }],
     parentClosePolicy: ParentClosePolicy.REQUEST_CANCEL,
     staticSummary: `Sandbox for stream ${stream.id} of ${objective.id}`,
     staticDetails: `Local git worktree on branch \`${branch}\`, started from \`${input.base}\`.`,

@@ -43,6 +43,11 @@ export interface BubblewrapConfinement {
   writable?: string[];
   /** Absolute paths replaced by an empty tmpfs (for example ~/.ssh, ~/.aws); missing ones are skipped. */
   hidden?: string[];
+  /**
+   * Absolute paths kept visible, read-only, although they live under /tmp (which the sandbox
+   * replaces with a private one): the objective folder with its script agents. Missing ones are skipped.
+   */
+  readable?: string[];
   /** The bwrap executable; default: `bwrap` found on PATH. */
   bwrapPath?: string;
 }
@@ -175,7 +180,7 @@ export async function confinementLayout(repository: string, worktree: string, br
 const PRIVATE_TMP = '/tmp';
 
 /** The extra writable and hidden paths, checked and resolved (bwrap cannot mount on missing paths in a read-only tree). */
-export async function resolveExtraPaths(confinement: BubblewrapConfinement): Promise<{ writable: string[]; hidden: string[] }> {
+export async function resolveExtraPaths(confinement: BubblewrapConfinement): Promise<{ writable: string[]; hidden: string[]; readable: string[] }> {
   const writable: string[] = [];
   for (const p of confinement.writable ?? []) {
     const abs = absolute(p, 'writable');
@@ -187,7 +192,12 @@ export async function resolveExtraPaths(confinement: BubblewrapConfinement): Pro
     const real = await fs.realpath(absolute(p, 'hidden')).catch(() => undefined);
     if (real) hidden.push(real);
   }
-  return { writable, hidden };
+  const readable: string[] = [];
+  for (const p of confinement.readable ?? []) {
+    const real = await fs.realpath(absolute(p, 'readable')).catch(() => undefined);
+    if (real) readable.push(real);
+  }
+  return { writable, hidden, readable };
 }
 
 /** The bwrap arguments (everything before the command) for a layout. */
@@ -195,12 +205,16 @@ export function bwrapArgs(
   layout: ConfinementLayout,
   confinement: BubblewrapConfinement,
   cwd: string,
-  extra: { writable: string[]; hidden: string[] } = { writable: confinement.writable ?? [], hidden: confinement.hidden ?? [] },
+  extra: { writable: string[]; hidden: string[]; readable?: string[] } = {
+    writable: confinement.writable ?? [],
+    hidden: confinement.hidden ?? [],
+    readable: confinement.readable ?? [],
+  },
 ): string[] {
   const args = ['--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--tmpfs', PRIVATE_TMP];
   // The private /tmp hides whatever lived there; bring the repository back, read-only.
   const underTmp = (p: string) => isInside(PRIVATE_TMP, p);
-  const readOnly = [layout.repository, layout.commonDir].filter(underTmp);
+  const readOnly = [layout.repository, layout.commonDir, ...(extra.readable ?? []).map((p) => absolute(p, 'readable'))].filter(underTmp);
   for (const p of dedupe(readOnly)) args.push('--ro-bind', p, p);
   for (const p of extra.hidden) args.push('--tmpfs', absolute(p, 'hidden'));
   const writable = [layout.worktree, ...layout.gitWritable, ...extra.writable.map((p) => absolute(p, 'writable'))];

@@ -79,8 +79,9 @@ const isSlipwayOrGit = (p: string) => {
 };
 
 /** The ignored paths of `repo` that a new worktree should receive. */
-export async function listIgnoredToCopy(repo: string): Promise<{ paths: string[]; limitedByIncludeFile: boolean }> {
+export async function listIgnoredToCopy(repo: string, opts: { useIncludeFile?: boolean } = {}): Promise<{ paths: string[]; limitedByIncludeFile: boolean }> {
   const ignored = (await lsFilesIgnored(repo, ['--exclude-standard'])).filter((p) => !isSlipwayOrGit(p));
+  if (opts.useIncludeFile === false) return { paths: collapse(ignored), limitedByIncludeFile: false };
   const includeFile = path.join(repo, WORKTREE_INCLUDE_FILE);
   const includeStat = await fs.stat(includeFile).catch(() => undefined);
   if (!includeStat?.isFile()) return { paths: collapse(ignored), limitedByIncludeFile: false };
@@ -124,12 +125,17 @@ async function nodeCopy(src: string, dest: string): Promise<void> {
 export interface CopyIgnoredOptions {
   /** Force a copy method (tests and benchmarks); default: GNU cp when present, else Node. */
   method?: CopyMethod;
+  /**
+   * Honour the source's `.worktreeinclude` (default true). False when copying from a prepared
+   * template, which holds only what was chosen already plus what project setup made.
+   */
+  useIncludeFile?: boolean;
 }
 
 /** Copies the ignored files of `repo` into the worktree at `dest`. */
 export async function copyIgnoredFiles(repo: string, dest: string, options: CopyIgnoredOptions = {}): Promise<CopyIgnoredResult> {
   const started = Date.now();
-  const { paths, limitedByIncludeFile } = await listIgnoredToCopy(repo);
+  const { paths, limitedByIncludeFile } = await listIgnoredToCopy(repo, { useIncludeFile: options.useIncludeFile });
   const method: CopyMethod = options.method ?? ((await hasGnuCp()) ? 'gnu-cp' : 'node');
   const warnings: string[] = [];
   const copied: string[] = [];

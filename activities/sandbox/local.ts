@@ -8,29 +8,32 @@
  * `confinement: { kind: 'bubblewrap' }` every command runs under bwrap and can write only
  * to its worktree (see bubblewrap.ts).
  *
- * Slipway's own record of each sandbox (branch, state of creation) lives in
+ * Slipway's own record of each sandbox (branch, state of creation, confinement) lives in
  * `<repo>/.slipway/sandboxes/<group>/<name>.json`, outside every worktree, so a confined
- * agent can neither read it as part of its tree nor change it.
+ * agent can neither read it as part of its tree nor change it. A sandbox created with its own
+ * confinement (the objective's `sandbox:` section) keeps it in that record, and every later exec
+ * in it (agents, gates, setup) looks it up there.
+ *
+ * Create takes, in order: a ready entry of the warm pool (pool.ts), else a cold create whose
+ * ignored files come from the prepared template (template.ts) when it fits, else from the
+ * checkout; then project setup (setup.ts) runs, under the sandbox's confinement.
  */
-import { constants, promises as fs } from 'node:fs';
+import { promises as fs, constants } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
 import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit } from '../git';
-import { runProcess, type RunResult } from '../process';
-import {
-  bwrapArgs,
-  BubblewrapMissingError,
-  confinementLayout,
-  probeBwrap,
-  requireBwrap,
-  resolveExtraPaths,
-  snapshotGitLinks,
-  type BubblewrapConfinement,
-} from './bubblewrap';
+import type { RunResult } from '../process';
+import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
 import { copyIgnoredFiles, type CopyMethod } from './copy-ignored';
+import { combineConfinement, execInWorktree, type ExecTarget } from './exec';
+import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
 import { deleteLocalSnapshot, probeLocal, restoreLocal, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
-import type { ExecRequest, SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
+import { claimPoolEntry, fillPool, poolKey, type PoolSpec } from './pool';
+import type { ExecRequest, ProjectSetup, SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
+import { runProjectSetup, type SetupResult } from './setup';
+import { usableTemplate, type TemplateManifest } from './template';
+import { adminDirOf } from './worktree-admin';
 
 export type { BubblewrapConfinement } from './bubblewrap';
 
@@ -44,19 +47,32 @@ export interface LocalSandboxOptions {
   confinement?: BubblewrapConfinement;
   /** Force how ignored files are copied (benchmarks, tests); default picks the fastest. */
   copyMethod?: CopyMethod;
+  /** Where background warm-pool fills report problems (default: console.warn). */
+  log?: (line: string) => void;
+  /** Refill the warm pool in the background after creates (default true; tests turn it off). */
+  backgroundFill?: boolean;
 }
 
-interface SandboxRecord {
+export interface SandboxRecord {
   version: 1;
   sandboxId: string;
   group: string;
   name: string;
   branch: string;
   baseCommit: string;
-  /** `creating` until the worktree and its copied files are complete. */
+  /** `creating` until the worktree, its copied files and project setup are complete. */
   state: 'creating' | 'ready';
   createdAt: string;
   ignoredCopy?: SandboxHandle['ignoredCopy'];
+  /** The sandbox's own confinement: every exec in it runs under it. */
+  confinement?: BubblewrapConfinement;
+  /** Hash of the project setup commands it was made with. */
+  setupHash?: string;
+  origin?: 'pool' | 'cold' | 'template';
+  /** The warm-pool entry or template it came from. */
+  poolEntry?: string;
+  template?: string;
+  setup?: SetupResult;
 }
 
 async function realpathOrSelf(p: string): Promise<string> {
@@ -67,12 +83,13 @@ export function localSandboxRoot(repository: string, group: string, name: string
   return path.join(repository, WORKTREES_DIR, group, name);
 }
 
-function recordPath(repo: string, group: string, name: string): string {
+export function sandboxRecordPath(repo: string, group: string, name: string): string {
   return path.join(repo, SANDBOX_STATE_DIR, group, `${name}.json`);
 }
+const recordPath = sandboxRecordPath;
 
 /** `<repo>/.slipway/worktrees/<group>/<name>` → its parts, or undefined for other paths. */
-function parseSandboxRoot(root: string): { repository: string; group: string; name: string } | undefined {
+export function parseSandboxRoot(root: string): { repository: string; group: string; name: string } | undefined {
   const name = path.basename(root);
   const groupDir = path.dirname(root);
   const worktreesDir = path.dirname(groupDir);
@@ -81,13 +98,14 @@ function parseSandboxRoot(root: string): { repository: string; group: string; na
   return { repository: path.dirname(slipwayDir), group: path.basename(groupDir), name };
 }
 
-async function readRecord(file: string): Promise<SandboxRecord | undefined> {
+export async function readSandboxRecord(file: string): Promise<SandboxRecord | undefined> {
   try {
     return JSON.parse(await fs.readFile(file, 'utf8')) as SandboxRecord;
   } catch {
     return undefined;
   }
 }
+const readRecord = readSandboxRecord;
 
 async function writeRecord(file: string, record: SandboxRecord): Promise<void> {
   await fs.mkdir(path.dirname(file), { recursive: true });
@@ -96,142 +114,265 @@ async function writeRecord(file: string, record: SandboxRecord): Promise<void> {
   await fs.rename(tmp, file);
 }
 
+const hasSetup = (setup: ProjectSetup | undefined): setup is ProjectSetup => !!setup && (setup.commands.length > 0 || setup.verify.length > 0);
+
+/** Where new sandboxes at a base commit get their ignored files, and the fingerprint pool entries must match. */
+interface Source {
+  dir: string;
+  template?: TemplateManifest;
+  fingerprint: string;
+}
+
 export class LocalSandboxProvider implements SandboxProvider {
   readonly kind = 'local';
   private readonly copyIgnored: boolean;
   private readonly confinement?: BubblewrapConfinement;
-  private readonly bwrap?: string;
   private readonly copyMethod?: CopyMethod;
+  private readonly log: (line: string) => void;
+  private readonly fills = new Map<string, { again: boolean; running: Promise<void> }>();
+  private readonly backgroundFill: boolean;
 
   constructor(options: LocalSandboxOptions = {}) {
     this.copyIgnored = options.copyIgnored ?? true;
     this.copyMethod = options.copyMethod;
+    this.log = options.log ?? ((line) => console.warn(line));
+    this.backgroundFill = options.backgroundFill ?? true;
     if (options.confinement) {
       if (options.confinement.kind !== 'bubblewrap') throw new Error(`unknown confinement kind "${(options.confinement as { kind: string }).kind}"`);
       this.confinement = options.confinement;
-      this.bwrap = requireBwrap(options.confinement.bwrapPath);
+      requireBwrap(options.confinement.bwrapPath);
     }
   }
 
-  /** True when commands run under bubblewrap. */
+  /** True when every command runs under bubblewrap (the provider's own setting). */
   get confined(): boolean {
     return this.confinement !== undefined;
   }
 
   async create(req: SandboxCreateRequest): Promise<SandboxHandle> {
+    const started = Date.now();
     const repo = await realpathOrSelf(req.repository);
     await ensureSlipwayExcluded(repo);
     const root = localSandboxRoot(repo, req.group, req.name);
     const recordFile = recordPath(repo, req.group, req.name);
-    const worktrees = await listWorktrees(repo);
+    const [worktrees, baseCommit, record] = await Promise.all([listWorktrees(repo), resolveCommit(repo, req.base), readRecord(recordFile)]);
     const existing = await findWorktree(worktrees, root);
-    const baseCommit = await resolveCommit(repo, req.base);
-    const record = await readRecord(recordFile);
+    // Refuse early, with the install hint, rather than on the first command.
+    if (req.confinement) requireBwrap(req.confinement.bwrapPath);
 
     if (existing && !existing.prunable) {
-      if (existing.branch !== req.branch) {
-        throw new Error(`worktree ${root} exists on branch ${existing.branch ?? '(detached)'}, expected ${req.branch}`);
-      }
       if (record?.state !== 'creating') {
+        if (existing.branch !== req.branch) {
+          throw new Error(`worktree ${root} exists on branch ${existing.branch ?? '(detached)'}, expected ${req.branch}`);
+        }
         if (!record) {
           // Made before Slipway kept records: adopt it.
           await writeRecord(recordFile, { version: 1, sandboxId: req.sandboxId, group: req.group, name: req.name, branch: req.branch, baseCommit, state: 'ready', createdAt: new Date().toISOString() });
         }
         return { sandboxId: req.sandboxId, provider: this.kind, root, branch: req.branch, baseCommit, headCommit: existing.head, reused: true };
       }
-      // A previous attempt died before finishing (copying ignored files, say): nobody has
-      // used this worktree yet, so start it again. The branch stays.
+      // A previous attempt died before finishing (copying ignored files, setup, a pool claim):
+      // nobody has used this worktree yet, so start it again. The branch stays.
       await gitMaybe(repo, ['worktree', 'remove', '--force', '--force', existing.path]);
     }
 
-    await writeRecord(recordFile, {
+    const copyIgnored = req.copyIgnored ?? this.copyIgnored;
+    const setup = hasSetup(req.setup) ? req.setup : undefined;
+    const poolSize = req.warmPool ?? 0;
+    const confinement = combineConfinement(this.confinement, req.confinement);
+    const base: Omit<SandboxRecord, 'state'> = {
       version: 1,
       sandboxId: req.sandboxId,
       group: req.group,
       name: req.name,
       branch: req.branch,
       baseCommit,
-      state: 'creating',
       createdAt: new Date().toISOString(),
+      ...(req.confinement ? { confinement: req.confinement } : {}),
+      ...(setup ? { setupHash: setupHash(setup) } : {}),
+    };
+    await writeRecord(recordFile, { ...base, state: 'creating' });
+    await clearHalfMade(repo, root);
+    const branchExisted = await branchExists(repo, req.branch);
+    const source = copyIgnored || setup || poolSize > 0 ? await this.sourceFor(repo, baseCommit, { setup, copyIgnored }) : undefined;
+    const poolSpec = (src: Source): PoolSpec => ({
+      baseCommit,
+      fingerprint: src.fingerprint,
+      source: src.dir,
+      ...(src.template ? { template: src.template.id } : {}),
+      copyIgnored,
+      ...(setup ? { setup } : {}),
+      ...(confinement ? { confinement } : {}),
+      ...(this.copyMethod ? { copyMethod: this.copyMethod } : {}),
     });
-    // A half-made worktree from a crashed attempt: clear it and start again.
-    await git(repo, ['worktree', 'prune']);
-    await fs.rm(root, { recursive: true, force: true });
+
+    // 1. The warm pool: a ready worktree at this base, moved into place and put on the branch.
+    if (poolSize > 0 && source && !branchExisted) {
+      const claimed = await claimPoolEntry(repo, { baseCommit, fingerprint: source.fingerprint }, root);
+      if (claimed) {
+        await git(root, ['checkout', '-q', '-b', req.branch]);
+        await writeRecord(recordFile, { ...base, state: 'ready', origin: 'pool', poolEntry: claimed.id, ...(claimed.template ? { template: claimed.template } : {}) });
+        this.scheduleFill(repo, poolSpec(source), poolSize);
+        return {
+          sandboxId: req.sandboxId,
+          provider: this.kind,
+          root,
+          branch: req.branch,
+          baseCommit,
+          headCommit: baseCommit,
+          reused: false,
+          origin: 'pool',
+          durationMs: Date.now() - started,
+        };
+      }
+    }
+
+    // 2. Cold: a new worktree, ignored files from the template or the checkout, then setup.
     await fs.mkdir(path.dirname(root), { recursive: true });
-    if (await branchExists(repo, req.branch)) {
+    if (branchExisted) {
       await git(repo, ['worktree', 'add', root, req.branch]);
     } else {
       await git(repo, ['worktree', 'add', '-b', req.branch, root, baseCommit]);
     }
     let ignoredCopy: SandboxHandle['ignoredCopy'];
-    if (req.copyIgnored ?? this.copyIgnored) {
-      const copied = await copyIgnoredFiles(repo, root, { method: this.copyMethod });
+    if (copyIgnored && source) {
+      const copied = await copyIgnoredFiles(source.dir, root, { method: this.copyMethod, useIncludeFile: source.template === undefined });
       ignoredCopy = { ...copied, paths: copied.paths.length };
     }
+    let setupResult: SetupResult | undefined;
+    if (setup) {
+      setupResult = await runProjectSetup((r) => execInWorktree({ root, repository: repo, branch: req.branch, confinement }, r), setup, {
+        signal: req.signal,
+        onProgress: req.onProgress,
+        skipFirstCommands: source?.template !== undefined,
+      });
+    }
     const headCommit = await git(root, ['rev-parse', 'HEAD']);
+    const origin = source?.template ? 'template' : 'cold';
     await writeRecord(recordFile, {
-      version: 1,
+      ...base,
+      state: 'ready',
+      origin,
+      ...(source?.template ? { template: source.template.id } : {}),
+      ...(ignoredCopy ? { ignoredCopy } : {}),
+      ...(setupResult ? { setup: setupResult } : {}),
+    });
+    if (poolSize > 0 && source) this.scheduleFill(repo, poolSpec(source), poolSize);
+    return {
       sandboxId: req.sandboxId,
-      group: req.group,
-      name: req.name,
+      provider: this.kind,
+      root,
       branch: req.branch,
       baseCommit,
-      state: 'ready',
-      createdAt: new Date().toISOString(),
+      headCommit,
+      reused: false,
       ignoredCopy,
-    });
-    return { sandboxId: req.sandboxId, provider: this.kind, root, branch: req.branch, baseCommit, headCommit, reused: false, ignoredCopy };
+      origin,
+      ...(setupResult ? { setup: setupResult } : {}),
+      durationMs: Date.now() - started,
+    };
+  }
+
+  /** The template (when it fits this base and setup) or the checkout, and the pool fingerprint. */
+  private async sourceFor(repo: string, baseCommit: string, opts: { setup?: ProjectSetup; copyIgnored: boolean }): Promise<Source> {
+    const tracked = await trackedLockfiles(repo, baseCommit);
+    const template = await usableTemplate(repo, baseCommit, { ...opts, tracked });
+    const dir = template?.root ?? repo;
+    const fp = await fingerprint(repo, baseCommit, { ...opts, source: dir, tracked });
+    return { dir, ...(template ? { template } : {}), fingerprint: fp.hash };
+  }
+
+  /**
+   * Fills the warm pool for a base (and these settings) up to `size` now, and waits. Creates do
+   * this in the background by themselves; this is for pre-warming (objective start, benchmarks).
+   */
+  async fillWarmPool(req: Pick<SandboxCreateRequest, 'repository' | 'base' | 'copyIgnored' | 'setup' | 'confinement'> & { size: number; signal?: AbortSignal }): Promise<{ made: number }> {
+    const repo = await realpathOrSelf(req.repository);
+    await ensureSlipwayExcluded(repo);
+    const baseCommit = await resolveCommit(repo, req.base);
+    const copyIgnored = req.copyIgnored ?? this.copyIgnored;
+    const setup = hasSetup(req.setup) ? req.setup : undefined;
+    const source = await this.sourceFor(repo, baseCommit, { setup, copyIgnored });
+    const confinement = combineConfinement(this.confinement, req.confinement);
+    return fillPool(
+      repo,
+      {
+        baseCommit,
+        fingerprint: source.fingerprint,
+        source: source.dir,
+        ...(source.template ? { template: source.template.id } : {}),
+        copyIgnored,
+        ...(setup ? { setup } : {}),
+        ...(confinement ? { confinement } : {}),
+        ...(this.copyMethod ? { copyMethod: this.copyMethod } : {}),
+      },
+      req.size,
+      { signal: req.signal },
+    );
+  }
+
+  /** Starts a background fill (one per repository and key in this process; a fill asked for while one runs runs again after it). */
+  scheduleWarmPool(req: Parameters<LocalSandboxProvider['fillWarmPool']>[0]): void {
+    const key = `${req.repository}\0${req.base}`;
+    this.background(key, () => this.fillWarmPool(req).then(() => undefined));
+  }
+
+  private scheduleFill(repo: string, spec: PoolSpec, size: number): void {
+    const key = `${repo}\0${poolKey(spec.baseCommit, spec.fingerprint)}`;
+    this.background(key, () => fillPool(repo, spec, size).then(() => undefined));
+  }
+
+  private background(key: string, work: () => Promise<void>): void {
+    if (!this.backgroundFill) return;
+    const current = this.fills.get(key);
+    if (current) {
+      current.again = true;
+      return;
+    }
+    const state = { again: false, running: Promise.resolve() };
+    state.running = (async () => {
+      // Off the create's critical path: the claim returns first.
+      await new Promise((r) => setImmediate(r));
+      do {
+        state.again = false;
+        try {
+          await work();
+        } catch (e) {
+          this.log(`slipway: warm pool fill failed: ${(e as Error).message}`);
+        }
+      } while (state.again);
+    })().finally(() => this.fills.delete(key));
+    this.fills.set(key, state);
+  }
+
+  /** Resolves once no background pool fill runs in this process (tests, benchmarks, shutdown). */
+  async whenPoolIdle(): Promise<void> {
+    while (this.fills.size > 0) await Promise.all([...this.fills.values()].map((f) => f.running));
   }
 
   async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
-    const cwd = req.cwd ? await resolveInside(handle.root, req.cwd) : await realpathOrSelf(handle.root);
-    const env: NodeJS.ProcessEnv = { ...process.env, ...req.env };
-    const common = {
-      cwd,
-      stdin: req.stdin,
-      timeoutMs: req.timeoutMs,
-      signal: req.signal,
-      onLine: req.onLine,
-      maxCaptureBytes: req.maxCaptureBytes,
-    };
-    if (!this.confinement || !this.bwrap) {
-      return runProcess({ ...common, command: req.command, args: req.args, shell: req.shell, env });
-    }
-
-    await probeBwrap(this.bwrap);
-    const layout = await this.layoutFor(handle.root);
-    const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
-    // The host's TMPDIR may point somewhere read-only in the sandbox; /tmp is private and writable.
-    if (req.env?.TMPDIR === undefined) env.TMPDIR = '/tmp';
-    const restoreGitLinks = await snapshotGitLinks(layout);
-    try {
-      return await runProcess({
-        ...common,
-        command: this.bwrap,
-        args: [...bwrapArgs(layout, this.confinement, cwd, await resolveExtraPaths(this.confinement)), '--', ...inner],
-        env,
-      });
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT' && (e as NodeJS.ErrnoException).path === this.bwrap) throw new BubblewrapMissingError();
-      throw e;
-    } finally {
-      await restoreGitLinks();
-    }
+    return execInWorktree(await this.execTarget(handle.root), req);
   }
 
-  /** Layout of a confined sandbox, from Slipway's record and the repository, never from the worktree. */
-  private async layoutFor(root: string) {
+  /**
+   * Where and how a command runs: the sandbox's confinement from Slipway's record (combined with
+   * the provider's own), the branch it may move from the record and the repository, never from
+   * the worktree.
+   */
+  private async execTarget(root: string): Promise<ExecTarget> {
     const real = await realpathOrSelf(root);
     const parsed = parseSandboxRoot(real);
+    const record = parsed ? await readRecord(recordPath(parsed.repository, parsed.group, parsed.name)) : undefined;
+    const confinement = combineConfinement(this.confinement, record?.confinement);
+    if (!confinement) return { root };
     if (!parsed) throw new Error(`confined commands need a Slipway sandbox root (<repo>/${WORKTREES_DIR}/<group>/<name>), got ${root}`);
-    const record = await readRecord(recordPath(parsed.repository, parsed.group, parsed.name));
     let branch = record?.branch;
     if (!branch) {
       // No record (made by an older Slipway): fall back to the branch git reports.
       const entry = await findWorktree(await listWorktrees(parsed.repository), real);
       branch = entry?.branch;
     }
-    return confinementLayout(parsed.repository, real, branch);
+    return { root: real, repository: parsed.repository, branch, confinement };
   }
 
   async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
@@ -309,4 +450,20 @@ async function findWorktree<T extends { path: string }>(worktrees: T[], root: st
     if (w.path === root || w.path === want || (await realpathOrSelf(w.path)) === want) return w;
   }
   return undefined;
+}
+
+/**
+ * Clears what a crashed create left at `root` (a half-copied folder, or a claimed pool entry whose
+ * git record is still locked and points into the pool), then prunes git's stale records.
+ */
+async function clearHalfMade(repo: string, root: string): Promise<void> {
+  if (await fs.lstat(root).then(() => true, () => false)) {
+    const admin = await adminDirOf(root);
+    if (admin) {
+      const gitdir = (await fs.readFile(path.join(admin, 'gitdir'), 'utf8').catch(() => '')).trim();
+      if (path.resolve(gitdir) !== path.join(root, '.git')) await fs.rm(path.join(admin, 'locked'), { force: true });
+    }
+    await fs.rm(root, { recursive: true, force: true });
+  }
+  await git(repo, ['worktree', 'prune']);
 }

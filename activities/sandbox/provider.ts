@@ -3,6 +3,17 @@
  * providers implement the same interface and pass the same contract suite (test/sandbox/contract.ts).
  */
 import type { RunResult } from '../process';
+import type { BubblewrapConfinement } from './bubblewrap';
+
+/** Commands that prepare a new sandbox (`npm ci`), and checks that it is ready. */
+export interface ProjectSetup {
+  commands: string[];
+  verify: string[];
+  /** Limit for each command (default 5 minutes). */
+  timeoutMs?: number;
+  /** Setup runs at most this many times; a failing command or check retries it (default 2). */
+  attempts?: number;
+}
 
 export interface SandboxCreateRequest {
   sandboxId: string;
@@ -19,6 +30,20 @@ export interface SandboxCreateRequest {
    * `.worktreeinclude` at the repository root limits which. Default: the provider's setting.
    */
   copyIgnored?: boolean;
+  /**
+   * Confinement for this sandbox, recorded with it: every later exec in it (agents, gates,
+   * setup) runs under it. A provider configured with its own confinement keeps it (the stricter
+   * network setting wins).
+   */
+  confinement?: BubblewrapConfinement;
+  /** Run after creation (under the sandbox's confinement); a failure fails the create with the output. */
+  setup?: ProjectSetup;
+  /** Keep this many ready sandboxes for the repository and base commit; create claims one (0: off). */
+  warmPool?: number;
+  /** Cancels a long create (setup commands are killed with their process group). */
+  signal?: AbortSignal;
+  /** Progress lines (setup output), for heartbeats. */
+  onProgress?: (line: string) => void;
 }
 
 export interface SandboxHandle {
@@ -40,6 +65,12 @@ export interface SandboxHandle {
     limitedByIncludeFile: boolean;
     durationMs: number;
   };
+  /** Where the sandbox came from: the warm pool, a cold create, or a cold create filled from the prepared template. */
+  origin?: 'pool' | 'cold' | 'template';
+  /** What project setup did (absent when there was none or the sandbox was reused). */
+  setup?: { attempts: number; commandsRun: number; durationMs: number };
+  /** Milliseconds the create took. */
+  durationMs?: number;
 }
 
 export interface ExecRequest {

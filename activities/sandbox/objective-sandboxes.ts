@@ -1,0 +1,116 @@
+/**
+ * The sandbox activities of objectives (stream sandboxes and the merger), with the objective's
+ * `sandbox:` options: confinement recorded with the sandbox, ignored files, project setup with
+ * heartbeats, the warm pool. Failures become typed `sandbox_failure`s; ones a retry cannot fix
+ * (setup that keeps failing, bubblewrap missing) are not retried by Temporal.
+ */
+import { Context } from '@temporalio/activity';
+import { ApplicationFailure } from '@temporalio/common';
+import { MERGER_SANDBOX_NAME } from '../../core/ids';
+import type { SandboxInfo, SandboxInput, SandboxOptions } from '../../core/types';
+import { failure } from '../failures';
+import { tail } from '../process';
+import { redact } from '../redact';
+import { BubblewrapMissingError } from './bubblewrap';
+import { createFieldsOf } from './options';
+import type { SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
+import { registerObjective } from './registry';
+import { SandboxCancelledError, SandboxSetupError } from './setup';
+
+/** Heartbeats every 2 s (with the latest progress line) while `work` runs; works outside activities too. */
+async function heartbeating<T>(work: (signal: AbortSignal | undefined, progress: (line: string) => void) => Promise<T>): Promise<T> {
+  let ctx: Context | undefined;
+  try {
+    ctx = Context.current();
+  } catch {
+    ctx = undefined;
+  }
+  if (!ctx) return work(undefined, () => undefined);
+  let latest = '';
+  const timer = setInterval(() => ctx!.heartbeat({ progress: latest }), 2_000);
+  try {
+    return await work(ctx.cancellationSignal, (line) => {
+      latest = line.slice(0, 200);
+    });
+  } finally {
+    clearInterval(timer);
+  }
+}
+
+/** A create failure as a typed Temporal failure. */
+export function sandboxFailure(e: unknown, what: string): Error {
+  if (e instanceof ApplicationFailure) return e;
+  if (e instanceof SandboxCancelledError) return e;
+  if (e instanceof SandboxSetupError) {
+    return ApplicationFailure.create({
+      type: 'sandbox_failure',
+      message: redact(`${what}: ${tail(e.message, 5_000)}`),
+      nonRetryable: true, // it already ran setup `attempts` times
+      details: [{ attempts: e.attempts }],
+    });
+  }
+  if (e instanceof BubblewrapMissingError) {
+    return ApplicationFailure.create({ type: 'sandbox_failure', message: `${what}: ${e.message}`, nonRetryable: true });
+  }
+  return failure('sandbox_failure', `${what}: ${(e as Error).message}`);
+}
+
+async function createWithOptions(sandboxes: SandboxProvider, request: SandboxCreateRequest, options: SandboxOptions | undefined): Promise<SandboxHandle> {
+  return heartbeating((signal, progress) => sandboxes.create({ ...request, ...createFieldsOf(options), signal, onProgress: progress }));
+}
+
+export async function createStreamSandbox(sandboxes: SandboxProvider, input: SandboxInput): Promise<SandboxInfo> {
+  let handle: SandboxHandle;
+  try {
+    handle = await createWithOptions(
+      sandboxes,
+      { sandboxId: input.sandboxId, repository: input.repository, group: input.objectiveId, name: input.name, branch: input.branch, base: input.base },
+      input.options,
+    );
+  } catch (e) {
+    throw sandboxFailure(e, `could not create sandbox ${input.sandboxId}`);
+  }
+  return {
+    sandboxId: handle.sandboxId,
+    provider: 'local',
+    path: handle.root,
+    branch: handle.branch,
+    baseCommit: handle.baseCommit,
+    headCommit: handle.headCommit,
+  };
+}
+
+/**
+ * The objective's merger worktree (post-merge gates and the planner run there, under the same
+ * confinement). Also records the objective in the registry the janitor sweeps.
+ */
+export async function createMergerSandbox(
+  sandboxes: SandboxProvider,
+  input: { objectiveId: string; repository: string; baseCommit: string; branch: string; sandbox?: SandboxOptions },
+): Promise<SandboxHandle> {
+  try {
+    await registerObjective(input.repository, input.objectiveId, input.baseCommit);
+  } catch (e) {
+    // The janitor then misses this objective's leftovers; the run itself is fine.
+    Context.current().log.warn('could not record the objective in the repository registry', { error: (e as Error).message });
+  }
+  let handle: SandboxHandle;
+  try {
+    handle = await createWithOptions(
+      sandboxes,
+      {
+        sandboxId: `${input.objectiveId}.${MERGER_SANDBOX_NAME}`,
+        repository: input.repository,
+        group: input.objectiveId,
+        name: MERGER_SANDBOX_NAME,
+        branch: input.branch,
+        base: input.baseCommit,
+      },
+      input.sandbox,
+    );
+  } catch (e) {
+    throw sandboxFailure(e, `could not create the merger sandbox of ${input.objectiveId}`);
+  }
+  // With `warm_pool`, the create above also started filling the pool in the background.
+  return handle;
+}

@@ -1,0 +1,108 @@
+/**
+ * The repositories Slipway has worked in, and the objectives it ran in each: what the janitor
+ * sweeps. One small JSON file, `$SLIPWAY_HOME/repositories.json` (the data folder of
+ * workers/settings.ts), written when an objective starts preparing and pruned by the janitor:
+ *
+ *   { "version": 1,
+ *     "repositories": { "/abs/repo": { "addedAt": "...",
+ *        "objectives": { "<id>": { "baseCommit": "...", "addedAt": "..." } } } } }
+ *
+ * Writers take `repositories.json.lock` (O_EXCL; a lock older than 30 s is broken) and replace
+ * the file by rename, so concurrent workers on one machine never lose an entry.
+ */
+import { constants, promises as fs } from 'node:fs';
+import path from 'node:path';
+import { slipwaySettings } from '../../workers/settings';
+
+export interface RegistryObjective {
+  baseCommit?: string;
+  addedAt: string;
+}
+
+export interface RegistryRepository {
+  addedAt: string;
+  objectives: Record<string, RegistryObjective>;
+}
+
+export interface Registry {
+  version: 1;
+  repositories: Record<string, RegistryRepository>;
+}
+
+export const REGISTRY_FILE = 'repositories.json';
+
+export function registryPath(env: NodeJS.ProcessEnv = process.env): string {
+  return path.join(slipwaySettings(env).dataDir, REGISTRY_FILE);
+}
+
+const empty = (): Registry => ({ version: 1, repositories: {} });
+
+export async function readRegistry(file = registryPath()): Promise<Registry> {
+  try {
+    const parsed = JSON.parse(await fs.readFile(file, 'utf8')) as Registry;
+    return parsed && typeof parsed.repositories === 'object' ? parsed : empty();
+  } catch {
+    return empty();
+  }
+}
+
+async function withLock<T>(file: string, work: () => Promise<T>): Promise<T> {
+  const lock = `${file}.lock`;
+  await fs.mkdir(path.dirname(file), { recursive: true });
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    try {
+      const handle = await fs.open(lock, constants.O_CREAT | constants.O_EXCL | constants.O_WRONLY, 0o644);
+      await handle.writeFile(String(process.pid));
+      await handle.close();
+      break;
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+      const age = await fs.stat(lock).then((s) => Date.now() - s.mtimeMs, () => 0);
+      if (age > 30_000) await fs.rm(lock, { force: true });
+      else if (Date.now() > deadline) throw new Error(`${lock} is held by another process`);
+      else await new Promise((r) => setTimeout(r, 20 + Math.random() * 30));
+    }
+  }
+  try {
+    return await work();
+  } finally {
+    await fs.rm(lock, { force: true });
+  }
+}
+
+/** Reads, changes and writes the registry under its lock. */
+export async function updateRegistry<T>(change: (registry: Registry) => T, file = registryPath()): Promise<T> {
+  return withLock(file, async () => {
+    const registry = await readRegistry(file);
+    const result = change(registry);
+    const tmp = `${file}.${process.pid}.tmp`;
+    await fs.writeFile(tmp, JSON.stringify(registry, null, 2) + '\n');
+    await fs.rename(tmp, file);
+    return result;
+  });
+}
+
+/** Records that `objectiveId` runs in `repository` (idempotent). */
+export async function registerObjective(repository: string, objectiveId: string, baseCommit?: string, file = registryPath()): Promise<void> {
+  await updateRegistry((registry) => {
+    const now = new Date().toISOString();
+    const repo = (registry.repositories[repository] ??= { addedAt: now, objectives: {} });
+    repo.objectives[objectiveId] ??= { addedAt: now, ...(baseCommit ? { baseCommit } : {}) };
+  }, file);
+}
+
+/** Drops an objective (the janitor swept it), and a repository once it has none left. */
+export async function forgetObjective(repository: string, objectiveId: string, file = registryPath()): Promise<void> {
+  await updateRegistry((registry) => {
+    const repo = registry.repositories[repository];
+    if (!repo) return;
+    delete repo.objectives[objectiveId];
+  }, file);
+}
+
+export async function forgetRepository(repository: string, file = registryPath()): Promise<void> {
+  await updateRegistry((registry) => {
+    delete registry.repositories[repository];
+  }, file);
+}
