@@ -1,0 +1,167 @@
+/**
+ * Objectives end to end with the `sandbox:` section, on the real Temporal test server:
+ * bubblewrap confinement with the network off (a gate proves it; the agent cannot write outside
+ * its worktree), project setup in every sandbox, and a setup that keeps failing turning into the
+ * stream's `sandbox_failure` with the output. The user's checkout stays untouched throughout.
+ */
+import { existsSync, promises as fs, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { findExecutable } from '../../activities/sandbox/bubblewrap';
+import { loadObjectiveFile } from '../../config/objective-file';
+import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../../core/ids';
+import type { ObjectiveResult } from '../../core/types';
+import { objectiveWorkflow } from '../../workflows/objective';
+import { streamStatusQuery } from '../../workflows/stream';
+import { writeObjective } from '../helpers/objective';
+import { dirtyTheCheckout, gitIn, makeDemoRepo, pictureCheckout, tempDir } from '../helpers/repo';
+import { startTestWorker, type TestWorker } from '../helpers/temporal';
+
+const hasBwrap = findExecutable('bwrap') !== undefined;
+
+/**
+ * A builder that tries to escape (the user's checkout, $HOME, the objective folder), reports
+ * what happened in a file inside its worktree, and writes its helper.
+ */
+const ESCAPING_AGENT = `
+import { mkdirSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+const stream = process.env.SLIPWAY_STREAM;
+const targets = JSON.parse(process.env.ESCAPE_TARGETS ?? '[]').concat([
+  path.join(os.homedir(), '.slipway-escape-' + stream),
+  path.join(process.env.SLIPWAY_OBJECTIVE_DIR, 'escaped-' + stream),
+]);
+const report = targets.map((t) => {
+  try { writeFileSync(t, 'escaped'); return t + ': WRITTEN'; } catch (e) { return t + ': ' + e.code; }
+});
+mkdirSync('src', { recursive: true }); mkdirSync('test', { recursive: true });
+writeFileSync('escape-report-' + stream + '.txt', report.join('\\n') + '\\n');
+writeFileSync('src/' + stream + '.js', 'module.exports = { ' + stream + ': (x) => x };\\n');
+writeFileSync('test/' + stream + '.test.js', "const test = require('node:test');\\nconst assert = require('node:assert');\\nconst { " + stream + " } = require('../src/" + stream + "');\\ntest('" + stream + "', () => assert.strictEqual(" + stream + "(2), 2));\\n");
+console.log('wrote ' + stream);
+`;
+
+let worker: TestWorker;
+let home: string;
+beforeAll(async () => {
+  home = tempDir('slipway-home-');
+  process.env.SLIPWAY_HOME = home;
+  worker = await startTestWorker();
+});
+afterAll(async () => {
+  await worker?.stop();
+  await fs.rm(home, { recursive: true, force: true });
+});
+
+async function run(file: string, repo: string, id: string): Promise<ObjectiveResult> {
+  const input = await loadObjectiveFile(file, { repository: repo, id });
+  return worker.client.workflow.execute(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+}
+
+describe.skipIf(!hasBwrap)('objective with sandbox: { confinement: bubblewrap, network: false }', () => {
+  it('runs agents, gates and setup confined: the network-off gate passes, escapes fail, the work merges, the checkout is untouched', async () => {
+    const repo = makeDemoRepo();
+    dirtyTheCheckout(repo);
+    const before = pictureCheckout(repo);
+    const server = net.createServer((socket) => socket.end('hello\n'));
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const port = (server.address() as net.AddressInfo).port;
+    const escapeTargets = [path.join(repo, 'ESCAPED.txt'), path.join(repo, 'src', 'slug.js')];
+    const id = 'confined-run';
+    try {
+      const file = writeObjective({
+        objective: 'two helpers, built inside bubblewrap with the network off',
+        repository: repo,
+        max_fix_iterations: 0,
+        on_exhausted: 'fail',
+        sandbox: {
+          confinement: 'bubblewrap',
+          network: false,
+          project_setup: { commands: ['echo "setup ran in $(basename "$PWD")" > .env'], verify: ['grep -q "setup ran" .env'] },
+        },
+        gates: [
+          // Passes only when the sandbox cannot reach a server listening on the host's loopback.
+          { name: 'network-off', command: `if bash -c 'exec 3<>/dev/tcp/127.0.0.1/${port}' 2>/dev/null; then echo "network reachable"; exit 1; fi; echo "network off"` },
+          { name: 'test', command: 'node --test' },
+        ],
+        agents: { builder: { provider: 'script', command: 'node "$SLIPWAY_OBJECTIVE_DIR/agent.mjs"' } },
+        streams: [
+          { id: 'alpha', task: 'alpha helper' },
+          { id: 'beta', task: 'beta helper' },
+        ],
+      });
+      const dir = path.dirname(file);
+      writeFileSync(path.join(dir, 'agent.mjs'), ESCAPING_AGENT);
+      process.env.ESCAPE_TARGETS = JSON.stringify(escapeTargets);
+
+      const result = await run(file, repo, id);
+
+      expect(result.error).toBeUndefined();
+      expect(result.outcome).toBe('completed');
+      expect([...result.mergeOrder].sort()).toEqual(['alpha', 'beta']);
+      const branch = integrationBranch(id);
+      for (const stream of ['alpha', 'beta']) {
+        // Every escape was refused by the filesystem; the report landed through the worktree.
+        const report = gitIn(repo, 'show', `${branch}:escape-report-${stream}.txt`).split('\n');
+        expect(report).toHaveLength(4);
+        for (const line of report) expect(line).toMatch(/: (EROFS|EACCES|ENOENT)$/);
+        expect(gitIn(repo, 'cat-file', '-t', `${branch}:src/${stream}.js`)).toBe('blob');
+        expect(existsSync(path.join(os.homedir(), `.slipway-escape-${stream}`))).toBe(false);
+        expect(existsSync(path.join(dir, `escaped-${stream}`))).toBe(false);
+        // The gate ran in the sandbox and saw no network.
+        const status = await worker.client.workflow.getHandle(streamWorkflowId(id, stream)).query(streamStatusQuery);
+        expect(status.ledger).toEqual([]);
+      }
+      // Setup ran (confined) in each stream sandbox and the merger; its output is an ignored file, never committed.
+      expect(() => gitIn(repo, 'cat-file', '-t', `${branch}:.env`)).toThrow();
+      expect(existsSync(path.join(repo, 'ESCAPED.txt'))).toBe(false);
+      expect(pictureCheckout(repo)).toEqual(before);
+      expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
+    } finally {
+      delete process.env.ESCAPE_TARGETS;
+      server.close();
+    }
+  });
+});
+
+describe('objective with a project setup that keeps failing', () => {
+  it("fails the stream as sandbox_failure with setup's output, after retrying setup", async () => {
+    const repo = makeDemoRepo();
+    const before = pictureCheckout(repo);
+    const id = 'setup-fails';
+    const file = writeObjective({
+      objective: 'a stream whose sandbox never gets ready',
+      repository: repo,
+      sandbox: {
+        project_setup: {
+          commands: ['echo "installing" >> .setup.log'],
+          // The merger's setup passes; the stream's never does.
+          verify: ['test "$(basename "$PWD")" = _merge || { echo "toolchain missing in $(basename "$PWD") after $(wc -l < .setup.log) runs"; exit 4; }'],
+          attempts: 2,
+        },
+      },
+      agents: { builder: { provider: 'script', command: 'true' } },
+      streams: [{ id: 'doomed', task: 'never starts' }],
+    });
+    await fs.writeFile(path.join(repo, '.git', 'info', 'exclude'), '.setup.log\n', { flag: 'a' });
+    const result = await run(file, repo, id);
+    expect(result.outcome).toBe('failed');
+    const doomed = result.streams.find((s) => s.id === 'doomed')!;
+    expect(doomed.failure?.kind).toBe('sandbox_failure');
+    expect(doomed.failure?.summary).toMatch(/^sandbox could not be created/);
+    expect(doomed.iterations).toBe(0);
+    // The activity failed once (not retried by Temporal: setup itself was retried), with setup's output.
+    const history = await worker.client.workflow.getHandle('sandbox:setup-fails.doomed').fetchHistory();
+    const failures = (history.events ?? []).filter((e) => e.activityTaskFailedEventAttributes);
+    expect(failures).toHaveLength(1);
+    const cause = failures[0].activityTaskFailedEventAttributes!.failure!;
+    expect(cause.applicationFailureInfo?.type).toBe('sandbox_failure');
+    expect(cause.applicationFailureInfo?.nonRetryable).toBe(true);
+    expect(cause.message).toContain('project setup failed after 2 attempts');
+    expect(cause.message).toContain('toolchain missing in doomed after 2 runs');
+    expect(pictureCheckout(repo)).toEqual(before);
+  });
+});
