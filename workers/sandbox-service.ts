@@ -40,6 +40,8 @@ export interface SandboxServiceHostOptions {
   /** The reaper's schedule; false: do not create one. */
   reaper?: { intervalMs: number; scheduleId?: string; orphanGraceMs?: number } | false;
   activityConcurrency?: number;
+  /** Workflows kept in the worker's cache (default: the SDK's, sized from the heap). */
+  maxCachedWorkflows?: number;
   /** Process-level metrics (memory, event loop) on /metrics too. */
   defaultMetrics?: boolean;
 }
@@ -99,6 +101,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
       maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 16,
       maxConcurrentLocalActivityExecutions: 64,
       maxConcurrentWorkflowTaskExecutions: 16,
+      ...(opts.maxCachedWorkflows !== undefined ? { maxCachedWorkflows: opts.maxCachedWorkflows } : {}),
       shutdownGraceTime: 5_000,
     });
     workerRun = worker.run();

@@ -1,0 +1,285 @@
+/**
+ * Sandbox service benchmark, on this machine, end to end (real Temporal dev server, real
+ * Postgres, real HTTP on loopback):
+ *
+ *   1. create -> ready latency, warm-pool hit and cold boot            (goal: warm < 150 ms)
+ *   2. exec round trip of `true` through REST vs spawning it directly (goal: < 10 ms overhead)
+ *   3. suspend and wake of a sandbox with ~10,000 files               (goal: each < 1 s)
+ *   4. idle sandboxes one worker holds within 1 GiB of memory
+ *
+ * Usage: npx tsx bench/sandbox-service.ts [--quick] [--json]
+ * Postgres: DATABASE_URL, else a throwaway cluster like the tests'. Prints medians and ratios.
+ */
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import pino from 'pino';
+import { openPostgres } from '../activities/ledger/db';
+import { createAccount, createApiToken, createProfile } from '../activities/ledger/ledger';
+import { runProcess } from '../activities/process';
+import { suspendLocal, restoreLocal } from '../activities/sandbox/local-snapshot';
+import { LocalSandboxProvider } from '../activities/sandbox/local';
+import { SandboxApiClient } from '../api/client';
+import { freePort, startDevServer } from '../workers/dev-server';
+import { installRuntimeLogging } from '../workers/logging';
+import { startSandboxServiceHost } from '../workers/sandbox-service';
+import { bundleWorkflows } from '../workers/worker';
+import { setup as startPostgres, teardown as stopPostgres } from '../test/postgres-setup';
+
+const quick = process.argv.includes('--quick');
+const asJson = process.argv.includes('--json');
+const N = {
+  create: quick ? 5 : 20,
+  exec: quick ? 50 : 300,
+  suspend: quick ? 2 : 5,
+  idle: quick ? 40 : 200,
+};
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+};
+const p90 = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length * 0.9)]!;
+const ms = (x: number) => `${x.toFixed(1)} ms`;
+const log = (line: string) => process.stderr.write(`${line}\n`);
+const sh = (cwd: string, cmd: string) => execFileSync('/bin/sh', ['-c', cmd], { cwd, stdio: 'ignore' });
+
+function makeRepo(parent: string, name: string, files: number): string {
+  const repo = path.join(parent, name);
+  execFileSync('git', ['init', '-q', '-b', 'main', repo]);
+  writeFileSync(path.join(repo, '.gitignore'), 'node_modules/\n');
+  const perDir = 100;
+  for (let i = 0; i < files; i++) {
+    const dir = path.join(repo, 'src', `d${Math.floor(i / perDir)}`);
+    if (i % perDir === 0) mkdirSync(dir, { recursive: true });
+    writeFileSync(path.join(dir, `f${i}.ts`), `export const v${i} = ${i};\n`);
+  }
+  // Packed, as a cloned repository is: a checkout reads objects from one pack, not 10,000 files.
+  sh(repo, 'git add -A && git -c user.name=b -c user.email=b@b commit -qm init && git repack -adq && git prune-packed');
+  return repo;
+}
+
+async function main() {
+  installRuntimeLogging();
+  const work = realpathSync(mkdtempSync(path.join(os.tmpdir(), 'slipway-bench-')));
+  const results: Record<string, unknown> = { machine: `${os.cpus().length} cores, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB`, node: process.version };
+
+  log('starting Temporal dev server and Postgres ...');
+  const temporal = await startDevServer({ dataDir: path.join(work, 'temporal'), port: await freePort(), headless: true, startTimeoutMs: 120_000 });
+  let pgUrl = process.env.DATABASE_URL ?? '';
+  let pgError = '';
+  if (!pgUrl) {
+    await startPostgres({ provide: (k: string, v: string) => (k === 'postgresUrl' ? (pgUrl = v) : (pgError = v)) });
+    if (!pgUrl) throw new Error(pgError);
+  }
+  const dbName = `slipway_bench_${randomBytes(4).toString('hex')}`;
+  const admin = openPostgres(pgUrl, { max: 1 });
+  await admin.exec(`CREATE DATABASE ${dbName}`);
+  await admin.close();
+  const url = new URL(pgUrl);
+  url.pathname = `/${dbName}`;
+  const db = openPostgres(url.toString(), { max: 20 });
+
+  const bundle = await bundleWorkflows();
+  const host = await startSandboxServiceHost({
+    db,
+    temporalAddress: temporal.address,
+    taskQueue: 'bench',
+    workflowBundle: bundle,
+    api: { host: '127.0.0.1', port: 0 },
+    logger: pino({ level: 'warn' }, pino.destination(2)),
+    watchIntervalMs: 2_000,
+    reaper: false,
+    maxCachedWorkflows: 2_000,
+  });
+  const small = makeRepo(work, 'small', 50);
+  await createAccount(db, { id: 'bench', concurrentLimit: 10_000 });
+  const { token } = await createApiToken(db, 'bench');
+  const api = new SandboxApiClient(host.url!, token);
+  await createProfile(db, 'bench', { name: 'cold', repository: small, baseRef: 'main', idleTimeoutSeconds: 3_600 });
+  await createProfile(db, 'bench', { name: 'warm', repository: small, baseRef: 'main', idleTimeoutSeconds: 3_600, warmReplicas: 2 });
+
+  try {
+    // --- 1. create -> ready ------------------------------------------------------------------
+    const createReady = async (profile: string) => {
+      const t0 = performance.now();
+      let s = await api.create({ profile });
+      while (s.status === 'pending') s = await api.get(s.id, 10);
+      const t = performance.now() - t0;
+      if (s.status !== 'ready') throw new Error(`sandbox ${s.id} ended ${s.status}: ${s.error}`);
+      return { id: s.id, ms: t, kind: s.provisioning_kind };
+    };
+    // --- 4. (measured first) idle sandboxes per GiB ------------------------------------------------------------
+    log(`4. memory: ${N.idle} idle ready sandboxes held by this worker ...`);
+    // First, on a process that has done little else, so the RSS delta is the sandboxes'.
+    for (let i = 0; i < 3; i++) await api.destroy((await createReady('cold')).id);
+    await new Promise((r) => setTimeout(r, 2_000));
+    const gc = (globalThis as { gc?: () => void }).gc;
+    gc?.();
+    gc?.();
+    const before = process.memoryUsage();
+    const idle: string[] = [];
+    for (let i = 0; i < N.idle; i += 10) {
+      const batch = await Promise.all(Array.from({ length: Math.min(10, N.idle - i) }, () => createReady('cold')));
+      idle.push(...batch.map((b) => b.id));
+    }
+    await new Promise((r) => setTimeout(r, 3_000));
+    gc?.();
+    gc?.();
+    const after = process.memoryUsage();
+    const perSandboxBytes = (after.rss - before.rss) / idle.length;
+    results.memory = {
+      idleSandboxes: idle.length,
+      rssBeforeMiB: before.rss / 2 ** 20,
+      rssAfterMiB: after.rss / 2 ** 20,
+      heapDeltaMiB: (after.heapUsed - before.heapUsed) / 2 ** 20,
+      heapPerSandboxKiB: (after.heapUsed + after.external - before.heapUsed - before.external) / idle.length / 1024,
+      perSandboxKiB: perSandboxBytes / 1024,
+      sandboxesPerGiB: Math.floor(2 ** 30 / Math.max(perSandboxBytes, 1)),
+      gcExposed: Boolean(gc),
+    };
+    log(`   RSS ${(before.rss / 2 ** 20).toFixed(0)} -> ${(after.rss / 2 ** 20).toFixed(0)} MiB for ${idle.length}: ${(perSandboxBytes / 1024).toFixed(0)} KiB each, ~${Math.floor(2 ** 30 / Math.max(perSandboxBytes, 1))} per GiB`);
+    await Promise.all(idle.map((id) => api.destroy(id)));
+    const cold: number[] = [];
+    const warm: number[] = [];
+    const doomed: string[] = [];
+    log(`1. create -> ready: ${N.create} cold, ${N.create} warm ...`);
+    for (let i = 0; i < 2; i++) doomed.push((await createReady('cold')).id); // warm-up (JIT, connections)
+    for (let i = 0; i < N.create; i++) {
+      const r = await createReady('cold');
+      cold.push(r.ms);
+      doomed.push(r.id);
+    }
+    let misses = 0;
+    for (let i = 0; i < N.create; i++) {
+      await host.replenishWarmPools();
+      const r = await createReady('warm');
+      if (r.kind === 'warm_hit') warm.push(r.ms);
+      else misses++;
+      doomed.push(r.id);
+    }
+    results.createReady = { coldMedianMs: median(cold), coldP90Ms: p90(cold), warmMedianMs: median(warm), warmP90Ms: p90(warm), warmMisses: misses };
+    log(`   cold ${ms(median(cold))} (p90 ${ms(p90(cold))}), warm hit ${ms(median(warm))} (p90 ${ms(p90(warm))})`);
+    await Promise.all(doomed.map((id) => api.destroy(id)));
+
+    // --- 2. exec round trip -------------------------------------------------------------------
+    log(`2. exec \`true\`: ${N.exec} through REST, ${N.exec} direct spawns ...`);
+    const { id: execBox } = await createReady('cold');
+    const root = (await db.query<{ root: string }>('SELECT root FROM sandboxes WHERE id = $1', [execBox])).rows[0]!.root;
+    const rest: number[] = [];
+    const direct: number[] = [];
+    for (let i = 0; i < 20; i++) {
+      await api.exec(execBox, { command: 'true' });
+      await runProcess({ command: 'true', cwd: root });
+    }
+    for (let i = 0; i < N.exec; i++) {
+      // Interleaved, so machine load affects both alike.
+      let t0 = performance.now();
+      const r = await api.exec(execBox, { command: 'true' });
+      rest.push(performance.now() - t0);
+      if (r.exit_code !== 0) throw new Error('exec failed');
+      t0 = performance.now();
+      await runProcess({ command: 'true', cwd: root });
+      direct.push(performance.now() - t0);
+    }
+    results.exec = {
+      restMedianMs: median(rest),
+      restP90Ms: p90(rest),
+      directMedianMs: median(direct),
+      overheadMedianMs: median(rest) - median(direct),
+      ratio: median(rest) / median(direct),
+    };
+    log(`   REST ${ms(median(rest))} (p90 ${ms(p90(rest))}), direct ${ms(median(direct))}: overhead ${ms(median(rest) - median(direct))}, ratio ${(median(rest) / median(direct)).toFixed(2)}x`);
+    await api.destroy(execBox);
+
+    // --- 3. suspend and wake, ~10,000 files ---------------------------------------------------
+    log(`3. suspend/wake with 10,000 files: ${N.suspend} rounds at the provider, ${N.suspend} end to end ...`);
+    const big = makeRepo(work, 'big', 10_000);
+    const provider = new LocalSandboxProvider({ copyIgnored: false });
+    const bigBox = await provider.create({ sandboxId: 'bench.big', repository: big, group: 'bench', name: 'big', branch: 'slipway/bench/big', base: 'main' });
+    sh(bigBox.root, 'for i in 1 2 3 4 5 6 7 8 9 10; do echo change >> src/d$i/f$((i*100)).ts; echo new > src/d$i/untracked$i.txt; done; git add src/d1');
+    const suspendMs: number[] = [];
+    const restoreMs: number[] = [];
+    for (let i = 0; i < N.suspend; i++) {
+      let t0 = performance.now();
+      await suspendLocal(bigBox.root, { templateIgnored: false });
+      suspendMs.push(performance.now() - t0);
+      t0 = performance.now();
+      await restoreLocal(bigBox.root, { templateIgnored: false });
+      restoreMs.push(performance.now() - t0);
+    }
+    await createProfile(db, 'bench', { name: 'big-idle', repository: big, baseRef: 'main', idleTimeoutSeconds: 1, copyIgnored: false });
+    const e2eWake: number[] = [];
+    const e2eSuspend: number[] = [];
+    const { id: idleBox } = await createReady('big-idle');
+    await api.exec(idleBox, { command: 'sh', args: ['-c', 'echo x >> src/d3/f300.ts; echo y > notes.txt'] });
+    for (let i = 0; i < N.suspend; i++) {
+      let s = await api.get(idleBox);
+      while (s.status !== 'suspended') {
+        await new Promise((r) => setTimeout(r, 20));
+        s = await api.get(idleBox);
+      }
+      const t0 = performance.now();
+      const r = await api.exec(idleBox, { command: 'cat', args: ['notes.txt'] });
+      e2eWake.push(performance.now() - t0);
+      if (r.stdout !== 'y\n') throw new Error('state lost across suspend');
+    }
+    const suspendMetric = await host.metrics.registry.getSingleMetric('slipway_sandbox_suspend_seconds')?.get();
+    const named = (suffix: string) => suspendMetric?.values.find((v) => (v as { metricName?: string }).metricName === `slipway_sandbox_suspend_seconds_${suffix}`)?.value ?? 0;
+    const sum = named('sum');
+    const count = named('count');
+    if (count) e2eSuspend.push((sum / count) * 1000);
+    results.suspendWake = {
+      files: 10_000,
+      providerSuspendMedianMs: median(suspendMs),
+      providerRestoreMedianMs: median(restoreMs),
+      e2eSuspendActivityMeanMs: e2eSuspend[0] ?? null,
+      e2eWakeExecMedianMs: median(e2eWake),
+    };
+    log(`   provider: suspend ${ms(median(suspendMs))}, restore ${ms(median(restoreMs))}; through the service: suspend activity ${ms(e2eSuspend[0] ?? NaN)} (mean), exec on a suspended sandbox ${ms(median(e2eWake))}`);
+    await api.destroy(idleBox);
+
+  } finally {
+    await host.close();
+    await db.close();
+    await temporal.stop();
+    if (!process.env.DATABASE_URL) await stopPostgres();
+    rmSync(work, { recursive: true, force: true });
+  }
+
+  const r = results as {
+    createReady: { coldMedianMs: number; warmMedianMs: number };
+    exec: { overheadMedianMs: number; ratio: number; restMedianMs: number; directMedianMs: number };
+    suspendWake: { providerSuspendMedianMs: number; providerRestoreMedianMs: number; e2eWakeExecMedianMs: number };
+    memory: { sandboxesPerGiB: number; perSandboxKiB: number; heapPerSandboxKiB: number };
+  };
+  if (asJson) {
+    process.stdout.write(`${JSON.stringify(results, null, 2)}\n`);
+    return;
+  }
+  const goal = (ok: boolean) => (ok ? 'met' : 'NOT met');
+  process.stdout.write(
+    [
+      `Slipway sandbox service benchmark (${results.machine}, node ${results.node}${quick ? ', --quick' : ''})`,
+      `  create -> ready, cold boot     median ${ms(r.createReady.coldMedianMs)}`,
+      `  create -> ready, warm hit      median ${ms(r.createReady.warmMedianMs)}   goal < 150 ms: ${goal(r.createReady.warmMedianMs < 150)}`,
+      `  exec \`true\` via REST           median ${ms(r.exec.restMedianMs)} vs direct spawn ${ms(r.exec.directMedianMs)}: +${ms(r.exec.overheadMedianMs)}, ${r.exec.ratio.toFixed(2)}x   goal < 10 ms: ${goal(r.exec.overheadMedianMs < 10)}`,
+      `  suspend, 10,000 files          median ${ms(r.suspendWake.providerSuspendMedianMs)}   goal < 1 s: ${goal(r.suspendWake.providerSuspendMedianMs < 1000)}`,
+      `  wake (restore), 10,000 files   median ${ms(r.suspendWake.providerRestoreMedianMs)}   goal < 1 s: ${goal(r.suspendWake.providerRestoreMedianMs < 1000)}`,
+      `  exec on a suspended sandbox    median ${ms(r.suspendWake.e2eWakeExecMedianMs)} (wake + exec through REST and the workflow)`,
+      `  idle sandboxes per GiB         ~${r.memory.sandboxesPerGiB} (${r.memory.perSandboxKiB.toFixed(0)} KiB RSS each, ${r.memory.heapPerSandboxKiB.toFixed(0)} KiB V8 heap each; worker + API process)`,
+      '',
+    ].join('\n'),
+  );
+}
+
+main().then(
+  () => process.exit(0),
+  (e) => {
+    process.stderr.write(`benchmark failed: ${(e as Error).stack ?? e}\n`);
+    process.exit(1);
+  },
+);
