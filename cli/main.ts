@@ -13,6 +13,7 @@ import { watchCommand } from './commands/watch';
 import { registerAccountCommands } from './commands/account';
 import { registerApiCommands } from './commands/api';
 import { registerSandboxCommands } from './commands/sandbox';
+import { registerSchedulesCommands } from './commands/schedules';
 
 export function buildProgram(): Command {
   const program = new Command('slipway')
@@ -99,6 +100,8 @@ export function buildProgram(): Command {
   registerSandboxCommands(program);
   registerApiCommands(program, setExit);
   registerAccountCommands(program);
+  // Local sandboxes: the janitor's schedule.
+  registerSchedulesCommands(program, setExit);
 
   return program;
 }

@@ -3,9 +3,11 @@
  * have their own task queue with a small, explicit concurrency.
  */
 import path from 'node:path';
+import { Client } from '@temporalio/client';
 import { NativeConnection, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { agentTaskQueue } from '../core/ids';
 import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
+import { createJanitorActivities } from '../activities/sandbox/janitor';
 
 export const WORKFLOWS_PATH = path.join(__dirname, '..', 'workflows', 'index.ts');
 
@@ -48,7 +50,11 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
     namespace: opts.namespace ?? 'default',
     taskQueue: opts.taskQueue,
     workflowBundle: opts.workflowBundle ?? (await bundleWorkflows()),
-    activities: createActivities(deps),
+    activities: {
+      ...createActivities(deps),
+      // The janitor asks Temporal whether objectives still run, through a client on this connection.
+      ...createJanitorActivities({ client: new Client({ connection: opts.connection, namespace: opts.namespace ?? 'default' }) }),
+    },
     maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 4,
     maxConcurrentWorkflowTaskExecutions: 4,
     shutdownGraceTime,

@@ -3,3 +3,4 @@ export { objectiveWorkflow } from './objective';
 export { streamWorkflow } from './stream';
 export { sandboxWorkflow } from './sandbox';
 export { serviceSandboxWorkflow, sandboxReaperWorkflow } from './service-sandbox';
+export { janitorWorkflow } from './janitor';

@@ -1,0 +1,213 @@
+/**
+ * The janitor's activities: for every repository in the registry (registry.ts), prune git's
+ * stale worktree records, remove the worktrees and `slipway/<objective>/<stream>` branches of
+ * objectives that have ended (asking Temporal, through a Client, whether `objective:<id>` still
+ * runs), and tidy the warm pool, old templates and the trash.
+ *
+ * Never removed: anything of an objective that is still running (or whose state Temporal cannot
+ * tell); an ended objective's integration branch (its result); an ended objective's stream
+ * branch holding commits its integration branch lacks, until `keepUnmergedForMs` after the end.
+ */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import { Context } from '@temporalio/activity';
+import { WorkflowNotFoundError, type Client } from '@temporalio/client';
+import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId, SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
+import { gitMaybe, isAncestor, listWorktrees, rawGit } from '../git';
+import { LocalSandboxProvider } from './local';
+import { sweepPool, type PoolSweepResult } from './pool';
+import { forgetObjective, forgetRepository, readRegistry, registryPath, type RegistryObjective } from './registry';
+import { removeOldTemplates } from './template';
+
+export const JANITOR_SCHEDULE_ID = 'slipway-janitor';
+export const JANITOR_WORKFLOW_ID = 'slipway-janitor';
+export const JANITOR_INTERVAL_MS = 5 * 60_000;
+/** Default: unmerged stream branches of an ended objective stay a day, for `slipway worktree review|merge`. */
+export const DEFAULT_KEEP_UNMERGED_MS = 24 * 3600_000;
+/** Branch folders under `slipway/` the sandbox service uses; an objective of that name is never swept. */
+const SERVICE_BRANCH_GROUPS = ['sandboxes', 'warm'] as const;
+
+export interface JanitorInput {
+  /** Only these repositories (default: every repository in the registry). */
+  repositories?: string[];
+  /** How long after its objective ended a stream branch with unmerged commits is kept (default 24 h). */
+  keepUnmergedForMs?: number;
+  /** The registry file (default `$SLIPWAY_HOME/repositories.json`). */
+  registry?: string;
+}
+
+export type ObjectiveLiveness =
+  | { state: 'running' }
+  | { state: 'ended'; status: string; closedAt?: string }
+  | { state: 'unknown'; reason: string };
+
+export interface ObjectiveSweep {
+  id: string;
+  liveness: ObjectiveLiveness;
+  removedWorktrees: string[];
+  removedBranches: string[];
+  keptBranches: Array<{ branch: string; reason: string }>;
+  forgotten: boolean;
+}
+
+export interface RepositorySweep {
+  repository: string;
+  missing: boolean;
+  objectives: ObjectiveSweep[];
+  pool?: PoolSweepResult;
+  templatesRemoved: string[];
+  trashRemoved: number;
+  errors: string[];
+}
+
+export interface JanitorActivityDeps {
+  client: Client;
+  /** Provider used to remove worktrees (default: an unconfined local provider). */
+  sandboxes?: LocalSandboxProvider;
+}
+
+/** Asks Temporal whether `objective:<id>` still runs. */
+export async function objectiveLiveness(client: Client, id: string): Promise<ObjectiveLiveness> {
+  try {
+    const description = await client.workflow.getHandle(objectiveWorkflowId(id)).describe();
+    if (description.status.name === 'RUNNING') return { state: 'running' };
+    return { state: 'ended', status: description.status.name.toLowerCase(), closedAt: description.closeTime?.toISOString() };
+  } catch (e) {
+    if (e instanceof WorkflowNotFoundError) return { state: 'ended', status: 'not_found' };
+    return { state: 'unknown', reason: (e as Error).message };
+  }
+}
+
+async function branchesOf(repo: string, objectiveId: string): Promise<Array<{ branch: string; commit: string }>> {
+  const out = await rawGit(repo, ['for-each-ref', '--format=%(refname:short) %(objectname)', `refs/heads/${BRANCH_PREFIX}/${objectiveId}/`]);
+  return out
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => {
+      const [branch, commit] = line.split(' ');
+      return { branch, commit };
+    });
+}
+
+async function sweepObjective(
+  repo: string,
+  id: string,
+  entry: RegistryObjective,
+  client: Client,
+  sandboxes: LocalSandboxProvider,
+  keepUnmergedForMs: number,
+  registry: string,
+): Promise<ObjectiveSweep> {
+  const result: ObjectiveSweep = { id, liveness: { state: 'unknown', reason: 'not asked' }, removedWorktrees: [], removedBranches: [], keptBranches: [], forgotten: false };
+  if ((SERVICE_BRANCH_GROUPS as readonly string[]).includes(id)) {
+    // `slipway/sandboxes/*` and `slipway/warm/*` belong to the sandbox service.
+    result.liveness = { state: 'unknown', reason: `"${id}" names the sandbox service's branches; not swept` };
+    return result;
+  }
+  // Asked right before anything is removed, so a just-started objective is never swept.
+  result.liveness = await objectiveLiveness(client, id);
+  if (result.liveness.state !== 'ended') return result;
+  if (result.liveness.status === 'not_found' && entry.addedAt && Date.now() - Date.parse(entry.addedAt) < 60_000) {
+    // Registered a moment ago: its workflow may not be visible yet.
+    result.liveness = { state: 'unknown', reason: 'registered less than a minute ago and not found yet' };
+    return result;
+  }
+  const endedAt = result.liveness.closedAt ? Date.parse(result.liveness.closedAt) : 0;
+
+  // 1. Worktrees of the objective (streams, merger), and git's records of any of its branches checked out elsewhere under .slipway.
+  const groupDir = path.join(repo, WORKTREES_DIR, id);
+  const worktrees = await listWorktrees(repo);
+  const ours = worktrees.filter((w) => !w.prunable && (w.path.startsWith(groupDir + path.sep) || (w.branch?.startsWith(`${BRANCH_PREFIX}/${id}/`) && w.path.startsWith(path.join(repo, SLIPWAY_DIR) + path.sep))));
+  for (const w of ours) {
+    await sandboxes.destroy({ repository: repo, root: w.path });
+    result.removedWorktrees.push(w.path);
+  }
+  for (const name of await fs.readdir(groupDir).catch(() => [] as string[])) {
+    // Folders git no longer knows (a crash between rm and prune).
+    await sandboxes.destroy({ repository: repo, root: path.join(groupDir, name) });
+    result.removedWorktrees.push(path.join(groupDir, name));
+  }
+  await fs.rm(path.join(repo, SLIPWAY_DIR, 'sandboxes', id), { recursive: true, force: true });
+  await fs.rmdir(groupDir).catch(() => undefined);
+
+  // 2. Stream branches: merged ones (or ones without work) go now, unmerged ones after the grace period.
+  const integration = integrationBranch(id);
+  const branches = await branchesOf(repo, id);
+  const integrationHead = branches.find((b) => b.branch === integration)?.commit;
+  for (const { branch, commit } of branches) {
+    if (branch === integration) continue;
+    const noWork = entry.baseCommit !== undefined && commit === entry.baseCommit;
+    const merged = noWork || (integrationHead !== undefined && (await isAncestor(repo, commit, integrationHead)));
+    if (!merged && Date.now() - endedAt < keepUnmergedForMs) {
+      result.keptBranches.push({ branch, reason: `holds commits not on ${integration}; kept until ${new Date(endedAt + keepUnmergedForMs).toISOString()}` });
+      continue;
+    }
+    if ((await gitMaybe(repo, ['branch', '-D', '-q', branch])) !== undefined) result.removedBranches.push(branch);
+    else result.keptBranches.push({ branch, reason: 'git branch -D failed (checked out somewhere?)' });
+  }
+  if (result.keptBranches.length === 0) {
+    await forgetObjective(repo, id, registry);
+    result.forgotten = true;
+  }
+  return result;
+}
+
+export function createJanitorActivities(deps: JanitorActivityDeps) {
+  const sandboxes = deps.sandboxes ?? new LocalSandboxProvider({ copyIgnored: false });
+  return {
+    /** The repositories to sweep: the registry's, or the ones asked for. */
+    async janitorRepositories(input: JanitorInput): Promise<string[]> {
+      const registry = await readRegistry(input.registry ?? registryPath());
+      const known = Object.keys(registry.repositories).sort();
+      return input.repositories ? known.filter((r) => input.repositories!.includes(r)) : known;
+    },
+
+    /** Sweeps one repository. Idempotent; removes nothing of a running objective. */
+    async janitorSweepRepository(input: { repository: string } & Pick<JanitorInput, 'keepUnmergedForMs' | 'registry'>): Promise<RepositorySweep> {
+      const repo = input.repository;
+      const registryFile = input.registry ?? registryPath();
+      const result: RepositorySweep = { repository: repo, missing: false, objectives: [], templatesRemoved: [], trashRemoved: 0, errors: [] };
+      if ((await gitMaybe(repo, ['rev-parse', '--git-dir'])) === undefined) {
+        result.missing = true;
+        await forgetRepository(repo, registryFile);
+        return result;
+      }
+      const heartbeat = (details: unknown) => {
+        try {
+          Context.current().heartbeat(details);
+        } catch {
+          /* not in an activity */
+        }
+      };
+      await gitMaybe(repo, ['worktree', 'prune']);
+      const registry = await readRegistry(registryFile);
+      const objectives = registry.repositories[repo]?.objectives ?? {};
+      for (const [id, entry] of Object.entries(objectives)) {
+        heartbeat({ objective: id });
+        try {
+          result.objectives.push(await sweepObjective(repo, id, entry, deps.client, sandboxes, input.keepUnmergedForMs ?? DEFAULT_KEEP_UNMERGED_MS, registryFile));
+        } catch (e) {
+          result.errors.push(`${id}: ${(e as Error).message}`);
+        }
+      }
+      heartbeat({ pool: true });
+      try {
+        result.pool = await sweepPool(repo);
+        result.templatesRemoved = await removeOldTemplates(repo);
+      } catch (e) {
+        result.errors.push(`pool/templates: ${(e as Error).message}`);
+      }
+      const trash = path.join(repo, SLIPWAY_DIR, 'trash');
+      for (const name of await fs.readdir(trash).catch(() => [] as string[])) {
+        const stat = await fs.lstat(path.join(trash, name)).catch(() => undefined);
+        if (!stat || Date.now() - stat.mtimeMs < 10 * 60_000) continue;
+        await fs.rm(path.join(trash, name), { recursive: true, force: true });
+        result.trashRemoved++;
+      }
+      await gitMaybe(repo, ['worktree', 'prune']);
+      return result;
+    },
+  };
+}
+
+export type JanitorActivities = ReturnType<typeof createJanitorActivities>;

@@ -1,0 +1,154 @@
+/**
+ * The janitor on the real Temporal test server: a running objective's unmerged work is never
+ * touched; an ended objective's worktrees and stream branches go (unmerged ones after the grace
+ * period); the integration branch stays. And `slipway schedules install` (idempotent) runs it.
+ */
+import { existsSync, promises as fs } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { readRegistry, registryPath } from '../../activities/sandbox/registry';
+import { loadObjectiveFile } from '../../config/objective-file';
+import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../../core/ids';
+import { janitorScheduleId } from '../../cli/commands/schedules';
+import { janitorWorkflow } from '../../workflows/janitor';
+import { objectiveWorkflow } from '../../workflows/objective';
+import { streamStatusQuery } from '../../workflows/stream';
+import { slipway, waitFor } from '../helpers/cli';
+import { PLAN_BUILDER, helperFiles, writeObjective, type Plan } from '../helpers/objective';
+import { gitIn, makeDemoRepo, pictureCheckout, tempDir } from '../helpers/repo';
+import { startTestWorker, type TestWorker } from '../helpers/temporal';
+
+let worker: TestWorker;
+let home: string;
+beforeAll(async () => {
+  home = tempDir('slipway-home-');
+  process.env.SLIPWAY_HOME = home;
+  worker = await startTestWorker();
+});
+afterAll(async () => {
+  await worker?.stop();
+  await fs.rm(home, { recursive: true, force: true });
+});
+
+const builder = { provider: 'script', command: `node ${PLAN_BUILDER}` };
+const branches = (repo: string, id: string) => gitIn(repo, 'branch', '--list', '--format=%(refname:short)', `slipway/${id}/*`).split('\n').filter(Boolean).sort();
+const worktrees = (repo: string) => gitIn(repo, 'worktree', 'list', '--porcelain').split('\n').filter((l) => l.startsWith('worktree ')).map((l) => l.slice(9));
+
+async function start(repo: string, id: string, spec: Record<string, unknown>, plan: Plan) {
+  const file = writeObjective({ repository: repo, agents: { builder }, ...spec }, plan);
+  const input = await loadObjectiveFile(file, { id });
+  return worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+}
+
+const sweep = (repo: string, keepUnmergedForMs?: number) =>
+  worker.client.workflow.execute(janitorWorkflow, {
+    taskQueue: worker.taskQueue,
+    workflowId: `janitor-test-${Date.now()}`,
+    args: [{ repositories: [repo], ...(keepUnmergedForMs !== undefined ? { keepUnmergedForMs } : {}) }],
+  });
+
+describe('janitor', () => {
+  it("keeps a running objective's unmerged work, removes an ended objective's leftovers, keeps its result", async () => {
+    const repo = makeDemoRepo();
+    const before = pictureCheckout(repo);
+
+    // A running objective: its stream committed work, failed its gate and waits for a human.
+    const live = await start(
+      repo,
+      'live-obj',
+      { objective: 'blocks for guidance', max_fix_iterations: 0, on_exhausted: 'ask_human', gates: [{ name: 'test', command: 'node --test' }], streams: [{ id: 'stuck', task: 'x' }] },
+      { stuck: [{ files: helperFiles('stuck', '(x) => x', 'assert.strictEqual(1, 2)') }] },
+    );
+    await waitFor(async () => (await worker.client.workflow.getHandle(streamWorkflowId('live-obj', 'stuck')).query(streamStatusQuery)).phase === 'blocked', 'the live stream to block');
+    const liveHead = gitIn(repo, 'rev-parse', 'slipway/live-obj/stuck');
+    const liveWorktree = path.join(repo, '.slipway/worktrees/live-obj/stuck');
+    expect(existsSync(liveWorktree)).toBe(true);
+
+    // An ended objective: one stream merged, one failed with unmerged commits; plus a worktree a crash left behind.
+    const ended = await start(
+      repo,
+      'ended-obj',
+      { objective: 'partial', max_fix_iterations: 0, on_exhausted: 'fail', gates: [{ name: 'test', command: 'node --test' }], streams: [{ id: 'good', task: 'x' }, { id: 'bad', task: 'y' }] },
+      { good: [{ files: helperFiles('good') }], bad: [{ files: helperFiles('bad', '(x) => x', 'assert.strictEqual(1, 2)') }] },
+    );
+    expect((await ended.result()).outcome).toBe('partial');
+    const ghost = path.join(repo, '.slipway/worktrees/ended-obj/ghost');
+    gitIn(repo, 'worktree', 'add', '-q', '-b', 'slipway/ended-obj/ghost', ghost, 'main');
+    await fs.writeFile(path.join(ghost, 'ghost.txt'), 'left behind\n');
+    gitIn(ghost, 'add', 'ghost.txt');
+    gitIn(ghost, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'ghost work');
+    expect(branches(repo, 'ended-obj')).toEqual(['slipway/ended-obj/bad', 'slipway/ended-obj/ghost', 'slipway/ended-obj/good', 'slipway/ended-obj/integration']);
+    const registered = await readRegistry(registryPath());
+    expect(Object.keys(registered.repositories[repo].objectives).sort()).toEqual(['ended-obj', 'live-obj']);
+
+    // First sweep, default grace: merged leftovers go, unmerged ones wait.
+    const first = await sweep(repo);
+    expect(first.errors).toEqual([]);
+    const byId = Object.fromEntries(first.repositories[0].objectives.map((o) => [o.id, o]));
+    expect(byId['live-obj'].liveness).toEqual({ state: 'running' });
+    expect(byId['ended-obj'].liveness).toMatchObject({ state: 'ended', status: 'completed' });
+    expect(byId['ended-obj'].removedWorktrees).toEqual([ghost]);
+    expect(byId['ended-obj'].removedBranches).toEqual(['slipway/ended-obj/good']);
+    expect(byId['ended-obj'].keptBranches.map((k) => k.branch)).toEqual(['slipway/ended-obj/bad', 'slipway/ended-obj/ghost']);
+    expect(existsSync(ghost)).toBe(false);
+    expect(branches(repo, 'ended-obj')).toEqual(['slipway/ended-obj/bad', 'slipway/ended-obj/ghost', 'slipway/ended-obj/integration']);
+
+    // Second sweep without grace: the ended objective's stream branches go; its integration branch (the result) stays.
+    const second = await sweep(repo, 0);
+    const ended2 = second.repositories[0].objectives.find((o) => o.id === 'ended-obj')!;
+    expect(ended2.removedBranches.sort()).toEqual(['slipway/ended-obj/bad', 'slipway/ended-obj/ghost']);
+    expect(ended2.forgotten).toBe(true);
+    expect(branches(repo, 'ended-obj')).toEqual(['slipway/ended-obj/integration']);
+    expect(gitIn(repo, 'cat-file', '-t', `${integrationBranch('ended-obj')}:src/good.js`)).toBe('blob');
+    expect(existsSync(path.join(repo, '.slipway/worktrees/ended-obj'))).toBe(false);
+    expect(existsSync(path.join(repo, '.slipway/sandboxes/ended-obj'))).toBe(false);
+
+    // The running objective was never touched, even without grace.
+    expect(gitIn(repo, 'rev-parse', 'slipway/live-obj/stuck')).toBe(liveHead);
+    expect(gitIn(repo, 'cat-file', '-t', `${liveHead}:src/stuck.js`)).toBe('blob');
+    expect(worktrees(repo)).toContain(liveWorktree);
+    expect(worktrees(repo)).toContain(path.join(repo, '.slipway/worktrees/live-obj/_merge'));
+    expect(branches(repo, 'live-obj')).toEqual(['slipway/live-obj/integration', 'slipway/live-obj/stuck']);
+    expect(Object.keys((await readRegistry(registryPath())).repositories[repo].objectives)).toEqual(['live-obj']);
+
+    // Once it has ended (terminated here), its leftovers go too.
+    await live.terminate('test over');
+    await waitFor(async () => !existsSync(liveWorktree), 'the stream sandbox to be released');
+    const third = await sweep(repo, 0);
+    const live3 = third.repositories[0].objectives.find((o) => o.id === 'live-obj')!;
+    expect(live3.liveness).toMatchObject({ state: 'ended', status: 'terminated' });
+    expect(live3.removedWorktrees).toEqual([path.join(repo, '.slipway/worktrees/live-obj/_merge')]);
+    expect(live3.removedBranches).toEqual(['slipway/live-obj/stuck']);
+    expect(branches(repo, 'live-obj')).toEqual(['slipway/live-obj/integration']);
+    expect(worktrees(repo)).toEqual([repo]);
+    expect(pictureCheckout(repo)).toEqual(before);
+  });
+
+  it('`slipway schedules install` installs the janitor schedule once (idempotent), and its runs sweep', async () => {
+    const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: worker.taskQueue, SLIPWAY_HOME: home };
+    const scheduleId = janitorScheduleId(worker.taskQueue);
+    try {
+      const first = await slipway(['schedules', 'install'], env);
+      expect(first.code, first.stderr).toBe(0);
+      expect(first.stdout).toContain(`installed schedule ${scheduleId}`);
+      const again = await slipway(['schedules', 'install'], env);
+      expect(again.code, again.stderr).toBe(0);
+      expect(again.stdout).toContain(`updated schedule ${scheduleId}`);
+      const listed = await slipway(['schedules', 'list', '--json'], env);
+      expect(JSON.parse(listed.stdout).filter((s: { scheduleId: string }) => s.scheduleId === scheduleId)).toHaveLength(1);
+
+      const handle = worker.client.schedule.getHandle(scheduleId);
+      const description = await handle.describe();
+      expect(description.spec.intervals?.map((i) => Number(i.every))).toEqual([5 * 60_000]);
+      expect(description.action).toMatchObject({ type: 'startWorkflow', workflowType: 'janitorWorkflow', taskQueue: worker.taskQueue });
+      // A run now, as the schedule would start it every 5 minutes.
+      await handle.trigger();
+      const run = await waitFor(async () => (await handle.describe()).info.recentActions[0]?.action, 'the schedule to start the janitor', 30_000);
+      const result = await worker.client.workflow.getHandle(run.workflow.workflowId, run.workflow.firstExecutionRunId).result();
+      expect(result.errors).toEqual([]);
+    } finally {
+      await slipway(['schedules', 'remove'], env);
+    }
+    await expect(worker.client.schedule.getHandle(scheduleId).describe()).rejects.toThrow();
+  });
+});
