@@ -76,6 +76,7 @@ export async function runAgentLoop({ input, step, retry, state, onRun }: AgentLo
       toolCalls: run.toolCalls,
       durationMs: run.durationMs,
       result: run.outputError ? 'invalid_output' : run.completionSignal ? 'signalled' : 'finished',
+      ended: run.ended,
     };
     await onRun(run, record);
     if (run.outputError !== undefined) {

@@ -135,7 +135,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         const template = parseTemplate(spec.prompt);
         const values: Record<string, string> = { ...spec.args, ...builtinValues(ctx) };
         try {
-          prompt = await renderTemplate(template, values, async (command, at) => {
+          // Expansions may take a while (up to a minute each): heartbeat meanwhile.
+          prompt = await withHeartbeat(() => renderTemplate(template, values, async (command, at) => {
             const run = await sandboxes.exec(
               { root: input.sandboxPath },
               { command, shell: true, env, timeoutMs: EXPANSION_TIMEOUT_MS, signal: cancelSignal, maxCaptureBytes: EXPANSION_MAX_BYTES },
@@ -146,7 +147,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
             if (run.exitCode !== 0) throw new TemplateError(`${where} exited with ${run.exitCode ?? run.signal}: ${tail(run.stderr.trim(), 500)}`);
             if (run.stdout.startsWith('…[truncated]')) throw new TemplateError(`${where} printed more than ${EXPANSION_MAX_BYTES / 1024} KB`);
             return run.stdout;
-          });
+          }));
         } catch (e) {
           if (e instanceof TemplateError) throw redactedFailure('agent_runtime_transient', `prompt of the ${name}: ${e.message}`, secrets);
           throw e;
@@ -266,7 +267,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         throw redactedFailure('provider_rate_limit', `${name} hit a rate limit${message}`, secrets, { resetAt: rateLimit.resetAt });
       }
       if (!graceKilled && run.exitCode !== 0) {
-        const why = errors.at(-1) ?? (run.stderr.trim() || output);
+        // The agent's own error reports say most; without them, its stderr, then its last words.
+        const why = errors.length > 0 ? errors.join('\n') : run.stderr.trim() || output;
         throw redactedFailure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${tail(why, 1_000)}`, secrets);
       }
 
