@@ -137,7 +137,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
     /** Warm-pool claim or cold create, then grants. Idempotent: a retry reuses what exists. */
     async provisionSandbox(input: ProvisionInput): Promise<ProvisionResult> {
       const started = Date.now();
-      return withHeartbeat(async () => {
+      return withHeartbeat(async (signal) => {
         let handle = await claimWarm(input);
         let provisioningKind: ProvisioningKind = 'warm_hit';
         if (!handle) {
@@ -152,6 +152,8 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
               branch: serviceSandboxBranch(input.sandboxId),
               base: input.policy.baseRef,
               copyIgnored: input.policy.copyIgnored,
+              // A provisioning timeout or a DELETE cancels the activity; the create stops with it.
+              signal,
             });
           } catch (e) {
             throw failure('sandbox_failure', `could not create sandbox ${input.sandboxId}: ${(e as Error).message}`);
