@@ -14,6 +14,8 @@ import { registerAccountCommands } from './commands/account';
 import { registerApiCommands } from './commands/api';
 import { registerSandboxCommands } from './commands/sandbox';
 import { registerSchedulesCommands } from './commands/schedules';
+import { registerSnapshotCommands } from './commands/snapshot';
+import { registerWorktreeCommands } from './commands/worktree';
 
 export function buildProgram(): Command {
   const program = new Command('slipway')
@@ -100,8 +102,10 @@ export function buildProgram(): Command {
   registerSandboxCommands(program);
   registerApiCommands(program, setExit);
   registerAccountCommands(program);
-  // Local sandboxes: the janitor's schedule.
+  // Local sandboxes: the janitor's schedule, the prepared template, one stream's work.
   registerSchedulesCommands(program, setExit);
+  registerSnapshotCommands(program, setExit);
+  registerWorktreeCommands(program, setExit);
 
   return program;
 }

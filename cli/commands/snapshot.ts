@@ -1,0 +1,156 @@
+/**
+ * `slipway snapshot create|check|update`: the prepared template new sandboxes and the warm pool
+ * start from (activities/sandbox/template.ts). A local operation on the repository, like git
+ * itself: no workflow involved.
+ *
+ *   create   build the template (no-op when a fresh one exists; refuses a stale one: use update)
+ *   check    exit 0 when fresh, 1 when stale or missing, with the reasons
+ *   update   rebuild when stale or missing (--force: always), with the recorded setup unless given
+ *
+ * Setup commands and confinement come from `--objective <file>` (its `sandbox:` section), or
+ * `--setup`/`--verify` (repeatable), or, for check and update, what the template was built with.
+ */
+import type { Command } from 'commander';
+import { confinementOf } from '../../activities/sandbox/options';
+import type { ProjectSetup } from '../../activities/sandbox/provider';
+import { buildTemplate, checkTemplate, readTemplate, type TemplateManifest } from '../../activities/sandbox/template';
+import type { BubblewrapConfinement } from '../../activities/sandbox/bubblewrap';
+import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
+import { CliError, EXIT } from '../exit-codes';
+import { resolveRepo } from './worktree';
+
+export interface SnapshotOptions {
+  repo?: string;
+  base?: string;
+  objective?: string;
+  setup?: string[];
+  verify?: string[];
+  confinement?: string;
+  network?: boolean;
+  force?: boolean;
+  json?: boolean;
+}
+
+interface Wanted {
+  repo: string;
+  base?: string;
+  setup?: ProjectSetup;
+  copyIgnored?: boolean;
+  confinement?: BubblewrapConfinement;
+  /** True when setup came from the command line or an objective file (not from the template). */
+  explicitSetup: boolean;
+}
+
+async function wanted(opts: SnapshotOptions): Promise<Wanted> {
+  if (opts.objective) {
+    let input;
+    try {
+      input = await loadObjectiveFile(opts.objective, { repository: opts.repo, baseBranch: opts.base });
+    } catch (e) {
+      if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
+      throw e;
+    }
+    const s = input.sandbox;
+    const setup = s?.projectSetup ? { commands: s.projectSetup.commands, verify: s.projectSetup.verify, timeoutMs: s.projectSetup.timeoutSeconds * 1000, attempts: s.projectSetup.attempts } : undefined;
+    return { repo: input.repository, base: input.baseBranch, setup, copyIgnored: s?.copyIgnored, confinement: confinementOf(s), explicitSetup: true };
+  }
+  const repo = await resolveRepo(opts.repo);
+  const explicitSetup = (opts.setup?.length ?? 0) > 0 || (opts.verify?.length ?? 0) > 0;
+  const confinement: BubblewrapConfinement | undefined =
+    opts.confinement === 'bubblewrap' ? { kind: 'bubblewrap', network: opts.network !== false } : opts.confinement && opts.confinement !== 'none' ? badConfinement(opts.confinement) : undefined;
+  return { repo, base: opts.base, setup: explicitSetup ? { commands: opts.setup ?? [], verify: opts.verify ?? [] } : undefined, confinement, explicitSetup };
+}
+
+function badConfinement(value: string): never {
+  throw new CliError(`--confinement must be none or bubblewrap, got "${value}"`);
+}
+
+const print = (opts: SnapshotOptions, json: unknown, text: string) => process.stdout.write(opts.json ? `${JSON.stringify(json)}\n` : `${text}\n`);
+const progress = (line: string) => process.stderr.write(`  ${line}\n`);
+
+function describe(m: TemplateManifest): string {
+  const setup = m.setup ? `${m.setup.commands.length} setup and ${m.setup.verify.length} verify commands` : 'no setup';
+  return `template ${m.id} at ${m.baseCommit.slice(0, 12)} (${m.baseRef}), ${setup}, built ${m.createdAt} in ${(m.durationMs / 1000).toFixed(1)} s: ${m.root}`;
+}
+
+async function build(w: Wanted, base: string, previous?: TemplateManifest): Promise<TemplateManifest> {
+  try {
+    return await buildTemplate(w.repo, {
+      base,
+      setup: w.explicitSetup ? w.setup : (previous?.setup ?? w.setup),
+      copyIgnored: w.copyIgnored ?? previous?.copyIgnored ?? true,
+      confinement: w.confinement ?? previous?.confinement,
+      onProgress: progress,
+    });
+  } catch (e) {
+    throw new CliError(`could not build the template: ${(e as Error).message}`, EXIT.runFailed);
+  }
+}
+
+export async function snapshotCreateCommand(opts: SnapshotOptions): Promise<number> {
+  const w = await wanted(opts);
+  const existing = await readTemplate(w.repo);
+  if (existing) {
+    const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
+    if (check.state === 'fresh') {
+      print(opts, { state: 'fresh', created: false, template: existing }, `a fresh template exists: ${describe(existing)}`);
+      return EXIT.ok;
+    }
+    throw new CliError(`a template exists but is stale (${check.reasons.join('; ')}); rebuild it with \`slipway snapshot update\``, EXIT.runFailed);
+  }
+  const manifest = await build(w, w.base ?? 'HEAD');
+  print(opts, { state: 'fresh', created: true, template: manifest }, `created ${describe(manifest)}`);
+  return EXIT.ok;
+}
+
+export async function snapshotCheckCommand(opts: SnapshotOptions): Promise<number> {
+  const w = await wanted(opts);
+  const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
+  const text =
+    check.state === 'fresh'
+      ? `fresh: ${describe(check.manifest!)}`
+      : `${check.state}:\n${check.reasons.map((r) => `  - ${r}`).join('\n')}\nrun \`slipway snapshot ${check.state === 'missing' ? 'create' : 'update'}\``;
+  print(opts, { state: check.state, reasons: check.reasons, template: check.manifest }, text);
+  return check.state === 'fresh' ? EXIT.ok : EXIT.runFailed;
+}
+
+export async function snapshotUpdateCommand(opts: SnapshotOptions): Promise<number> {
+  const w = await wanted(opts);
+  const previous = await readTemplate(w.repo);
+  const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
+  if (check.state === 'fresh' && !opts.force) {
+    print(opts, { state: 'fresh', updated: false, template: check.manifest }, `already fresh: ${describe(check.manifest!)}`);
+    return EXIT.ok;
+  }
+  const manifest = await build(w, w.base ?? previous?.baseRef ?? 'HEAD', previous);
+  print(
+    opts,
+    { state: 'fresh', updated: true, reasons: check.reasons, template: manifest },
+    `updated (${check.reasons.join('; ') || 'forced'}): ${describe(manifest)}`,
+  );
+  return EXIT.ok;
+}
+
+const collect = (value: string, previous: string[] = []) => [...previous, value];
+
+/** `slipway snapshot ...` */
+export function registerSnapshotCommands(program: Command, setExit: (code: number) => void): void {
+  const snapshot = program
+    .command('snapshot')
+    .description('the prepared template (ignored files copied, project setup done) new sandboxes and the warm pool start from');
+  const common = (cmd: Command) =>
+    cmd
+      .option('--repo <path>', 'repository (default: the one in the current directory)')
+      .option('--base <ref>', 'branch or commit to build from (default: HEAD, or the template\'s)')
+      .option('--objective <file>', "take project_setup and confinement from this objective file's sandbox: section")
+      .option('--setup <command>', 'a project setup command (repeatable)', collect)
+      .option('--verify <command>', 'a verify command (repeatable)', collect)
+      .option('--confinement <kind>', 'none or bubblewrap, for the setup commands')
+      .option('--no-network', 'under bubblewrap: no network for the setup commands')
+      .option('--json', 'print JSON');
+  common(snapshot.command('create').description('build the template (no-op when a fresh one exists)')).action(async (opts) => setExit(await snapshotCreateCommand(opts)));
+  common(snapshot.command('check').description('is the template stale? exit 0 fresh, 1 stale or missing')).action(async (opts) => setExit(await snapshotCheckCommand(opts)));
+  common(snapshot.command('update').description('rebuild the template when stale (or --force)'))
+    .option('--force', 'rebuild even when fresh')
+    .action(async (opts) => setExit(await snapshotUpdateCommand(opts)));
+}
