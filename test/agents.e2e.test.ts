@@ -21,6 +21,8 @@ import { slipway, waitFor } from './helpers/cli';
 import { writeObjective } from './helpers/objective';
 import { gitIn, makeDemoRepo, PROJECT_ROOT, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
+import { NativeConnection } from '@temporalio/worker';
+import { createSlipwayWorkers } from '../workers/worker';
 
 type RealProvider = Exclude<AgentProviderKind, 'script'>;
 const PROVIDERS: RealProvider[] = ['claude-code', 'codex', 'opencode', 'pi'];
@@ -365,6 +367,57 @@ describe('process control', () => {
     expect(alive(calls[0].pid)).toBe(false);
     expect(await historyText(streamWorkflowId(id, 'greet'))).toMatch(/builder agent \(claude-code\) printed nothing for 3 s \(idle_timeout_minutes\) and was killed/);
   }, 90_000);
+
+  it('a worker that dies in the middle of an iteration loop: the run in flight is killed, and the next worker resumes at that run, not at run 1', async () => {
+    const id = 'worker-loss';
+    // Workers of our own on one task queue, so a second worker can take over from the first.
+    const taskQueue = `${worker.taskQueue}-loss`;
+    const startWorkers = async () => {
+      const connection = await NativeConnection.connect({ address: inject('temporalAddress') });
+      const workers = await createSlipwayWorkers({ connection, taskQueue, workflowBundle: { codePath: inject('workflowBundlePath') }, agentConcurrency: 1, shutdownGraceMs: 500 });
+      const running = workers.run();
+      return async () => {
+        workers.shutdown();
+        await running;
+        await connection.close();
+      };
+    };
+    const stopFirst = await startWorkers();
+    const repo = makeDemoRepo();
+    const planFile = path.join(tempDir('slipway-fake-plan-'), 'fake-plan.json');
+    writeFileSync(
+      planFile,
+      JSON.stringify({ 'builder:greet': [{ files: { 'src/greet.js': GREET_WRONG } }, { silentMs: 300_000 }, { files: { 'src/greet.js': GREET }, signal: true }] }),
+    );
+    mkdirSync(path.join(repo, '.slipway', 'blueprints'), { recursive: true });
+    writeFileSync(path.join(repo, '.slipway', '.env'), `FAKE_AGENT_PLAN=${planFile}\n`);
+    writeFileSync(path.join(repo, '.slipway', 'blueprints', 'build-review.yaml'), FAST_BUILD_ONLY);
+    const file = writeObjective({ repository: repo, objective: 'survive a worker', agents: { builder: fakeAgent('claude-code', { max_iterations: 3 }) }, streams: [{ id: 'greet', task: 'Add greet' }] });
+    const input = await loadObjectiveFile(file, { id });
+    const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+    started.push({ id, streams: ['greet'] });
+    const calls = (): FakeCall[] =>
+      readFileSync(path.join(path.dirname(planFile), 'fake-calls.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).filter((c: FakeCall) => c.event === 'start');
+
+    // Run 2 is in flight (silent) when the worker goes away.
+    await waitFor(async () => calls().length === 2, 'run 2 of the builder', 60_000).catch(() => undefined);
+    expect(calls()).toHaveLength(2);
+    await stopFirst();
+    expect(alive(calls()[1].pid)).toBe(false); // cancelled with its worker: the process group is gone
+
+    const stopSecond = await startWorkers();
+    try {
+      const result = (await handle.result()) as ObjectiveResult;
+      expect(result.outcome).toBe('completed');
+      const all = calls();
+      expect(all).toHaveLength(3);
+      expect(all.map((c) => /This is run (\d) of at most 3/.exec(c.prompt)?.[1])).toEqual(['1', '2', '2']);
+      expect(result.agentRuns?.map((r) => `${r.agentIteration}:${r.result}`)).toEqual(['1:finished', '2:signalled']);
+      expect(gitIn(repo, 'show', `${integrationBranch(id)}:src/greet.js`)).toBe(GREET.trim());
+    } finally {
+      await stopSecond();
+    }
+  }, 120_000);
 
   it('retries a crashed agent (agent_runtime_transient) with the stderr in the failure, secrets redacted', async () => {
     const id = 'crash-codex';
