@@ -10,6 +10,7 @@ import { Context } from '@temporalio/activity';
 import { WorkflowNotFoundError, type Client } from '@temporalio/client';
 import {
   GRANTS_FILE,
+  SANDBOX_ID_PATTERN,
   serviceSandboxBranch,
   serviceSandboxGroup,
   serviceSandboxWorkflowId,
@@ -58,6 +59,8 @@ export interface ProvisionResult {
 export interface ReapResult {
   signalled: Array<{ sandboxId: string; reason: TerminateReason }>;
   closedOrphans: string[];
+  /** Worktrees of ended sandboxes left on disk (a create that finished after a timeout). */
+  removedLeftovers: string[];
   warmed: number;
 }
 
@@ -213,7 +216,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
     async reapSandboxes(input: { orphanGraceMs?: number } = {}): Promise<ReapResult> {
       const client = deps.client;
       if (!client) throw failure('configuration_error', 'the reaper needs a Temporal client');
-      const result: ReapResult = { signalled: [], closedOrphans: [], warmed: 0 };
+      const result: ReapResult = { signalled: [], closedOrphans: [], removedLeftovers: [], warmed: 0 };
       const { rows } = await db.query<{ id: string; account_id: string; status: string; reason: TerminateReason | null; age_ms: number }>(
         `SELECT id, account_id, status,
                 CASE WHEN cap_at < now() THEN 'absolute_cap'
@@ -251,7 +254,27 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
           result.signalled.push({ sandboxId: row.id, reason: row.reason });
         }
       }
-      for (const profile of await ledger.listProfiles(db)) {
+      // Leftovers: service worktrees whose sandbox has ended (or never existed in the ledger).
+      const profiles = await ledger.listProfiles(db);
+      const seen = new Set<string>();
+      for (const profile of profiles) {
+        const key = `${profile.provider}:${profile.repository}`;
+        if (seen.has(key)) continue;
+        seen.add(key);
+        const provider = providerFor(ledger.policyFromProfile(profile));
+        const listed = await provider.list(profile.repository).catch(() => []);
+        const prefix = path.join(profile.repository, '.slipway', 'worktrees', serviceSandboxGroup(''));
+        for (const entry of listed) {
+          const id = path.basename(entry.root);
+          if (!entry.root.startsWith(prefix) || !SANDBOX_ID_PATTERN.test(id)) continue;
+          const row = await ledger.getSandboxById(db, id);
+          if (row && row.status !== 'terminated' && row.status !== 'failed') continue;
+          if (!row && Date.now() - ((await fs.stat(entry.root).catch(() => undefined))?.mtimeMs ?? 0) < grace) continue;
+          await provider.destroy({ repository: profile.repository, root: entry.root });
+          result.removedLeftovers.push(id);
+        }
+      }
+      for (const profile of profiles) {
         if (profile.warm_replicas > 0) result.warmed += await replenish(ledger.policyFromProfile(profile), profile.account_id);
       }
       return result;

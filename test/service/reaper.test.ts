@@ -4,7 +4,10 @@
  * workflow is gone.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { existsSync } from 'node:fs';
 import { newSandboxId, recordTransition } from '../../activities/ledger/ledger';
+import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import { serviceSandboxBranch, serviceSandboxGroup } from '../../core/sandbox-service';
 import { startServiceHarness, type ServiceHarness } from './harness';
 
 const TICK_MS = 1_000;
@@ -54,5 +57,23 @@ describe('sandbox reaper on a schedule', () => {
     const [session] = await h.sessions(id);
     expect(session).toMatchObject({ end_reason: 'orphaned' });
     expect(session!.ended_at).not.toBeNull();
+  });
+
+  it('removes the worktree of a sandbox that ended but left its directory behind', async () => {
+    const a = await h.account();
+    await a.profile({ name: 'p' });
+    const { rows } = await h.database.db.query<{ id: string }>('SELECT id FROM sandbox_profiles WHERE account_id = $1', [a.id]);
+    const id = newSandboxId();
+    await h.database.db.query(
+      `INSERT INTO sandboxes (id, account_id, profile_id, platform, provider, status, created_at, cap_at, last_activity_at, end_reason)
+       VALUES ($1, $2, $3, 'linux', 'local', 'failed', now(), now(), now(), 'provisioning_timeout')`,
+      [id, a.id, rows[0]!.id],
+    );
+    // What a create that finished after its provisioning timeout leaves.
+    const stray = await new LocalSandboxProvider().create({ sandboxId: id, repository: h.repo, group: serviceSandboxGroup(a.id), name: id, branch: serviceSandboxBranch(id), base: 'main' });
+    expect(existsSync(stray.root)).toBe(true);
+    const until = Date.now() + 10_000;
+    while (existsSync(stray.root) && Date.now() < until) await new Promise((r) => setTimeout(r, 100));
+    expect(existsSync(stray.root)).toBe(false);
   });
 });
