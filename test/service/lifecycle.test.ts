@@ -2,6 +2,7 @@
  * The lifecycle table, edge by edge, on real Postgres, real Temporal and real HTTP, with short
  * thresholds: ledger rows exactly as the proposal's billing rules say.
  */
+import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
@@ -93,6 +94,21 @@ describe('pending -> failed', () => {
   });
 });
 
+describe('DELETE while pending', () => {
+  it('cancels provisioning: terminated with explicit_delete, no session', async () => {
+    const a = await h.account();
+    const slowRepo = makeServiceRepo(tempDir('slow'));
+    await a.profile({ name: 'slow-ok', repository: slowRepo, provisioningTimeoutSeconds: 60 });
+    const { id } = await a.api.create({ profile: 'slow-ok' });
+    const started = Date.now();
+    await a.api.destroy(id);
+    const done = await h.waitFor(a.api, id, ['terminated', 'failed'], 20_000);
+    expect(done).toMatchObject({ status: 'terminated', end_reason: 'explicit_delete' });
+    expect(Date.now() - started).toBeLessThan(7_000); // did not wait for the 8 s create
+    expect(await h.sessions(id)).toEqual([]);
+  });
+});
+
 describe('idle offload: ready -> suspending -> suspended -> restoring -> ready', () => {
   let a: TestAccount;
   beforeAll(async () => {
@@ -173,6 +189,22 @@ describe('idle offload: ready -> suspending -> suspended -> restoring -> ready',
     expect((await a.api.exec(id, sh('git diff --name-only --diff-filter=U'))).stdout).toBe('src/a.txt\n');
     await a.api.destroy(id);
     await h.waitFor(a.api, id, ['terminated']);
+  });
+
+  it('fails when the snapshot is gone at wake: restoring -> failed, storage line closed', async () => {
+    const { id } = await a.api.create({ profile: 'idle' });
+    await a.api.get(id, 30);
+    await h.waitFor(a.api, id, ['suspended'], 20_000);
+    const { rows } = await h.database.db.query<{ snapshot_ref: string }>('SELECT snapshot_ref FROM sandboxes WHERE id = $1', [id]);
+    execFileSync('git', ['-C', h.repo, 'update-ref', '-d', rows[0]!.snapshot_ref]); // the snapshot expired
+    await expect(a.api.exec(id, sh('true'))).rejects.toMatchObject({ status: 409, code: 'sandbox_ended' });
+    const failed = await a.api.get(id);
+    expect(failed).toMatchObject({ status: 'failed', end_reason: 'restore_failed' });
+    expect(failed.error).toMatch(/snapshot/);
+    expect((await h.sessions(id)).map((s) => [s.kind, s.seq, s.end_reason])).toEqual([
+      ['compute', 1, 'idle_offload'],
+      ['snapshot_storage', 1, 'restore_failed'],
+    ]);
   });
 
   it('closes the storage line when a suspended sandbox is deleted, and drops the snapshot', async () => {
