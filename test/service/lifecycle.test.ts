@@ -6,7 +6,8 @@ import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Worker } from '@temporalio/worker';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { defaultProviderFor } from '../../activities/service/providers';
 import { serviceSandboxWorkflowId } from '../../core/sandbox-service';
 import { startServiceHarness, slowCreates, type ServiceHarness, type TestAccount } from './harness';
@@ -284,5 +285,18 @@ describe('deadline, cap and abnormal death', () => {
     expect(rows).toHaveLength(1);
     const description = await h.host.client.workflow.getHandle(serviceSandboxWorkflowId(id)).describe();
     expect(description.status.name).toBe('COMPLETED');
+  });
+});
+
+describe('determinism', () => {
+  it('replays every sandbox history this file produced against the current workflow code', async () => {
+    const ids: string[] = [];
+    for await (const wf of h.host.client.workflow.list({ query: `TaskQueue = "${h.host.serviceTaskQueue}"` })) ids.push(wf.workflowId);
+    expect(ids.length).toBeGreaterThan(10);
+    const histories = ids.map((workflowId) => ({ workflowId, history: h.host.client.workflow.getHandle(workflowId).fetchHistory() }));
+    const resolved = await Promise.all(histories.map(async (x) => ({ workflowId: x.workflowId, history: await x.history })));
+    for await (const result of Worker.runReplayHistories({ workflowBundle: { codePath: inject('workflowBundlePath') } }, resolved)) {
+      expect(result.error, `${result.workflowId}: ${result.error?.message}`).toBeUndefined();
+    }
   });
 });
