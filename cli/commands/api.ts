@@ -13,7 +13,8 @@ import { apiClientFromEnv } from './sandbox';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
-export async function apiCommand(opts: { host: string; port: number; worker: boolean; reaperSeconds: number; watchSeconds: number }): Promise<number> {
+export async function apiCommand(opts: { host: string; port: number; worker: boolean; http: boolean; reaperSeconds: number; watchSeconds: number }): Promise<number> {
+  if (!opts.worker && !opts.http) throw new CliError('--no-worker and --no-http together leave nothing to run');
   const settings = slipwaySettings();
   let target;
   try {
@@ -37,14 +38,15 @@ export async function apiCommand(opts: { host: string; port: number; worker: boo
     temporalAddress: target.address,
     namespace: target.namespace,
     taskQueue: settings.taskQueue,
-    api: { host: opts.host, port: opts.port },
+    api: opts.http ? { host: opts.host, port: opts.port } : false,
     worker: opts.worker,
     reaper: { intervalMs: opts.reaperSeconds * 1000 },
     watchIntervalMs: opts.watchSeconds * 1000,
     logger: serviceLogger(),
     defaultMetrics: true,
   });
-  log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); ledger: ${db.engine}`);
+  if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); ledger: ${db.engine}`);
+  else log(`sandbox service worker on task queue ${host.serviceTaskQueue} (no HTTP); ledger: ${db.engine}`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', () => resolve());
     process.once('SIGTERM', () => resolve());
@@ -82,6 +84,7 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
     .option('--host <host>', 'listen address', process.env.SLIPWAY_API_HOST || '127.0.0.1')
     .option('--port <port>', 'listen port', int, Number(process.env.SLIPWAY_API_PORT || 8787))
     .option('--no-worker', 'serve HTTP only; sandbox workflows run on workers elsewhere')
+    .option('--no-http', 'run only the service worker, watcher and reaper (scale-out with a remote provider)')
     .option('--reaper-seconds <n>', 'reaper schedule interval', int, 60)
     .option('--watch-seconds <n>', 'provider watcher interval (0: off)', int, 2)
     .action(async (opts) => setExit(await apiCommand(opts)));
