@@ -352,9 +352,12 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     };
 
     let step: Step | undefined = startStep(bp);
+    // After a rate-limit wait the same run is tried again: not a new builder iteration.
+    let resumingAfterWait = false;
     while (step) {
       status.step = step.id;
-      if (step.type === 'agent' && step.role === 'builder' && input.agents.builder) status.iteration += 1;
+      if (step.type === 'agent' && step.role === 'builder' && input.agents.builder && !resumingAfterWait) status.iteration += 1;
+      resumingAfterWait = false;
       await enter(PHASE_OF_STEP(step), step.description ?? describeStep(step, input));
       const outcome = await runStep(step);
 
@@ -388,6 +391,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
         status.phase = 'rate_limited';
         setCurrentDetails(`**rate_limited** — waiting until ${failure.resetAt ?? 'back-off'}`);
         await sleep(waitMs);
+        resumingAfterWait = true;
         continue;
       }
 
@@ -431,7 +435,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
       const attempts = loopExhausted || failure.kind === 'merge_conflict' || failure.kind === 'post_merge_gate_failure' ? limit : retryAttempts(bp, step);
       const summary = loopExhausted
         ? `fix loop exhausted after ${status.iteration} iterations: ${failure.summary}`
-        : `${FAILURE_KINDS[failure.kind].summary} (${attempts} attempts): ${failure.summary}`;
+        : `${FAILURE_KINDS[failure.kind].summary}: ${failure.summary}`;
       await record(
         { step: step.id, kind: failure.kind, action: FAILURE_KINDS[failure.kind].action, attempt: attempts, maxAttempts: attempts, summary, result: exhaustedResult },
         `${failure.kind} exhausted at ${step.id} -> ${mode}`,
