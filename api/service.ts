@@ -6,6 +6,7 @@
  * tight exec loop costs a database round trip, not a workflow round trip. A call that finds
  * the sandbox suspended wakes it (a workflow update) before it is served.
  */
+import { existsSync } from 'node:fs';
 import type { Client } from '@temporalio/client';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
 import type { Logger } from 'pino';
@@ -247,6 +248,8 @@ export class SandboxService {
       const run = await provider
         .exec({ root: row.root! }, { ...wrapped, cwd: body.cwd, stdin: body.stdin, timeoutMs: body.timeout_seconds * 1000, maxCaptureBytes: 4 * 1024 * 1024 })
         .catch((e) => {
+          // The directory vanished under a ready sandbox: the watcher will end it; say so now.
+          if (!existsSync(row.root!)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is gone (its directory was removed)`);
           throw mapFsError(e, body.cwd ?? '.');
         });
       this.deps.metrics?.exec(principal.accountId, row.platform, run.durationMs);
