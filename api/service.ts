@@ -226,7 +226,18 @@ export class SandboxService {
       if (status === undefined) throw new ApiError(404, 'not_found', `no sandbox ${id}`);
       if (status === 'pending') throw new ApiError(409, 'not_ready', `sandbox ${id} is still provisioning; wait for ready (GET with wait_ready_seconds)`);
       if (!LIVE_WAKE_STATES.includes(status)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${status}`);
-      const woken = await this.deps.client.workflow.getHandle(serviceSandboxWorkflowId(id)).executeUpdate(wakeSandboxUpdate);
+      let woken: SandboxState;
+      try {
+        woken = await this.deps.client.workflow.getHandle(serviceSandboxWorkflowId(id)).executeUpdate(wakeSandboxUpdate);
+      } catch (e) {
+        // The workflow ended between our read and the update (deleted, capped): report its end.
+        const now = await ledger.getSandbox(db, principal.accountId, id);
+        if (now && (now.status === 'terminated' || now.status === 'failed' || now.status === 'terminating')) {
+          throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${now.status}`);
+        }
+        this.deps.logger.error({ sandboxId: id, err: e }, 'waking the sandbox failed');
+        throw new ApiError(503, 'unavailable', `sandbox ${id} could not be woken; try again`);
+      }
       this.deps.logger.info({ sandboxId: id, state: woken }, 'sandbox woken by activity');
       if (woken !== 'ready') throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${woken}`);
     }
