@@ -113,6 +113,8 @@ export interface ServiceSandboxInput {
   grants: GrantRequest[];
   /** Present after continue-as-new: where the previous run left off. */
   carried?: CarriedSandboxState;
+  /** Continue as new after this many ready/suspended periods (tests); default: when Temporal suggests. */
+  continueAsNewAfterPeriods?: number;
 }
 
 /** What a sandbox workflow hands to its next run on continue-as-new. */

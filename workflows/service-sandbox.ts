@@ -212,12 +212,17 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
 
   // --- the live loop: ready <-> suspended ------------------------------------------------------
   let nextIdleCheckMs = Date.now() + policy.idleTimeoutMs;
+  // Ready/suspended periods begun in this run: history grows with each, so long-lived
+  // sandboxes continue as new when Temporal suggests it (or after a fixed count, for tests).
+  let periods = 0;
+  const shouldCarry = () =>
+    workflowInfo().continueAsNewSuggested || (input.continueAsNewAfterPeriods !== undefined && periods >= input.continueAsNewAfterPeriods);
   for (;;) {
     if (state === 'ready') {
       wakeRequested = false;
       const deadlineAtMs = periodStartMs + deadlineRemainingMs;
       const wakeAt = Math.min(deadlineAtMs, capAtMs, nextIdleCheckMs);
-      await condition(() => terminateRequest !== undefined || exit !== undefined || workflowInfo().continueAsNewSuggested, Math.max(1, wakeAt - Date.now()));
+      await condition(() => terminateRequest !== undefined || exit !== undefined || shouldCarry(), Math.max(1, wakeAt - Date.now()));
       const now = Date.now();
       let reason: EndReason | undefined;
       let endedAtMs = now;
@@ -243,7 +248,7 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
         });
         break;
       }
-      if (workflowInfo().continueAsNewSuggested) {
+      if (shouldCarry()) {
         await condition(allHandlersFinished);
         return carry();
       }
@@ -269,6 +274,7 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
           open: { kind: 'snapshot_storage', seq: storageSeq, startedAtMs: at },
         });
         enter('suspended', `snapshot \`${stored.snapshotRef}\` (${stored.durationMs} ms); compute released`);
+        periods += 1;
       } catch (e) {
         // A failed suspend returns to ready: the session continues, the idle clock restarts.
         log.warn('suspend failed; the sandbox stays ready', { sandboxId, error: errorMessage(e) });
@@ -280,7 +286,7 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
     }
 
     // state === 'suspended': the deadline clock is paused; only DELETE, the cap or a wake move it.
-    await condition(() => terminateRequest !== undefined || wakeRequested || workflowInfo().continueAsNewSuggested, Math.max(1, capAtMs - Date.now()));
+    await condition(() => terminateRequest !== undefined || wakeRequested || shouldCarry(), Math.max(1, capAtMs - Date.now()));
     const now = Date.now();
     if (terminateRequest || now >= capAtMs) {
       const reason: EndReason = terminateRequest ?? 'absolute_cap';
@@ -319,6 +325,7 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
       if (input.grants.length > 0) await ledger.capSandboxGrants({ sandboxId, notAfterMs: at + deadlineRemainingMs });
       nextIdleCheckMs = at + policy.idleTimeoutMs;
       enter('ready', `restored in ${restored.durationMs} ms`);
+      periods += 1;
     } catch (e) {
       endReason = 'restore_failed';
       error = errorMessage(e);
