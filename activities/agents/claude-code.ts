@@ -21,14 +21,11 @@
  * Token convention (shared by all providers): inputTokens counts every prompt token including
  * cache reads and cache writes; cachedTokens is the part read from the cache.
  */
-import { withExecutable } from './command-line';
+import { stdinCommand } from './command-line';
+import {
+  epochToIso, errorReporter, isObject, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str, usageEvent,
+} from './parse-helpers';
 import type { AgentEvent, AgentProvider } from './provider';
-
-type Json = Record<string, unknown>;
-
-const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
-const str = (value: unknown): string | undefined => (typeof value === 'string' ? value : undefined);
-const num = (value: unknown): number => (typeof value === 'number' && Number.isFinite(value) ? value : 0);
 
 /** Legacy subscription limit text: "Claude AI usage limit reached|1753675200". */
 const USAGE_LIMIT_EPOCH = /usage limit reached\|(\d{9,13})/i;
@@ -36,56 +33,17 @@ const USAGE_LIMIT_EPOCH = /usage limit reached\|(\d{9,13})/i;
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|hit your limit|too many requests|\b429\b/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b/i;
 
-function epochToIso(value: unknown): string | undefined {
-  const n = typeof value === 'string' && /^\d+$/.test(value) ? Number(value) : value;
-  if (typeof n !== 'number' || !Number.isFinite(n) || n <= 0) return undefined;
-  const date = new Date(n < 1e12 ? n * 1000 : n);
-  return Number.isNaN(date.getTime()) ? undefined : date.toISOString();
-}
-
 function resetFromText(text: string): string | undefined {
   const match = USAGE_LIMIT_EPOCH.exec(text);
   return match ? epochToIso(match[1]) : undefined;
 }
 
-/** A line that is JSON, plain text, or neither (malformed JSON, blank). */
-function decode(line: string): { json: Json } | { text: string } | undefined {
-  const trimmed = line.trim();
-  if (!trimmed) return undefined;
-  if (trimmed[0] !== '{' && trimmed[0] !== '[') return { text: line };
-  try {
-    const value: unknown = JSON.parse(trimmed);
-    return isObject(value) ? { json: value } : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
 /** One provider instance per agent run (see registry.ts): the parser remembers the session and rate limit it reported. */
 export function createClaudeCodeProvider(): AgentProvider {
-  let sessionId: string | undefined;
-  let rateLimit: 'with-reset' | 'without-reset' | undefined;
-  let lastError: string | undefined;
-
-  const session = (id: unknown): AgentEvent[] => {
-    if (typeof id !== 'string' || !id || id === sessionId) return [];
-    sessionId = id;
-    return [{ type: 'session', sessionId: id }];
-  };
-
-  /** Reports a rate limit once, unless a later line adds the reset time the first one lacked. */
-  const limited = (message: string, resetAt?: string): AgentEvent[] => {
-    if (rateLimit === 'with-reset' || (rateLimit && !resetAt)) return [];
-    rateLimit = resetAt ? 'with-reset' : 'without-reset';
-    return [resetAt ? { type: 'rate_limit', resetAt, message } : { type: 'rate_limit', message }];
-  };
-
+  const session = sessionReporter();
+  const limited = rateLimitReporter();
   /** Reports an error once: the synthetic assistant message and the result repeat the same text. */
-  const failed = (message: string): AgentEvent[] => {
-    if (message === lastError) return [];
-    lastError = message;
-    return [{ type: 'error', message }];
-  };
+  const failed = errorReporter();
 
   const assistant = (event: Json): AgentEvent[] => {
     const out: AgentEvent[] = [];
@@ -116,14 +74,13 @@ export function createClaudeCodeProvider(): AgentProvider {
     const out: AgentEvent[] = [];
     if (isObject(event.usage) || typeof event.total_cost_usd === 'number') {
       const usage = isObject(event.usage) ? event.usage : {};
-      const cacheRead = num(usage.cache_read_input_tokens);
-      out.push({
-        type: 'usage',
-        inputTokens: num(usage.input_tokens) + cacheRead + num(usage.cache_creation_input_tokens),
-        outputTokens: num(usage.output_tokens),
-        cachedTokens: cacheRead,
-        ...(typeof event.total_cost_usd === 'number' ? { costUsd: event.total_cost_usd } : {}),
-      });
+      out.push(usageEvent({
+        input: num(usage.input_tokens),
+        cacheRead: num(usage.cache_read_input_tokens),
+        cacheWrite: num(usage.cache_creation_input_tokens),
+        output: num(usage.output_tokens),
+        cost: event.total_cost_usd,
+      }));
     }
     const text = str(event.result) ?? '';
     const isError = event.is_error === true || (typeof event.subtype === 'string' && event.subtype.startsWith('error'));
@@ -146,22 +103,14 @@ export function createClaudeCodeProvider(): AgentProvider {
       if (spec.permission_mode) args.push('--permission-mode', spec.permission_mode);
       if (invocation.resumeSessionId) args.push('--resume', invocation.resumeSessionId);
       args.push(...spec.extra_args);
-      return {
-        ...withExecutable(spec.command, 'claude', args),
-        stdin: invocation.prompt,
-        env: Object.keys(invocation.env).length > 0 ? { ...invocation.env } : undefined,
-      };
+      return stdinCommand(invocation, 'claude', args);
     },
-    parseLine(line, stream) {
-      try {
-        if (stream === 'stderr') {
-          if (RATE_LIMIT_TEXT.test(line)) return limited(line.trim(), resetFromText(line));
-          return STDERR_ERROR.test(line) ? [{ type: 'error', message: line.trim() }] : [];
-        }
-        const decoded = decode(line);
-        if (!decoded) return [];
-        if ('text' in decoded) return [{ type: 'text', text: decoded.text }];
-        const event = decoded.json;
+    parseLine: jsonLineParser({
+      stderr(line) {
+        if (RATE_LIMIT_TEXT.test(line)) return limited(line.trim(), resetFromText(line));
+        return STDERR_ERROR.test(line) ? [{ type: 'error', message: line.trim() }] : [];
+      },
+      event(event) {
         const out = session(event.session_id);
         switch (event.type) {
           case 'assistant':
@@ -181,9 +130,7 @@ export function createClaudeCodeProvider(): AgentProvider {
           // system (init, status, compact_boundary, ...), user (tool results), stream_event: nothing beyond the session.
         }
         return out;
-      } catch {
-        return [];
-      }
-    },
+      },
+    }),
   };
 }

@@ -24,14 +24,11 @@
  * runs of the thread; the stream carries no baseline to subtract. Codex reports no cost.
  * input_tokens already includes cached_input_tokens, which matches the shared convention.
  */
-import { withExecutable } from './command-line';
+import { permissionEntry, stdinCommand } from './command-line';
+import {
+  durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
+} from './parse-helpers';
 import type { AgentEvent, AgentProvider } from './provider';
-
-type Json = Record<string, unknown>;
-
-const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
-const str = (value: unknown): string | undefined => (typeof value === 'string' ? value : undefined);
-const num = (value: unknown): number => (typeof value === 'number' && Number.isFinite(value) ? value : 0);
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b/i;
 const RETRYING = /^\s*(Reconnecting|Retrying)\b/i;
@@ -49,24 +46,6 @@ const PERMISSION_FLAGS: Record<string, string[]> = {
   bypassPermissions: ['--dangerously-bypass-approvals-and-sandbox'],
   'dangerously-bypass-approvals-and-sandbox': ['--dangerously-bypass-approvals-and-sandbox'],
 };
-
-const DURATION_UNITS: Record<string, number> = { d: 86_400_000, h: 3_600_000, m: 60_000, s: 1_000, ms: 1 };
-
-function unitMs(unit: string): number {
-  const u = unit.toLowerCase();
-  if (u === 'ms' || u.startsWith('milli')) return DURATION_UNITS.ms;
-  if (u.startsWith('d')) return DURATION_UNITS.d;
-  if (u.startsWith('h')) return DURATION_UNITS.h;
-  if (u.startsWith('m')) return DURATION_UNITS.m;
-  return DURATION_UNITS.s;
-}
-
-function epochToIso(value: unknown): string | undefined {
-  const n = typeof value === 'string' && /^\d+$/.test(value) ? Number(value) : value;
-  if (typeof n !== 'number' || !Number.isFinite(n) || n <= 0) return undefined;
-  const date = new Date(n < 1e12 ? n * 1000 : n);
-  return Number.isNaN(date.getTime()) ? undefined : date.toISOString();
-}
 
 /** "Apr 28th, 2026 10:03 PM" (local time, as codex prints it) or a bare "10:03 PM" (next occurrence). */
 function absoluteToIso(text: string): string | undefined {
@@ -89,7 +68,7 @@ export function codexResetAt(message: string): string | undefined {
   const resetsAt = /resets_at"?\s*[:=]\s*(\d{9,13})/i.exec(message);
   if (resetsAt) return epochToIso(resetsAt[1]);
   const resetsIn = /resets_in_seconds"?\s*[:=]\s*(\d+)/i.exec(message);
-  if (resetsIn) return new Date(Date.now() + Number(resetsIn[1]) * 1000).toISOString();
+  if (resetsIn) return isoAfter(Number(resetsIn[1]) * 1000);
   const at = /try again at\s+(.+?)\.?\s*$/i.exec(message);
   if (at) {
     const iso = absoluteToIso(at[1]);
@@ -99,23 +78,11 @@ export function codexResetAt(message: string): string | undefined {
   if (inMatch) {
     let ms = 0;
     for (const part of inMatch[1].matchAll(/(\d+(?:\.\d+)?)\s*(ms|milliseconds?|d|days?|h|hours?|m|mins?|minutes?|s|secs?|seconds?)\b/gi)) {
-      ms += Number(part[1]) * unitMs(part[2]);
+      ms += Number(part[1]) * durationUnitMs(part[2]);
     }
-    if (ms > 0) return new Date(Date.now() + Math.ceil(ms)).toISOString();
+    if (ms > 0) return isoAfter(ms);
   }
   return undefined;
-}
-
-function decode(line: string): { json: Json } | { text: string } | undefined {
-  const trimmed = line.trim();
-  if (!trimmed) return undefined;
-  if (trimmed[0] !== '{' && trimmed[0] !== '[') return { text: line };
-  try {
-    const value: unknown = JSON.parse(trimmed);
-    return isObject(value) ? { json: value } : undefined;
-  } catch {
-    return undefined;
-  }
 }
 
 interface Totals {
@@ -139,27 +106,20 @@ function toolCall(item: Json): AgentEvent {
 
 /** One provider instance per agent run (see registry.ts): the parser keeps the thread id, tool items seen and the last usage total. */
 export function createCodexProvider(): AgentProvider {
-  let threadId: string | undefined;
   let lastAgentMessage: string | undefined;
   let lastTotals: Totals | undefined;
-  let lastError: string | undefined;
-  let rateLimit: 'with-reset' | 'without-reset' | undefined;
   const seenItems = new Set<string>();
+  const session = sessionReporter();
+  const reportRateLimit = rateLimitReporter();
+  const reportError = errorReporter();
 
-  const limited = (message: string): AgentEvent[] => {
-    const resetAt = codexResetAt(message);
-    if (rateLimit === 'with-reset' || (rateLimit && !resetAt)) return [];
-    rateLimit = resetAt ? 'with-reset' : 'without-reset';
-    return [resetAt ? { type: 'rate_limit', resetAt, message } : { type: 'rate_limit', message }];
-  };
+  const limited = (message: string): AgentEvent[] => reportRateLimit(message, codexResetAt(message));
 
   /** A fatal error message: reported once, plus a rate limit when the wording says so. */
-  const failure = (message: string): AgentEvent[] => {
-    const out: AgentEvent[] = RATE_LIMIT_TEXT.test(message) ? limited(message) : [];
-    if (message !== lastError) out.push({ type: 'error', message });
-    lastError = message;
-    return out;
-  };
+  const failure = (message: string): AgentEvent[] => [
+    ...(RATE_LIMIT_TEXT.test(message) ? limited(message) : []),
+    ...reportError(message),
+  ];
 
   const usage = (raw: unknown): AgentEvent[] => {
     if (!isObject(raw)) return [];
@@ -198,40 +158,22 @@ export function createCodexProvider(): AgentProvider {
       const { spec } = invocation;
       const args = ['exec', '--json'];
       if (spec.model) args.push('--model', spec.model);
-      if (spec.permission_mode !== undefined) {
-        const flags = PERMISSION_FLAGS[spec.permission_mode];
-        if (!flags) {
-          throw new Error(`codex does not know permission_mode "${spec.permission_mode}" (use one of: ${Object.keys(PERMISSION_FLAGS).join(', ')})`);
-        }
-        args.push(...flags);
-      }
+      args.push(...(permissionEntry('codex', PERMISSION_FLAGS, spec.permission_mode) ?? []));
       args.push(...spec.extra_args);
       if (invocation.resumeSessionId) args.push('resume', invocation.resumeSessionId);
       args.push('-');
-      return {
-        ...withExecutable(spec.command, 'codex', args),
-        stdin: invocation.prompt,
-        env: Object.keys(invocation.env).length > 0 ? { ...invocation.env } : undefined,
-      };
+      return stdinCommand(invocation, 'codex', args);
     },
-    parseLine(line, stream) {
-      try {
-        if (stream === 'stderr') {
-          if (RETRYING.test(line)) return [];
-          if (RATE_LIMIT_TEXT.test(line)) return limited(line.trim());
-          return STDERR_ERROR.test(line) ? [{ type: 'error', message: line.trim() }] : [];
-        }
-        const decoded = decode(line);
-        if (!decoded) return [];
-        if ('text' in decoded) return [{ type: 'text', text: decoded.text }];
-        const event = decoded.json;
+    parseLine: jsonLineParser({
+      stderr(line) {
+        if (RETRYING.test(line)) return [];
+        if (RATE_LIMIT_TEXT.test(line)) return limited(line.trim());
+        return STDERR_ERROR.test(line) ? [{ type: 'error', message: line.trim() }] : [];
+      },
+      event(event) {
         switch (event.type) {
-          case 'thread.started': {
-            const id = str(event.thread_id);
-            if (!id || id === threadId) return [];
-            threadId = id;
-            return [{ type: 'session', sessionId: id }];
-          }
+          case 'thread.started':
+            return session(event.thread_id);
           case 'item.started':
           case 'item.updated':
           case 'item.completed':
@@ -250,9 +192,7 @@ export function createCodexProvider(): AgentProvider {
           default:
             return []; // turn.started and future event types
         }
-      } catch {
-        return [];
-      }
-    },
+      },
+    }),
   };
 }

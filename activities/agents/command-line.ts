@@ -3,7 +3,9 @@
  * words the way a POSIX shell would (quotes and backslashes), but never run through a shell.
  * `node /opt/fake-agent.mjs --format claude` -> `node` with `['/opt/fake-agent.mjs', '--format', 'claude']`
  * in front of the provider's own arguments. A path with spaces needs quotes: `"/opt/my tools/claude"`.
+ * Also the pieces of a real provider's `buildCommand` that every provider shares.
  */
+import type { AgentCommand, AgentInvocation } from './provider';
 
 export function splitCommandLine(line: string): string[] {
   const words: string[] = [];
@@ -51,4 +53,24 @@ export function agentExecutable(command: string | undefined, defaultExecutable: 
 export function withExecutable(command: string | undefined, defaultExecutable: string, args: string[]): { command: string; args: string[] } {
   const exe = agentExecutable(command, defaultExecutable);
   return { command: exe.command, args: [...exe.leadingArgs, ...args] };
+}
+
+/**
+ * A real agent's command: `spec.command` (else `defaultExecutable`) with `args`, the prompt on
+ * stdin (never in argv), and `env` (the invocation's by default) when it is not empty.
+ */
+export function stdinCommand(invocation: AgentInvocation, defaultExecutable: string, args: string[], env: Record<string, string> = invocation.env): AgentCommand {
+  return {
+    ...withExecutable(invocation.spec.command, defaultExecutable, args),
+    stdin: invocation.prompt,
+    env: Object.keys(env).length > 0 ? { ...env } : undefined,
+  };
+}
+
+/** The entry of a provider's `permission_mode` table for `mode` (undefined when no mode is set); an unknown mode throws, naming the known ones. */
+export function permissionEntry<T>(agent: string, table: Record<string, T>, mode: string | undefined): T | undefined {
+  if (mode === undefined) return undefined;
+  const entry = table[mode];
+  if (!entry) throw new Error(`${agent} does not know permission_mode "${mode}" (use one of: ${Object.keys(table).join(', ')})`);
+  return entry;
 }

@@ -23,14 +23,9 @@
  * The final answer (`result`) is the text of the last step, emitted when a step finishes for a
  * reason other than tool calls, or at `done` if that did not happen.
  */
-import { withExecutable } from './command-line';
+import { permissionEntry, stdinCommand } from './command-line';
+import { durationUnitMs, isObject, isoAfter, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent } from './parse-helpers';
 import type { AgentEvent, AgentProvider } from './provider';
-
-type Json = Record<string, unknown>;
-
-const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
-const str = (value: unknown): string | undefined => (typeof value === 'string' ? value : undefined);
-const num = (value: unknown): number => (typeof value === 'number' && Number.isFinite(value) ? value : 0);
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|hit your limit|too many requests|\b429\b|resource[ _]exhausted/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b/i;
@@ -43,18 +38,6 @@ const PERMISSIONS: Record<string, { args?: string[]; env?: Record<string, string
   bypassPermissions: { env: { OPENCODE_PERMISSION: '{"*":"allow"}' } },
 };
 
-function decode(line: string): { json: Json } | { text: string } | undefined {
-  const trimmed = line.trim();
-  if (!trimmed) return undefined;
-  if (trimmed[0] !== '{' && trimmed[0] !== '[') return { text: line };
-  try {
-    const value: unknown = JSON.parse(trimmed);
-    return isObject(value) ? { json: value } : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
 /** "1.5s", "6m0s", "250ms", "30" (seconds) -> milliseconds. */
 function durationMs(text: string): number | undefined {
   const trimmed = text.trim();
@@ -63,14 +46,14 @@ function durationMs(text: string): number | undefined {
   let matched = false;
   for (const part of trimmed.matchAll(/(\d+(?:\.\d+)?)(ms|h|m|s)/g)) {
     matched = true;
-    total += Number(part[1]) * { ms: 1, h: 3_600_000, m: 60_000, s: 1_000 }[part[2] as 'ms' | 'h' | 'm' | 's'];
+    total += Number(part[1]) * durationUnitMs(part[2]);
   }
   return matched ? total : undefined;
 }
 
 /** When a rate limit resets, from the provider's response headers or message, as an ISO string. */
 export function opencodeResetAt(headers: Record<string, string>, message: string): string | undefined {
-  const inMs = (ms: number | undefined) => (ms !== undefined && Number.isFinite(ms) ? new Date(Date.now() + Math.ceil(ms)).toISOString() : undefined);
+  const inMs = (ms: number | undefined) => (ms !== undefined && Number.isFinite(ms) ? isoAfter(ms) : undefined);
   if (headers['retry-after-ms'] && /^\d+(\.\d+)?$/.test(headers['retry-after-ms'])) return inMs(Number(headers['retry-after-ms']));
   const retryAfter = headers['retry-after'];
   if (retryAfter) {
@@ -91,22 +74,16 @@ export function opencodeResetAt(headers: Record<string, string>, message: string
   }
   if (resets.length > 0) return new Date(Math.max(...resets)).toISOString();
   const inText = /try again in\s+(\d+(?:\.\d+)?)\s*(ms|s|seconds?)\b/i.exec(message);
-  if (inText) return inMs(Number(inText[1]) * (inText[2].toLowerCase() === 'ms' ? 1 : 1000));
+  if (inText) return inMs(Number(inText[1]) * durationUnitMs(inText[2]));
   return undefined;
 }
 
 /** One provider instance per agent run (see registry.ts): the parser keeps the session id and the text of the current step. */
 export function createOpencodeProvider(): AgentProvider {
-  let sessionId: string | undefined;
   let stepText: string[] = [];
   let resultSent = false;
   let rateLimited = false;
-
-  const session = (id: unknown): AgentEvent[] => {
-    if (typeof id !== 'string' || !id || id === sessionId) return [];
-    sessionId = id;
-    return [{ type: 'session', sessionId: id }];
-  };
+  const session = sessionReporter();
 
   const answer = (): AgentEvent[] => {
     if (resultSent || stepText.length === 0) return [];
@@ -130,7 +107,7 @@ export function createOpencodeProvider(): AgentProvider {
         }
       }
       const resetAt = opencodeResetAt(headers, message);
-      out.push(resetAt ? { type: 'rate_limit', resetAt, message } : { type: 'rate_limit', message });
+      out.push(rateLimitEvent(message, resetAt));
     }
     out.push({ type: 'error', message: name !== 'Error' && !message.startsWith(name) ? `${name}: ${message}` : message });
     return out;
@@ -147,34 +124,23 @@ export function createOpencodeProvider(): AgentProvider {
       }
       if (invocation.resumeSessionId) args.push('--session', invocation.resumeSessionId);
       const env: Record<string, string> = { ...invocation.env };
-      if (spec.permission_mode !== undefined) {
-        const mode = PERMISSIONS[spec.permission_mode];
-        if (!mode) {
-          throw new Error(`opencode does not know permission_mode "${spec.permission_mode}" (use one of: ${Object.keys(PERMISSIONS).join(', ')})`);
-        }
+      const mode = permissionEntry('opencode', PERMISSIONS, spec.permission_mode);
+      if (mode) {
         args.push(...(mode.args ?? []));
         Object.assign(env, mode.env);
       }
       args.push(...spec.extra_args);
-      return {
-        ...withExecutable(spec.command, 'opencode', args),
-        stdin: invocation.prompt,
-        env: Object.keys(env).length > 0 ? env : undefined,
-      };
+      return stdinCommand(invocation, 'opencode', args, env);
     },
-    parseLine(line, stream) {
-      try {
-        if (stream === 'stderr') {
-          if (RATE_LIMIT_TEXT.test(line) && !rateLimited) {
-            rateLimited = true;
-            return [{ type: 'rate_limit', message: line.trim() }];
-          }
-          return STDERR_ERROR.test(line) ? [{ type: 'error', message: line.trim() }] : [];
+    parseLine: jsonLineParser({
+      stderr(line) {
+        if (RATE_LIMIT_TEXT.test(line) && !rateLimited) {
+          rateLimited = true;
+          return [rateLimitEvent(line.trim())];
         }
-        const decoded = decode(line);
-        if (!decoded) return [];
-        if ('text' in decoded) return [{ type: 'text', text: decoded.text }];
-        const event = decoded.json;
+        return STDERR_ERROR.test(line) ? [{ type: 'error', message: line.trim() }] : [];
+      },
+      event(event) {
         const part = isObject(event.part) ? event.part : {};
         const out = session(event.sessionID ?? part.sessionID);
         switch (event.type) {
@@ -198,13 +164,13 @@ export function createOpencodeProvider(): AgentProvider {
             if (tokens || typeof part.cost === 'number') {
               const t = tokens ?? {};
               const cache = isObject(t.cache) ? t.cache : {};
-              out.push({
-                type: 'usage',
-                inputTokens: num(t.input) + num(cache.read) + num(cache.write),
-                outputTokens: num(t.output) + num(t.reasoning),
-                cachedTokens: num(cache.read),
-                ...(typeof part.cost === 'number' ? { costUsd: part.cost } : {}),
-              });
+              out.push(usageEvent({
+                input: num(t.input),
+                cacheRead: num(cache.read),
+                cacheWrite: num(cache.write),
+                output: num(t.output) + num(t.reasoning),
+                cost: part.cost,
+              }));
             }
             if (!TOOL_STEP.test(str(part.reason) ?? '')) out.push(...answer());
             break;
@@ -218,9 +184,7 @@ export function createOpencodeProvider(): AgentProvider {
           // reasoning and future event types: nothing beyond the session.
         }
         return out;
-      } catch {
-        return [];
-      }
-    },
+      },
+    }),
   };
 }

@@ -27,14 +27,11 @@
  * The final answer is the last assistant message at an `agent_end` that will not be retried; a
  * rate limit is only reported then (or at a failed `auto_retry_end`), never for an attempt pi retries.
  */
-import { withExecutable } from './command-line';
+import { permissionEntry, stdinCommand } from './command-line';
+import {
+  durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent,
+} from './parse-helpers';
 import type { AgentEvent, AgentProvider } from './provider';
-
-type Json = Record<string, unknown>;
-
-const isObject = (value: unknown): value is Json => typeof value === 'object' && value !== null && !Array.isArray(value);
-const str = (value: unknown): string | undefined => (typeof value === 'string' ? value : undefined);
-const num = (value: unknown): number => (typeof value === 'number' && Number.isFinite(value) ? value : 0);
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b|resource[ _]exhausted/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b/i;
@@ -48,24 +45,6 @@ const PERMISSION_FLAGS: Record<string, string[]> = {
   plan: READ_ONLY_TOOLS,
 };
 
-function decode(line: string): { json: Json } | { text: string } | undefined {
-  const trimmed = line.trim();
-  if (!trimmed) return undefined;
-  if (trimmed[0] !== '{' && trimmed[0] !== '[') return { text: line };
-  try {
-    const value: unknown = JSON.parse(trimmed);
-    return isObject(value) ? { json: value } : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-function epochToIso(value: string): string | undefined {
-  const n = Number(value);
-  if (!Number.isFinite(n) || n <= 0) return undefined;
-  return new Date(n < 1e12 ? n * 1000 : n).toISOString();
-}
-
 /**
  * When a limit resets, from the provider error pi passes through: `resets_at` (epoch seconds, the
  * ChatGPT/Codex backend), `resets_in_seconds`, "retry after N seconds" or "try again in Ns".
@@ -74,13 +53,9 @@ export function piResetAt(message: string): string | undefined {
   const at = /resets_?at"?\s*[:=]\s*(\d{9,13})/i.exec(message);
   if (at) return epochToIso(at[1]);
   const inSeconds = /resets_in_seconds"?\s*[:=]\s*(\d+)/i.exec(message);
-  if (inSeconds) return new Date(Date.now() + Number(inSeconds[1]) * 1000).toISOString();
+  if (inSeconds) return isoAfter(Number(inSeconds[1]) * 1000);
   const relative = /(?:retry after|try again in)\s+(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\b/i.exec(message);
-  if (relative) {
-    const unit = (relative[2] ?? 's').toLowerCase();
-    const factor = unit === 'ms' ? 1 : unit.startsWith('h') ? 3_600_000 : unit.startsWith('m') ? 60_000 : 1_000;
-    return new Date(Date.now() + Math.ceil(Number(relative[1]) * factor)).toISOString();
-  }
+  if (relative) return isoAfter(Number(relative[1]) * durationUnitMs(relative[2] ?? 's'));
   return undefined;
 }
 
@@ -96,22 +71,16 @@ function textOf(message: Json): string {
 
 /** One provider instance per agent run (see registry.ts): the parser keeps the session id, last error and rate-limit state. */
 export function createPiProvider(): AgentProvider {
-  let sessionId: string | undefined;
   let lastAssistant: Json | undefined;
-  let lastError: string | undefined;
   let rateLimited = false;
+  const session = sessionReporter();
+  const error = errorReporter();
 
-  const error = (message: string): AgentEvent[] => {
-    if (message === lastError) return [];
-    lastError = message;
-    return [{ type: 'error', message }];
-  };
-
+  /** A rate limit, reported once per run and only when the wording says so. */
   const limited = (message: string): AgentEvent[] => {
     if (rateLimited || !RATE_LIMIT_TEXT.test(message)) return [];
     rateLimited = true;
-    const resetAt = piResetAt(message);
-    return [resetAt ? { type: 'rate_limit', resetAt, message } : { type: 'rate_limit', message }];
+    return [rateLimitEvent(message, piResetAt(message))];
   };
 
   const messageEnd = (message: Json): AgentEvent[] => {
@@ -125,14 +94,13 @@ export function createPiProvider(): AgentProvider {
     }
     if (isObject(message.usage)) {
       const usage = message.usage;
-      const cost = isObject(usage.cost) ? usage.cost : undefined;
-      out.push({
-        type: 'usage',
-        inputTokens: num(usage.input) + num(usage.cacheRead) + num(usage.cacheWrite),
-        outputTokens: num(usage.output),
-        cachedTokens: num(usage.cacheRead),
-        ...(cost && typeof cost.total === 'number' ? { costUsd: cost.total } : {}),
-      });
+      out.push(usageEvent({
+        input: num(usage.input),
+        cacheRead: num(usage.cacheRead),
+        cacheWrite: num(usage.cacheWrite),
+        output: num(usage.output),
+        cost: isObject(usage.cost) ? usage.cost.total : undefined,
+      }));
     }
     if (message.stopReason === 'error' || message.stopReason === 'aborted') {
       out.push(...error(str(message.errorMessage) ?? `pi request ${message.stopReason}`));
@@ -159,37 +127,19 @@ export function createPiProvider(): AgentProvider {
       const args = ['-p', '--mode', 'json'];
       if (spec.model) args.push('--model', spec.model);
       if (invocation.resumeSessionId) args.push('--session', invocation.resumeSessionId);
-      if (spec.permission_mode !== undefined) {
-        const flags = PERMISSION_FLAGS[spec.permission_mode];
-        if (!flags) {
-          throw new Error(`pi does not know permission_mode "${spec.permission_mode}" (use one of: ${Object.keys(PERMISSION_FLAGS).join(', ')})`);
-        }
-        args.push(...flags);
-      }
+      args.push(...(permissionEntry('pi', PERMISSION_FLAGS, spec.permission_mode) ?? []));
       args.push(...spec.extra_args);
-      return {
-        ...withExecutable(spec.command, 'pi', args),
-        stdin: invocation.prompt,
-        env: Object.keys(invocation.env).length > 0 ? { ...invocation.env } : undefined,
-      };
+      return stdinCommand(invocation, 'pi', args);
     },
-    parseLine(line, stream) {
-      try {
-        if (stream === 'stderr') {
-          if (RATE_LIMIT_TEXT.test(line)) return limited(line.trim());
-          return STDERR_ERROR.test(line) ? error(line.trim()) : [];
-        }
-        const decoded = decode(line);
-        if (!decoded) return [];
-        if ('text' in decoded) return [{ type: 'text', text: decoded.text }];
-        const event = decoded.json;
+    parseLine: jsonLineParser({
+      stderr(line) {
+        if (RATE_LIMIT_TEXT.test(line)) return limited(line.trim());
+        return STDERR_ERROR.test(line) ? error(line.trim()) : [];
+      },
+      event(event) {
         switch (event.type) {
-          case 'session': {
-            const id = str(event.id);
-            if (!id || id === sessionId) return [];
-            sessionId = id;
-            return [{ type: 'session', sessionId: id }];
-          }
+          case 'session':
+            return session(event.id);
           case 'message_end':
             return isObject(event.message) ? messageEnd(event.message) : [];
           case 'tool_execution_start':
@@ -204,9 +154,7 @@ export function createPiProvider(): AgentProvider {
           default:
             return []; // agent_start, turn_*, message_start/update, tool_execution_update/end, compaction_*, queue_update, agent_settled, ...
         }
-      } catch {
-        return [];
-      }
-    },
+      },
+    }),
   };
 }
