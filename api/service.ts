@@ -51,11 +51,15 @@ export interface SandboxServiceDeps {
 
 export type Principal = ledger.Principal;
 
+/** How long a successful token lookup is reused (revocations and flag changes lag by this much). */
+export const AUTH_CACHE_MS = 2_000;
+
 const iso = (d: Date | null) => (d ? d.toISOString() : null);
 const LIVE_WAKE_STATES: SandboxState[] = ['suspending', 'suspended', 'restoring'];
 
 export class SandboxService {
   private readonly profiles = new Map<string, ledger.ProfileRow>();
+  private readonly authCache = new Map<string, { principal: Principal; until: number }>();
 
   constructor(private readonly deps: SandboxServiceDeps) {}
 
@@ -65,7 +69,22 @@ export class SandboxService {
 
   async authenticate(token: string | undefined): Promise<Principal> {
     if (!token) throw new ApiError(401, 'unauthorized', 'missing bearer token (Authorization: Bearer <token>)');
-    const principal = await ledger.authenticate(this.deps.db, token);
+    // A tight exec loop authenticates on every call: successful lookups are kept briefly
+    // (keyed by the token's hash, never the token), so a revocation takes effect within AUTH_CACHE_MS.
+    const key = ledger.hashToken(token);
+    const cached = this.authCache.get(key);
+    let principal: Principal | undefined;
+    if (cached && cached.until > Date.now()) {
+      principal = cached.principal;
+    } else {
+      principal = await ledger.authenticate(this.deps.db, token);
+      if (principal) {
+        if (this.authCache.size >= 10_000) this.authCache.clear();
+        this.authCache.set(key, { principal, until: Date.now() + AUTH_CACHE_MS });
+      } else {
+        this.authCache.delete(key);
+      }
+    }
     if (!principal) throw new ApiError(401, 'unauthorized', 'invalid, expired or revoked token');
     if (!principal.sandboxesEnabled) throw new ApiError(403, 'sandboxes_disabled', 'sandboxes are not enabled for this account');
     return principal;
@@ -190,6 +209,12 @@ export class SandboxService {
         if (!(e instanceof WorkflowNotFoundError)) throw e;
       }
       this.deps.logger.info({ sandboxId: id, accountId: principal.accountId, tokenId: principal.tokenId }, 'sandbox delete requested');
+      await this.deps.db.query('INSERT INTO audit_events (account_id, sandbox_id, event, detail) VALUES ($1, $2, $3, $4)', [
+        principal.accountId,
+        id,
+        'delete_requested',
+        JSON.stringify({ tokenId: principal.tokenId }),
+      ]);
     }
     return this.view(await this.row(principal, id));
   }

@@ -12,6 +12,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createSandboxServiceActivities } from '../../activities/service';
 import { defaultProviderFor } from '../../activities/service/providers';
 import { ApiClientError } from '../../api/client';
+import { AUTH_CACHE_MS } from '../../api/service';
+import { createApiToken, revokeApiToken } from '../../activities/ledger/ledger';
 import { MCP_TOOLS } from '../../api/mcp';
 import { OPENAPI_FILE, renderOpenApi } from '../../api/write-openapi';
 import { GRANTS_FILE, serviceSandboxWorkflowId } from '../../core/sandbox-service';
@@ -23,6 +25,7 @@ let b: TestAccount;
 let sandboxId: string;
 const created: string[] = [];
 const secrets: string[] = [];
+let grantToken = '';
 
 beforeAll(async () => {
   h = await startServiceHarness();
@@ -76,6 +79,15 @@ describe('auth and account isolation', () => {
     expect((await b.api.list()).map((s) => s.id)).not.toContain(sandboxId);
     expect((await a.api.list()).map((s) => s.id)).toContain(sandboxId);
     expect((await a.api.get(sandboxId)).status).toBe('ready'); // untouched by b's DELETE
+  });
+
+  it('stops accepting a revoked token within the auth cache time', async () => {
+    const { id: tokenId, token } = await createApiToken(h.database.db, a.id, { name: 'short-lived' });
+    secrets.push(token);
+    expect((await raw('GET', '/api/v1/sandboxes', { token })).status).toBe(200);
+    await revokeApiToken(h.database.db, a.id, tokenId);
+    await new Promise((r) => setTimeout(r, AUTH_CACHE_MS + 100));
+    expect((await raw('GET', '/api/v1/sandboxes', { token })).status).toBe(401);
   });
 
   it('answers 403 when the account has sandboxes turned off', async () => {
@@ -167,6 +179,7 @@ describe('grants', () => {
     expect(file.grants).toHaveLength(1);
     const [grant] = file.grants;
     secrets.push(grant!.token);
+    grantToken = grant!.token;
     const sandbox = await a.api.get(sandboxId);
     expect(Date.parse(grant!.expires_at)).toBeLessThanOrEqual(Date.parse(sandbox.deadline_at!));
     expect(Date.parse(grant!.expires_at)).toBeLessThanOrEqual(Date.now() + 60 * 60_000 + 1_000);
@@ -260,8 +273,8 @@ describe('secrets', () => {
   it('keeps tokens out of logs and workflow history', async () => {
     await a.api.destroy(sandboxId);
     await h.waitFor(a.api, sandboxId, ['terminated']);
-    expect(secrets.length).toBeGreaterThanOrEqual(3);
-    const grantToken = secrets[2]!;
+    expect(secrets.length).toBeGreaterThanOrEqual(4);
+    expect(grantToken).toMatch(/^slpg_/);
     expect((await raw('GET', '/api/v1/grants/introspect', { token: grantToken })).status).toBe(401); // revoked at terminate
     const logText = h.logs.join('\n');
     expect(h.logs.length).toBeGreaterThan(10);
