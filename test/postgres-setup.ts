@@ -6,7 +6,7 @@
  * refuses to run as root), listening on 127.0.0.1 on a free port, fsync off.
  */
 import { execFileSync } from 'node:child_process';
-import { accessSync, chmodSync, chownSync, constants, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { accessSync, chmodSync, chownSync, constants, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { freePort } from '../workers/dev-server';
@@ -48,6 +48,48 @@ function findPgBin(name: string): string | undefined {
   return undefined;
 }
 
+const DIR_PREFIX = 'slipway-test-pg-';
+
+const alive = (pid: number) => {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+};
+
+/**
+ * A test run killed before its teardown (Ctrl-C, a closed pipe) leaves its cluster running.
+ * Each cluster's folder names the vitest process that owns it; clusters whose owner is gone
+ * are stopped and removed here. Clusters of runs still going are left alone.
+ */
+function stopAbandonedClusters(pgCtl: string): void {
+  for (const name of readdirSync(os.tmpdir())) {
+    if (!name.startsWith(DIR_PREFIX)) continue;
+    const dir = path.join(os.tmpdir(), name);
+    let owner: number;
+    try {
+      owner = Number(readFileSync(path.join(dir, 'owner.pid'), 'utf8').trim());
+    } catch {
+      continue; // not ours to judge
+    }
+    if (!owner || alive(owner)) continue;
+    try {
+      const uid = statSync(dir).uid;
+      const user = process.getuid?.() === 0 && uid !== 0 ? ['-u', userNameOf(uid), '--'] : [];
+      execFileSync(user.length ? 'runuser' : pgCtl, user.length ? [...user, pgCtl, '-D', path.join(dir, 'data'), '-m', 'immediate', 'stop'] : ['-D', path.join(dir, 'data'), '-m', 'immediate', 'stop'], { stdio: 'ignore' });
+    } catch {
+      /* not running */
+    }
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+function userNameOf(uid: number): string {
+  return execFileSync('id', ['-nu', String(uid)], { encoding: 'utf8' }).trim();
+}
+
 let dataDir: string | undefined;
 let pgCtl: string | undefined;
 let asUser: string[] = [];
@@ -69,7 +111,9 @@ export async function setup(project: { provide(key: 'postgresUrl' | 'postgresErr
     project.provide('postgresError', 'no Postgres found (initdb/pg_ctl on PATH or under /usr/lib/postgresql/*/bin): run scripts/setup.sh or set DATABASE_URL');
     return;
   }
-  const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-test-pg-'));
+  stopAbandonedClusters(pgCtl);
+  const dir = mkdtempSync(path.join(os.tmpdir(), DIR_PREFIX));
+  writeFileSync(path.join(dir, 'owner.pid'), `${process.pid}\n`);
   dataDir = path.join(dir, 'data');
   if (process.getuid?.() === 0) {
     // The Debian package creates `postgres`; any unprivileged user does.
