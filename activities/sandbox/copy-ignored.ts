@@ -130,12 +130,14 @@ export interface CopyIgnoredOptions {
    * template, which holds only what was chosen already plus what project setup made.
    */
   useIncludeFile?: boolean;
+  /** What to copy, when the caller listed it already (listIgnoredToCopy of `repo`). */
+  listing?: { paths: string[]; limitedByIncludeFile: boolean };
 }
 
 /** Copies the ignored files of `repo` into the worktree at `dest`. */
 export async function copyIgnoredFiles(repo: string, dest: string, options: CopyIgnoredOptions = {}): Promise<CopyIgnoredResult> {
   const started = Date.now();
-  const { paths, limitedByIncludeFile } = await listIgnoredToCopy(repo, { useIncludeFile: options.useIncludeFile });
+  const { paths, limitedByIncludeFile } = options.listing ?? (await listIgnoredToCopy(repo, { useIncludeFile: options.useIncludeFile }));
   const method: CopyMethod = options.method ?? ((await hasGnuCp()) ? 'gnu-cp' : 'node');
   const warnings: string[] = [];
   const copied: string[] = [];

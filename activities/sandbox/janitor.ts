@@ -24,6 +24,8 @@ export const JANITOR_WORKFLOW_ID = 'slipway-janitor';
 export const JANITOR_INTERVAL_MS = 5 * 60_000;
 /** Default: unmerged stream branches of an ended objective stay a day, for `slipway worktree review|merge`. */
 export const DEFAULT_KEEP_UNMERGED_MS = 24 * 3600_000;
+/** Warm-pool entries nobody claimed for this long are removed (their base has most likely moved on). */
+export const POOL_ENTRY_MAX_AGE_MS = 7 * 24 * 3600_000;
 /** Branch folders under `slipway/` the sandbox service uses; an objective of that name is never swept. */
 const SERVICE_BRANCH_GROUPS = ['sandboxes', 'warm'] as const;
 
@@ -192,7 +194,7 @@ export function createJanitorActivities(deps: JanitorActivityDeps) {
       }
       heartbeat({ pool: true });
       try {
-        result.pool = await sweepPool(repo);
+        result.pool = await sweepPool(repo, undefined, { readyOlderThanMs: POOL_ENTRY_MAX_AGE_MS });
         result.templatesRemoved = await removeOldTemplates(repo);
       } catch (e) {
         result.errors.push(`pool/templates: ${(e as Error).message}`);

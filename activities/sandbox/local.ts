@@ -24,12 +24,13 @@ import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
 import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit } from '../git';
 import type { RunResult } from '../process';
 import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
-import { copyIgnoredFiles, type CopyMethod } from './copy-ignored';
+import type { CopyMethod } from './copy-ignored';
 import { combineConfinement, execInWorktree, type ExecTarget } from './exec';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
 import { deleteLocalSnapshot, probeLocal, restoreLocal, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
 import { claimPoolEntry, fillPool, poolKey, type PoolSpec } from './pool';
+import { populateWorktree } from './populate';
 import type { ExecRequest, ProjectSetup, SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
 import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
@@ -192,9 +193,12 @@ export class LocalSandboxProvider implements SandboxProvider {
       ...(setup ? { setupHash: setupHash(setup) } : {}),
     };
     await writeRecord(recordFile, { ...base, state: 'creating' });
-    await clearHalfMade(repo, root);
-    const branchExisted = await branchExists(repo, req.branch);
-    const source = copyIgnored || setup || poolSize > 0 ? await this.sourceFor(repo, baseCommit, { setup, copyIgnored }) : undefined;
+    const [, branchExisted, source] = await Promise.all([
+      // Leftovers of a crashed attempt (a folder, git's record of it) go first.
+      existing || (await pathExists(root)) ? clearHalfMade(repo, root) : undefined,
+      branchExists(repo, req.branch),
+      copyIgnored || setup || poolSize > 0 ? this.sourceFor(repo, baseCommit, { setup, copyIgnored }) : undefined,
+    ]);
     const poolSpec = (src: Source): PoolSpec => ({
       baseCommit,
       fingerprint: src.fingerprint,
@@ -210,7 +214,10 @@ export class LocalSandboxProvider implements SandboxProvider {
     if (poolSize > 0 && source && !branchExisted) {
       const claimed = await claimPoolEntry(repo, { baseCommit, fingerprint: source.fingerprint }, root);
       if (claimed) {
-        await git(root, ['checkout', '-q', '-b', req.branch]);
+        // Plumbing rather than `checkout -b` (which re-reads the whole tree): the entry is at the
+        // base already, so only the branch is made (create-only) and HEAD pointed at it.
+        await git(root, ['update-ref', '--create-reflog', '-m', `branch: Created from ${baseCommit}`, `refs/heads/${req.branch}`, baseCommit, '']);
+        await git(root, ['symbolic-ref', '-m', `checkout: moving from ${baseCommit} to ${req.branch}`, 'HEAD', `refs/heads/${req.branch}`]);
         await writeRecord(recordFile, { ...base, state: 'ready', origin: 'pool', poolEntry: claimed.id, ...(claimed.template ? { template: claimed.template } : {}) });
         this.scheduleFill(repo, poolSpec(source), poolSize);
         return {
@@ -229,16 +236,22 @@ export class LocalSandboxProvider implements SandboxProvider {
 
     // 2. Cold: a new worktree, ignored files from the template or the checkout, then setup.
     await fs.mkdir(path.dirname(root), { recursive: true });
+    // Added without a checkout: the checkout and the copy of ignored files then run side by side.
     if (branchExisted) {
-      await git(repo, ['worktree', 'add', root, req.branch]);
+      await git(repo, ['worktree', 'add', '-q', '--no-checkout', root, req.branch]);
     } else {
-      await git(repo, ['worktree', 'add', '-b', req.branch, root, baseCommit]);
+      await git(repo, ['worktree', 'add', '-q', '--no-checkout', '-b', req.branch, root, baseCommit]);
     }
     let ignoredCopy: SandboxHandle['ignoredCopy'];
-    if (copyIgnored && source) {
-      const copied = await copyIgnoredFiles(source.dir, root, { method: this.copyMethod, useIncludeFile: source.template === undefined });
-      ignoredCopy = { ...copied, paths: copied.paths.length };
-    }
+    const copied = await populateWorktree({
+      repo,
+      root,
+      commit: branchExisted ? req.branch : baseCommit,
+      source: copyIgnored ? source?.dir : undefined,
+      useIncludeFile: source?.template === undefined,
+      method: this.copyMethod,
+    });
+    if (copied) ignoredCopy = { ...copied, paths: copied.paths.length };
     let setupResult: SetupResult | undefined;
     if (setup) {
       setupResult = await runProjectSetup((r) => execInWorktree({ root, repository: repo, branch: req.branch, confinement }, r), setup, {
@@ -456,8 +469,13 @@ async function findWorktree<T extends { path: string }>(worktrees: T[], root: st
  * Clears what a crashed create left at `root` (a half-copied folder, or a claimed pool entry whose
  * git record is still locked and points into the pool), then prunes git's stale records.
  */
+const pathExists = (p: string) => fs.lstat(p).then(
+  () => true,
+  () => false,
+);
+
 async function clearHalfMade(repo: string, root: string): Promise<void> {
-  if (await fs.lstat(root).then(() => true, () => false)) {
+  if (await pathExists(root)) {
     const admin = await adminDirOf(root);
     if (admin) {
       const gitdir = (await fs.readFile(path.join(admin, 'gitdir'), 'utf8').catch(() => '')).trim();

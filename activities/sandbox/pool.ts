@@ -27,7 +27,8 @@ import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { git, gitMaybe, isAncestor, rawGit } from '../git';
 import type { BubblewrapConfinement } from './bubblewrap';
-import { copyIgnoredFiles, type CopyMethod } from './copy-ignored';
+import type { CopyMethod } from './copy-ignored';
+import { populateWorktree } from './populate';
 import { execInWorktree } from './exec';
 import type { ProjectSetup } from './provider';
 import { runProjectSetup, type SetupResult } from './setup';
@@ -202,10 +203,15 @@ export async function buildPoolEntry(repo: string, spec: PoolSpec, opts: { signa
   await fs.mkdir(dir, { recursive: true });
   await writeJsonAtomic(buildingMarker, { pid: process.pid, host: os.hostname(), startedAt: new Date().toISOString() } satisfies BuildingInfo);
   try {
-    await git(repo, ['worktree', 'add', '-q', '--detach', '--lock', '--reason', POOL_LOCK_REASON, root, spec.baseCommit]);
-    if (spec.copyIgnored) {
-      await copyIgnoredFiles(spec.source ?? repo, root, { method: spec.copyMethod, useIncludeFile: spec.template === undefined });
-    }
+    await git(repo, ['worktree', 'add', '-q', '--no-checkout', '--detach', '--lock', '--reason', POOL_LOCK_REASON, root, spec.baseCommit]);
+    await populateWorktree({
+      repo,
+      root,
+      commit: spec.baseCommit,
+      source: spec.copyIgnored ? (spec.source ?? repo) : undefined,
+      useIncludeFile: spec.template === undefined,
+      method: spec.copyMethod,
+    });
     let setup: SetupResult | undefined;
     if (spec.setup && (spec.setup.commands.length > 0 || spec.setup.verify.length > 0)) {
       setup = await runProjectSetup((req) => execInWorktree({ root, repository: repo, confinement: spec.confinement }, req), spec.setup, {
@@ -254,7 +260,11 @@ export interface PoolSweepResult {
  * and, given the base and fingerprint now wanted, stale entries (older base it moved on from,
  * or another fingerprint at the same base). `all`: every entry (the pool is being emptied).
  */
-export async function sweepPool(repo: string, current?: { baseCommit: string; fingerprint: string }, opts: { all?: boolean } = {}): Promise<PoolSweepResult> {
+export async function sweepPool(
+  repo: string,
+  current?: { baseCommit: string; fingerprint: string },
+  opts: { all?: boolean; /** Ready entries older than this go too (the janitor: unused for days). */ readyOlderThanMs?: number } = {},
+): Promise<PoolSweepResult> {
   const dir = poolDir(repo);
   const result: PoolSweepResult = { removedStale: [], removedAbandoned: [], removedLeftovers: [] };
   const names = await fs.readdir(dir).catch(() => [] as string[]);
@@ -284,7 +294,7 @@ export async function sweepPool(repo: string, current?: { baseCommit: string; fi
         }
         continue;
       }
-      let stale = opts.all === true;
+      let stale = opts.all === true || (opts.readyOlderThanMs !== undefined && Date.now() - Date.parse(info.readyAt) > opts.readyOlderThanMs);
       if (!stale && current) {
         if (info.baseCommit === current.baseCommit) stale = info.fingerprint !== current.fingerprint;
         else {

@@ -17,8 +17,8 @@ import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { ensureSlipwayExcluded, git, resolveCommit } from '../git';
 import type { BubblewrapConfinement } from './bubblewrap';
-import { copyIgnoredFiles } from './copy-ignored';
 import { execInWorktree } from './exec';
+import { populateWorktree } from './populate';
 import { describeChanges, fingerprint, setupHash, trackedLockfiles, type FingerprintParts } from './fingerprint';
 import type { ProjectSetup } from './provider';
 import { runProjectSetup, type SetupResult } from './setup';
@@ -130,12 +130,10 @@ export async function buildTemplate(repository: string, opts: BuildTemplateOptio
   const id = `${baseCommit.slice(0, 12)}-${randomBytes(3).toString('hex')}`;
   const root = path.join(repo, TEMPLATES_DIR, id);
   await fs.mkdir(path.dirname(root), { recursive: true });
-  await git(repo, ['worktree', 'add', '-q', '--detach', '--lock', '--reason', TEMPLATE_LOCK_REASON, root, baseCommit]);
+  await git(repo, ['worktree', 'add', '-q', '--no-checkout', '--detach', '--lock', '--reason', TEMPLATE_LOCK_REASON, root, baseCommit]);
   try {
-    if (copyIgnored) {
-      opts.onProgress?.('copying ignored files from the checkout');
-      await copyIgnoredFiles(repo, root);
-    }
+    if (copyIgnored) opts.onProgress?.('checking out and copying ignored files from the checkout');
+    await populateWorktree({ repo, root, commit: baseCommit, source: copyIgnored ? repo : undefined });
     let setupResult: SetupResult | undefined;
     if (opts.setup && (opts.setup.commands.length > 0 || opts.setup.verify.length > 0)) {
       setupResult = await runProjectSetup((req) => execInWorktree({ root, repository: repo, confinement: opts.confinement }, req), opts.setup, {
