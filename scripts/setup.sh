@@ -16,7 +16,9 @@ say() { $quiet || echo "setup: $*" >&2; }
 # --- npm packages ---------------------------------------------------------------------------
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   say "installing npm packages"
-  npm ci --no-audit --no-fund --loglevel=error >&2
+  # npm 11 `npm ci` rejects a lock file that lacks other platforms' optional packages (@swc/core-*);
+  # `npm install` installs the same locked versions and leaves the lock file as it is.
+  npm ci --no-audit --no-fund --loglevel=error >&2 2>/dev/null || npm install --no-audit --no-fund --loglevel=error >&2
 fi
 
 # --- Temporal CLI -----------------------------------------------------------------------------
