@@ -216,7 +216,7 @@ export class LocalSandboxProvider implements SandboxProvider {
       if (claimed) {
         // Plumbing rather than `checkout -b` (which re-reads the whole tree): the entry is at the
         // base already, so only the branch is made (create-only) and HEAD pointed at it.
-        await git(root, ['update-ref', '--create-reflog', '-m', `branch: Created from ${baseCommit}`, `refs/heads/${req.branch}`, baseCommit, '']);
+        await git(root, ['update-ref', '--create-reflog', '-m', `branch: Created from ${baseCommit} (warm pool)`, `refs/heads/${req.branch}`, baseCommit, '']);
         await git(root, ['symbolic-ref', '-m', `checkout: moving from ${baseCommit} to ${req.branch}`, 'HEAD', `refs/heads/${req.branch}`]);
         await writeRecord(recordFile, { ...base, state: 'ready', origin: 'pool', poolEntry: claimed.id, ...(claimed.template ? { template: claimed.template } : {}) });
         this.scheduleFill(repo, poolSpec(source), poolSize);

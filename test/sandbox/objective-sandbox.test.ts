@@ -165,3 +165,33 @@ describe('objective with a project setup that keeps failing', () => {
     expect(pictureCheckout(repo)).toEqual(before);
   });
 });
+
+describe('objective with sandbox: { warm_pool }', () => {
+  it('fills the pool for the base commit in the background, and the next objective claims from it', async () => {
+    const repo = makeDemoRepo();
+    const before = pictureCheckout(repo);
+    const spec = (id: string) =>
+      writeObjective({
+        objective: `warm ${id}`,
+        repository: repo,
+        sandbox: { warm_pool: 2, project_setup: { commands: ['echo ok > .env'], verify: ['test -f .env'] } },
+        agents: { builder: { provider: 'script', command: `echo "module.exports = 1;" > ${id}.js` } },
+        streams: [{ id: 'one', task: 'x' }],
+      });
+    const ready = async () => (await fs.readdir(path.join(repo, '.slipway/pool')).catch(() => [] as string[])).filter((n) => n.endsWith('.ready'));
+    expect((await run(spec('first'), repo, 'warm-first')).outcome).toBe('completed');
+    const deadline = Date.now() + 60_000;
+    while ((await ready()).length < 2 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+    const entries = await ready();
+    expect(entries).toHaveLength(2);
+    // The second objective starts at the same base: its merger and stream take those two entries.
+    const second = await run(spec('second'), repo, 'warm-second');
+    expect(second.outcome).toBe('completed');
+    // (A refill may finish between the two claims, so the stream may take a new entry.)
+    expect((await ready()).filter((e) => entries.includes(e)).length).toBeLessThan(2);
+    for (const branch of [integrationBranch('warm-second'), 'slipway/warm-second/one']) {
+      expect(gitIn(repo, 'reflog', 'show', '--format=%gs', branch).split('\n').pop()).toMatch(/^branch: Created from [0-9a-f]{40} \(warm pool\)$/);
+    }
+    expect(pictureCheckout(repo)).toEqual(before);
+  });
+});
