@@ -101,7 +101,7 @@ describe('rediscovery after a worker is killed', () => {
         agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
         streams: [{ id: 'a', task: 'a' }, { id: 'b', task: 'b' }],
       },
-      { a: [{ files: helperFiles('a'), sleep_ms: 6000 }], b: [{ files: helperFiles('b'), sleep_ms: 6000 }] },
+      { a: [{ files: helperFiles('a'), sleep_ms: 12_000 }], b: [{ files: helperFiles('b'), sleep_ms: 12_000 }] },
     );
     const client = new Client({ connection: await Connection.connect({ address: inject('temporalAddress') }) });
     workers.push(await startWorkerProcess(env));
