@@ -112,8 +112,23 @@ export interface WorktreeEntry {
   prunable: boolean;
 }
 
+/**
+ * `git worktree list` can fail while a concurrent `git worktree add` is half way (its admin folder
+ * exists, its `gitdir` file not yet): that is transient, so try again briefly.
+ */
+async function worktreeListOutput(repository: string): Promise<string> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await git(repository, ['worktree', 'list', '--porcelain']);
+    } catch (e) {
+      if (attempt >= 5 || !(e instanceof GitError) || !/\/worktrees\/[^/]+\/(gitdir|HEAD)/.test(e.stderr)) throw e;
+      await new Promise((r) => setTimeout(r, 50 * attempt));
+    }
+  }
+}
+
 export async function listWorktrees(repository: string): Promise<WorktreeEntry[]> {
-  const out = await git(repository, ['worktree', 'list', '--porcelain']);
+  const out = await worktreeListOutput(repository);
   const entries: WorktreeEntry[] = [];
   let current: Partial<WorktreeEntry> | undefined;
   for (const line of out.split('\n')) {

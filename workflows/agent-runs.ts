@@ -17,10 +17,11 @@
  * The caller keeps the loop's state across a re-entry of the step: after a rate-limit wait (the
  * activity throws `provider_rate_limit` out of this loop) the step continues at the same run.
  */
-import { ActivityFailure, ApplicationFailure, ChildWorkflowFailure, sleep } from '@temporalio/workflow';
+import { ApplicationFailure, sleep } from '@temporalio/workflow';
 import type { AgentRunInput, AgentRunResult } from '../activities';
 import type { AgentRunRecord } from '../core/types';
 import { agentActivities, type RetrySpec } from './activity-options';
+import { rootCause } from './failure-info';
 
 export interface AgentLoopState {
   /** The next run's place in the loop (1-based). */
@@ -101,11 +102,6 @@ export async function runAgentLoop({ input, step, retry, state, onRun }: AgentLo
 /** Wait when a rate limit gives no reset time (the stream interpreter uses the same). */
 const DEFAULT_RATE_LIMIT_WAIT_MS = 60_000;
 
-function rootCause(err: unknown): unknown {
-  let cause: unknown = err;
-  while ((cause instanceof ActivityFailure || cause instanceof ChildWorkflowFailure) && cause.cause) cause = cause.cause;
-  return cause;
-}
 
 /**
  * Runs `attempt`, sitting out `provider_rate_limit` failures on a durable timer until the

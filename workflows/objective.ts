@@ -39,7 +39,8 @@ import { gateActivities, gitActivities } from './activity-options';
 import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
 import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
-import { failureKindOf, failureMessage, MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
+import { failureKindOf, failureMessage } from './failure-info';
+import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
 /** Feed lines after `afterSeq` (for `slipway watch`), and whether the objective is done. */

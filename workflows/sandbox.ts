@@ -18,6 +18,7 @@ import { SlipwayKind, SlipwayObjective, SlipwaySandboxState } from '../core/sear
 import type { SandboxState } from '../core/states';
 import type { SandboxInfo, SandboxInput, SandboxResult } from '../core/types';
 import { gitActivities } from './activity-options';
+import { failureMessage } from './failure-info';
 
 /** Sent by the sandbox to its owner once it is ready. */
 export const sandboxReadySignal = defineSignal<[SandboxInfo]>('sandboxReady');
@@ -50,7 +51,7 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   try {
     info = await acts.createSandbox(input);
   } catch (e) {
-    error = e instanceof Error ? e.message : String(e);
+    error = failureMessage(e);
     enter('failed', `provisioning failed: ${error}`);
     log.warn('sandbox provisioning failed', { sandboxId: input.sandboxId, error });
     return { sandboxId: input.sandboxId, state: 'failed', error };

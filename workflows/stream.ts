@@ -6,10 +6,8 @@
  * append-only recovery ledger.
  */
 import {
-  ActivityFailure,
   ApplicationFailure,
   CancellationScope,
-  ChildWorkflowFailure,
   ParentClosePolicy,
   condition,
   defineQuery,
@@ -25,7 +23,7 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { Step } from '../blueprints/schema';
-import { FAILURE_KINDS, FIX_LOOP_KINDS, isFailureKind, type FailureKind } from '../core/failures';
+import { FAILURE_KINDS, FIX_LOOP_KINDS, type FailureKind } from '../core/failures';
 import { mailboxName, sandboxWorkflowId, streamBranch, streamSandboxId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
 import type { LedgerResult, StreamPhase } from '../core/states';
@@ -49,6 +47,7 @@ import type { AgentRunResult } from '../activities';
 import { gateActivities, gitActivities } from './activity-options';
 import { newAgentLoop, runAgentLoop, type AgentLoopState } from './agent-runs';
 import { actingRole, exhaustionMode, firstStepWithRole, fixLimit, nextStep, retryAttempts, retryFor, startStep, stepById } from './blueprint-walker';
+import { failureKindOf, failureMessage, rootCause } from './failure-info';
 import { releaseSandboxSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 
 /** Sent by a stream to its objective when its work passed gates and review. */
@@ -65,23 +64,7 @@ export const streamStatusQuery = defineQuery<StreamStatus>('streamStatus');
 export const MAX_RATE_LIMIT_WAITS = 10;
 const DEFAULT_RATE_LIMIT_WAIT_MS = 60_000;
 
-/** Reads the failure kind off an activity or child failure. */
-export function failureKindOf(err: unknown): FailureKind {
-  const cause = rootCause(err);
-  if (cause instanceof ApplicationFailure && isFailureKind(cause.type)) return cause.type;
-  return 'unknown';
-}
-
-export function failureMessage(err: unknown): string {
-  const cause = rootCause(err);
-  return cause instanceof Error ? cause.message : String(cause);
-}
-
-function rootCause(err: unknown): unknown {
-  let cause: unknown = err;
-  while ((cause instanceof ActivityFailure || cause instanceof ChildWorkflowFailure) && cause.cause) cause = cause.cause;
-  return cause;
-}
+export { failureKindOf, failureMessage } from './failure-info';
 
 interface StepFailure {
   kind: FailureKind;

@@ -1,0 +1,21 @@
+/** Reading a failure kind and message off activity and child-workflow failures. Workflow-safe. */
+import { ActivityFailure, ApplicationFailure, ChildWorkflowFailure } from '@temporalio/workflow';
+import { isFailureKind, type FailureKind } from '../core/failures';
+
+/** The innermost cause below activity and child-workflow wrappers. */
+export function rootCause(err: unknown): unknown {
+  let cause: unknown = err;
+  while ((cause instanceof ActivityFailure || cause instanceof ChildWorkflowFailure) && cause.cause) cause = cause.cause;
+  return cause;
+}
+
+export function failureKindOf(err: unknown): FailureKind {
+  const cause = rootCause(err);
+  if (cause instanceof ApplicationFailure && isFailureKind(cause.type)) return cause.type;
+  return 'unknown';
+}
+
+export function failureMessage(err: unknown): string {
+  const cause = rootCause(err);
+  return cause instanceof Error ? cause.message : String(cause);
+}
