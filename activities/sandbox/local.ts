@@ -199,16 +199,7 @@ export class LocalSandboxProvider implements SandboxProvider {
       branchExists(repo, req.branch),
       copyIgnored || setup || poolSize > 0 ? this.sourceFor(repo, baseCommit, { setup, copyIgnored }) : undefined,
     ]);
-    const poolSpec = (src: Source): PoolSpec => ({
-      baseCommit,
-      fingerprint: src.fingerprint,
-      source: src.dir,
-      ...(src.template ? { template: src.template.id } : {}),
-      copyIgnored,
-      ...(setup ? { setup } : {}),
-      ...(confinement ? { confinement } : {}),
-      ...(this.copyMethod ? { copyMethod: this.copyMethod } : {}),
-    });
+    const poolSpec = (src: Source): PoolSpec => poolSpecFor(baseCommit, src, { copyIgnored, setup, confinement, copyMethod: this.copyMethod });
 
     // 1. The warm pool: a ready worktree at this base, moved into place and put on the branch.
     if (poolSize > 0 && source && !branchExisted) {
@@ -309,16 +300,7 @@ export class LocalSandboxProvider implements SandboxProvider {
     const confinement = combineConfinement(this.confinement, req.confinement);
     return fillPool(
       repo,
-      {
-        baseCommit,
-        fingerprint: source.fingerprint,
-        source: source.dir,
-        ...(source.template ? { template: source.template.id } : {}),
-        copyIgnored,
-        ...(setup ? { setup } : {}),
-        ...(confinement ? { confinement } : {}),
-        ...(this.copyMethod ? { copyMethod: this.copyMethod } : {}),
-      },
+      poolSpecFor(baseCommit, source, { copyIgnored, setup, confinement, copyMethod: this.copyMethod }),
       req.size,
       { signal: req.signal },
     );
@@ -484,4 +466,22 @@ async function clearHalfMade(repo: string, root: string): Promise<void> {
     await fs.rm(root, { recursive: true, force: true });
   }
   await git(repo, ['worktree', 'prune']);
+}
+
+/** What a pool entry is made of, and must still match to be claimed. */
+function poolSpecFor(
+  baseCommit: string,
+  src: Source,
+  opts: { copyIgnored: boolean; setup?: PoolSpec['setup']; confinement?: PoolSpec['confinement']; copyMethod?: PoolSpec['copyMethod'] },
+): PoolSpec {
+  return {
+    baseCommit,
+    fingerprint: src.fingerprint,
+    source: src.dir,
+    ...(src.template ? { template: src.template.id } : {}),
+    copyIgnored: opts.copyIgnored,
+    ...(opts.setup ? { setup: opts.setup } : {}),
+    ...(opts.confinement ? { confinement: opts.confinement } : {}),
+    ...(opts.copyMethod ? { copyMethod: opts.copyMethod } : {}),
+  };
 }
