@@ -24,7 +24,7 @@ async function realpathOrSelf(p: string): Promise<string> {
 
 export async function execInWorktree(target: ExecTarget, req: ExecRequest): Promise<RunResult> {
   const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
-  const env: NodeJS.ProcessEnv = { ...process.env, ...req.env };
+  const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
   const common = {
     cwd,
     stdin: req.stdin,

@@ -80,6 +80,11 @@ export interface ExecRequest {
   /** Working directory relative to the sandbox root. */
   cwd?: string;
   env?: Record<string, string>;
+  /**
+   * False: the command sees only `env` (plus PWD), never the worker's environment; values travel
+   * in the process environment, never in argv. Default true (agents need PATH, HOME, credentials).
+   */
+  inheritEnv?: boolean;
   stdin?: string;
   timeoutMs?: number;
   signal?: AbortSignal;
