@@ -3,6 +3,8 @@
  * and kills the whole group on timeout or cancellation (agents and gates spawn children).
  */
 import { spawn } from 'node:child_process';
+import { realpathSync } from 'node:fs';
+import path from 'node:path';
 
 export interface RunOptions {
   /** Executable, or a shell command line when `shell` is true. */
@@ -111,6 +113,33 @@ export function killProcessGroup(pid: number | undefined, signal: NodeJS.Signals
   }
 }
 
+/**
+ * Variables that describe where the *worker* was started, not where the child runs. Tools trust
+ * them over their real cwd (OpenCode takes its working directory from `$PWD`; npm scripts use
+ * `INIT_CWD` and `npm_config_local_prefix`), so an inherited value sends a sandboxed agent's
+ * writes into the user's checkout.
+ */
+const LAUNCH_LOCATION_VARS = /^(OLDPWD|INIT_CWD|npm_config_local_prefix|npm_package_json|npm_package_.+|npm_lifecycle_.+)$/;
+
+/**
+ * The environment a child really gets: `env` (default: the worker's) without the launch-location
+ * variables above, and `PWD` set to the child's own cwd (its real path, as a shell would set it).
+ */
+export function childEnv(cwd: string, env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
+  const out: NodeJS.ProcessEnv = {};
+  for (const [name, value] of Object.entries(env)) {
+    if (value !== undefined && !LAUNCH_LOCATION_VARS.test(name)) out[name] = value;
+  }
+  let real: string;
+  try {
+    real = realpathSync(cwd);
+  } catch {
+    real = path.resolve(cwd); // spawn reports the missing cwd itself
+  }
+  out.PWD = real;
+  return out;
+}
+
 export function runProcess(opts: RunOptions): Promise<RunResult> {
   const started = Date.now();
   return new Promise<RunResult>((resolve, reject) => {
@@ -120,7 +149,7 @@ export function runProcess(opts: RunOptions): Promise<RunResult> {
     }
     const child = spawn(opts.command, opts.args ?? [], {
       cwd: opts.cwd,
-      env: opts.env ?? process.env,
+      env: childEnv(opts.cwd, opts.env ?? process.env),
       shell: opts.shell ? '/bin/sh' : false,
       detached: true, // own process group, so we can kill the whole tree
       stdio: ['pipe', 'pipe', 'pipe'],

@@ -1,0 +1,124 @@
+/**
+ * Children get a true PWD: every process Slipway spawns sees `PWD` equal to its own (real) cwd and
+ * no `OLDPWD`/`INIT_CWD`, whatever the worker's own environment says. OpenCode takes its working
+ * directory from `$PWD`, so an inherited PWD pointing at the user's checkout sent its writes there.
+ *
+ * The probe is node, not a shell: /bin/sh repairs a wrong PWD at start-up and would hide the bug.
+ */
+import { mkdirSync, readFileSync, realpathSync, symlinkSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { MockActivityEnvironment } from '@temporalio/testing';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { AgentSchema, type AgentProviderKind } from '../core/objective-schema';
+import { createAgentActivities, type AgentRunInput } from '../activities/agents/run-agent';
+import { childEnv, runProcess } from '../activities/process';
+import { LocalSandboxProvider } from '../activities/sandbox/local';
+import { gitIn, tempDir } from './helpers/repo';
+
+const PROBE_SOURCE = `
+const fs = require('node:fs');
+const out = process.env.PROBE_OUT || require('node:path').join(process.env.SLIPWAY_OBJECTIVE_DIR, 'probe-' + (process.env.PROBE_NAME || 'x') + '.json');
+fs.writeFileSync(out, JSON.stringify({ PWD: process.env.PWD ?? null, OLDPWD: process.env.OLDPWD ?? null, INIT_CWD: process.env.INIT_CWD ?? null, cwd: process.cwd() }));
+`;
+
+let saved: Record<string, string | undefined>;
+let elsewhere: string;
+let probe: string;
+
+beforeEach(() => {
+  // The worker was started somewhere else entirely (the user's checkout, in the bug report).
+  elsewhere = tempDir('slipway-user-checkout-');
+  saved = { PWD: process.env.PWD, OLDPWD: process.env.OLDPWD, INIT_CWD: process.env.INIT_CWD };
+  process.env.PWD = elsewhere;
+  process.env.OLDPWD = elsewhere;
+  process.env.INIT_CWD = elsewhere;
+  probe = path.join(tempDir('slipway-probe-'), 'probe.cjs');
+  writeFileSync(probe, PROBE_SOURCE);
+});
+afterEach(() => {
+  for (const [k, v] of Object.entries(saved)) {
+    if (v === undefined) delete process.env[k];
+    else process.env[k] = v;
+  }
+});
+
+type Seen = { PWD: string | null; OLDPWD: string | null; INIT_CWD: string | null; cwd: string };
+
+describe('runProcess', () => {
+  it('gives the child PWD = its real cwd and drops OLDPWD and INIT_CWD, with the inherited environment', async () => {
+    const sandbox = tempDir('slipway-sandbox-');
+    const out = path.join(sandbox, 'seen.json');
+    const run = await runProcess({ command: process.execPath, args: [probe], cwd: sandbox, env: { ...process.env, PROBE_OUT: out } });
+    expect(run.exitCode).toBe(0);
+    const seen = JSON.parse(readFileSync(out, 'utf8')) as Seen;
+    expect(seen.PWD).toBe(realpathSync(sandbox));
+    expect(seen.PWD).toBe(seen.cwd);
+    expect(seen.OLDPWD).toBeNull();
+    expect(seen.INIT_CWD).toBeNull();
+  });
+
+  it('also when no env is given (the worker environment is the default) and for shell commands', async () => {
+    const sandbox = tempDir('slipway-sandbox-');
+    const out = path.join(sandbox, 'seen.json');
+    process.env.PROBE_OUT = out;
+    try {
+      const run = await runProcess({ command: `"${process.execPath}" "${probe}"`, shell: true, cwd: sandbox });
+      expect(run.exitCode).toBe(0);
+    } finally {
+      delete process.env.PROBE_OUT;
+    }
+    const seen = JSON.parse(readFileSync(out, 'utf8')) as Seen;
+    expect(seen.PWD).toBe(realpathSync(sandbox));
+    expect(seen.OLDPWD).toBeNull();
+  });
+
+  it('resolves a cwd reached through a symlink to its real path', async () => {
+    const real = tempDir('slipway-real-');
+    const link = path.join(tempDir('slipway-link-'), 'via-link');
+    symlinkSync(real, link);
+    const out = path.join(real, 'seen.json');
+    await runProcess({ command: process.execPath, args: [probe], cwd: link, env: { PROBE_OUT: out } });
+    expect((JSON.parse(readFileSync(out, 'utf8')) as Seen).PWD).toBe(realpathSync(real));
+  });
+
+  it('childEnv keeps everything else and does not touch the given object', () => {
+    const given = { PWD: '/x', OLDPWD: '/y', npm_config_local_prefix: '/x', npm_package_json: '/x/package.json', npm_config_registry: 'https://r', KEEP: 'me' };
+    const env = childEnv('/', given);
+    expect(env).toEqual({ PWD: '/', npm_config_registry: 'https://r', KEEP: 'me' });
+    expect(given.PWD).toBe('/x');
+  });
+});
+
+describe('agent runs (every provider goes through the sandbox exec path)', () => {
+  const PROVIDERS: AgentProviderKind[] = ['script', 'claude-code', 'codex', 'opencode', 'pi'];
+
+  it.each(PROVIDERS)('%s: the agent process sees PWD = its sandbox', async (provider) => {
+    const repo = tempDir('slipway-repo-');
+    gitIn(repo, 'init', '-q', '-b', 'main');
+    const sandbox = path.join(repo, 'wt');
+    mkdirSync(sandbox);
+    const objectiveDir = tempDir('slipway-objective-');
+    // A provider's command line is `command` plus the provider's own flags; the probe ignores them.
+    const command = provider === 'script' ? `PROBE_NAME=${provider} "${process.execPath}" "${probe}"` : `${process.execPath} ${probe}`;
+    const spec = AgentSchema.parse({ provider, command, completion_grace_seconds: 1 });
+    const input: AgentRunInput = {
+      role: 'builder',
+      spec,
+      sandboxPath: sandbox,
+      repository: repo,
+      objectiveDir,
+      objective: { id: 'o', text: 'objective' },
+      stream: { id: 's', task: 'task', branch: 'slipway/o/s' },
+      targetBranch: 'slipway/o/integration',
+      iteration: 1,
+    };
+    const activities = createAgentActivities({ sandboxes: new LocalSandboxProvider() });
+    const result = await new MockActivityEnvironment().run(activities.runAgent, input);
+    expect(result.exitCode).toBe(0);
+    const file = path.join(objectiveDir, `probe-${provider === 'script' ? 'script' : 'x'}.json`);
+    const seen = JSON.parse(readFileSync(file, 'utf8')) as Seen;
+    expect(seen.PWD).toBe(realpathSync(sandbox));
+    expect(seen.PWD).not.toBe(elsewhere);
+    expect(seen.OLDPWD).toBeNull();
+  });
+});
