@@ -113,7 +113,7 @@ describe('agent runs (every provider goes through the sandbox exec path)', () =>
       iteration: 1,
     };
     const activities = createAgentActivities({ sandboxes: new LocalSandboxProvider() });
-    const result = await new MockActivityEnvironment().run(activities.runAgent, input);
+    const result = (await new MockActivityEnvironment().run(activities.runAgent, input)) as Awaited<ReturnType<typeof activities.runAgent>>;
     expect(result.exitCode).toBe(0);
     const file = path.join(objectiveDir, `probe-${provider === 'script' ? 'script' : 'x'}.json`);
     const seen = JSON.parse(readFileSync(file, 'utf8')) as Seen;
