@@ -210,18 +210,18 @@ describe('prompt templates', () => {
     const t = parseTemplate('Hi {{ NAME }}!\n!`echo {{TASK}}` and {{TASK}}');
     expect(templateKeys(t)).toEqual([
       { key: 'NAME', line: 1, column: 4 },
-      { key: 'TASK', line: 2, column: 8 },
+      { key: 'TASK', context: 'plain', line: 2, column: 8 },
       { key: 'TASK', line: 2, column: 22 },
     ]);
   });
 
-  it('renders in one pass: values and command output are never expanded again; values in commands are shell-quoted', async () => {
+  it('renders in one pass: values and command output are never expanded again; values reach commands as variables', async () => {
     const commands: string[] = [];
-    const out = await renderTemplate(parseTemplate('{{NAME}}: {{TASK}} | {{GATE_OUTPUT}} | !`printf %s {{TASK}}`'), values, async (command) => {
+    const out = await renderTemplate(parseTemplate('{{NAME}}: {{TASK}} | {{GATE_OUTPUT}} | !`printf %s {{TASK}}`'), values, async (command, _at, env) => {
       commands.push(command);
-      return execFileSync('/bin/sh', ['-c', command], { encoding: 'utf8' }) + '\n\n';
+      return execFileSync('/bin/sh', ['-c', command], { encoding: 'utf8', env: { ...process.env, ...env } }) + '\n\n';
     });
-    expect(commands).toEqual([`printf %s 'it'\\''s $(rm -rf /) \`x\` {{GATE_OUTPUT}}'`]);
+    expect(commands).toEqual(['printf %s "${SLIPWAY_ARG_TASK}"']);
     expect(out).toBe("Ada: it's $(rm -rf /) `x` {{GATE_OUTPUT}} | gate said !`touch pwned` | it's $(rm -rf /) `x` {{GATE_OUTPUT}}");
   });
 

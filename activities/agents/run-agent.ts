@@ -136,10 +136,11 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         const values: Record<string, string> = { ...spec.args, ...builtinValues(ctx) };
         try {
           // Expansions may take a while (up to a minute each): heartbeat meanwhile.
-          prompt = await withHeartbeat(() => renderTemplate(template, values, async (command, at) => {
+          prompt = await withHeartbeat(() => renderTemplate(template, values, async (command, at, argEnv) => {
+            // Values reach the command only as environment variables it references (template.ts).
             const run = await sandboxes.exec(
               { root: input.sandboxPath },
-              { command, shell: true, env, timeoutMs: EXPANSION_TIMEOUT_MS, signal: cancelSignal, maxCaptureBytes: EXPANSION_MAX_BYTES },
+              { command, shell: true, env: { ...env, ...argEnv }, timeoutMs: EXPANSION_TIMEOUT_MS, signal: cancelSignal, maxCaptureBytes: EXPANSION_MAX_BYTES },
             );
             const where = `${source}:${at.line}:${at.column}: !\`${command}\``;
             if (run.cancelled) throw new TemplateError(`${where} was cancelled`);

@@ -5,7 +5,12 @@
  *   error found when the objective is loaded (config/agent-config.ts), before anything starts.
  * - Expansions are shell commands run inside the sandbox (cwd = sandbox root) before each agent
  *   run; their output (trailing newlines trimmed) takes their place. A `{{KEY}}` inside a command
- *   is replaced by the value quoted for the shell, so no value can inject a command.
+ *   never puts the value into the command text: it becomes a reference to an environment variable
+ *   (`SLIPWAY_ARG_<KEY>`) handed to that command, `"${SLIPWAY_ARG_KEY}"` unquoted and
+ *   `${SLIPWAY_ARG_KEY}` inside double quotes. The shell expands a variable once and never parses
+ *   the result as syntax, so no value (task text, planner output, gate output, review findings)
+ *   can run a command. Inside single quotes (or `$'...'`, or arithmetic `$((...))`) a reference
+ *   would not expand or would be evaluated, so such a key is rejected when the objective loads.
  * - One pass over the template: values and command output are inserted as they are, never scanned
  *   again. Gate output or reviewer findings that happen to contain `{{X}}` or `` !`rm -rf .` ``
  *   stay text.
@@ -42,7 +47,15 @@ export interface TemplatePosition {
   column: number;
 }
 
-type Piece = { kind: 'text'; text: string } | ({ kind: 'key'; key: string } & TemplatePosition);
+/**
+ * Where a `{{KEY}}` stands inside a command, in shell terms: `plain` (unquoted, also inside
+ * `$(...)` or `${...}`), `double` (inside "..."), or, where no value can be passed safely:
+ * `literal` (inside '...' or $'...') and `escaped` (right after a backslash), where no reference
+ * expands, and `arithmetic` (inside $((...)), where the shell would evaluate the value).
+ */
+export type ShellContext = 'plain' | 'double' | 'literal' | 'escaped' | 'arithmetic';
+
+type Piece = { kind: 'text'; text: string } | ({ kind: 'key'; key: string; context?: ShellContext } & TemplatePosition);
 type Part = Piece | ({ kind: 'command'; pieces: Piece[]; source: string } & TemplatePosition);
 
 export interface ParsedTemplate {
@@ -64,14 +77,97 @@ function positionAt(text: string, offset: number): TemplatePosition {
 
 function pieces(text: string, base: number, whole: string): Piece[] {
   const out: Piece[] = [];
+  const lexer = new ShellLexer();
   let last = 0;
   for (const m of text.matchAll(KEY)) {
-    if (m.index > last) out.push({ kind: 'text', text: text.slice(last, m.index) });
-    out.push({ kind: 'key', key: m[1], ...positionAt(whole, base + m.index) });
+    if (m.index > last) {
+      out.push({ kind: 'text', text: text.slice(last, m.index) });
+      lexer.feed(text.slice(last, m.index));
+    }
+    out.push({ kind: 'key', key: m[1], context: lexer.context(), ...positionAt(whole, base + m.index) });
+    // The reference that replaces the key is one complete word part: the quoting state is unchanged.
     last = m.index + m[0].length;
   }
   if (last < text.length) out.push({ kind: 'text', text: text.slice(last) });
   return out;
+}
+
+type Frame = 'top' | 'subshell' | 'paren' | 'param' | 'double' | 'single' | 'arithmetic';
+
+/**
+ * Just enough of the POSIX shell grammar to know the quoting context at a point of a one-line
+ * command: quotes, backslashes, `$(...)`, `${...}`, `$((...))` and parentheses. Commands cannot
+ * hold backticks or newlines (the `` !`...` `` syntax ends at either), so there are no
+ * backquoted substitutions and no here-documents to follow.
+ */
+class ShellLexer {
+  private stack: Frame[] = ['top'];
+  private escaped = false;
+
+  private get top(): Frame {
+    return this.stack[this.stack.length - 1];
+  }
+
+  feed(text: string): void {
+    for (let i = 0; i < text.length; i++) {
+      const c = text[i];
+      const next = text[i + 1];
+      const frame = this.top;
+      if (this.escaped) {
+        this.escaped = false;
+        continue;
+      }
+      if (frame === 'single') {
+        if (c === "'") this.stack.pop();
+        continue;
+      }
+      if (c === '\\') {
+        this.escaped = true;
+        continue;
+      }
+      if (c === '$' && next === '(' && text[i + 2] === '(') {
+        this.stack.push('arithmetic');
+        i += 2;
+      } else if (c === '$' && next === '(') {
+        this.stack.push('subshell');
+        i += 1;
+      } else if (c === '$' && next === '{') {
+        this.stack.push('param');
+        i += 1;
+      } else if (c === '$' && next === "'" && frame !== 'double') {
+        this.stack.push('single'); // $'...' (bash): literal for our purposes
+        i += 1;
+      } else if (frame === 'double') {
+        if (c === '"') this.stack.pop();
+      } else if (c === "'") {
+        this.stack.push('single');
+      } else if (c === '"') {
+        this.stack.push('double');
+      } else if (c === '(') {
+        this.stack.push('paren');
+      } else if (c === ')') {
+        if (frame === 'arithmetic' && next === ')') {
+          this.stack.pop();
+          i += 1;
+        } else if (frame === 'paren' || frame === 'subshell') this.stack.pop();
+      } else if (c === '}' && frame === 'param') {
+        this.stack.pop();
+      }
+    }
+  }
+
+  context(): ShellContext {
+    // A key right after a backslash would lose the reference's `$`.
+    if (this.escaped) return 'escaped';
+    for (let i = this.stack.length - 1; i >= 0; i--) {
+      const frame = this.stack[i];
+      if (frame === 'single') return 'literal';
+      if (frame === 'arithmetic') return 'arithmetic';
+      if (frame === 'double') return 'double';
+      if (frame !== 'param') return 'plain';
+    }
+    return 'plain';
+  }
 }
 
 export function parseTemplate(text: string): ParsedTemplate {
@@ -88,14 +184,31 @@ export function parseTemplate(text: string): ParsedTemplate {
   return { parts };
 }
 
-/** Every `{{KEY}}` of the template (also inside commands), in order, with its position. */
-export function templateKeys(template: ParsedTemplate): Array<{ key: string } & TemplatePosition> {
-  const keys: Array<{ key: string } & TemplatePosition> = [];
+/** Every `{{KEY}}` of the template (also inside commands, with their shell context), in order, with its position. */
+export function templateKeys(template: ParsedTemplate): Array<{ key: string; context?: ShellContext } & TemplatePosition> {
+  const keys: Array<{ key: string; context?: ShellContext } & TemplatePosition> = [];
   for (const part of template.parts) {
     if (part.kind === 'key') keys.push({ key: part.key, line: part.line, column: part.column });
-    else if (part.kind === 'command') for (const p of part.pieces) if (p.kind === 'key') keys.push({ key: p.key, line: p.line, column: p.column });
+    else if (part.kind === 'command') {
+      for (const p of part.pieces) if (p.kind === 'key') keys.push({ key: p.key, context: p.context, line: p.line, column: p.column });
+    }
   }
   return keys;
+}
+
+/** The environment variable that carries `{{KEY}}`'s value into a `` !`command` ``. */
+export function templateArgVariable(key: string): string {
+  return `SLIPWAY_ARG_${key}`;
+}
+
+/** Why a key cannot stand where it is in a command, or undefined when it can. */
+function contextProblem(key: string, context: ShellContext | undefined): string | undefined {
+  if (context === 'literal') {
+    return `{{${key}}} is inside single quotes in a !\`command\`, where its value cannot be passed safely; use double quotes ("{{${key}}}") or none: the value arrives as one word either way`;
+  }
+  if (context === 'escaped') return `{{${key}}} follows a backslash in a !\`command\`, where its value cannot be passed; remove the backslash`;
+  if (context === 'arithmetic') return `{{${key}}} is inside $((...)) in a !\`command\`, where the shell would evaluate its value; pass it as a plain argument instead`;
+  return undefined;
 }
 
 /** Every `` !`command` `` of the template, with its position. */
@@ -119,6 +232,8 @@ export function checkTemplate(text: string, args: Record<string, string>): { pro
   const used = new Set<string>();
   for (const k of templateKeys(template)) {
     used.add(k.key);
+    const misplaced = contextProblem(k.key, k.context);
+    if (misplaced) problems.push({ line: k.line, column: k.column, message: misplaced });
     if (!known.has(k.key)) {
       const near = [...known].find((candidate) => candidate.toLowerCase() === k.key.toLowerCase());
       problems.push({
@@ -135,21 +250,22 @@ export function checkTemplate(text: string, args: Record<string, string>): { pro
   return { problems, unusedArgs };
 }
 
-/** Single quotes for /bin/sh: the value stays one word, nothing in it is interpreted. */
-export function shellQuote(value: string): string {
-  return `'${value.replace(/'/g, `'\\''`)}'`;
-}
-
 export class TemplateError extends Error {}
+
+/** NUL cannot travel in an environment variable (and means nothing in a prompt). */
+const NUL = new RegExp(String.fromCharCode(0), 'g');
 
 /**
  * Renders a template: keys from `values`, commands through `runCommand` (which returns the
- * command's output or throws). A key without a value throws (the loader should have caught it).
+ * command's output or throws). `runCommand` gets, beside the command text, the environment
+ * variables that carry the values of the keys the command references; it must pass them to the
+ * command. A key without a value throws (the loader should have caught it), and so does a key
+ * placed where it cannot be passed safely (single quotes, arithmetic).
  */
 export async function renderTemplate(
   template: ParsedTemplate,
   values: Record<string, string>,
-  runCommand: (command: string, at: TemplatePosition) => Promise<string>,
+  runCommand: (command: string, at: TemplatePosition, env: Record<string, string>) => Promise<string>,
 ): Promise<string> {
   const value = (key: string, at: TemplatePosition) => {
     if (!Object.hasOwn(values, key)) throw new TemplateError(`line ${at.line}: {{${key}}} has no value`);
@@ -160,8 +276,21 @@ export async function renderTemplate(
     if (part.kind === 'text') out += part.text;
     else if (part.kind === 'key') out += value(part.key, part);
     else {
-      const command = part.pieces.map((p) => (p.kind === 'text' ? p.text : shellQuote(value(p.key, p)))).join('');
-      out += (await runCommand(command, part)).replace(/\n+$/, '');
+      const env: Record<string, string> = {};
+      let command = '';
+      for (const p of part.pieces) {
+        if (p.kind === 'text') {
+          command += p.text;
+          continue;
+        }
+        const misplaced = contextProblem(p.key, p.context);
+        if (misplaced) throw new TemplateError(`line ${p.line}:${p.column}: ${misplaced}`);
+        const name = templateArgVariable(p.key);
+        env[name] = value(p.key, p).replace(NUL, '');
+        // Braces keep a following letter out of the name; quotes keep the value one word, unglobbed.
+        command += p.context === 'double' ? `\${${name}}` : `"\${${name}}"`;
+      }
+      out += (await runCommand(command, part, env)).replace(/\n+$/, '');
     }
   }
   return out;
