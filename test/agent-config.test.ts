@@ -252,7 +252,7 @@ describe('.slipway/.env', () => {
       lines('# comment', '', 'A=plain value # trailing comment', "export B='single # kept'", 'C="line1\\nline2 \\"q\\""', 'D="multi', 'line"', 'E=', 'F = spaced'),
       '.env',
     );
-    expect(env).toEqual({ A: 'plain value', B: 'single # kept', C: 'line1\nline2 "q"', D: 'multi\nline', E: '', F: 'spaced' });
+    expect(env).toEqual({ A: 'plain value', B: 'single # kept', C: 'line1\nline2 \\"q\\"', D: 'multi\nline', E: '', F: 'spaced' });
   });
 
   it('names the line of a malformed entry, never its content', () => {

@@ -6,12 +6,13 @@
  * logs or the ledger: error messages name the file and line, never a value, and everything the
  * activity returns is redacted with them (activities/redact.ts).
  *
- * Syntax (the common dotenv subset): `KEY=value`, optional `export `, `#` comments, blank lines,
- * 'single quoted' (literal), "double quoted" (\n \t \" \\ escapes, may span lines), and unquoted
- * values with a trailing ` # comment` removed.
+ * Parsed with dotenv (`KEY=value`, optional `export `, `#` comments, 'single', "double" (with `\n`,
+ * may span lines) and `backtick` quotes). dotenv skips lines it cannot read; we report them
+ * instead (a typo would otherwise silently drop a credential), naming the line, never its content.
  */
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
+import { parse as dotenvParse } from 'dotenv';
 import { SLIPWAY_DIR } from '../../core/ids';
 
 export const PROJECT_ENV_FILE = path.join(SLIPWAY_DIR, '.env');
@@ -19,53 +20,39 @@ export const PROJECT_ENV_FILE = path.join(SLIPWAY_DIR, '.env');
 export class ProjectEnvError extends Error {}
 
 const NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const ASSIGNMENT = /^(?:export\s+)?([^=\s]*)\s*=\s*(.*)$/;
+const QUOTES = ['"', "'", '`'];
 
-export function parseDotenv(text: string, file: string): Record<string, string> {
-  const env: Record<string, string> = {};
-  const lines = text.replace(/^\uFEFF/, '').split(/\r?\n/);
-  for (let i = 0; i < lines.length; i++) {
-    const lineNo = i + 1;
-    const line = lines[i].trim();
-    if (!line || line.startsWith('#')) continue;
-    const body = line.startsWith('export ') ? line.slice(7).trimStart() : line;
-    const eq = body.indexOf('=');
-    const name = eq === -1 ? body : body.slice(0, eq).trim();
-    if (eq === -1 || !NAME.test(name)) {
-      // Never quote the line: it may hold a secret.
-      throw new ProjectEnvError(`${file}:${lineNo}: expected NAME=value${NAME.test(name) ? '' : ' (NAME: letters, digits and "_")'}`);
-    }
-    let rest = body.slice(eq + 1).trimStart();
-    let value: string;
-    if (rest.startsWith("'")) {
-      const end = rest.indexOf("'", 1);
-      if (end === -1) throw new ProjectEnvError(`${file}:${lineNo}: ${name}: unterminated single quote`);
-      value = rest.slice(1, end);
-    } else if (rest.startsWith('"')) {
-      // A double-quoted value may continue on the following lines.
-      let raw = rest.slice(1);
-      let end = closingQuote(raw);
-      while (end === -1 && i + 1 < lines.length) {
-        raw += `\n${lines[++i]}`;
-        end = closingQuote(raw);
-      }
-      if (end === -1) throw new ProjectEnvError(`${file}:${lineNo}: ${name}: unterminated double quote`);
-      value = raw.slice(0, end).replace(/\\([nrt"\\$])/g, (_, c: string) => ({ n: '\n', r: '\r', t: '\t' })[c as 'n'] ?? c);
-    } else {
-      const comment = rest.search(/\s#/);
-      if (comment !== -1) rest = rest.slice(0, comment);
-      value = rest.trim();
-    }
-    env[name] = value;
-  }
-  return env;
-}
-
-function closingQuote(raw: string): number {
-  for (let j = 0; j < raw.length; j++) {
-    if (raw[j] === '\\') j++;
-    else if (raw[j] === '"') return j;
+/** Index of the first unescaped `quote` in `text`, or -1. */
+function closingQuote(text: string, quote: string): number {
+  for (let j = 0; j < text.length; j++) {
+    if (text[j] === '\\') j++;
+    else if (text[j] === quote) return j;
   }
   return -1;
+}
+
+export function parseDotenv(text: string, file: string): Record<string, string> {
+  const lines = text.replace(/^\uFEFF/, '').split(/\r?\n/);
+  let open: { quote: string; line: number; name: string } | undefined; // a quoted value spanning lines
+  for (let i = 0; i < lines.length; i++) {
+    const lineNo = i + 1;
+    if (open) {
+      if (closingQuote(lines[i], open.quote) !== -1) open = undefined;
+      continue;
+    }
+    const line = lines[i].trim();
+    if (!line || line.startsWith('#')) continue;
+    const m = ASSIGNMENT.exec(line);
+    if (!m || !NAME.test(m[1])) {
+      // Never quote the line: it may hold a secret.
+      throw new ProjectEnvError(`${file}:${lineNo}: expected NAME=value (NAME: letters, digits and "_")`);
+    }
+    const rest = m[2];
+    if (QUOTES.includes(rest[0]) && closingQuote(rest.slice(1), rest[0]) === -1) open = { quote: rest[0], line: lineNo, name: m[1] };
+  }
+  if (open) throw new ProjectEnvError(`${file}:${open.line}: ${open.name}: unterminated ${open.quote === "'" ? 'single' : open.quote === '"' ? 'double' : 'backtick'} quote`);
+  return dotenvParse(text);
 }
 
 /** `<repository>/.slipway/.env`, or nothing when the file does not exist. */

@@ -17,8 +17,9 @@
  * A reviewer's or planner's structured answer that does not validate is returned as
  * `outputError` (not thrown): the workflow decides whether to ask again.
  *
- * Everything returned or thrown is redacted: the worker's secret-looking environment values and
- * `.slipway/.env`'s values never reach workflow history.
+ * Everything returned or thrown is redacted with the one redaction set (activities/redact.ts): the
+ * worker's secret-looking environment values, tokens, and the values of the repository's
+ * `.slipway/.env`, `.env` and `.env.*` never reach workflow history.
  */
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
@@ -28,7 +29,7 @@ import { failure } from '../failures';
 import { commitIdentityEnv } from '../git';
 import { withHeartbeat } from '../heartbeat';
 import { tail } from '../process';
-import { redact, secretValuesWith } from '../redact';
+import { redact, secretsFor, secretValuesWith } from '../redact';
 import type { SandboxProvider } from '../sandbox/provider';
 import { readProjectEnv } from './credentials';
 import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionRequest, feedbackSection, type PromptContext } from './prompt';
@@ -103,7 +104,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       } catch (e) {
         throw failure('configuration_error', (e as Error).message);
       }
-      const secrets = secretValuesWith(projectEnv);
+      // One set: the worker's environment, tokens, and the repository's `.env` files (copy_ignored puts them in the sandbox).
+      const secrets = [...new Set([...secretValuesWith(projectEnv), ...(await secretsFor(input.repository))])].sort((a, b) => b.length - a.length);
 
       const ctx: PromptContext = {
         role,
