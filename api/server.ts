@@ -42,28 +42,78 @@ function parse<T extends z.ZodType>(schema: T, value: unknown, what: string): z.
   return r.data;
 }
 
-const sendError = (reply: FastifyReply, e: ApiError) =>
-  reply
+const errorBody = (e: ApiError) => ({ error: { code: e.code, message: e.message, ...(e.issues ? { issues: e.issues } : {}) } });
+
+const sendError = (reply: FastifyReply, e: ApiError) => {
+  if (e.retryAfterSeconds !== undefined) reply.header('retry-after', String(Math.max(1, Math.ceil(e.retryAfterSeconds))));
+  return reply
     .status(e.status)
     .header(e.status === 401 ? 'www-authenticate' : 'x-slipway-error', e.status === 401 ? 'Bearer' : e.code)
-    .send({ error: { code: e.code, message: e.message, ...(e.issues ? { issues: e.issues } : {}) } });
+    .send(errorBody(e));
+};
+
+/** Fastify's own error codes, in the API's words. */
+const FRAMEWORK_CODES: Record<string, string> = {
+  FST_ERR_CTP_INVALID_JSON_BODY: 'invalid_json',
+  FST_ERR_CTP_EMPTY_JSON_BODY: 'invalid_json',
+  FST_ERR_CTP_BODY_TOO_LARGE: 'too_large',
+  FST_ERR_CTP_INVALID_MEDIA_TYPE: 'unsupported_media_type',
+  FST_ERR_CTP_INVALID_CONTENT_LENGTH: 'bad_request',
+  FST_ERR_BAD_URL: 'invalid_url',
+};
+
+/** The URL as logged: query values replaced, so a token passed as `?token=` never reaches a log. */
+export function redactUrl(url: string): string {
+  const q = url.indexOf('?');
+  if (q < 0) return url;
+  const params = url
+    .slice(q + 1)
+    .split('&')
+    .filter(Boolean)
+    .map((pair) => `${pair.split('=')[0]}=[redacted]`);
+  return `${url.slice(0, q)}?${params.join('&')}`;
+}
 
 export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyInstance> {
   const { service } = opts;
+  const fileLimit = opts.fileLimitBytes ?? service.fileLimitBytes;
   const app = Fastify({
     loggerInstance: opts.logger as FastifyBaseLogger,
     // Exec bodies carry stdin; 16 MiB plus JSON overhead.
     bodyLimit: 20 * 1024 * 1024,
+    // File paths travel in the URL: long enough for PATH_MAX (longer ones are refused by name, not by the router).
+    maxParamLength: 8192,
+    // Requests are logged below, with query strings redacted.
+    disableRequestLogging: true,
+    // Errors fastify raises before routing (bad percent-encoding) use the API's error shape too.
+    frameworkErrors: (error, _req, reply) => {
+      const fe = error as { statusCode?: number; code?: string; message: string };
+      const status = fe.statusCode && fe.statusCode >= 400 && fe.statusCode < 500 ? fe.statusCode : 400;
+      return sendError(reply, new ApiError(status, FRAMEWORK_CODES[fe.code ?? ''] ?? 'bad_request', fe.message));
+    },
+  });
+
+  // Errors Node's HTTP parser raises (header or URL too large, malformed request): the same JSON shape.
+  app.server.removeAllListeners('clientError');
+  app.server.on('clientError', (err: NodeJS.ErrnoException, socket) => {
+    if (!socket.writable || (socket as unknown as { _httpMessage?: unknown })._httpMessage) return socket.destroy();
+    const status = err.code === 'HPE_HEADER_OVERFLOW' ? 431 : err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 408 : 400;
+    const code = status === 431 ? 'headers_too_large' : status === 408 ? 'request_timeout' : 'bad_request';
+    const body = JSON.stringify(errorBody(new ApiError(status, code, status === 431 ? 'the request line or headers are too large (a URL over 16 KiB?)' : 'malformed HTTP request')));
+    socket.end(`HTTP/1.1 ${status} ${status === 431 ? 'Request Header Fields Too Large' : status === 408 ? 'Request Timeout' : 'Bad Request'}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+  });
+
+  app.addHook('onResponse', async (req, reply) => {
+    req.log.info({ req: { method: req.method, url: redactUrl(req.url) }, res: { statusCode: reply.statusCode }, responseTime: Math.round(reply.elapsedTime) }, 'request completed');
   });
 
   app.setErrorHandler((error, req, reply) => {
     if (error instanceof ApiError) return sendError(reply, error);
     const fe = error as { statusCode?: number; code?: string; message: string };
     if (fe.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) {
-      const code = fe.code === 'FST_ERR_CTP_INVALID_JSON_BODY' || fe.code === 'FST_ERR_CTP_EMPTY_JSON_BODY' ? 'invalid_json' : fe.code === 'FST_ERR_CTP_BODY_TOO_LARGE' ? 'too_large' : fe.code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE' ? 'unsupported_media_type' : 'bad_request';
-      return sendError(reply, new ApiError(fe.statusCode, code, fe.message));
+      return sendError(reply, new ApiError(fe.statusCode, FRAMEWORK_CODES[fe.code ?? ''] ?? (fe.statusCode === 413 ? 'too_large' : 'bad_request'), fe.message));
     }
-    req.log.error({ err: error }, 'request failed');
+    req.log.error({ err: error, req: { method: req.method, url: redactUrl(req.url) } }, 'request failed');
     return sendError(reply, new ApiError(500, 'internal', 'internal error'));
   });
   app.setNotFoundHandler((req, reply) => sendError(reply, new ApiError(404, 'not_found', `no route ${req.method} ${req.url.split('?')[0]}`)));
@@ -102,15 +152,25 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
     api.delete<{ Params: { id: string } }>('/api/v1/sandboxes/:id', async (req, reply) => {
       return reply.status(202).send(await service.destroy(req.principal!, req.params.id));
     });
-    api.post<{ Params: { id: string } }>('/api/v1/sandboxes/:id/exec', async (req) => {
+    api.post<{ Params: { id: string } }>('/api/v1/sandboxes/:id/exec', async (req, reply) => {
       const body = parse(ExecBody, req.body, 'body');
-      return service.exec(req.principal!, req.params.id, body);
+      // A caller that goes away before the answer kills its command (with its process group).
+      const gone = new AbortController();
+      const onClose = () => {
+        if (!reply.raw.writableFinished) gone.abort();
+      };
+      reply.raw.once('close', onClose);
+      try {
+        return await service.exec(req.principal!, req.params.id, body, gone.signal);
+      } finally {
+        if (!gone.signal.aborted) reply.raw.off('close', onClose);
+      }
     });
 
     // Files: raw bytes in and out, whatever the content type says.
     await api.register(async (files) => {
       files.removeAllContentTypeParsers();
-      files.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: opts.fileLimitBytes ?? 64 * 1024 * 1024 }, (_req, body, done) => done(null, body));
+      files.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: fileLimit }, (_req, body, done) => done(null, body));
       type FileRoute = { Params: { id: string; '*': string } };
       const filePath = (req: FastifyRequest<FileRoute>) => {
         const p = req.params['*'];
@@ -118,8 +178,8 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
         return p;
       };
       files.get<FileRoute>('/api/v1/sandboxes/:id/files/*', async (req, reply) => {
-        const content = await service.readFile(req.principal!, req.params.id, filePath(req));
-        return reply.header('content-type', 'application/octet-stream').send(content);
+        const { size, stream } = await service.openFile(req.principal!, req.params.id, filePath(req));
+        return reply.header('content-type', 'application/octet-stream').header('content-length', String(size)).send(stream);
       });
       files.put<FileRoute>('/api/v1/sandboxes/:id/files/*', async (req, reply) => {
         const body = req.body;

@@ -6,7 +6,7 @@
  * tight exec loop costs a database round trip, not a workflow round trip. A call that finds
  * the sandbox suspended wakes it (a workflow update) before it is served.
  */
-import { existsSync } from 'node:fs';
+import { existsSync, promises as fs } from 'node:fs';
 import type { Client } from '@temporalio/client';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
 import type { Logger } from 'pino';
@@ -20,9 +20,19 @@ import {
 import type { SandboxState } from '../core/states';
 import type { Db } from '../activities/ledger/db';
 import * as ledger from '../activities/ledger/ledger';
-import { cleanEnvCommand, SANDBOX_BASE_ENV, type ProviderFor } from '../activities/service/providers';
+import { SANDBOX_BASE_ENV, type ProviderFor } from '../activities/service/providers';
 import type { ServiceMetrics } from '../activities/service/metrics';
-import { PathEscapeError } from '../activities/sandbox/paths';
+import { PathEscapeError, resolveInside } from '../activities/sandbox/paths';
+import {
+  checkRequestedPath,
+  deleteSandboxFile,
+  FileTooLargeError,
+  NotRegularFileError,
+  openSandboxFile,
+  RESERVED_NAMES,
+  writeSandboxFile,
+  type OpenedFile,
+} from '../activities/sandbox/file-io';
 import type { SandboxProvider } from '../activities/sandbox/provider';
 import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../workflows/service-sandbox';
 import type { CreateSandboxBody, ExecBody, SandboxView } from './schemas';
@@ -33,6 +43,8 @@ export class ApiError extends Error {
     readonly code: string,
     message: string,
     readonly issues?: Array<{ path: string; message: string }>,
+    /** Sent as Retry-After (429, 503). */
+    readonly retryAfterSeconds?: number,
   ) {
     super(message);
     this.name = 'ApiError';
@@ -47,7 +59,18 @@ export interface SandboxServiceDeps {
   providerFor: ProviderFor;
   logger: Logger;
   metrics?: ServiceMetrics;
+  /** Serve profiles with `confinement: none` (the operator's explicit opt-in; default false). */
+  allowUnconfined?: boolean;
+  /** Largest file the files API returns (bytes; default DEFAULT_FILE_LIMIT_BYTES). */
+  fileLimitBytes?: number;
+  /** Execs running at once per account (default DEFAULT_EXEC_CONCURRENCY); more get 429. */
+  execConcurrency?: number;
 }
+
+export const DEFAULT_FILE_LIMIT_BYTES = 64 * 1024 * 1024;
+export const DEFAULT_EXEC_CONCURRENCY = 8;
+/** The files API never touches git's or Slipway's state inside a sandbox (hooks, config, grants). */
+const FILES_API = { reservedNames: RESERVED_NAMES };
 
 export type Principal = ledger.Principal;
 
@@ -60,6 +83,7 @@ const LIVE_WAKE_STATES: SandboxState[] = ['suspending', 'suspended', 'restoring'
 export class SandboxService {
   private readonly profiles = new Map<string, ledger.ProfileRow>();
   private readonly authCache = new Map<string, { principal: Principal; until: number }>();
+  private readonly execsRunning = new Map<string, number>();
 
   constructor(private readonly deps: SandboxServiceDeps) {}
 
@@ -128,6 +152,7 @@ export class SandboxService {
     const { db, logger } = this.deps;
     const profile = await ledger.getProfileByName(db, principal.accountId, body.profile);
     if (!profile) throw new ApiError(422, 'unknown_profile', `no profile "${body.profile}" in this account`);
+    this.requireConfined(profile);
     const deadlineMinutes = body.deadline_minutes ?? profile.default_deadline_minutes;
     if (deadlineMinutes > profile.max_deadline_minutes) {
       throw new ApiError(422, 'deadline_too_long', `deadline_minutes may be at most ${profile.max_deadline_minutes} for profile "${profile.name}"`);
@@ -154,7 +179,7 @@ export class SandboxService {
       capAtMs: createdAtMs + policy.absoluteCapMs,
     });
     if (!outcome.ok) {
-      throw new ApiError(429, 'concurrency_limit', `this account may have ${outcome.limit} live sandbox${outcome.limit === 1 ? '' : 'es'} at once (${outcome.active} now); delete one first`);
+      throw new ApiError(429, 'concurrency_limit', `this account may have ${outcome.limit} live sandbox${outcome.limit === 1 ? '' : 'es'} at once (${outcome.active} now); delete one first`, undefined, 10);
     }
     const input: ServiceSandboxInput = { sandboxId: id, accountId: principal.accountId, policy, deadlineMs, createdAtMs, grants };
     try {
@@ -178,6 +203,14 @@ export class SandboxService {
     return this.view(outcome.sandbox);
   }
 
+  /** Unconfined tenants own the host: refused unless the operator started the server allowing them. */
+  private requireConfined(profile: ledger.ProfileRow): void {
+    if (profile.confinement === 'none' && !this.deps.allowUnconfined) {
+      const message = `profile "${profile.name}" has confinement "none", which this server refuses: its commands would run on the host; use a bubblewrap profile (the operator may allow unconfined profiles with \`slipway api --allow-unconfined\`)`;
+      throw new ApiError(422, 'unconfined_refused', message, [{ path: 'profile.confinement', message: 'must be "bubblewrap" on this server' }]);
+    }
+  }
+
   private async row(principal: Principal, id: string): Promise<ledger.SandboxRow> {
     const row = SANDBOX_ID_PATTERN.test(id) ? await ledger.getSandbox(this.deps.db, principal.accountId, id) : undefined;
     if (!row) throw new ApiError(404, 'not_found', `no sandbox ${id}`);
@@ -187,8 +220,12 @@ export class SandboxService {
   async get(principal: Principal, id: string, waitReadyMs = 0): Promise<SandboxView> {
     let row = await this.row(principal, id);
     const until = Date.now() + waitReadyMs;
+    // Backs off from 20 ms to 1 s between reads: a fast create is seen quickly, and 300 s of
+    // long-polling costs a few hundred queries, not tens of thousands.
+    let pause = 20;
     while (row.status === 'pending' && Date.now() < until) {
-      await new Promise((r) => setTimeout(r, 5));
+      await new Promise((r) => setTimeout(r, Math.min(pause, Math.max(1, until - Date.now()))));
+      pause = Math.min(pause * 2, 1000);
       row = await this.row(principal, id);
     }
     return this.view(row);
@@ -230,6 +267,8 @@ export class SandboxService {
       if (admitted.admitted) {
         const row = admitted.sandbox;
         const profile = await this.profile(row.profile_id);
+        // A sandbox made while unconfined profiles were allowed is not served once they are not.
+        this.requireConfined(profile);
         const policy = ledger.policyFromProfile(profile);
         // A call running longer than a third of the idle threshold keeps stamping, so a long
         // build is never suspended under itself; if this process dies, the stamps stop.
@@ -269,47 +308,95 @@ export class SandboxService {
     throw new ApiError(503, 'unavailable', `sandbox ${id} did not stay ready; try again`);
   }
 
-  async exec(principal: Principal, id: string, body: ExecBody) {
-    const { row, provider, release } = await this.admit(principal, id);
+  /** Per-account cap on execs running at once: one tenant cannot take every worker slot. */
+  private claimExecSlot(accountId: string): () => void {
+    const limit = this.deps.execConcurrency ?? DEFAULT_EXEC_CONCURRENCY;
+    const running = this.execsRunning.get(accountId) ?? 0;
+    if (running >= limit) throw new ApiError(429, 'exec_limit', `this account may run ${limit} exec${limit === 1 ? '' : 's'} at once; wait for one to finish`, undefined, 1);
+    this.execsRunning.set(accountId, running + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const left = (this.execsRunning.get(accountId) ?? 1) - 1;
+      if (left <= 0) this.execsRunning.delete(accountId);
+      else this.execsRunning.set(accountId, left);
+    };
+  }
+
+  /** `signal`: aborted when the caller goes away; the command is killed with it. */
+  async exec(principal: Principal, id: string, body: ExecBody, signal?: AbortSignal) {
+    const releaseSlot = this.claimExecSlot(principal.accountId);
     try {
-      const env = {
-        ...SANDBOX_BASE_ENV,
-        HOME: row.root!,
-        SLIPWAY_SANDBOX_ID: id,
-        SLIPWAY_SANDBOX_ROOT: row.root!,
-        ...(row.grants.length > 0 ? { SLIPWAY_GRANTS_FILE: `${row.root}/${GRANTS_FILE}` } : {}),
-        ...body.env,
-      };
-      const wrapped = cleanEnvCommand(body.command, body.args, env);
-      const run = await provider
-        .exec({ root: row.root! }, { ...wrapped, cwd: body.cwd, stdin: body.stdin, timeoutMs: body.timeout_seconds * 1000, maxCaptureBytes: 4 * 1024 * 1024 })
-        .catch((e) => {
-          // The directory vanished under a ready sandbox: the watcher will end it; say so now.
-          if (!existsSync(row.root!)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is gone (its directory was removed)`);
-          throw mapFsError(e, body.cwd ?? '.');
-        });
-      this.deps.metrics?.exec(principal.accountId, row.platform, run.durationMs);
-      return { exit_code: run.exitCode, stdout: run.stdout, stderr: run.stderr, timed_out: run.timedOut, duration_ms: run.durationMs };
+      const { row, provider, release } = await this.admit(principal, id);
+      try {
+        const root = row.root!;
+        if (body.cwd !== undefined) await checkCwd(root, body.cwd);
+        // Values travel in the process environment (not argv, where `ps` shows them), and the
+        // server's own environment never reaches the command.
+        const env = {
+          ...SANDBOX_BASE_ENV,
+          HOME: root,
+          SLIPWAY_SANDBOX_ID: id,
+          SLIPWAY_SANDBOX_ROOT: root,
+          ...(row.grants.length > 0 ? { SLIPWAY_GRANTS_FILE: `${root}/${GRANTS_FILE}` } : {}),
+          ...body.env,
+        };
+        const run = await provider
+          .exec(
+            { root },
+            { command: body.command, args: body.args, env, inheritEnv: false, cwd: body.cwd, stdin: body.stdin, timeoutMs: body.timeout_seconds * 1000, maxCaptureBytes: 4 * 1024 * 1024, signal },
+          )
+          .catch((e) => {
+            // The directory vanished under a ready sandbox: the watcher will end it; say so now.
+            if (!existsSync(root)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is gone (its directory was removed)`);
+            throw mapFsError(e, body.cwd ?? '.');
+          });
+        this.deps.metrics?.exec(principal.accountId, row.platform, run.durationMs);
+        return { exit_code: run.exitCode, stdout: run.stdout, stderr: run.stderr, timed_out: run.timedOut, duration_ms: run.durationMs };
+      } finally {
+        release();
+      }
     } finally {
-      release();
+      releaseSlot();
     }
+  }
+
+  get fileLimitBytes(): number {
+    return this.deps.fileLimitBytes ?? DEFAULT_FILE_LIMIT_BYTES;
+  }
+
+  /**
+   * Opens a file for streaming (size capped, regular files only, `.git` and `.slipway` refused).
+   * The call counts as activity until the stream ends.
+   */
+  async openFile(principal: Principal, id: string, file: string): Promise<OpenedFile> {
+    checkPath(file);
+    const { row, release } = await this.admit(principal, id);
+    let opened: OpenedFile;
+    try {
+      opened = await openSandboxFile(row.root!, file, { ...FILES_API, maxBytes: this.fileLimitBytes });
+    } catch (e) {
+      release();
+      throw mapFsError(e, file);
+    }
+    opened.stream.once('close', release);
+    return opened;
   }
 
   async readFile(principal: Principal, id: string, file: string): Promise<Buffer> {
-    const { row, provider, release } = await this.admit(principal, id);
-    try {
-      return await provider.readFile({ root: row.root! }, file).catch((e) => {
-        throw mapFsError(e, file);
-      });
-    } finally {
-      release();
-    }
+    const { stream } = await this.openFile(principal, id, file);
+    const chunks: Buffer[] = [];
+    for await (const chunk of stream) chunks.push(chunk as Buffer);
+    return Buffer.concat(chunks);
   }
 
   async writeFile(principal: Principal, id: string, file: string, content: Buffer): Promise<void> {
-    const { row, provider, release } = await this.admit(principal, id);
+    checkPath(file);
+    if (content.length > this.fileLimitBytes) throw new ApiError(413, 'file_too_large', `the file is ${content.length} bytes, over the limit of ${this.fileLimitBytes} bytes`);
+    const { row, release } = await this.admit(principal, id);
     try {
-      await provider.writeFile({ root: row.root! }, file, content).catch((e) => {
+      await writeSandboxFile(row.root!, file, content, FILES_API).catch((e) => {
         throw mapFsError(e, file);
       });
     } finally {
@@ -318,9 +405,10 @@ export class SandboxService {
   }
 
   async deleteFile(principal: Principal, id: string, file: string): Promise<void> {
-    const { row, provider, release } = await this.admit(principal, id);
+    checkPath(file);
+    const { row, release } = await this.admit(principal, id);
     try {
-      await provider.deleteFile({ root: row.root! }, file).catch((e) => {
+      await deleteSandboxFile(row.root!, file, FILES_API).catch((e) => {
         throw mapFsError(e, file);
       });
     } finally {
@@ -336,13 +424,41 @@ export class SandboxService {
   }
 }
 
+/** Refuses a malformed path before anything is woken or touched. */
+function checkPath(file: string): void {
+  try {
+    checkRequestedPath(file, FILES_API);
+  } catch (e) {
+    throw mapFsError(e, file);
+  }
+}
+
+/** An exec's cwd must be an existing folder inside the sandbox: a clear 400, not a failed spawn. */
+async function checkCwd(root: string, cwd: string): Promise<void> {
+  let resolved: string;
+  try {
+    resolved = await resolveInside(root, cwd);
+  } catch (e) {
+    throw mapFsError(e, cwd);
+  }
+  const st = await fs.stat(resolved).catch(() => undefined);
+  if (!st?.isDirectory()) {
+    throw new ApiError(400, 'invalid_cwd', `cwd "${cwd}" is not a folder in the sandbox`, [{ path: 'cwd', message: st ? 'not a folder' : 'no such folder' }]);
+  }
+}
+
 function mapFsError(e: unknown, file: string): unknown {
-  if (e instanceof PathEscapeError) return new ApiError(400, 'path_refused', e.message);
+  if (e instanceof ApiError) return e;
+  if (e instanceof PathEscapeError) return new ApiError(400, 'path_refused', e.message, [{ path: 'path', message: e.message }]);
+  if (e instanceof FileTooLargeError) return new ApiError(413, 'file_too_large', e.message);
+  if (e instanceof NotRegularFileError) return new ApiError(400, 'not_a_regular_file', e.message);
   const code = (e as NodeJS.ErrnoException).code;
   if (code === 'ENOENT') return new ApiError(404, 'file_not_found', `no file "${file}" in the sandbox`);
   if (code === 'EISDIR') return new ApiError(400, 'is_a_directory', `"${file}" is a directory`);
   if (code === 'ENOTDIR') return new ApiError(400, 'not_a_directory', `a parent of "${file}" is not a directory`);
   if (code === 'ELOOP') return new ApiError(400, 'path_refused', `"${file}" is a symbolic link`);
+  if (code === 'ENAMETOOLONG') return new ApiError(400, 'name_too_long', `path "${file.slice(0, 64)}...": ${(e as Error).message.replace(/^ENAMETOOLONG: /, '')}`, [{ path: 'path', message: 'too long' }]);
+  if (code === 'EACCES' || code === 'EPERM' || code === 'EROFS') return new ApiError(403, 'permission_denied', `"${file}" cannot be accessed`);
+  if (code === 'ENOSPC' || code === 'EDQUOT' || code === 'EFBIG') return new ApiError(507, 'no_space', 'the sandbox has no space left for this file');
   return e;
 }
-

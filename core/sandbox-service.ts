@@ -74,7 +74,17 @@ export const SERVICE_DEFAULTS = {
   concurrentLimit: 1,
   /** Grant tokens live at most this long, and never past the sandbox's deadline. */
   grantTtlMinutes: 60,
+  /** Tenants run untrusted code: confined, and offline unless the profile says otherwise. */
+  confinement: 'bubblewrap',
+  network: false,
 } as const;
+
+/**
+ * Set (to 1 or true) to let the service run profiles with `confinement: none`: the tenant's
+ * commands then run on the host as the server's user. For single-tenant setups only.
+ */
+export const ALLOW_UNCONFINED_ENV = 'SLIPWAY_ALLOW_UNCONFINED';
+export const allowUnconfinedFromEnv = (env: NodeJS.ProcessEnv = process.env) => /^(1|true|yes)$/i.test(env[ALLOW_UNCONFINED_ENV] ?? '');
 
 /** Where grant tokens are written inside a sandbox (ignored by git: `.slipway/` is excluded). */
 export const GRANTS_FILE = '.slipway/grants.json';

@@ -17,6 +17,7 @@ import { listProfiles } from '../activities/ledger/ledger';
 import { createSandboxServiceActivities } from '../activities/service';
 import { createServiceMetrics, type ServiceMetrics } from '../activities/service/metrics';
 import { defaultProviderFor, type ProviderFor } from '../activities/service/providers';
+import { probeBwrap, requireBwrap } from '../activities/sandbox/bubblewrap';
 import { buildApiServer } from '../api/server';
 import { SandboxService } from '../api/service';
 import { sandboxReaperWorkflow } from '../workflows/service-sandbox';
@@ -44,6 +45,16 @@ export interface SandboxServiceHostOptions {
   maxCachedWorkflows?: number;
   /** Process-level metrics (memory, event loop) on /metrics too. */
   defaultMetrics?: boolean;
+  /**
+   * Serve profiles with `confinement: none` (their commands run on the host as this process's
+   * user): for single-tenant setups only. Default false: such profiles are refused, and the
+   * host refuses to start without a working bubblewrap.
+   */
+  allowUnconfined?: boolean;
+  /** Largest file body accepted by PUT and returned by GET /files (bytes). */
+  fileLimitBytes?: number;
+  /** Execs running at once per account (more get 429 with Retry-After). */
+  execConcurrency?: number;
 }
 
 export interface SandboxServiceHost {
@@ -74,16 +85,23 @@ export function serviceLogger(level = process.env.SLIPWAY_LOG_LEVEL?.toLowerCase
 export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): Promise<SandboxServiceHost> {
   const logger = opts.logger ?? serviceLogger();
   const { db } = opts;
+  const allowUnconfined = opts.allowUnconfined ?? false;
+  if (allowUnconfined) {
+    logger.warn({ allowUnconfined }, 'unconfined profiles are allowed: their commands run on this host as this user; use this only for a single-tenant setup');
+  } else {
+    // Every tenant runs under bubblewrap: without a working one there is nothing safe to serve.
+    await probeBwrap(requireBwrap());
+  }
   await migrate(db);
   const providerFor = opts.providerFor ?? defaultProviderFor();
-  const metrics = createServiceMetrics(db, { defaultMetrics: opts.defaultMetrics });
+  const metrics = createServiceMetrics(db, { defaultMetrics: opts.defaultMetrics, allowUnconfined });
   const namespace = opts.namespace ?? 'default';
   const serviceTaskQueue = sandboxServiceTaskQueue(opts.taskQueue);
   const connection = await Connection.connect({ address: opts.temporalAddress });
   const client = new Client({ connection, namespace });
   const closers: Array<() => Promise<void>> = [];
 
-  const activities = createSandboxServiceActivities({ db, providerFor, client, metrics });
+  const activities = createSandboxServiceActivities({ db, providerFor, client, metrics, allowUnconfined });
   const replenishWarmPools = async () => {
     let made = 0;
     for (const p of await listProfiles(db)) if (p.warm_replicas > 0) made += await activities.replenishWarmPool({ profileId: p.id });
@@ -138,13 +156,24 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     closers.unshift(() => watcher!.stop());
   }
 
-  const service = new SandboxService({ db, client, taskQueue: serviceTaskQueue, providerFor, logger, metrics });
+  const service = new SandboxService({
+    db,
+    client,
+    taskQueue: serviceTaskQueue,
+    providerFor,
+    logger,
+    metrics,
+    allowUnconfined,
+    fileLimitBytes: opts.fileLimitBytes,
+    execConcurrency: opts.execConcurrency,
+  });
   let app: FastifyInstance | undefined;
   let url: string | undefined;
   if (opts.api !== false) {
     app = await buildApiServer({
       service,
       logger,
+      fileLimitBytes: opts.fileLimitBytes,
       metrics: async () => ({ contentType: metrics.registry.contentType, body: await metrics.registry.metrics() }),
     });
     const listen = opts.api ?? { host: '127.0.0.1', port: 8787 };

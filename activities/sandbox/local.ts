@@ -29,6 +29,7 @@ import { combineConfinement, execInWorktree, type ExecTarget } from './exec';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
 import { deleteLocalSnapshot, probeLocal, restoreLocal, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
+import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
 import { claimPoolEntry, fillPool, poolKey, type PoolSpec } from './pool';
 import { populateWorktree } from './populate';
 import type { ExecRequest, ProjectSetup, SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
@@ -370,20 +371,18 @@ export class LocalSandboxProvider implements SandboxProvider {
     return { root: real, repository: parsed.repository, branch, confinement };
   }
 
+  // Race-free (descriptor-relative) file I/O: see file-io.ts.
   async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
-    return fs.readFile(await resolveInside(handle.root, file), { flag: fsFlags.read });
+    // Capped at what a Buffer can hold: a clear error, not a crash, for a huge file.
+    return readSandboxFile(handle.root, file, { maxBytes: MAX_BUFFER_BYTES });
   }
 
   async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string): Promise<void> {
-    const target = await resolveInside(handle.root, file);
-    await fs.mkdir(path.dirname(target), { recursive: true });
-    await fs.writeFile(target, content, { flag: fsFlags.write });
+    return writeSandboxFile(handle.root, file, content);
   }
 
   async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<void> {
-    const target = await resolveInside(handle.root, file, { followFinalSymlink: false });
-    if (target === (await realpathOrSelf(handle.root))) throw new PathEscapeError(file, 'the sandbox root itself cannot be deleted');
-    await fs.rm(target, { force: true });
+    return deleteSandboxFile(handle.root, file);
   }
 
   async destroy({ repository, root }: { repository: string; root: string }): Promise<void> {

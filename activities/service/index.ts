@@ -38,6 +38,8 @@ export interface SandboxServiceActivityDeps {
   /** For the reaper: signals sandbox workflows. */
   client?: Client;
   metrics?: ServiceMetrics;
+  /** Provision profiles with `confinement: none` (the operator's opt-in); default: refused. */
+  allowUnconfined?: boolean;
 }
 
 export interface ProvisionInput {
@@ -140,6 +142,10 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
     /** Warm-pool claim or cold create, then grants. Idempotent: a retry reuses what exists. */
     async provisionSandbox(input: ProvisionInput): Promise<ProvisionResult> {
       const started = Date.now();
+      // The API refuses these already; a workflow started before a restart without the opt-in must not slip through.
+      if (input.policy.confinement === 'none' && !deps.allowUnconfined) {
+        throw failure('configuration_error', `profile "${input.policy.profileName}" has confinement "none", which this server refuses (start it with --allow-unconfined to allow)`);
+      }
       return withHeartbeat(async (signal) => {
         let handle = await claimWarm(input);
         let provisioningKind: ProvisioningKind = 'warm_hit';

@@ -17,9 +17,11 @@ export interface ServiceMetrics {
   transition(state: string): void;
 }
 
-export function createServiceMetrics(db: Queryable, opts: { defaultMetrics?: boolean } = {}): ServiceMetrics {
+export function createServiceMetrics(db: Queryable, opts: { defaultMetrics?: boolean; allowUnconfined?: boolean } = {}): ServiceMetrics {
   const registry = new Registry();
   if (opts.defaultMetrics) collectDefaultMetrics({ register: registry });
+  // Visible on every scrape, so an operator's dashboard shows a server that accepts unconfined tenants.
+  new Gauge({ name: 'slipway_unconfined_allowed', help: '1 when the server was started with --allow-unconfined (tenants may run on the host unconfined).', registers: [registry] }).set(opts.allowUnconfined ? 1 : 0);
   const provisioning = new Histogram({
     name: 'slipway_sandbox_provisioning_seconds',
     help: 'Time from the start of provisioning to ready, by platform and provisioning kind (warm_hit, cold_boot).',

@@ -27,21 +27,10 @@ export function defaultProviderFor(): ProviderFor {
 
 /**
  * The environment a service sandbox's commands see: a minimal base plus what the caller
- * passed. Never the server's own environment (DATABASE_URL, tokens): commands are wrapped in
- * `env -i`, because the provider merges the host environment into every command.
+ * passed, and never the server's own (DATABASE_URL, tokens): exec runs with `inheritEnv: false`,
+ * so the values travel in the process environment, not in argv.
  */
 export const SANDBOX_BASE_ENV: Record<string, string> = {
   PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
   LANG: 'C.UTF-8',
 };
-
-export function cleanEnvCommand(
-  command: string,
-  args: string[],
-  env: Record<string, string>,
-): { command: string; args: string[] } {
-  const pairs = Object.entries(env).map(([k, v]) => `${k}=${v}`);
-  // `--` ends env's options, so a command starting with "-" is still a command. (A command
-  // containing "=" would read as an assignment; the API refuses those.)
-  return { command: '/usr/bin/env', args: ['-i', '--', ...pairs, command, ...args] };
-}

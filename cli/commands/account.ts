@@ -6,6 +6,7 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import { openLedger, type Db } from '../../activities/ledger/db';
 import * as ledger from '../../activities/ledger/ledger';
+import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS } from '../../core/sandbox-service';
 import { slipwaySettings } from '../../workers/settings';
 import { CliError, EXIT } from '../exit-codes';
 
@@ -155,8 +156,10 @@ export function registerAccountCommands(program: Command): void {
     .option('--max-deadline-minutes <n>', 'largest deadline a create may ask for (default 1440)', positive('--max-deadline-minutes'))
     .option('--cap-minutes <n>', 'absolute lifetime cap (default 10080, 7 days)', positive('--cap-minutes'))
     .option('--warm <n>', 'warm pool size', count('--warm'))
-    .option('--confinement <kind>', 'none or bubblewrap', 'none')
-    .option('--no-network', 'confined sandboxes get no network')
+    .option('--confinement <kind>', 'bubblewrap, or none (runs tenants on the host: needs --allow-unconfined)', SERVICE_DEFAULTS.confinement)
+    .option('--network', 'give sandboxes network access (default: none)')
+    .option('--no-network', 'no network (the default)')
+    .option('--allow-unconfined', `accept --confinement none (single-tenant setups; \`slipway api --allow-unconfined\` must serve it; env ${ALLOW_UNCONFINED_ENV}=1)`, allowUnconfinedFromEnv())
     .option('--no-copy-ignored', "do not copy the checkout's ignored files (node_modules, ...)")
     .description('create a profile')
     .action(async (name: string, opts) => {
@@ -168,6 +171,9 @@ export function registerAccountCommands(program: Command): void {
       }
       if (!['linux', 'macos'].includes(opts.platform)) throw new CliError('--platform must be linux or macos');
       if (!['none', 'bubblewrap'].includes(opts.confinement)) throw new CliError('--confinement must be none or bubblewrap');
+      if (opts.confinement === 'none' && !opts.allowUnconfined) {
+        throw new CliError('--confinement none would run tenants\' commands on the host as the API server\'s user; pass --allow-unconfined as well for a single-tenant setup (and start `slipway api --allow-unconfined`)');
+      }
       await withLedger(async (db) => {
         await requireAccount(db, opts.account);
         const p = await ledger
@@ -188,7 +194,7 @@ export function registerAccountCommands(program: Command): void {
             copyIgnored: opts.copyIgnored,
           })
           .catch(dbInputError);
-        out(`profile ${p.name} (${p.id}) for ${opts.account}: ${p.provider}/${p.platform}, idle ${p.idle_timeout_seconds} s, warm ${p.warm_replicas}`);
+        out(`profile ${p.name} (${p.id}) for ${opts.account}: ${p.provider}/${p.platform}, ${p.confinement}, network ${p.network ? 'on' : 'off'}, idle ${p.idle_timeout_seconds} s, warm ${p.warm_replicas}`);
       });
     });
   profile

@@ -8,13 +8,35 @@ import { openLedger, type Db } from '../../activities/ledger/db';
 import { slipwaySettings } from '../../workers/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { installRuntimeLogging } from '../../workers/logging';
+import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv } from '../../core/sandbox-service';
+import { probeBwrap, requireBwrap } from '../../activities/sandbox/bubblewrap';
 import { CliError, EXIT } from '../exit-codes';
 import { apiClientFromEnv } from './sandbox';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
-export async function apiCommand(opts: { host: string; port: number; worker: boolean; http: boolean; reaperSeconds: number; watchSeconds: number }): Promise<number> {
+export async function apiCommand(opts: {
+  host: string;
+  port: number;
+  worker: boolean;
+  http: boolean;
+  reaperSeconds: number;
+  watchSeconds: number;
+  allowUnconfined?: boolean;
+  maxFileMb?: number;
+}): Promise<number> {
   if (!opts.worker && !opts.http) throw new CliError('--no-worker and --no-http together leave nothing to run');
+  const allowUnconfined = opts.allowUnconfined ?? false;
+  if (allowUnconfined) {
+    log(`WARNING: --allow-unconfined: profiles with confinement "none" run tenants' commands on this host as this user; use it only for a single-tenant setup`);
+  } else {
+    // Checked before anything starts: the service confines every tenant with bubblewrap.
+    try {
+      await probeBwrap(requireBwrap());
+    } catch (e) {
+      throw new CliError(`slipway api runs every tenant under bubblewrap: ${(e as Error).message} (or pass --allow-unconfined, ${ALLOW_UNCONFINED_ENV}=1, for a single-tenant setup)`, EXIT.runFailed);
+    }
+  }
   const settings = slipwaySettings();
   let target;
   try {
@@ -44,6 +66,8 @@ export async function apiCommand(opts: { host: string; port: number; worker: boo
     watchIntervalMs: opts.watchSeconds * 1000,
     logger: serviceLogger(),
     defaultMetrics: true,
+    allowUnconfined,
+    ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
   });
   if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); ledger: ${db.engine}`);
   else log(`sandbox service worker on task queue ${host.serviceTaskQueue} (no HTTP); ledger: ${db.engine}`);
@@ -87,6 +111,8 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
     .option('--no-http', 'run only the service worker, watcher and reaper (scale-out with a remote provider)')
     .option('--reaper-seconds <n>', 'reaper schedule interval', int, 60)
     .option('--watch-seconds <n>', 'provider watcher interval (0: off)', int, 2)
+    .option('--allow-unconfined', `serve profiles with confinement "none" (commands run on this host; single-tenant setups only; env ${ALLOW_UNCONFINED_ENV}=1)`, allowUnconfinedFromEnv())
+    .option('--max-file-mb <n>', 'largest file the files API accepts or returns (MiB)', int)
     .action(async (opts) => setExit(await apiCommand(opts)));
   program
     .command('mcp')

@@ -175,7 +175,9 @@ describe('exec and files', () => {
 
 describe('grants', () => {
   it('writes short-lived scoped tokens inside the sandbox, bounded by the deadline, revoked at the end', async () => {
-    const file = JSON.parse((await a.api.readFile(sandboxId, GRANTS_FILE)).toString()) as { grants: Array<{ token: string; scopes: string[]; expires_at: string }> };
+    // The files API refuses .slipway/ (Slipway's own state); the sandbox's commands read it.
+    expect(await codeOf(a.api.readFile(sandboxId, GRANTS_FILE))).toBe('400 path_refused');
+    const file = JSON.parse((await a.api.exec(sandboxId, { command: 'cat', args: [GRANTS_FILE] })).stdout) as { grants: Array<{ token: string; scopes: string[]; expires_at: string }> };
     expect(file.grants).toHaveLength(1);
     const [grant] = file.grants;
     secrets.push(grant!.token);

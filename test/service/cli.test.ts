@@ -54,7 +54,31 @@ describe('slipway account, token, project, profile', () => {
     const profile = await slipway(['profile', 'create', 'linux-small', '--account', 'cli-co', '--repo', h.repo, '--base', 'main', '--idle-seconds', '120'], dbEnv);
     expect(profile).toMatchObject({ code: 0 });
     expect(profile.stdout).toContain('profile linux-small');
+    // Tenants run untrusted code: confined and offline unless the operator says otherwise.
+    expect(profile.stdout).toContain('bubblewrap, network off');
+    expect(JSON.parse((await slipway(['profile', 'list', '--account', 'cli-co', '--json'], dbEnv)).stdout)).toMatchObject([{ name: 'linux-small', confinement: 'bubblewrap', network: false }]);
     apiEnv = { SLIPWAY_API_URL: h.url, SLIPWAY_API_TOKEN: token.stdout.trim(), PROJECT: project.stdout.trim() };
+  });
+});
+
+describe('unconfined tenants need the operator to opt in', () => {
+  it('refuses a profile with --confinement none unless --allow-unconfined is given, naming the option', async () => {
+    await slipway(['account', 'create', 'cli-open'], dbEnv);
+    const refused = await slipway(['profile', 'create', 'open', '--account', 'cli-open', '--repo', h.repo, '--confinement', 'none'], dbEnv);
+    expect(refused.code).toBe(2);
+    expect(refused.stderr).toContain('--confinement none');
+    expect(refused.stderr).toContain('--allow-unconfined');
+    const allowed = await slipway(['profile', 'create', 'open', '--account', 'cli-open', '--repo', h.repo, '--confinement', 'none', '--allow-unconfined', '--network'], dbEnv);
+    expect(allowed).toMatchObject({ code: 0 });
+    expect(allowed.stdout).toContain('none, network on');
+  });
+
+  it('slipway api refuses to start without bubblewrap and says what to install', async () => {
+    // No bwrap on this PATH; nothing else is started before the check.
+    const res = await slipway(['api', '--port', '0'], { ...dbEnv, PATH: tempDir('empty-path') });
+    expect(res.code).not.toBe(0);
+    expect(res.stderr).toContain('apt-get install bubblewrap');
+    expect(res.stderr).toContain('--allow-unconfined');
   });
 });
 

@@ -56,7 +56,9 @@ export function slowCreates(inner: ProviderFor, ms: number): ProviderFor {
   };
 }
 
-export async function startServiceHarness(opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor'>> = {}): Promise<ServiceHarness> {
+export async function startServiceHarness(
+  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency'>> = {},
+): Promise<ServiceHarness> {
   installRuntimeLogging();
   const database = await freshPostgres();
   const logs: string[] = [];
@@ -78,6 +80,9 @@ export async function startServiceHarness(opts: Partial<Pick<SandboxServiceHostO
     reaper: opts.reaper ? { ...opts.reaper, scheduleId: `reaper-${taskQueue}` } : false,
     providerFor: opts.providerFor ?? defaultProviderFor(),
     logger,
+    allowUnconfined: opts.allowUnconfined,
+    fileLimitBytes: opts.fileLimitBytes,
+    execConcurrency: opts.execConcurrency,
   });
   const repo = makeServiceRepo();
   let n = 0;
@@ -95,7 +100,8 @@ export async function startServiceHarness(opts: Partial<Pick<SandboxServiceHostO
         id,
         token,
         api: new SandboxApiClient(host.url!, token),
-        profile: async (spec) => (await createProfile(database.db, id, { repository: repo, baseRef: 'main', ...spec })).name,
+        // Explicit, as an operator's would be: confined and offline unless a test says otherwise.
+        profile: async (spec) => (await createProfile(database.db, id, { repository: repo, baseRef: 'main', confinement: 'bubblewrap', network: false, ...spec })).name,
         project: async (name) => (await createProject(database.db, id, name)).id,
       };
     },
