@@ -18,15 +18,52 @@ export class GitError extends Error {
 }
 
 /**
+ * Options on every git call Slipway makes. Slipway's git only ever runs on the user's repository
+ * and its merger worktree (sandbox git runs inside the sandbox), and these neutralise what a
+ * config could still make git execute (fsmonitor, hooks, ssh or ext transports), so a tampered
+ * config cannot run code outside a sandbox.
+ */
+export const GIT_HARDENING = [
+  '-c', 'core.fsmonitor=false',
+  '-c', 'core.hooksPath=/dev/null',
+  '-c', 'core.sshCommand=false',
+  '-c', 'protocol.ext.allow=never',
+  '-c', 'core.pager=cat',
+];
+
+/** Longest a single git call may run before it is killed (a hung lock, a huge repository). */
+export const GIT_TIMEOUT_MS = 10 * 60_000;
+
+/**
+ * The worker's environment without git's own variables (GIT_DIR, GIT_INDEX_FILE,
+ * GIT_CONFIG_*, ...), which would redirect a call to another repository or config; commit
+ * identity variables stay. `extra` is laid over it.
+ */
+export function gitEnv(extra: Record<string, string | undefined> = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(process.env)) {
+    if (k.startsWith('GIT_') && !/^GIT_(AUTHOR|COMMITTER)_(NAME|EMAIL)$/.test(k)) continue;
+    env[k] = v;
+  }
+  return { ...env, ...extra, GIT_TERMINAL_PROMPT: '0' };
+}
+
+/**
  * Runs git and fails on a non-zero exit. (simple-git was tried first: it resolves some failing
  * commands, such as `rev-parse --verify --quiet` of a missing ref, as success; see ADR 0001.)
+ * `env` holds only the variables to add (GIT_INDEX_FILE for a scratch index, identity).
  */
-export function rawGit(dir: string, args: string[], env?: NodeJS.ProcessEnv): Promise<string> {
+export function rawGit(dir: string, args: string[], env?: Record<string, string | undefined>): Promise<string> {
   return new Promise((resolve, reject) => {
-    execFile('git', ['-C', dir, ...args], { env: env ?? process.env, maxBuffer: 64 * 1024 * 1024 }, (error, stdout, stderr) => {
-      if (error) reject(new GitError(args, typeof error.code === 'number' ? error.code : null, stderr || error.message));
-      else resolve(stdout);
-    });
+    execFile(
+      'git',
+      [...GIT_HARDENING, '-C', dir, ...args],
+      { env: gitEnv(env), maxBuffer: 64 * 1024 * 1024, timeout: GIT_TIMEOUT_MS, killSignal: 'SIGKILL' },
+      (error, stdout, stderr) => {
+        if (error) reject(new GitError(args, typeof error.code === 'number' ? error.code : null, stderr || error.message));
+        else resolve(stdout);
+      },
+    );
   });
 }
 
@@ -102,7 +139,7 @@ export async function commitIdentityEnv(dir: string): Promise<Record<string, str
 
 export async function gitWithIdentity(dir: string, args: string[]): Promise<string> {
   const env = await commitIdentityEnv(dir);
-  return (await rawGit(dir, args, { ...process.env, ...env })).trim();
+  return (await rawGit(dir, args, env)).trim();
 }
 
 export interface WorktreeEntry {

@@ -8,11 +8,14 @@ import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, git, gitMaybe, gitWithIdentity, isAncestor, isDirty, resolveCommit } from './git';
+import { branchExists, commitIdentityEnv, rawGit, resolveCommit } from './git';
 import { withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redact } from './redact';
-import { LocalSandboxProvider, localSandboxRoot } from './sandbox/local';
+import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, SLIPWAY_GIT_ENV } from './sandbox/local';
+import { discardSandboxGit, locateWorktree, trustedWorktreeArgs } from './sandbox/sandbox-git';
+import { promises as fs, writeFileSync } from 'node:fs';
+import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
 import type { SandboxProvider } from './sandbox/provider';
 
@@ -58,7 +61,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       });
       const branch = integrationBranch(input.objectiveId);
       const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit, branch, sandbox: input.sandbox });
-      return { baseCommit, integrationBranch: branch, mergerPath: merger.root };
+      return { baseCommit, integrationBranch: branch, mergerPath: merger.root, integrationTip: merger.headCommit };
     },
 
     /** Creates (or finds again) a stream's sandbox with the objective's sandbox options; heartbeats through setup. */
@@ -70,15 +73,21 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       await sandboxes.destroy({ repository: input.repository, root: input.path });
     },
 
-    /** Commits whatever the builder left uncommitted. Returns the new head. */
+    /**
+     * Commits whatever the builder left uncommitted, inside the sandbox (git there sees only the
+     * sandbox's own git state), then collects the sandbox's HEAD into the repository. Returns the
+     * new head. The message goes through stdin: it carries task text of any size.
+     */
     async commitWork(input: { path: string; message: string }): Promise<{ head: string; committed: boolean }> {
+      const run = sandboxGit(sandboxes, input.path);
       let committed = false;
-      if (await isDirty(input.path)) {
-        await git(input.path, ['add', '-A']);
-        await gitWithIdentity(input.path, ['commit', '--no-verify', '-q', '-m', input.message]);
+      if ((await run(['status', '--porcelain', '--untracked-files=all'])).length > 0) {
+        await run(['add', '-A']);
+        await run(['commit', '--no-verify', '-q', '-F', '-'], input.message);
         committed = true;
       }
-      return { head: await git(input.path, ['rev-parse', 'HEAD']), committed };
+      const { head } = await sandboxes.collect({ root: input.path });
+      return { head, committed };
     },
 
     /** Runs gates in order inside a sandbox; stops at the first failure. Never throws for a failing gate. */
@@ -108,48 +117,70 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     /**
      * Merges a stream branch into the integration branch checked out in the merger worktree.
      * Idempotent: a stream head already contained in the integration branch is reported as merged.
-     * A conflict is aborted and reported, never resolved by taking one side.
+     * A conflict is aborted and reported, never resolved by taking one side. `expectedTip`: the
+     * integration commit the merge queue last recorded; anything else means the branch was moved
+     * outside the queue, and nothing is merged on top of it.
      */
-    async mergeStream(input: { mergerPath: string; branch: string; headCommit: string; message: string }): Promise<MergeOutcome> {
-      const head = await git(input.mergerPath, ['rev-parse', 'HEAD']);
-      if (await isAncestor(input.mergerPath, input.headCommit, head)) {
-        const previous = (await gitMaybe(input.mergerPath, ['rev-parse', 'HEAD^1'])) ?? head;
-        const isMergeOfStream = (await gitMaybe(input.mergerPath, ['rev-parse', 'HEAD^2'])) === input.headCommit;
+    async mergeStream(input: { mergerPath: string; branch: string; headCommit: string; message: string; expectedTip?: string }): Promise<MergeOutcome> {
+      const m = await mergerGit(input.mergerPath);
+      const head = await m.git(['rev-parse', 'HEAD']);
+      if (input.expectedTip && head !== input.expectedTip && !(await m.ok(['merge-base', '--is-ancestor', input.headCommit, head]))) {
+        throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
+      }
+      if (await m.ok(['merge-base', '--is-ancestor', input.headCommit, head])) {
+        const previous = (await m.maybe(['rev-parse', 'HEAD^1'])) ?? head;
+        const isMergeOfStream = (await m.maybe(['rev-parse', 'HEAD^2'])) === input.headCommit;
         return { status: 'merged', commit: head, previous: isMergeOfStream ? previous : head, alreadyMerged: true };
       }
       // A previous attempt may have died mid-merge.
-      await gitMaybe(input.mergerPath, ['merge', '--abort']);
-      await git(input.mergerPath, ['reset', '--hard', '-q', head]);
+      await m.maybe(['merge', '--abort']);
+      await m.git(['reset', '--hard', '-q', head]);
       try {
-        await gitWithIdentity(input.mergerPath, ['merge', '--no-ff', '--no-edit', '-m', input.message, input.headCommit]);
+        await m.git(['merge', '--no-ff', '--no-edit', '-F', m.messageFile(input.message), input.headCommit], true);
       } catch (e) {
-        const files = (await gitMaybe(input.mergerPath, ['diff', '--name-only', '--diff-filter=U']))?.split('\n').filter(Boolean) ?? [];
-        await gitMaybe(input.mergerPath, ['merge', '--abort']);
-        await git(input.mergerPath, ['reset', '--hard', '-q', head]);
+        const files = (await m.maybe(['diff', '--name-only', '--diff-filter=U']))?.split('\n').filter(Boolean) ?? [];
+        await m.maybe(['merge', '--abort']);
+        await m.git(['reset', '--hard', '-q', head]);
+        if (files.length === 0) {
+          // Not a conflict (git failed for another reason): say what happened.
+          throw failure('sandbox_failure', `merging ${input.headCommit} failed: ${tail((e as Error).message, 2000)}`);
+        }
         return { status: 'conflict', files, details: tail((e as Error).message, OUTPUT_TAIL_CHARS) };
+      } finally {
+        await m.cleanup();
       }
-      return { status: 'merged', commit: await git(input.mergerPath, ['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
+      // Post-merge gates see the new integration state, from a fresh private git directory.
+      await m.freshSandboxGit();
+      return { status: 'merged', commit: await m.git(['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
     },
 
     /** Moves the integration branch back to `commit` (undoing a merge whose post-merge gates failed). */
     async resetIntegration(input: { mergerPath: string; commit: string }): Promise<void> {
-      await gitMaybe(input.mergerPath, ['merge', '--abort']);
-      await git(input.mergerPath, ['reset', '--hard', '-q', input.commit]);
-      await git(input.mergerPath, ['clean', '-fdq']);
+      const m = await mergerGit(input.mergerPath);
+      await m.maybe(['merge', '--abort']);
+      await m.git(['reset', '--hard', '-q', input.commit]);
+      await m.git(['clean', '-fdq']);
+      await m.freshSandboxGit();
     },
 
     /**
      * Moves a stream's sandbox onto the current integration branch after a merge conflict, keeping
-     * the stream's previous change as a diff for the builder to re-apply. Idempotent.
+     * the stream's previous change as a diff for the builder to re-apply. Idempotent. The target is
+     * resolved in the repository (a commit, not a name the sandbox could redefine); the reset runs
+     * inside the sandbox, and the branch follows through collect.
      */
     async resetOntoIntegration(input: { path: string; onto: string }): Promise<{ head: string; previousDiff: string }> {
-      const onto = await resolveCommit(input.path, input.onto);
-      const head = await git(input.path, ['rev-parse', 'HEAD']);
-      const base = (await gitMaybe(input.path, ['merge-base', onto, head])) ?? onto;
-      const previousDiff = redact(tail(await git(input.path, ['diff', '--stat', '--patch', base, head]), OUTPUT_TAIL_CHARS));
-      await gitMaybe(input.path, ['merge', '--abort']);
-      await git(input.path, ['reset', '--hard', '-q', onto]);
-      await git(input.path, ['clean', '-fdq']);
+      const parsed = parseSandboxRoot(path.resolve(input.path));
+      if (!parsed) throw failure('sandbox_failure', `${input.path} is not a Slipway sandbox`);
+      const onto = await resolveCommit(parsed.repository, input.onto);
+      const run = sandboxGit(sandboxes, input.path);
+      const head = await run(['rev-parse', 'HEAD']);
+      const base = (await run(['merge-base', onto, head]).catch(() => undefined)) ?? onto;
+      const previousDiff = redact(tail(await run(['diff', '--stat', '--patch', base, head]), OUTPUT_TAIL_CHARS));
+      await run(['merge', '--abort']).catch(() => undefined);
+      await run(['reset', '--hard', '-q', onto]);
+      await run(['clean', '-fdq']);
+      await sandboxes.collect({ root: input.path }, { known: [onto] });
       return { head: onto, previousDiff };
     },
 
@@ -160,6 +191,61 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       await sandboxes.destroy({ repository: input.repository, root: localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME) });
       return { integrationHead };
     },
+  };
+}
+
+/**
+ * Slipway's own git commands in a sandbox, run through the provider: inside the sandbox when it is
+ * confined (seeing only its private git state), with nothing of the worker's environment, and a
+ * commit identity from the repository. Throws with git's message on a non-zero exit.
+ */
+function sandboxGit(sandboxes: SandboxProvider, root: string) {
+  let identity: Promise<Record<string, string>> | undefined;
+  return async (args: string[], stdin?: string): Promise<string> => {
+    const parsed = parseSandboxRoot(path.resolve(root));
+    identity ??= parsed ? identityEnv(parsed.repository) : Promise.resolve({});
+    const r = await sandboxes.exec({ root }, { command: 'git', args, stdin, env: { ...SLIPWAY_GIT_ENV, ...(await identity) }, inheritEnv: false, maxCaptureBytes: 1024 * 1024 });
+    if (r.exitCode !== 0) throw failure('sandbox_failure', `git ${args[0]} in the sandbox failed (exit ${r.exitCode}): ${tail(r.stderr.trim(), 2000)}`);
+    return r.stdout.trim();
+  };
+}
+
+/** The repository's commit identity (or Slipway's), as environment variables. */
+async function identityEnv(repository: string): Promise<Record<string, string>> {
+  const fallback = await commitIdentityEnv(repository);
+  const name = fallback.GIT_AUTHOR_NAME ?? (await rawGit(repository, ['config', 'user.name']).then((o) => o.trim(), () => undefined));
+  const email = fallback.GIT_AUTHOR_EMAIL ?? (await rawGit(repository, ['config', 'user.email']).then((o) => o.trim(), () => undefined));
+  return {
+    ...(name ? { GIT_AUTHOR_NAME: name, GIT_COMMITTER_NAME: name } : {}),
+    ...(email ? { GIT_AUTHOR_EMAIL: email, GIT_COMMITTER_EMAIL: email } : {}),
+  };
+}
+
+/**
+ * Git in the merger worktree, addressed through the repository's record of it (never its own
+ * `.git` file, which post-merge gates could rewrite), with the hardened options of every call.
+ */
+async function mergerGit(mergerPath: string) {
+  const parsed = parseSandboxRoot(path.resolve(mergerPath));
+  if (!parsed) throw failure('sandbox_failure', `${mergerPath} is not a Slipway merger worktree`);
+  const loc = await locateWorktree(parsed.repository, mergerPath);
+  const pre = trustedWorktreeArgs(loc);
+  const identity = await identityEnv(parsed.repository);
+  const files: string[] = [];
+  const run = async (args: string[], withIdentity = false) => (await rawGit(loc.worktree, [...pre, ...args], withIdentity ? identity : undefined)).trim();
+  return {
+    git: run,
+    maybe: (args: string[]) => run(args).catch(() => undefined),
+    ok: (args: string[]) => run(args).then(() => true, () => false),
+    /** Long texts (the objective) travel in a file, never in argv. */
+    messageFile(message: string): string {
+      const file = path.join(os.tmpdir(), `slipway-merge-msg-${process.pid}-${Date.now()}-${files.length}`);
+      files.push(file);
+      writeFileSync(file, message, { mode: 0o600 });
+      return file;
+    },
+    cleanup: () => Promise.all(files.map((f) => fs.rm(f, { force: true }))).then(() => undefined),
+    freshSandboxGit: () => discardSandboxGit(loc.repository, loc.worktree),
   };
 }
 

@@ -239,6 +239,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     sumUsage();
   };
 
+  let integrationTip: string | undefined = prepared.integrationTip;
   const mergeOne = async (request: MergeRequest) => {
     enter('merging', `merging stream ${request.streamId}`);
     view(request.streamId)!.phase = 'merging';
@@ -246,6 +247,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       mergerPath: prepared.mergerPath,
       branch: request.branch,
       headCommit: request.headCommit,
+      // Only the queue moves the integration branch: a tip it did not leave there is refused.
+      expectedTip: integrationTip,
       message: `slipway: merge stream ${request.streamId} into ${prepared.integrationBranch}\n\nObjective ${input.id}: ${input.objective}`,
     });
     let decision: MergeDecision;
@@ -258,11 +261,13 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         const gates = await gateActivities(timeout).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
         if (!gates.passed) {
           await git.resetIntegration({ mergerPath: prepared.mergerPath, commit: merged.previous });
+          integrationTip = merged.previous;
           decision = { status: 'rejected', kind: 'post_merge_gate_failure', summary: 'post-merge gates failed; the merge was reverted', details: gates.failureReport };
         }
       }
     }
     if (decision.status === 'merged') {
+      integrationTip = decision.commit;
       status.mergeOrder.push(request.streamId);
       say('merge-queue', `merged ${request.streamId} as ${decision.commit.slice(0, 10)}`);
     } else {

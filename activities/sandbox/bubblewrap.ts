@@ -1,31 +1,29 @@
 /**
- * Bubblewrap confinement for local sandboxes: every command sees the whole filesystem
- * read-only and may write only to its worktree, to the few parts of the repository's git
- * directory a commit on its own branch needs, and to a private /tmp.
+ * Bubblewrap confinement for local sandboxes. A confined command sees a minimal system and
+ * nothing of the host's state:
  *
- * Layout (in this order; later mounts win):
+ *   bwrap --unshare-user --uid 1000 --gid 1000      an unprivileged uid inside (ADR 0006)
+ *         --cap-drop ALL                            no capabilities, even when Slipway runs as root
+ *         --ro-bind /usr /usr (+ /bin, /lib*, ...)  the system's programs, read-only
+ *         --ro-bind /etc /etc, masks                /etc without shadow, sudoers, ssh host keys
+ *         --dev /dev --proc /proc                   private /dev and /proc (PID namespace)
+ *         --tmpfs /tmp --tmpfs $HOME --tmpfs /var/tmp   private and empty
+ *         --ro-bind <readable>...                   the objective folder (script agents, prompts)
+ *         --bind <worktree> <worktree>              the sandbox itself, writable
+ *         --bind <sandbox git dir> <repo common dir>    the sandbox's own git state (sandbox-git.ts)
+ *         --ro-bind <repo objects> <shared objects>     the repository's objects, read-only
+ *         --bind <writable>...  --tmpfs <hidden>...  explicit extras (agent state such as ~/.claude)
+ *         --unshare-pid --unshare-ipc --unshare-uts [--unshare-net]
+ *         --remount-ro /                            the root itself holds only mount points
+ *         --die-with-parent --new-session --chdir <cwd> -- <command>
  *
- *   bwrap --ro-bind / /                       everything read-only
- *         --dev /dev --proc /proc             private /dev (with /dev/shm) and /proc
- *         --tmpfs /tmp                        private, empty /tmp
- *         --ro-bind <repo> <repo>             only when the repository lives under /tmp
- *         --ro-bind <common> <common>         (the tmpfs would hide it otherwise)
- *         --tmpfs <hidden>...                 optional: hide secrets (~/.ssh, ...)
- *         --bind <worktree> <worktree>        the sandbox itself, writable
- *         --bind <common>/worktrees/<id> ...  this worktree's HEAD, index, logs/HEAD
- *         --bind <common>/objects ...         new objects
- *         --bind <common>/refs/heads/<branch dir> ...        the branch ref (+ .lock)
- *         --bind <common>/logs/refs/heads/<branch dir> ...   the branch reflog
- *         --bind <writable>...                optional extra writable paths
- *         --unshare-pid --unshare-ipc [--unshare-net]
- *         --die-with-parent --new-session
- *         --chdir <cwd> -- <command> <args...>
- *
- * Every path comes from trusted places (the repository, Slipway's own state), never from
- * files inside the worktree, which the agent controls.
+ * The root is an empty tmpfs: the user's checkout, other sandboxes, $SLIPWAY_HOME, the user's
+ * home and the rest of the host are not there at all, so neither a read nor a remount can reach
+ * them. Every path comes from trusted places (Slipway's records, the repository's own git
+ * directory), never from files inside the worktree, which the agent controls.
  */
 import { execFile } from 'node:child_process';
-import { accessSync, constants, promises as fs } from 'node:fs';
+import { accessSync, constants, existsSync, lstatSync, promises as fs, readlinkSync, realpathSync, type Stats } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { isInside } from './paths';
@@ -90,7 +88,7 @@ const probes = new Map<string, Promise<void>>();
 export function probeBwrap(bwrap: string): Promise<void> {
   let probe = probes.get(bwrap);
   if (!probe) {
-    probe = execFileAsync(bwrap, ['--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--unshare-pid', '--die-with-parent', '--', 'true'], {
+    probe = execFileAsync(bwrap, ['--unshare-user', '--cap-drop', 'ALL', '--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--unshare-pid', '--die-with-parent', '--', 'true'], {
       encoding: 'utf8',
       timeout: 30_000,
     }).then(
@@ -112,72 +110,58 @@ export function probeBwrap(bwrap: string): Promise<void> {
 /** What a confined command may see and write, all absolute real paths. */
 export interface ConfinementLayout {
   worktree: string;
-  repository: string;
-  commonDir: string;
-  /** `<common>/worktrees/<id>`: HEAD, index, logs/HEAD, COMMIT_EDITMSG of this worktree. */
-  worktreeGitDir: string;
-  branch?: string;
-  /** Writable parts of the git common dir. */
-  gitWritable: string[];
-}
-
-async function realDir(p: string): Promise<string> {
-  await fs.mkdir(p, { recursive: true });
-  return fs.realpath(p);
-}
-
-/**
- * Works out the layout for a worktree at `worktree` of `repository`, on `branch` (trusted:
- * from Slipway's state, not from the worktree's own HEAD, which the agent could point at
- * `main`).
- */
-export async function confinementLayout(repository: string, worktree: string, branch: string | undefined): Promise<ConfinementLayout> {
-  const repo = await fs.realpath(repository);
-  const root = await fs.realpath(worktree);
-  const { stdout } = await execFileAsync('git', ['-C', repo, 'rev-parse', '--git-common-dir'], { encoding: 'utf8' });
-  const commonDir = await fs.realpath(path.resolve(repo, stdout.trim()));
-
-  // The worktree's admin folder is the one whose `gitdir` file names <worktree>/.git.
-  // Those files live in the common dir; each agent can only write its own.
-  const adminRoot = path.join(commonDir, 'worktrees');
-  const matches: string[] = [];
-  for (const id of await fs.readdir(adminRoot).catch(() => [] as string[])) {
-    const gitdirFile = await fs.readFile(path.join(adminRoot, id, 'gitdir'), 'utf8').catch(() => undefined);
-    if (gitdirFile === undefined) continue;
-    const named = path.resolve(adminRoot, id, gitdirFile.trim());
-    const namedReal = await fs.realpath(path.dirname(named)).catch(() => path.dirname(named));
-    if (path.basename(named) === '.git' && namedReal === root) matches.push(path.join(adminRoot, id));
-  }
-  if (matches.length !== 1) {
-    throw new Error(
-      matches.length === 0
-        ? `${root} is not a registered worktree of ${repo}`
-        : `several worktree folders of ${repo} claim ${root}: ${matches.join(', ')}`,
-    );
-  }
-  const worktreeGitDir = await fs.realpath(matches[0]);
-
-  const gitWritable = [worktreeGitDir, await fs.realpath(path.join(commonDir, 'objects'))];
-  const reftable = path.join(commonDir, 'reftable');
-  if (await fs.stat(reftable).then((s) => s.isDirectory(), () => false)) {
-    // The reftable backend keeps every ref in one folder: there is no finer grain.
-    gitWritable.push(await fs.realpath(reftable));
-  } else if (branch) {
-    // `git commit` writes refs/heads/<branch> through <branch>.lock in the same folder, and
-    // appends to logs/refs/heads/<branch>. A bind of the file alone cannot be renamed over,
-    // so the branch's folder is bound: branches sharing it (slipway/<objective>/...) are
-    // writable too, the user's branches outside it are not.
-    const branchDir = path.dirname(branch);
-    gitWritable.push(await realDir(path.join(commonDir, 'refs', 'heads', branchDir)));
-    gitWritable.push(await realDir(path.join(commonDir, 'logs', 'refs', 'heads', branchDir)));
-  }
-  for (const p of gitWritable) {
-    if (!isInside(commonDir, p)) throw new Error(`refusing to make ${p} writable: it is outside ${commonDir}`);
-  }
-  return { worktree: root, repository: repo, commonDir, worktreeGitDir, branch, gitWritable };
+  /** Writable directories mounted at a path (source on the host -> where the sandbox sees it). */
+  binds: Array<{ source: string; dest: string }>;
+  /** Read-only directories mounted at a path. */
+  roBinds: Array<{ source: string; dest: string }>;
 }
 
 const PRIVATE_TMP = '/tmp';
+/** The uid and gid a confined command runs as (inside its user namespace). */
+export const SANDBOX_UID = 1000;
+
+/**
+ * System paths bound read-only. Listed in one place: what a sandbox may run. Agent CLIs installed
+ * elsewhere (~/.local, nvm) are added through `readable`; Node's own prefix is added when it
+ * lies outside these.
+ */
+export const SYSTEM_PATHS = ['/usr', '/bin', '/sbin', '/lib', '/lib32', '/lib64', '/libx32', '/etc', '/opt'];
+/** Files and folders of /etc no sandbox may read. */
+export const ETC_MASKED_FILES = ['/etc/shadow', '/etc/shadow-', '/etc/gshadow', '/etc/gshadow-', '/etc/sudoers', '/etc/security/opasswd'];
+export const ETC_MASKED_DIRS = ['/etc/ssh', '/etc/ssl/private', '/etc/sudoers.d', '/etc/slipway'];
+
+interface SystemView {
+  args: string[];
+}
+let systemView: SystemView | undefined;
+
+/** The bwrap arguments for the read-only system view (computed once per process). */
+export function systemViewArgs(): string[] {
+  if (systemView) return systemView.args;
+  const args: string[] = [];
+  const bound: string[] = [];
+  for (const p of SYSTEM_PATHS) {
+    let st: Stats | undefined;
+    try {
+      st = lstatSync(p);
+    } catch {
+      continue;
+    }
+    if (st.isSymbolicLink()) args.push('--symlink', readlinkSync(p), p);
+    else if (st.isDirectory()) {
+      args.push('--ro-bind', p, p);
+      bound.push(p);
+    }
+  }
+  // Node (and npm-installed agent CLIs beside it) may live outside /usr, e.g. /usr/local is
+  // covered but an nvm prefix is not.
+  const nodePrefix = path.dirname(path.dirname(realpathSync(process.execPath)));
+  if (!bound.some((b) => isInside(b, nodePrefix)) && nodePrefix !== '/') args.push('--ro-bind', nodePrefix, nodePrefix);
+  for (const f of ETC_MASKED_FILES) if (existsSync(f)) args.push('--ro-bind', '/dev/null', f);
+  for (const d of ETC_MASKED_DIRS) if (existsSync(d)) args.push('--tmpfs', d);
+  systemView = { args };
+  return args;
+}
 
 /** The extra writable and hidden paths, checked and resolved (bwrap cannot mount on missing paths in a read-only tree). */
 export async function resolveExtraPaths(confinement: BubblewrapConfinement): Promise<{ writable: string[]; hidden: string[]; readable: string[] }> {
@@ -211,16 +195,25 @@ export function bwrapArgs(
     readable: confinement.readable ?? [],
   },
 ): string[] {
-  const args = ['--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', '--tmpfs', PRIVATE_TMP];
-  // The private /tmp hides whatever lived there; bring the repository back, read-only.
-  const underTmp = (p: string) => isInside(PRIVATE_TMP, p);
-  const readOnly = [layout.repository, layout.commonDir, ...(extra.readable ?? []).map((p) => absolute(p, 'readable'))].filter(underTmp);
-  for (const p of dedupe(readOnly)) args.push('--ro-bind', p, p);
+  const home = process.env.HOME && path.isAbsolute(process.env.HOME) ? path.normalize(process.env.HOME) : undefined;
+  const args = [
+    '--unshare-user', '--uid', String(SANDBOX_UID), '--gid', String(SANDBOX_UID),
+    '--cap-drop', 'ALL',
+    ...systemViewArgs(),
+    '--dev', '/dev', '--proc', '/proc',
+    '--tmpfs', PRIVATE_TMP, '--tmpfs', '/var/tmp',
+  ];
+  if (home && home !== '/' && !isInside(PRIVATE_TMP, home)) args.push('--tmpfs', home);
+  for (const p of dedupe((extra.readable ?? []).map((p) => absolute(p, 'readable')))) args.push('--ro-bind', p, p);
+  args.push('--bind', layout.worktree, layout.worktree);
+  for (const b of layout.binds) args.push('--bind', b.source, b.dest);
+  for (const b of layout.roBinds) args.push('--ro-bind', b.source, b.dest);
+  for (const p of dedupe(extra.writable.map((p) => absolute(p, 'writable')))) args.push('--bind', p, p);
   for (const p of extra.hidden) args.push('--tmpfs', absolute(p, 'hidden'));
-  const writable = [layout.worktree, ...layout.gitWritable, ...extra.writable.map((p) => absolute(p, 'writable'))];
-  for (const p of dedupe(writable)) args.push('--bind', p, p);
-  args.push('--unshare-pid', '--unshare-ipc');
+  args.push('--unshare-pid', '--unshare-ipc', '--unshare-uts', '--hostname', 'slipway-sandbox');
   if (!confinement.network) args.push('--unshare-net');
+  // The root tmpfs only holds mount points: read-only, so nothing pretends to write outside.
+  args.push('--remount-ro', '/');
   args.push('--die-with-parent', '--new-session', '--chdir', cwd);
   return args;
 }
@@ -234,38 +227,3 @@ function dedupe(paths: string[]): string[] {
   return [...new Set(paths)];
 }
 
-/**
- * A confined command can rewrite `<worktree>/.git` and its admin folder's `commondir`,
- * `gitdir` and `config.worktree`. Slipway later runs git in the worktree outside the
- * sandbox, so a tampered link could point that git at a config the agent wrote
- * (core.fsmonitor, core.hooksPath: code execution outside the sandbox). Snapshot them
- * before a command and put them back after.
- */
-export async function snapshotGitLinks(layout: ConfinementLayout): Promise<() => Promise<void>> {
-  const files = [
-    path.join(layout.worktreeGitDir, 'commondir'),
-    path.join(layout.worktreeGitDir, 'gitdir'),
-    path.join(layout.worktreeGitDir, 'config.worktree'),
-  ];
-  const saved = await Promise.all(files.map((f) => fs.readFile(f).catch(() => undefined)));
-  const dotGit = path.join(layout.worktree, '.git');
-  const dotGitContent = `gitdir: ${layout.worktreeGitDir}\n`;
-  return async () => {
-    for (const [i, file] of files.entries()) {
-      const before = saved[i];
-      const now = await fs.readFile(file).catch(() => undefined);
-      if (before === undefined && now === undefined) continue;
-      if (before !== undefined && now !== undefined && before.equals(now)) continue;
-      await fs.rm(file, { recursive: true, force: true });
-      if (before !== undefined) await fs.writeFile(file, before);
-    }
-    const stat = await fs.lstat(dotGit).catch(() => undefined);
-    const current = stat?.isFile() ? await fs.readFile(dotGit, 'utf8') : undefined;
-    const named = current === undefined ? undefined : path.resolve(layout.worktree, current.replace(/^gitdir:\s*/, '').trim());
-    const namedReal = named === undefined ? undefined : await fs.realpath(named).catch(() => named);
-    if (namedReal !== layout.worktreeGitDir) {
-      await fs.rm(dotGit, { recursive: true, force: true });
-      await fs.writeFile(dotGit, dotGitContent);
-    }
-  };
-}

@@ -5,7 +5,8 @@
  */
 import { promises as fs } from 'node:fs';
 import { runProcess, type RunResult } from '../process';
-import { bwrapArgs, BubblewrapMissingError, confinementLayout, probeBwrap, requireBwrap, resolveExtraPaths, snapshotGitLinks, type BubblewrapConfinement } from './bubblewrap';
+import { bwrapArgs, probeBwrap, requireBwrap, resolveExtraPaths, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
+import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree } from './sandbox-git';
 import { resolveInside } from './paths';
 import type { ExecRequest } from './provider';
 
@@ -23,39 +24,54 @@ async function realpathOrSelf(p: string): Promise<string> {
 }
 
 export async function execInWorktree(target: ExecTarget, req: ExecRequest): Promise<RunResult> {
-  const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
-  const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
-  const common = {
-    cwd,
-    stdin: req.stdin,
-    timeoutMs: req.timeoutMs,
-    signal: req.signal,
-    onLine: req.onLine,
-    maxCaptureBytes: req.maxCaptureBytes,
-  };
   const confinement = target.confinement;
-  if (!confinement) return runProcess({ ...common, command: req.command, args: req.args, shell: req.shell, env });
-  if (!target.repository) throw new Error(`confined commands need the repository of ${target.root}`);
+  if (!confinement) {
+    const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
+    const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
+    return runProcess({ ...commonOptions(req), cwd, command: req.command, args: req.args, shell: req.shell, env });
+  }
+  return runProcess({ ...commonOptions(req), ...(await confinedCommand(target, req)) });
+}
 
+function commonOptions(req: ExecRequest) {
+  return { stdin: req.stdin, timeoutMs: req.timeoutMs, signal: req.signal, onLine: req.onLine, maxCaptureBytes: req.maxCaptureBytes };
+}
+
+/**
+ * The bwrap command line for a request in a confined sandbox, with the sandbox's own git
+ * directory in place of the repository's (sandbox-git.ts).
+ */
+export async function confinedCommand(
+  target: ExecTarget,
+  req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>,
+): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string }> {
+  const confinement = target.confinement;
+  if (!confinement) throw new Error('confinedCommand needs a confinement');
+  if (!target.repository) throw new Error(`confined commands need the repository of ${target.root}`);
   const bwrap = requireBwrap(confinement.bwrapPath);
   await probeBwrap(bwrap);
-  const layout = await confinementLayout(target.repository, target.root, target.branch);
-  const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
-  // The host's TMPDIR may point somewhere read-only in the sandbox; /tmp is private and writable.
+  const loc = await locateWorktree(target.repository, target.root);
+  const cwd = req.cwd ? await resolveInside(loc.worktree, req.cwd) : loc.worktree;
+  if (!(await fs.stat(cwd).then((s) => s.isDirectory(), () => false))) throw new ExecCwdError(req.cwd ?? '.');
+  const sg = await ensureSandboxGit(loc, target.branch);
+  const layout: ConfinementLayout = {
+    worktree: loc.worktree,
+    binds: [{ source: sg.gitDir, dest: loc.commonDir }],
+    roBinds: sg.sharedObjects,
+  };
+  const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
+  // The host's TMPDIR may not exist in the sandbox; /tmp is private and writable.
   if (req.env?.TMPDIR === undefined) env.TMPDIR = '/tmp';
-  const restoreGitLinks = await snapshotGitLinks(layout);
-  try {
-    return await runProcess({
-      ...common,
-      command: bwrap,
-      args: [...bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement)), '--', ...inner],
-      env,
-    });
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT' && (e as NodeJS.ErrnoException).path === bwrap) throw new BubblewrapMissingError();
-    throw e;
-  } finally {
-    await restoreGitLinks();
+  Object.assign(env, CONFINED_GIT_ENV);
+  const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
+  return { command: bwrap, args: [...bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement)), '--', ...inner], env, cwd: loc.worktree };
+}
+
+/** The working directory asked for does not exist in the sandbox (a caller's mistake, not a sandbox failure). */
+export class ExecCwdError extends Error {
+  constructor(readonly cwd: string) {
+    super(`cwd "${cwd}" is not a directory in the sandbox`);
+    this.name = 'ExecCwdError';
   }
 }
 

@@ -26,6 +26,7 @@ import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
 import { git, gitMaybe, GitError, rawGit, SLIPWAY_GIT_IDENTITY } from '../git';
 import { collapse, copyIgnoredFiles, listIgnoredToCopy } from './copy-ignored';
+import { locateWorktree, objectFolders, trustedWorktreeArgs, type WorktreeLocation } from './sandbox-git';
 
 export const SNAPSHOTS_DIR = `${SLIPWAY_DIR}/snapshots`;
 const CHECKOUT_WORKERS = 8;
@@ -115,9 +116,30 @@ async function readManifest(dir: string): Promise<LocalSnapshotManifest | undefi
   }
 }
 
+/**
+ * The snapshot's own object store: what suspend writes (changed and untracked files) goes to
+ * `<snapshot>/objects`, never into the repository, so a tenant's files neither grow the
+ * operator's repository nor become visible to other sandboxes; the repository's objects are read
+ * through alternates. Dropped with the snapshot.
+ */
+async function snapshotStore(loc: WorktreeLocation, dir: string): Promise<{ GIT_OBJECT_DIRECTORY: string; GIT_ALTERNATE_OBJECT_DIRECTORIES: string }> {
+  return {
+    GIT_OBJECT_DIRECTORY: path.join(dir, 'objects'),
+    GIT_ALTERNATE_OBJECT_DIRECTORIES: (await objectFolders(loc.commonDir)).join(path.delimiter),
+  };
+}
+
+async function folderBytes(dir: string): Promise<number> {
+  let total = 0;
+  for (const entry of await fs.readdir(dir, { withFileTypes: true, recursive: true }).catch(() => [])) {
+    if (entry.isFile()) total += (await fs.lstat(path.join(entry.parentPath ?? (entry as unknown as { path: string }).path, entry.name)).catch(() => undefined))?.size ?? 0;
+  }
+  return total;
+}
+
 /** Ignored entries of the worktree, in git's collapsed --directory form. */
-async function ignoredEntries(root: string): Promise<string[]> {
-  const out = await rawGit(root, ['ls-files', '-z', '--others', '--ignored', '--exclude-standard', '--directory']);
+async function ignoredEntries(loc: WorktreeLocation): Promise<string[]> {
+  const out = await rawGit(loc.worktree, [...trustedWorktreeArgs(loc), 'ls-files', '-z', '--others', '--ignored', '--exclude-standard', '--directory']);
   return collapse(out.split('\0').filter(Boolean));
 }
 
@@ -152,36 +174,42 @@ export async function suspendLocal(root: string, opts: { templateIgnored: boolea
     return { snapshotRef: ref, bytes: done.bytes, files: 0, durationMs: Date.now() - started };
   }
   if (!(await exists(path.join(root, '.git')))) throw new SnapshotError(`${root} is not a live worktree`);
+  // Git addresses the worktree through the repository's record of it, never its `.git` file.
+  const loc = await locateWorktree(repository, root).catch((e: Error) => {
+    throw new SnapshotError(e.message);
+  });
+  const store = await snapshotStore(loc, dir);
+  await fs.mkdir(store.GIT_OBJECT_DIRECTORY, { recursive: true });
+  const wt = (args: string[], env?: Record<string, string>) => rawGit(root, [...trustedWorktreeArgs(loc), ...args], { ...store, ...env }).then((o) => o.trim());
 
-  const head = await git(root, ['rev-parse', 'HEAD']);
-  const branchRef = await gitMaybe(root, ['symbolic-ref', '-q', 'HEAD']);
+  const head = await wt(['rev-parse', 'HEAD']);
+  const branchRef = await wt(['symbolic-ref', '-q', 'HEAD']).catch(() => undefined);
   let indexTree: string;
   try {
-    indexTree = await git(root, ['write-tree']);
+    indexTree = await wt(['write-tree']);
   } catch (e) {
     throw new SnapshotError(`the index cannot be captured (unresolved merge?): ${(e as GitError).stderr?.trim() ?? (e as Error).message}`);
   }
   // The working tree, untracked files included, through a throwaway copy of the index (its
   // stat cache means only changed files are hashed).
-  const realIndex = (await git(root, ['rev-parse', '--path-format=absolute', '--git-path', 'index']));
+  const realIndex = path.join(loc.adminDir, 'index');
   const tmpIndex = path.join(os.tmpdir(), `slipway-snapshot-index-${process.pid}-${Date.now()}`);
   await fs.copyFile(realIndex, tmpIndex).catch(() => undefined);
   let worktreeTree: string;
   try {
-    const env = { ...process.env, GIT_INDEX_FILE: tmpIndex };
-    await rawGit(root, ['add', '-A', '--ignore-errors', '.'], env);
-    worktreeTree = (await rawGit(root, ['write-tree'], env)).trim();
+    const env = { GIT_INDEX_FILE: tmpIndex };
+    await wt(['add', '-A', '--ignore-errors', '.'], env);
+    worktreeTree = await wt(['write-tree'], env);
   } finally {
     await fs.rm(tmpIndex, { force: true });
   }
-  const env = { ...process.env, ...identityEnv };
-  const indexCommit = (await rawGit(root, ['commit-tree', indexTree, '-p', head, '-m', 'slipway snapshot: index'], env)).trim();
-  const snapCommit = (await rawGit(root, ['commit-tree', worktreeTree, '-p', head, '-p', indexCommit, '-m', `slipway snapshot of ${group}/${name}`], env)).trim();
-  await git(repository, ['update-ref', ref, snapCommit]);
+  const env = { ...identityEnv };
+  const indexCommit = await wt(['commit-tree', indexTree, '-p', head, '-m', 'slipway snapshot: index'], env);
+  await wt(['commit-tree', worktreeTree, '-p', head, '-p', indexCommit, '-m', `slipway snapshot of ${group}/${name}`], env);
 
   // Ignored files: the template supplies some again; the rest are archived.
   const template = opts.templateIgnored ? (await listIgnoredToCopy(repository)).paths : [];
-  const ignored = await ignoredEntries(root);
+  const ignored = await ignoredEntries(loc);
   const fromTemplate = ignored.filter((entry) => template.some((t) => covers(t, entry)));
   const archived = ignored.filter((entry) => !fromTemplate.includes(entry));
   await fs.mkdir(dir, { recursive: true });
@@ -195,8 +223,8 @@ export async function suspendLocal(root: string, opts: { templateIgnored: boolea
     bytes += (await fs.stat(tar)).size;
   }
   // Storage attributable to the snapshot: changed and untracked blobs (the rest is shared).
-  const changed = (await rawGit(repository, ['diff-tree', '-r', '-z', '--no-commit-id', '--name-only', head, worktreeTree])).split('\0').filter(Boolean);
-  for (const file of changed) bytes += (await fs.lstat(path.join(root, file)).catch(() => undefined))?.size ?? 0;
+  const changed = (await rawGit(repository, ['diff-tree', '-r', '-z', '--no-commit-id', '--name-only', head, worktreeTree], store)).split('\0').filter(Boolean);
+  bytes += await folderBytes(store.GIT_OBJECT_DIRECTORY);
 
   const manifest: LocalSnapshotManifest = {
     version: 1,
@@ -229,18 +257,18 @@ export async function restoreLocal(root: string, opts: { templateIgnored: boolea
   if (!m) {
     if (await exists(path.join(root, '.git'))) {
       // A retried restore whose first attempt finished.
+      const loc = await locateWorktree(repository, root);
       return {
         root,
-        branch: await gitMaybe(root, ['symbolic-ref', '-q', '--short', 'HEAD']),
-        head: await git(root, ['rev-parse', 'HEAD']),
+        branch: await gitMaybe(root, [...trustedWorktreeArgs(loc), 'symbolic-ref', '-q', '--short', 'HEAD']),
+        head: await git(root, [...trustedWorktreeArgs(loc), 'rev-parse', 'HEAD']),
         durationMs: Date.now() - started,
         alreadyRestored: true,
       };
     }
     throw new SnapshotError(`no snapshot for ${group}/${name}`);
   }
-  const snap = await gitMaybe(repository, ['rev-parse', '--verify', '--quiet', `${m.ref}^{commit}`]);
-  if (!snap) throw new SnapshotError(`snapshot ref ${m.ref} is gone`);
+  if (!(await exists(path.join(dir, 'objects')))) throw new SnapshotError(`the snapshot's objects for ${group}/${name} are gone`);
   // A half-done earlier attempt: start over.
   if (await exists(root)) await removeWorktree(repository, root);
   await gitMaybe(repository, ['worktree', 'prune']);
@@ -253,17 +281,19 @@ export async function restoreLocal(root: string, opts: { templateIgnored: boolea
   } else {
     await git(repository, ['worktree', 'add', '--no-checkout', '--detach', root, m.head]);
   }
+  const loc = await locateWorktree(repository, root);
+  const store = await snapshotStore(loc, dir);
+  const wt = (args: string[]) => rawGit(root, [...trustedWorktreeArgs(loc), ...args], store);
   // Working tree (with untracked files) from its tree; then the index as it was staged.
-  await git(root, ['read-tree', m.worktreeTree]);
+  await wt(['read-tree', m.worktreeTree]);
   // Writing 10,000 files is bound by per-file latency in the kernel, not CPU: parallel
   // checkout workers cut a loaded machine's wake from ~10 s to ~1-3 s (bench/sandbox-service.ts).
-  await git(root, ['-c', `checkout.workers=${CHECKOUT_WORKERS}`, '-c', 'checkout.thresholdForParallelism=64', 'checkout-index', '--all', '--force', '--quiet']);
-  await git(root, ['read-tree', m.indexTree]);
-  await rawGit(root, ['update-index', '-q', '--refresh']).catch(() => undefined); // non-zero while files differ from the index
+  await wt(['-c', `checkout.workers=${CHECKOUT_WORKERS}`, '-c', 'checkout.thresholdForParallelism=64', 'checkout-index', '--all', '--force', '--quiet']);
+  await wt(['read-tree', m.indexTree]);
+  await wt(['update-index', '-q', '--refresh']).catch(() => undefined); // non-zero while files differ from the index
   if (m.archived.length > 0) await run('tar', ['-C', root, '-xpf', path.join(dir, 'ignored.tar')]);
   if (opts.templateIgnored && m.fromTemplate.length > 0) await copyIgnoredFiles(repository, root);
 
-  await gitMaybe(repository, ['update-ref', '-d', m.ref]);
   await fs.rm(dir, { recursive: true, force: true });
   await fs.rmdir(path.dirname(dir)).catch(() => undefined);
   return {
@@ -278,6 +308,7 @@ export async function restoreLocal(root: string, opts: { templateIgnored: boolea
 /** Drops a snapshot (the sandbox was terminated while suspended). Idempotent. */
 export async function deleteLocalSnapshot(root: string): Promise<void> {
   const { repository, group, name } = parseRoot(root);
+  // Snapshots of earlier versions lived under a ref in the repository.
   await gitMaybe(repository, ['update-ref', '-d', snapshotRefName(group, name)]);
   const dir = snapshotDir(repository, group, name);
   await fs.rm(dir, { recursive: true, force: true });

@@ -25,7 +25,7 @@ import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, reso
 import type { RunResult } from '../process';
 import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
-import { combineConfinement, execInWorktree, type ExecTarget } from './exec';
+import { combineConfinement, confinedCommand, execInWorktree, type ExecTarget } from './exec';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
 import { deleteLocalSnapshot, probeLocal, restoreLocal, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
@@ -36,6 +36,15 @@ import type { ExecRequest, ProjectSetup, SandboxCreateRequest, SandboxHandle, Sa
 import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
 import { adminDirOf } from './worktree-admin';
+import { discardSandboxGit, importPack, locateWorktree, OBJECT_ID, resetSandboxGitWorktree, trustedWorktreeArgs } from './sandbox-git';
+
+/** The environment of Slipway's own git commands inside a sandbox: nothing of the worker's. */
+export const SLIPWAY_GIT_ENV: Record<string, string> = {
+  PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+  LANG: 'C.UTF-8',
+  HOME: '/tmp',
+  GIT_TERMINAL_PROMPT: '0',
+};
 
 export type { BubblewrapConfinement } from './bubblewrap';
 
@@ -208,8 +217,11 @@ export class LocalSandboxProvider implements SandboxProvider {
       if (claimed) {
         // Plumbing rather than `checkout -b` (which re-reads the whole tree): the entry is at the
         // base already, so only the branch is made (create-only) and HEAD pointed at it.
-        await git(root, ['update-ref', '--create-reflog', '-m', `branch: Created from ${baseCommit} (warm pool)`, `refs/heads/${req.branch}`, baseCommit, '']);
-        await git(root, ['symbolic-ref', '-m', `checkout: moving from ${baseCommit} to ${req.branch}`, 'HEAD', `refs/heads/${req.branch}`]);
+        const loc = await locateWorktree(repo, root);
+        await git(root, [...trustedWorktreeArgs(loc), 'update-ref', '--create-reflog', '-m', `branch: Created from ${baseCommit} (warm pool)`, `refs/heads/${req.branch}`, baseCommit, '']);
+        await git(root, [...trustedWorktreeArgs(loc), 'symbolic-ref', '-m', `checkout: moving from ${baseCommit} to ${req.branch}`, 'HEAD', `refs/heads/${req.branch}`]);
+        // The entry's setup ran in a git directory of its own; the sandbox starts a fresh one.
+        await discardSandboxGit(repo, root);
         await writeRecord(recordFile, { ...base, state: 'ready', origin: 'pool', poolEntry: claimed.id, ...(claimed.template ? { template: claimed.template } : {}) });
         this.scheduleFill(repo, poolSpec(source), poolSize);
         return {
@@ -234,6 +246,8 @@ export class LocalSandboxProvider implements SandboxProvider {
     } else {
       await git(repo, ['worktree', 'add', '-q', '--no-checkout', '-b', req.branch, root, baseCommit]);
     }
+    // A sandbox made again at this place starts with a fresh private git directory.
+    await discardSandboxGit(repo, root);
     let ignoredCopy: SandboxHandle['ignoredCopy'];
     const copied = await populateWorktree({
       repo,
@@ -252,7 +266,7 @@ export class LocalSandboxProvider implements SandboxProvider {
         skipFirstCommands: source?.template !== undefined,
       });
     }
-    const headCommit = await git(root, ['rev-parse', 'HEAD']);
+    const headCommit = await git(root, [...trustedWorktreeArgs(await locateWorktree(repo, root)), 'rev-parse', 'HEAD']);
     const origin = source?.template ? 'template' : 'cold';
     await writeRecord(recordFile, {
       ...base,
@@ -387,10 +401,11 @@ export class LocalSandboxProvider implements SandboxProvider {
 
   async destroy({ repository, root }: { repository: string; root: string }): Promise<void> {
     const repo = await realpathOrSelf(repository);
-    const existing = await findWorktree(await listWorktrees(repo), root);
-    if (existing) await gitMaybe(repo, ['worktree', 'remove', '--force', '--force', existing.path]);
+    // Deleted by Slipway, then pruned: `git worktree remove` would read the worktree's own
+    // (sandbox-controlled) `.git` file and could run git in it.
     await fs.rm(root, { recursive: true, force: true });
     await git(repo, ['worktree', 'prune']);
+    await discardSandboxGit(repo, path.resolve(root));
     // Remove the group folder once its last sandbox is gone.
     await fs.rmdir(path.dirname(root)).catch(() => undefined);
     const parsed = parseSandboxRoot(path.resolve(root));
@@ -406,8 +421,46 @@ export class LocalSandboxProvider implements SandboxProvider {
     return suspendLocal(handle.root, options);
   }
 
-  restore(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
-    return restoreLocal(handle.root, options);
+  async restore(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
+    const restored = await restoreLocal(handle.root, options);
+    const target = await this.execTarget(handle.root);
+    if (target.confinement && target.repository && !restored.alreadyRestored) {
+      // The sandbox's own git directory kept its commits; its index is made again from its HEAD
+      // (the files stay as they were; which changes were staged is not kept, ADR 0006).
+      await resetSandboxGitWorktree(target.repository, target.root);
+      const r = await execInWorktree(target, { command: 'git', args: ['reset', '-q'], env: SLIPWAY_GIT_ENV, inheritEnv: false });
+      if (r.exitCode !== 0) throw new Error(`restoring the sandbox's index failed: ${r.stderr.trim()}`);
+    }
+    return restored;
+  }
+
+  /**
+   * Confined: git inside the sandbox packs its HEAD's commits and git outside indexes them into
+   * the repository with full checks, then the sandbox's branch (from Slipway's record) moves
+   * there. Unconfined: the sandbox shares the repository, so HEAD is read directly.
+   */
+  async collect(handle: Pick<SandboxHandle, 'root'>, options: { known?: string[]; signal?: AbortSignal } = {}): Promise<{ head: string; imported: boolean }> {
+    const target = await this.execTarget(handle.root);
+    if (!target.confinement || !target.repository) {
+      return { head: await git(handle.root, ['rev-parse', 'HEAD']), imported: false };
+    }
+    const repo = target.repository;
+    const rev = await execInWorktree(target, { command: 'git', args: ['rev-parse', '--verify', '--quiet', 'HEAD^{commit}'], env: SLIPWAY_GIT_ENV, inheritEnv: false, signal: options.signal });
+    const head = rev.stdout.trim();
+    if (rev.exitCode !== 0 || !OBJECT_ID.test(head)) throw new Error(`the sandbox at ${handle.root} has no commit at HEAD`);
+    const have = (await gitMaybe(repo, ['cat-file', '-e', `${head}^{commit}`])) !== undefined;
+    if (!have) {
+      const parsed = parseSandboxRoot(target.root);
+      const record = parsed ? await readRecord(recordPath(repo, parsed.group, parsed.name)) : undefined;
+      const candidates = [record?.baseCommit, target.branch ? await gitMaybe(repo, ['rev-parse', '--verify', '--quiet', `refs/heads/${target.branch}^{commit}`]) : undefined, ...(options.known ?? [])];
+      const known: string[] = [];
+      for (const c of candidates) if (c && OBJECT_ID.test(c) && !known.includes(c) && (await gitMaybe(repo, ['cat-file', '-e', `${c}^{commit}`])) !== undefined) known.push(c);
+      const cmd = await confinedCommand(target, { command: 'sh', args: ['-c', 'printf "%s\\n" "$@" | git pack-objects --revs --stdout --quiet', 'pack', head, ...known.map((k) => `^${k}`)], env: SLIPWAY_GIT_ENV, inheritEnv: false });
+      await importPack(repo, cmd, { signal: options.signal });
+      if ((await gitMaybe(repo, ['cat-file', '-e', `${head}^{commit}`])) === undefined) throw new Error(`the sandbox's pack did not contain ${head}`);
+    }
+    if (target.branch) await git(repo, ['update-ref', '-m', 'slipway: collected from its sandbox', `refs/heads/${target.branch}`, head]);
+    return { head, imported: !have };
   }
 
   deleteSnapshot(handle: Pick<SandboxHandle, 'root'>) {

@@ -100,6 +100,12 @@ export interface SandboxProvider {
   writeFile(handle: Pick<SandboxHandle, 'root'>, path: string, content: Buffer | string): Promise<void>;
   deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<void>;
   destroy(request: { repository: string; root: string }): Promise<void>;
+  /**
+   * Brings the sandbox's work into the repository: its HEAD commit (with the objects it needs,
+   * checked as if fetched from an untrusted remote) becomes the tip of the sandbox's branch.
+   * `known`: commits the repository has that the sandbox's work may build on (not sent again).
+   */
+  collect(handle: Pick<SandboxHandle, 'root'>, options?: { known?: string[]; signal?: AbortSignal }): Promise<{ head: string; imported: boolean }>;
   list(repository: string): Promise<Array<{ root: string; branch?: string; head: string; sandboxId?: string }>>;
   /**
    * Idle offload (optional): store the sandbox's state as a snapshot and free its resources.

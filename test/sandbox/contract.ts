@@ -314,12 +314,13 @@ export function describeSandboxContract(
         expect(run.stdout.trim()).toBe(a.headCommit);
       });
 
-      it('destroy removes the folder and unregisters the worktree but keeps the branch', async () => {
+      it('destroy removes the folder and unregisters the worktree but keeps the collected branch', async () => {
         const handle = await provider.create(request('doomed'));
         await provider.writeFile(handle, 'scratch.txt', 'x');
         const committed = await provider.exec(handle, { command: 'git add scratch.txt && git -c user.name=t -c user.email=t@t commit -q -m scratch && git rev-parse HEAD', shell: true });
         expect(committed.exitCode, committed.stderr).toBe(0);
         const head = committed.stdout.trim();
+        expect((await provider.collect(handle)).head).toBe(head);
         await provider.destroy({ repository: repo, root: handle.root });
         expect(await exists(handle.root)).toBe(false);
         expect(gitIn(repo, 'worktree', 'list', '--porcelain')).not.toContain(handle.root);

@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
+import { isInside } from '../../activities/sandbox/paths';
 import { collapse, intersect } from '../../activities/sandbox/copy-ignored';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import type { SandboxCreateRequest } from '../../activities/sandbox/provider';
@@ -212,41 +213,49 @@ describe('local sandboxes', () => {
       ];
       const contentBefore = await Promise.all(targets.map((t) => fs.readFile(t, 'utf8').catch(() => undefined)));
       for (const target of targets) {
-        const r = await run(`echo pwned > '${target}'`);
-        expect(r.exitCode, target).not.toBe(0);
-        expect(r.stderr, target).toMatch(/Read-only file system|Permission denied/);
+        // Outside /tmp the write fails; under it, it lands in the sandbox's private /tmp. Either
+        // way the host's file is untouched (checked below), and none of them is even visible.
+        const r = await run(`cat '${target}' 2>/dev/null; echo pwned > '${target}'`);
+        if (r.exitCode === 0) expect(isInside('/tmp', target) || isInside(os.homedir(), target), target).toBe(true);
+        else expect(r.stderr, target).toMatch(/Read-only file system|Permission denied|No such file or directory|nonexistent/);
+        // The repository's git directory is replaced by the sandbox's own private one.
+        if (!isInside(path.join(repo, '.git'), target)) expect(r.stdout, target).toBe('');
       }
       const contentAfter = await Promise.all(targets.map((t) => fs.readFile(t, 'utf8').catch(() => undefined)));
       expect(contentAfter).toEqual(contentBefore);
       const rm = await run(`rm -rf '${path.join(repo, 'src')}'`);
-      expect(rm.exitCode).not.toBe(0);
+      expect(rm.exitCode === 0 || /Read-only/.test(rm.stderr)).toBe(true);
       expect(await exists(path.join(repo, 'src/a.txt'))).toBe(true);
     });
 
-    it('lets git commit on the sandbox branch, but not move the user\'s branches', async () => {
+    it('lets git commit on the sandbox branch, which reaches the repository only through collect', async () => {
       const mainBefore = gitIn(repo, 'rev-parse', 'main');
+      const branchBefore = gitIn(repo, 'rev-parse', h.branch);
       const r = await run('echo change >> README.md && git add -A && git commit -q -m "agent commit" && git rev-parse HEAD');
       expect(r.exitCode, r.stderr).toBe(0);
       const head = r.stdout.trim();
+      // Written to the sandbox's own git directory: the repository has neither the ref nor the object yet.
+      expect(gitIn(repo, 'rev-parse', h.branch)).toBe(branchBefore);
+      expect(() => gitIn(repo, 'cat-file', '-t', head)).toThrow();
+      const collected = await confined.collect(h);
+      expect(collected).toEqual({ head, imported: true });
       expect(gitIn(repo, 'rev-parse', h.branch)).toBe(head);
       expect(gitIn(repo, 'log', '-1', '--format=%s', h.branch)).toBe('agent commit');
       expect(gitIn(repo, 'cat-file', '-t', head)).toBe('commit');
-      const moveMain = await run('git update-ref refs/heads/main HEAD');
-      expect(moveMain.exitCode).not.toBe(0);
-      const newBranch = await run('git branch user-branch-from-agent');
-      expect(newBranch.exitCode).not.toBe(0);
+      // Moving main or making branches changes only the sandbox's private copy.
+      const moveMain = await run('git update-ref refs/heads/main HEAD && git branch user-branch-from-agent');
+      expect(moveMain.exitCode, moveMain.stderr).toBe(0);
+      await confined.collect(h);
       expect(gitIn(repo, 'rev-parse', 'main')).toBe(mainBefore);
       expect(gitIn(repo, 'branch', '--list', 'user-branch-from-agent')).toBe('');
     });
 
-    it('puts back a .git link the agent rewrote', async () => {
-      const original = await fs.readFile(path.join(h.root, '.git'), 'utf8');
-      const r = await run(`mkdir -p /tmp/evil && printf 'gitdir: /tmp/evil\\n' > .git`);
+    it('never follows a .git link the agent rewrote', async () => {
+      const r = await run(`mkdir -p evil && printf '[core]\\n\\tfsmonitor = "touch ${homeProbe}; false"\\n' > evil/config && printf 'gitdir: evil\\n' > .git`);
       expect(r.exitCode, r.stderr).toBe(0);
-      expect(gitIn(h.root, 'rev-parse', '--abbrev-ref', 'HEAD')).toBe(h.branch);
-      expect(path.resolve(h.root, (await fs.readFile(path.join(h.root, '.git'), 'utf8')).replace('gitdir:', '').trim())).toBe(
-        path.resolve(h.root, original.replace('gitdir:', '').trim()),
-      );
+      // Slipway's own git on the sandbox goes through its trusted record, never through `.git`.
+      await expect(confined.collect(h)).rejects.toThrow();
+      expect(await exists(homeProbe)).toBe(false);
     });
 
     it('cuts the network off when network is false, and not when true', async () => {
