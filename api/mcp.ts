@@ -10,12 +10,16 @@ import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { ApiClientError, type SandboxOps } from './client';
-import { CreateSandboxBody, ExecBody } from './schemas';
+import { CreateSandboxBody, ExecBody, ExecResult, SandboxView } from './schemas';
 import { ApiError, type Principal, type SandboxService } from './service';
 
 export const MCP_TOOLS = ['create_sandbox', 'exec_in_sandbox', 'read_sandbox_file', 'write_sandbox_file', 'destroy_sandbox', 'wait_sandbox_ready'] as const;
 
-const text = (value: unknown): CallToolResult => ({ content: [{ type: 'text', text: typeof value === 'string' ? value : JSON.stringify(value, null, 2) }] });
+/** Objects go out as text (for older clients) and as structured content matching the tool's output schema. */
+const text = (value: unknown): CallToolResult => ({
+  content: [{ type: 'text', text: typeof value === 'string' ? value : JSON.stringify(value, null, 2) }],
+  ...(value !== null && typeof value === 'object' ? { structuredContent: value as Record<string, unknown> } : {}),
+});
 
 async function guard(fn: () => Promise<CallToolResult>): Promise<CallToolResult> {
   try {
@@ -29,21 +33,29 @@ async function guard(fn: () => Promise<CallToolResult>): Promise<CallToolResult>
 }
 
 const sandboxId = z.string().describe('the sandbox id (sbx_...)');
-const encoding = z.enum(['utf8', 'base64']).default('utf8');
+const encoding = z.enum(['utf8', 'base64']).default('utf8').describe('how content is encoded in this call: utf8 text, or base64 for binary files');
+const filePath = z.string().min(1).describe('path relative to the sandbox root; may not leave it, nor name .git or .slipway');
 
 export function buildMcpServer(ops: SandboxOps): McpServer {
   const server = new McpServer({ name: 'slipway-sandboxes', version: '1.0.0' });
 
   server.registerTool(
     'create_sandbox',
-    { description: 'Create a sandbox from a profile. Returns it in status "pending"; call wait_sandbox_ready next.', inputSchema: CreateSandboxBody.shape },
+    {
+      description: 'Create a sandbox from a profile. Returns it in status "pending"; call wait_sandbox_ready next.',
+      inputSchema: CreateSandboxBody.shape,
+      outputSchema: SandboxView.shape,
+      annotations: { title: 'Create sandbox', readOnlyHint: false, destructiveHint: false, idempotentHint: false, openWorldHint: false },
+    },
     async (args) => guard(async () => text(await ops.create(args))),
   );
   server.registerTool(
     'wait_sandbox_ready',
     {
       description: 'Wait until a sandbox leaves "pending" (polls GET /api/v1/sandboxes/:id). Returns the sandbox.',
-      inputSchema: { sandbox_id: sandboxId, timeout_seconds: z.number().positive().max(300).default(60) },
+      inputSchema: { sandbox_id: sandboxId, timeout_seconds: z.number().positive().max(300).default(60).describe('give up (returning the pending sandbox) after this many seconds') },
+      outputSchema: SandboxView.shape,
+      annotations: { title: 'Wait for a sandbox', readOnlyHint: true, openWorldHint: false },
     },
     async ({ sandbox_id, timeout_seconds }) =>
       guard(async () => {
@@ -57,17 +69,31 @@ export function buildMcpServer(ops: SandboxOps): McpServer {
   );
   server.registerTool(
     'exec_in_sandbox',
-    { description: 'Run a command in the sandbox (no shell; use command "sh" with args ["-c", "..."]). Wakes a suspended sandbox first.', inputSchema: { sandbox_id: sandboxId, ...ExecBody.shape } },
+    {
+      description: 'Run a command in the sandbox (no shell; use command "sh" with args ["-c", "..."]). Wakes a suspended sandbox first.',
+      inputSchema: { sandbox_id: sandboxId, ...ExecBody.shape },
+      outputSchema: ExecResult.shape,
+      // Arbitrary commands can change or delete anything in the sandbox.
+      annotations: { title: 'Run a command', readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+    },
     async ({ sandbox_id, ...body }) => guard(async () => text(await ops.exec(sandbox_id, body))),
   );
   server.registerTool(
     'read_sandbox_file',
-    { description: 'Read a file of the sandbox (path relative to its root).', inputSchema: { sandbox_id: sandboxId, path: z.string().min(1), encoding } },
+    {
+      description: 'Read a file of the sandbox (path relative to its root; regular files only, up to the server\'s file limit).',
+      inputSchema: { sandbox_id: sandboxId, path: filePath, encoding },
+      annotations: { title: 'Read a file', readOnlyHint: true, openWorldHint: false },
+    },
     async ({ sandbox_id, path, encoding: enc }) => guard(async () => text((await ops.readFile(sandbox_id, path)).toString(enc))),
   );
   server.registerTool(
     'write_sandbox_file',
-    { description: 'Write a file in the sandbox (parent folders are created).', inputSchema: { sandbox_id: sandboxId, path: z.string().min(1), content: z.string(), encoding } },
+    {
+      description: 'Write a file in the sandbox (parent folders are created; an existing file is replaced).',
+      inputSchema: { sandbox_id: sandboxId, path: filePath, content: z.string().describe('the file content, in `encoding`'), encoding },
+      annotations: { title: 'Write a file', readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
+    },
     async ({ sandbox_id, path, content, encoding: enc }) =>
       guard(async () => {
         const bytes = Buffer.from(content, enc);
@@ -77,7 +103,12 @@ export function buildMcpServer(ops: SandboxOps): McpServer {
   );
   server.registerTool(
     'destroy_sandbox',
-    { description: 'Destroy the sandbox (it moves to terminating, then terminated).', inputSchema: { sandbox_id: sandboxId } },
+    {
+      description: 'Destroy the sandbox (it moves to terminating, then terminated); its files are gone.',
+      inputSchema: { sandbox_id: sandboxId },
+      outputSchema: SandboxView.shape,
+      annotations: { title: 'Destroy sandbox', readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
+    },
     async ({ sandbox_id }) => guard(async () => text(await ops.destroy(sandbox_id))),
   );
   return server;

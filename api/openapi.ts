@@ -17,9 +17,21 @@ const json = (name: string) => ({ content: { 'application/json': { schema: ref(n
 const error = (description: string) => ({ description, ...json('Error') });
 const ID = { name: 'id', in: 'path', required: true, schema: { type: 'string', pattern: '^sbx_[a-z2-7]{20}$' } };
 const PATH = { name: 'path', in: 'path', required: true, description: 'file path relative to the sandbox root; links and ".." may not leave it', schema: { type: 'string' } };
+const RETRY_AFTER = { 'Retry-After': { description: 'seconds to wait before trying again', schema: { type: 'integer', minimum: 1 } } };
+const tooMany = (description: string) => ({ ...error(description), headers: RETRY_AFTER });
+const UNAVAILABLE = { '503': { ...error('the sandbox could not be started or woken right now; try again'), headers: RETRY_AFTER } };
 const AUTH_ERRORS = { '401': error('missing or invalid token'), '403': error('sandboxes are not enabled for the account') };
 const SANDBOX_ERRORS = { ...AUTH_ERRORS, '404': error("no such sandbox in this account (another account's is a 404 too)") };
-const CALL_ERRORS = { ...SANDBOX_ERRORS, '409': error('the sandbox is pending (not_ready) or ended (sandbox_ended)') };
+const CALL_ERRORS = {
+  ...SANDBOX_ERRORS,
+  '409': error('the sandbox is pending (not_ready) or ended (sandbox_ended)'),
+  '422': error('the sandbox\'s profile has confinement "none", which this server refuses (unconfined_refused)'),
+  ...UNAVAILABLE,
+};
+const FILE_ERRORS = {
+  '400': error('the path leaves the sandbox, names .git or .slipway, has a component over 255 bytes, is a hard link, a directory or not a regular file'),
+  '413': error('the file is larger than the server\'s file limit (file_too_large, too_large)'),
+};
 
 export function buildOpenApiDocument() {
   return {
@@ -56,8 +68,10 @@ export function buildOpenApiDocument() {
             '201': { description: 'created, pending', ...json('Sandbox') },
             '400': error('malformed body'),
             ...AUTH_ERRORS,
-            '422': error('unknown profile, deadline over the profile maximum, or a grant on a project of another account'),
-            '429': error("the account's concurrency limit is reached"),
+            '413': error('the request body is too large'),
+            '422': error('unknown profile, deadline over the profile maximum, a grant on a project of another account, or a profile with confinement "none" on a server that refuses it (unconfined_refused)'),
+            '429': tooMany("the account's concurrency limit is reached"),
+            ...UNAVAILABLE,
           },
         },
         get: {
@@ -67,7 +81,7 @@ export function buildOpenApiDocument() {
             { name: 'status', in: 'query', schema: { type: 'string' } },
             { name: 'limit', in: 'query', schema: { type: 'integer', minimum: 1, maximum: 500, default: 100 } },
           ],
-          responses: { '200': { description: 'sandboxes', ...json('SandboxList') }, ...AUTH_ERRORS },
+          responses: { '200': { description: 'sandboxes', ...json('SandboxList') }, '400': error('malformed query (status, limit)'), ...AUTH_ERRORS },
         },
       },
       '/api/v1/sandboxes/{id}': {
@@ -75,7 +89,7 @@ export function buildOpenApiDocument() {
           operationId: 'getSandbox',
           summary: 'Get one sandbox',
           parameters: [ID, { name: 'wait_ready_seconds', in: 'query', description: 'long-poll while pending', schema: { type: 'number', minimum: 0, maximum: 300 } }],
-          responses: { '200': { description: 'the sandbox', ...json('Sandbox') }, ...SANDBOX_ERRORS },
+          responses: { '200': { description: 'the sandbox', ...json('Sandbox') }, '400': error('malformed query (wait_ready_seconds)'), ...SANDBOX_ERRORS },
         },
         delete: {
           operationId: 'destroySandbox',
@@ -88,9 +102,19 @@ export function buildOpenApiDocument() {
         post: {
           operationId: 'execInSandbox',
           summary: 'Run a command in the sandbox and wait for it (wakes a suspended sandbox first)',
+          description:
+            'No shell: `command` is a program name (looked up on PATH) or path, without "=" or NUL; arguments go in `args` (use "sh" with ["-c", "..."] for a shell). ' +
+            "The environment is PATH, LANG, HOME, SLIPWAY_* and `env`, never the server's; values travel in the process environment, not argv. " +
+            'A caller that disconnects before the answer kills the command.',
           parameters: [ID],
           requestBody: { required: true, ...json('Exec') },
-          responses: { '200': { description: 'the finished command', ...json('ExecResult') }, '400': error('malformed body or cwd outside the sandbox'), ...CALL_ERRORS },
+          responses: {
+            '200': { description: 'the finished command', ...json('ExecResult') },
+            '400': error('malformed body, or a cwd that leaves the sandbox or is not an existing folder (invalid_cwd)'),
+            '413': error('the request body is too large'),
+            '429': tooMany('the account runs as many execs at once as it may (exec_limit)'),
+            ...CALL_ERRORS,
+          },
         },
       },
       '/api/v1/sandboxes/{id}/files/{path}': {
@@ -100,7 +124,7 @@ export function buildOpenApiDocument() {
           parameters: [ID, PATH],
           responses: {
             '200': { description: 'file content', content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
-            '400': error('path leaves the sandbox, or names a directory'),
+            ...FILE_ERRORS,
             ...CALL_ERRORS,
           },
         },
@@ -109,13 +133,13 @@ export function buildOpenApiDocument() {
           summary: 'Write a file (raw bytes; parent folders are created)',
           parameters: [ID, PATH],
           requestBody: { required: true, content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
-          responses: { '204': { description: 'written' }, '400': error('path leaves the sandbox'), ...CALL_ERRORS },
+          responses: { '204': { description: 'written' }, ...FILE_ERRORS, '507': error('no space left for the file'), ...CALL_ERRORS },
         },
         delete: {
           operationId: 'deleteSandboxFile',
           summary: 'Delete a file (a link is removed, never its target)',
           parameters: [ID, PATH],
-          responses: { '204': { description: 'deleted' }, '400': error('path leaves the sandbox'), ...CALL_ERRORS },
+          responses: { '204': { description: 'deleted' }, '400': FILE_ERRORS['400'], ...CALL_ERRORS },
         },
       },
       '/api/v1/grants/introspect': {

@@ -10,8 +10,8 @@ export const SandboxIdSchema = z.string().regex(SANDBOX_ID_PATTERN, 'must be a s
 
 const SCOPE = /^[a-z][a-z0-9_.:-]{0,63}$/;
 export const GrantSchema = z.strictObject({
-  project_id: z.uuid(),
-  scopes: z.array(z.string().regex(SCOPE, 'scopes are lowercase words such as "cache:read"')).min(1).max(16),
+  project_id: z.uuid().describe('a project of this account (`slipway project create`)'),
+  scopes: z.array(z.string().regex(SCOPE, 'scopes are lowercase words such as "cache:read"')).min(1).max(16).describe('what the grant token allows, e.g. ["cache:read"]'),
 });
 
 export const CreateSandboxBody = z.strictObject({
@@ -28,16 +28,17 @@ export const ExecBody = z.strictObject({
     .string()
     .min(1)
     .max(4096)
-    .refine((c) => !c.includes('=') && !c.includes('\0'), 'must be a program name or path (no "=" or NUL); use args for arguments')
-    .describe('program to run (no shell: use "sh" with args ["-c", "..."] for one)'),
-  args: z.array(z.string().max(128 * 1024)).max(4096).default([]),
+    // A pattern rather than a refinement, so the OpenAPI document states the rule too.
+    .regex(/^[^=\u0000]+$/, 'must be a program name or path (no "=" or NUL); use args for arguments')
+    .describe('program to run, a name looked up on PATH or a path (no "=" or NUL; no shell: use "sh" with args ["-c", "..."] for one)'),
+  args: z.array(z.string().max(128 * 1024)).max(4096).default([]).describe('arguments, passed as they are (no shell expansion)'),
   env: z
     .record(z.string().regex(ENV_NAME, 'environment names are letters, digits and "_"'), z.string().max(128 * 1024))
     .default({})
     .describe("the command's environment is this plus PATH, HOME, LANG and SLIPWAY_* (never the server's)"),
-  stdin: z.string().max(16 * 1024 * 1024).optional(),
-  cwd: z.string().max(4096).optional().describe('working directory relative to the sandbox root'),
-  timeout_seconds: z.number().positive().max(3600).default(300),
+  stdin: z.string().max(16 * 1024 * 1024).optional().describe("text fed to the command's standard input"),
+  cwd: z.string().max(4096).optional().describe('working directory relative to the sandbox root; must be an existing folder inside it'),
+  timeout_seconds: z.number().positive().max(3600).default(300).describe('the command (and its process group) is killed after this many seconds; timed_out says so'),
 });
 export type ExecBody = z.infer<typeof ExecBody>;
 

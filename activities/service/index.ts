@@ -224,11 +224,13 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
       if (!client) throw failure('configuration_error', 'the reaper needs a Temporal client');
       const result: ReapResult = { signalled: [], closedOrphans: [], removedLeftovers: [], warmed: 0 };
       const { rows } = await db.query<{ id: string; account_id: string; status: string; reason: TerminateReason | null; age_ms: number }>(
-        `SELECT id, account_id, status,
-                CASE WHEN cap_at < now() THEN 'absolute_cap'
-                     WHEN status = 'ready' AND deadline_at < now() THEN 'deadline' END AS reason,
-                extract(epoch FROM now() - created_at) * 1000 AS age_ms
-         FROM sandboxes WHERE status NOT IN ('terminated', 'failed')`,
+        // A disabled account's sandboxes end too: no tenant keeps running (and billing) after it is turned off.
+        `SELECT s.id, s.account_id, s.status,
+                CASE WHEN s.cap_at < now() THEN 'absolute_cap'
+                     WHEN s.status = 'ready' AND s.deadline_at < now() THEN 'deadline'
+                     WHEN NOT a.sandboxes_enabled AND s.status <> 'terminating' THEN 'account_disabled' END AS reason,
+                extract(epoch FROM now() - s.created_at) * 1000 AS age_ms
+         FROM sandboxes s JOIN accounts a ON a.id = s.account_id WHERE s.status NOT IN ('terminated', 'failed')`,
       );
       const grace = input.orphanGraceMs ?? 60_000;
       for (const row of rows) {

@@ -86,6 +86,10 @@ export function registerAccountCommands(program: Command): void {
           sandboxesEnabled: opts.enable ? true : opts.disable ? false : undefined,
         });
         out(`account ${a!.id}: concurrency ${a!.concurrent_limit}, sandboxes ${a!.sandboxes_enabled ? 'enabled' : 'disabled'}`);
+        if (opts.disable) {
+          const { rows } = await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM sandboxes WHERE account_id = $1 AND status NOT IN ('terminated', 'failed')`, [id]);
+          if (rows[0]!.n > 0) out(`${rows[0]!.n} live sandbox(es) of ${id} end at the reaper's next tick (\`slipway api --reaper-seconds\`); its tokens are refused now`);
+        }
       });
     });
   account

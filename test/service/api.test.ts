@@ -214,8 +214,19 @@ describe('MCP over HTTP', () => {
     const mcp = new McpClient({ name: 'test', version: '1.0.0' });
     await mcp.connect(transport);
     try {
-      const tools = (await mcp.listTools()).tools.map((t) => t.name).sort();
+      const listed = (await mcp.listTools()).tools;
+      const tools = listed.map((t) => t.name).sort();
       expect(tools).toEqual([...MCP_TOOLS].sort());
+      // Every input is described; results have schemas; destructive tools say so.
+      for (const tool of listed) {
+        for (const [name, prop] of Object.entries(tool.inputSchema.properties ?? {})) expect((prop as { description?: string }).description, `${tool.name}.${name}`).toBeTruthy();
+      }
+      const byName = Object.fromEntries(listed.map((t) => [t.name, t]));
+      expect(byName.destroy_sandbox!.annotations).toMatchObject({ destructiveHint: true });
+      expect(byName.exec_in_sandbox!.annotations).toMatchObject({ destructiveHint: true });
+      expect(byName.read_sandbox_file!.annotations).toMatchObject({ readOnlyHint: true });
+      expect(Object.keys(byName.exec_in_sandbox!.outputSchema?.properties ?? {})).toContain('exit_code');
+      expect(Object.keys(byName.create_sandbox!.outputSchema?.properties ?? {})).toContain('status');
       const call = async (name: string, args: Record<string, unknown>) => {
         const r = (await mcp.callTool({ name, arguments: args })) as { isError?: boolean; content: Array<{ text: string }> };
         return { isError: r.isError ?? false, text: r.content[0]!.text };

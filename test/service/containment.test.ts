@@ -274,3 +274,57 @@ describe('exec', () => {
   });
 });
 
+
+describe('HTTP hygiene', () => {
+  type ErrorShape = { error: { code: string; message: string } };
+  const shaped = async (res: Response) => {
+    expect(res.headers.get('content-type')).toMatch(/^application\/json/);
+    const body = (await res.json()) as ErrorShape;
+    expect(typeof body.error.code).toBe('string');
+    expect(typeof body.error.message).toBe('string');
+    return body.error.code;
+  };
+
+  it('answers framework errors in the documented error shape: 413 body, bad percent-encoding, URL too long', async () => {
+    const big = await raw('POST', `/api/v1/sandboxes/${sa}/exec`, { token: a.token, body: JSON.stringify({ command: 'true', stdin: 'x'.repeat(21 * 1024 * 1024) }) });
+    expect(big.status).toBe(413);
+    expect(await shaped(big)).toBe('too_large');
+    const badEncoding = await raw('GET', '/api/v1/sandboxes/%zz', { token: a.token });
+    expect(badEncoding.status).toBe(400);
+    await shaped(badEncoding);
+    const longUrl = await raw('GET', `/api/v1/sandboxes/${sa}/files/${'a'.repeat(20_000)}`, { token: a.token });
+    expect([414, 431]).toContain(longUrl.status);
+    await shaped(longUrl);
+  });
+
+  it('429s carry Retry-After: the sandbox limit and the per-account exec limit', async () => {
+    const c = await h.account({ limit: 1 });
+    await c.profile({ name: 'p' });
+    const { id } = await c.api.create({ profile: 'p' });
+    const over = await raw('POST', '/api/v1/sandboxes', { token: c.token, body: JSON.stringify({ profile: 'p' }) });
+    expect(over.status).toBe(429);
+    expect(Number(over.headers.get('retry-after'))).toBeGreaterThan(0);
+    await h.waitFor(c.api, id, ['ready']);
+    const root = await rootOf(id);
+    // Eight execs hold the account's slots until told to go; a ninth is refused, not queued.
+    const holders = Array.from({ length: 8 }, (_, i) => c.api.exec(id, sh(`touch held-${i}; while [ ! -e go ]; do sleep 0.05; done`)));
+    await until(async () => (await fs.readdir(root)).filter((f) => f.startsWith('held-')).length === 8, 'eight execs to run');
+    const ninth = await raw('POST', `/api/v1/sandboxes/${id}/exec`, { token: c.token, body: JSON.stringify({ command: 'true' }) });
+    expect(ninth.status).toBe(429);
+    expect(await shaped(ninth)).toBe('exec_limit');
+    expect(Number(ninth.headers.get('retry-after'))).toBeGreaterThan(0);
+    expect((await b.api.exec(sb, { command: 'true' })).exit_code).toBe(0); // another account is not limited by it
+    await c.api.writeFile(id, 'go', Buffer.from('1'));
+    expect((await Promise.all(holders)).map((r) => r.exit_code)).toEqual(Array(8).fill(0));
+    expect((await c.api.exec(id, { command: 'true' })).exit_code).toBe(0);
+    await c.api.destroy(id);
+  });
+
+  it('never logs a token passed in a query string', async () => {
+    const leaked = `slp_${'q'.repeat(43)}`;
+    await raw('GET', `/api/v1/sandboxes?access_token=${leaked}&limit=5`, { token: a.token });
+    await raw('GET', `/api/v1/sandboxes/${sa}?token=${leaked}`, { token: a.token });
+    await until(() => h.logs.some((l) => l.includes('access_token=[redacted]')), 'the request log line');
+    expect(h.logs.join('\n')).not.toContain(leaked);
+  });
+});

@@ -20,6 +20,24 @@ afterAll(async () => {
 });
 
 describe('sandbox reaper on a schedule', () => {
+  it("ends a disabled account's sandboxes within a tick, closing their billing", async () => {
+    const a = await h.account({ limit: 2 });
+    await a.profile({ name: 'p' });
+    const { id } = await a.api.create({ profile: 'p' });
+    await a.api.get(id, 30);
+    await h.database.db.query('UPDATE accounts SET sandboxes_enabled = false WHERE id = $1', [a.id]);
+    const until = Date.now() + 15_000;
+    let status = '';
+    while (Date.now() < until && status !== 'terminated') {
+      status = (await h.database.db.query<{ status: string }>('SELECT status FROM sandboxes WHERE id = $1', [id])).rows[0]!.status;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(status).toBe('terminated');
+    const sessions = await h.sessions(id);
+    expect(sessions.map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'account_disabled']]);
+    expect(sessions[0]!.ended_at).not.toBeNull();
+  });
+
   it('is a Temporal Schedule that starts the reaper workflow every tick', async () => {
     const schedule = await h.host.client.schedule.getHandle(`reaper-${h.host.serviceTaskQueue.replace(/-sandboxes$/, '')}`).describe();
     expect(schedule.spec.intervals?.[0]?.every).toBe(TICK_MS);
