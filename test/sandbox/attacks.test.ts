@@ -1,0 +1,258 @@
+/**
+ * A hostile agent inside a confined (bubblewrap) stream sandbox. Every attack here worked
+ * before ADR 0006; each must now fail, leave the user's repository byte-identical (refs, objects,
+ * `git fsck`, the checkout) and leave Slipway working.
+ *
+ * This suite never skips: without bubblewrap it fails and says how to install it.
+ */
+import { spawn } from 'node:child_process';
+import { promises as fs } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createActivities } from '../../activities';
+import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
+import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import type { SandboxCreateRequest, SandboxHandle } from '../../activities/sandbox/provider';
+import { exists, gitIn, makeRepo, processesWith, sh, snapshotCheckout, tempDir, waitFor } from './helpers';
+
+const INTEGRATION = 'slipway/obj/integration';
+
+/** Everything of the repository an attack could change: refs, objects, config, hooks, checkout. */
+async function pictureRepository(repo: string) {
+  return {
+    refs: gitIn(repo, 'for-each-ref', '--format=%(objectname) %(refname)'),
+    objects: sh(repo, 'find .git/objects -type f | sort | xargs sha256sum'),
+    config: await fs.readFile(path.join(repo, '.git/config'), 'utf8'),
+    hooks: sh(repo, 'ls -A .git/hooks | sort'),
+    checkout: await snapshotCheckout(repo),
+  };
+}
+
+describe('a hostile agent in a confined stream sandbox', () => {
+  let parent: string;
+  let repo: string;
+  let home: string;
+  let confined: LocalSandboxProvider;
+  let h: SandboxHandle;
+  let neighbour: SandboxHandle;
+  let before: Awaited<ReturnType<typeof pictureRepository>>;
+  let counter = 0;
+  const req = (label: string): SandboxCreateRequest => ({
+    sandboxId: `t.${label}`,
+    repository: repo,
+    group: 'obj',
+    name: label,
+    branch: `slipway/obj/${label}-${++counter}`,
+    base: 'main',
+  });
+  const run = (command: string, handle: SandboxHandle = h) => confined.exec(handle, { command, shell: true });
+  /** A file on the host that a hook run outside the sandbox would create. */
+  const hostMarker = () => path.join(parent, `ran-outside-${++counter}`);
+
+  beforeAll(async () => {
+    if (!findExecutable('bwrap')) throw new Error(`the containment suite needs bubblewrap: ${BWRAP_MISSING_MESSAGE}`);
+    parent = tempDir('attacks');
+    ({ repo } = makeRepo(parent));
+    gitIn(repo, 'branch', INTEGRATION, 'main');
+    home = path.join(parent, 'slipway-home');
+    await fs.mkdir(home);
+    await fs.writeFile(path.join(home, 'ledger.db'), 'LEDGER-SECRET');
+    await fs.mkdir(path.join(repo, '.slipway'), { recursive: true });
+    await fs.writeFile(path.join(repo, '.slipway', '.env'), 'API_KEY=ENV-SECRET\n');
+    process.env.SLIPWAY_HOME = home;
+    confined = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false }, backgroundFill: false });
+    h = await confined.create(req('hostile'));
+    neighbour = await confined.create(req('neighbour'));
+    await fs.writeFile(path.join(neighbour.root, 'grants.json'), 'GRANT-SECRET');
+    before = await pictureRepository(repo);
+  });
+
+  afterAll(async () => {
+    if (parent) await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  /** After every attack: the repository is as it was and intact. */
+  async function expectRepositoryUntouched(): Promise<void> {
+    const now = await pictureRepository(repo);
+    expect(now.config).toBe(before.config);
+    expect(now.hooks).toBe(before.hooks);
+    expect(now.checkout).toEqual(before.checkout);
+    expect(now.refs).toBe(before.refs);
+    expect(now.objects).toBe(before.objects);
+    expect(gitIn(repo, 'fsck', '--strict', '--no-dangling')).toBe('');
+    expect(gitIn(repo, 'log', '--format=%s', 'main')).toBe('second\nfirst');
+  }
+
+  it('cannot delete or rewrite the repository\'s objects', async () => {
+    const r = await run(
+      'rm -rf "$(git rev-parse --git-common-dir)/objects/"* ; for d in /run/slipway/objects/*; do rm -rf "$d"/* 2>&1; chmod -R u+w "$d" 2>&1; done; true',
+    );
+    expect(r.stdout).toMatch(/Read-only file system/);
+    await expectRepositoryUntouched();
+    // The agent broke only its own private git directory; a new sandbox starts whole again.
+    await confined.destroy({ repository: repo, root: h.root });
+    h = await confined.create(req('hostile'));
+    const log = await run('git log --format=%s -1 main');
+    expect(log.stdout.trim()).toBe('second');
+    before = await pictureRepository(repo);
+  });
+
+  it('cannot move main or the integration branch, even through collect', async () => {
+    const r = await run(
+      `echo hostile > hostile.txt && git add hostile.txt && git -c user.name=x -c user.email=x@x commit -q -m unreviewed && git update-ref refs/heads/${INTEGRATION} HEAD && git update-ref refs/heads/main HEAD && git rev-parse HEAD`,
+    );
+    expect(r.exitCode, r.stderr).toBe(0);
+    const unreviewed = r.stdout.trim();
+    expect(gitIn(repo, 'rev-parse', INTEGRATION)).toBe(gitIn(repo, 'rev-parse', 'main'));
+    // Collect brings the sandbox's own branch in, nothing else.
+    const collected = await confined.collect(h);
+    expect(collected.head).toBe(unreviewed);
+    expect(gitIn(repo, 'rev-parse', h.branch)).toBe(unreviewed);
+    const { refs, ...rest } = await pictureRepository(repo);
+    expect(refs.split('\n').filter((l) => !l.endsWith(`refs/heads/${h.branch}`))).toEqual(before.refs.split('\n').filter((l) => !l.endsWith(`refs/heads/${h.branch}`)));
+    expect(rest.config).toBe(before.config);
+    expect(rest.checkout).toEqual(before.checkout);
+    expect(gitIn(repo, 'fsck', '--strict', '--no-dangling')).toBe('');
+    // Put the branch back for the other attacks.
+    gitIn(repo, 'update-ref', `refs/heads/${h.branch}`, h.baseCommit);
+    before = await pictureRepository(repo);
+  });
+
+  it('cannot get its git config, hooks or fsmonitor run by Slipway\'s git', async () => {
+    const marker = hostMarker();
+    const payload = `sh -c 'touch ${marker}'`;
+    const r = await run(
+      [
+        `git config core.fsmonitor "${payload}"`,
+        `git config core.hooksPath "$PWD/hooks"`,
+        'mkdir -p hooks',
+        `printf '#!/bin/sh\\n${payload}\\n' > hooks/pre-commit && chmod +x hooks/pre-commit`,
+        `printf '#!/bin/sh\\n${payload}\\n' > "$(git rev-parse --git-common-dir)/hooks-post" ; true`,
+        // The worktree's .git link pointed at a repository with the same config.
+        `mkdir -p evil && printf '[core]\\n\\tfsmonitor = "${payload.replace(/'/g, "'\\''")}"\\n' > evil/config`,
+      ].join(' && '),
+    );
+    expect(r.exitCode, r.stderr).toBe(0);
+    const activities = createActivities({ sandboxes: confined });
+    // Every Slipway operation on the sandbox: commit, collect, reset onto the integration branch.
+    await activities.commitWork({ path: h.root, message: 'leftovers' });
+    await activities.resetOntoIntegration({ path: h.root, onto: INTEGRATION });
+    await fs.writeFile(path.join(h.root, '.git'), `gitdir: ${path.join(h.root, 'evil')}\n`);
+    await confined.collect(h).catch(() => undefined);
+    await confined.destroy({ repository: repo, root: h.root });
+    expect(await exists(marker)).toBe(false);
+    h = await confined.create(req('hostile'));
+    before = await pictureRepository(repo);
+    await expectRepositoryUntouched();
+  });
+
+  it('sees nothing of the host: no shadow file, no $SLIPWAY_HOME, no other sandbox, no checkout, no home', async () => {
+    const targets = [
+      '/etc/shadow',
+      path.join(home, 'ledger.db'),
+      path.join(neighbour.root, 'grants.json'),
+      path.join(repo, 'README.md'),
+      path.join(repo, '.slipway', '.env'),
+      path.join(os.homedir(), '.bashrc'),
+      '/root/.bashrc',
+      '/proc/1/root/etc/hostname',
+    ];
+    const r = await run(targets.map((t) => `cat '${t}' 2>/dev/null`).join('; ') + '; ls /proc/1/root/ 2>/dev/null | head -3; true');
+    for (const secret of ['LEDGER-SECRET', 'GRANT-SECRET', 'ENV-SECRET', 'hello', 'root:']) expect(r.stdout).not.toContain(secret);
+    // The home folder is a private, empty tmpfs; the sandboxes' folder holds this sandbox only.
+    const listing = await run(`ls -A '${os.homedir()}' | wc -l; ls -A '${path.dirname(h.root)}'`);
+    expect(listing.stdout.split('\n')[0]).toBe('0');
+    expect(listing.stdout).not.toContain('neighbour');
+  });
+
+  it('runs as an unprivileged uid with no capabilities: no remount, no mknod, no mount', async () => {
+    const r = await run(
+      'id -u; grep CapEff /proc/self/status; mount -o remount,rw / 2>&1 && echo REMOUNTED; mknod dev-null c 1 3 2>&1 && echo MKNOD; mount -t tmpfs x /tmp 2>&1 && echo MOUNTED; echo x > /usr/pwned 2>&1 || true',
+    );
+    const lines = r.stdout.split('\n');
+    expect(lines[0]).toBe('1000');
+    expect(lines[1]).toMatch(/^CapEff:\s+0+$/);
+    expect(r.stdout).not.toMatch(/REMOUNTED|MKNOD|MOUNTED/);
+    expect(await exists('/usr/pwned')).toBe(false);
+  });
+
+  it('cannot hard-link host files or escape through /proc/self/root', async () => {
+    const r = await run(
+      `ln /etc/passwd passwd-link 2>&1; ln "$(ls -d /run/slipway/objects/0/*/* | head -1)" obj-link 2>&1; cat /proc/self/root/etc/shadow /proc/self/root${repo}/README.md /proc/1/root${repo}/README.md 2>/dev/null; true`,
+    );
+    expect(r.stdout).toMatch(/Invalid cross-device link|Operation not permitted/);
+    expect(await exists(path.join(h.root, 'passwd-link'))).toBe(false);
+    expect(await exists(path.join(h.root, 'obj-link'))).toBe(false);
+    expect(r.stdout).not.toContain('hello');
+  });
+
+  it('cannot reach services on the host\'s loopback (Temporal, the API, Postgres) with the network off', async () => {
+    const server = net.createServer((socket) => socket.end('SERVICE'));
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const port = (server.address() as net.AddressInfo).port;
+      const r = await run(`bash -c 'exec 3<>/dev/tcp/127.0.0.1/${port} && cat <&3' 2>&1`);
+      expect(r.stdout).not.toContain('SERVICE');
+    } finally {
+      server.close();
+    }
+  });
+
+  it('leaves no process behind: a daemon dies with its command, and everything dies with a SIGKILLed worker', async () => {
+    const daemonMarker = `98${process.pid}71`;
+    const r = await run(`setsid sh -c 'sleep ${daemonMarker}' > /dev/null 2>&1 & echo started`);
+    expect(r.stdout.trim()).toBe('started');
+    expect(await waitFor(async () => (await processesWith(`sleep ${daemonMarker}`)).length === 0)).toBe(true);
+
+    // A worker stand-in that runs an agent in the sandbox and is then killed with SIGKILL.
+    const agentMarker = `97${process.pid}53`;
+    const script = `
+      const { LocalSandboxProvider } = require(${JSON.stringify(path.resolve('activities/sandbox/local.ts'))});
+      new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false }, backgroundFill: false })
+        .exec({ root: ${JSON.stringify(h.root)} }, { command: 'sleep ${agentMarker}', shell: true });
+    `;
+    const worker = spawn(process.execPath, ['--import', 'tsx', '-e', script], { stdio: 'ignore' });
+    try {
+      expect(await waitFor(async () => (await processesWith(`sleep ${agentMarker}`)).length > 0, 30_000)).toBe(true);
+      worker.kill('SIGKILL');
+      expect(await waitFor(async () => (await processesWith(`sleep ${agentMarker}`)).length === 0, 10_000)).toBe(true);
+    } finally {
+      worker.kill('SIGKILL');
+    }
+  });
+
+  it('keeps 50 MB of output from flooding the worker: the capture is capped and says so', async () => {
+    const r = await run('head -c 50000000 /dev/zero | tr "\\0" a; echo; echo END');
+    expect(r.exitCode).toBe(0);
+    expect(r.stdout.length).toBeLessThan(200_000);
+    expect(r.stdout).toContain('[truncated]');
+    expect(r.stdout.trim().endsWith('END')).toBe(true);
+  });
+
+  it('after all attacks: the repository is byte-identical and fsck-clean, and Slipway still merges honest work', async () => {
+    await expectRepositoryUntouched();
+    const activities = createActivities({ sandboxes: confined });
+    await run('echo honest > honest.txt');
+    const { head, committed } = await activities.commitWork({ path: h.root, message: 'honest work' });
+    expect(committed).toBe(true);
+    expect(gitIn(repo, 'rev-parse', h.branch)).toBe(head);
+    expect(gitIn(repo, 'show', `${head}:honest.txt`)).toBe('honest');
+  });
+
+  it('the merger refuses an integration branch that moved outside the merge queue', async () => {
+    const activities = createActivities({ sandboxes: confined });
+    const merger = await confined.create({ ...req('_merger'), branch: `slipway/obj/merger-${counter}` });
+    const tip = merger.headCommit;
+    await run('echo more > more.txt');
+    const { head } = await activities.commitWork({ path: h.root, message: 'more' });
+    gitIn(repo, 'update-ref', `refs/heads/${merger.branch}`, gitIn(repo, 'rev-parse', 'main~1'));
+    const refused = await activities.mergeStream({ mergerPath: merger.root, branch: h.branch, headCommit: head, message: 'merge', expectedTip: tip }).catch((e) => e);
+    expect(refused).toBeInstanceOf(Error);
+    expect((refused as Error).message).toMatch(/not at .* where the merge queue left it/);
+    gitIn(repo, 'update-ref', `refs/heads/${merger.branch}`, tip);
+    const merged = await activities.mergeStream({ mergerPath: merger.root, branch: h.branch, headCommit: head, message: 'merge', expectedTip: tip });
+    expect(merged.status).toBe('merged');
+  });
+});
