@@ -15,6 +15,7 @@ import { registerApiCommands } from './commands/api';
 import { registerSandboxCommands } from './commands/sandbox';
 import { registerSchedulesCommands } from './commands/schedules';
 import { registerSnapshotCommands } from './commands/snapshot';
+import { registerTrustCommand } from './commands/trust';
 import { registerWorktreeCommands } from './commands/worktree';
 
 export function buildProgram(): Command {
@@ -106,6 +107,8 @@ export function buildProgram(): Command {
   registerSchedulesCommands(program, setExit);
   registerSnapshotCommands(program, setExit);
   registerWorktreeCommands(program, setExit);
+  // A repository's own config (.slipway/config.yaml, blueprints) is used only once trusted.
+  registerTrustCommand(program, setExit);
 
   return program;
 }

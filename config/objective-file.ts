@@ -6,7 +6,9 @@
  *
  *   path/to/objective.yaml:12:9: streams[1].depends_on[0]: unknown stream "api"
  *
- * Nothing is written to the repository: only read-only git probes run.
+ * Nothing is written to the repository: only read-only git probes run. The repository's own
+ * `.slipway/config.yaml` and `.slipway/blueprints/` are used only when `slipway trust` recorded
+ * them as they are (config/trust.ts); the objective file itself is the user's and needs no trust.
  */
 import { promises as fs } from 'node:fs';
 import os from 'node:os';
@@ -17,6 +19,7 @@ import { ID_PATTERN, ID_RULE } from '../core/ids';
 import type { ObjectiveInput, ResolvedBlueprints } from '../core/types';
 import { resolveObjectiveBlueprint } from './resolve-blueprint';
 import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, type AgentSource } from './agent-config';
+import { checkRepositoryTrust, trustProblem } from './trust';
 import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../activities/git';
 import { sandboxOptionsFromConfig } from '../activities/sandbox/options';
 import {
@@ -227,6 +230,17 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
       blueprint = await resolveObjectiveBlueprint(repository, parsed.data.blueprint);
     } catch (e) {
       problems.push({ file, ...locate(['blueprint']), field: 'blueprint', message: (e as Error).message });
+    }
+  }
+
+  // 7b. The repository's own config (agents, prompts, blueprints) runs only once the user trusted it.
+  // Checked after reading it, so the fingerprint covers what was read; its other problems are still reported.
+  if (repository !== undefined) {
+    try {
+      const trust = trustProblem(await checkRepositoryTrust(repository));
+      if (trust) otherFiles.unshift({ file: trust.file, message: trust.message });
+    } catch (e) {
+      otherFiles.unshift({ file: repository, message: (e as Error).message });
     }
   }
 

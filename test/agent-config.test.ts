@@ -15,6 +15,7 @@ import { agentProvider } from '../activities/agents/registry';
 import { checkTemplate, parseTemplate, renderTemplate, templateKeys } from '../activities/agents/template';
 import { redact, secretValuesWith } from '../activities/redact';
 import { AgentSchema } from '../core/objective-schema';
+import { trustRepository } from '../config/trust';
 
 const lines = (...ls: string[]) => `${ls.join('\n')}\n`;
 
@@ -23,6 +24,7 @@ let counter = 0;
 
 beforeAll(async () => {
   root = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-agent-config-')));
+  process.env.SLIPWAY_HOME = path.join(root, 'home'); // trust records (config/trust.ts) stay in the test's folder
 });
 afterAll(async () => {
   if (root) await fs.rm(root, { recursive: true, force: true });
@@ -45,6 +47,8 @@ async function project(objective: string, files: Record<string, string> = {}): P
   }
   const file = path.join(dir, 'objective.yaml');
   await fs.writeFile(file, objective);
+  // These repositories' configs are the user's own: trusted, as `slipway trust` would (test/trust.test.ts covers untrusted ones).
+  await trustRepository(repo);
   return { file, repo, dir };
 }
 

@@ -13,6 +13,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
+import { trustRepository } from '../config/trust';
 import { integrationBranch, objectiveWorkflowId, sandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
 import type { AgentProviderKind } from '../core/objective-schema';
 import type { ObjectiveResult, ObjectiveStatus } from '../core/types';
@@ -119,6 +120,7 @@ async function start(id: string, spec: Record<string, unknown>, plan: Record<str
     mkdirSync(path.dirname(path.join(repo, rel)), { recursive: true });
     writeFileSync(path.join(repo, rel), content);
   }
+  await trustRepository(repo); // its .slipway/config.yaml and blueprints are the test's own (`slipway trust`)
   const file = writeObjective({ repository: repo, ...spec });
   const input = await loadObjectiveFile(file, { id });
   const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
@@ -393,6 +395,7 @@ describe('process control', () => {
     writeFileSync(path.join(repo, '.slipway', '.env'), `FAKE_AGENT_PLAN=${planFile}\n`);
     writeFileSync(path.join(repo, '.slipway', 'blueprints', 'build-review.yaml'), FAST_BUILD_ONLY);
     const file = writeObjective({ repository: repo, objective: 'survive a worker', agents: { builder: fakeAgent('claude-code', { max_iterations: 3 }) }, streams: [{ id: 'greet', task: 'Add greet' }] });
+    await trustRepository(repo);
     const input = await loadObjectiveFile(file, { id });
     const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
     started.push({ id, streams: ['greet'] });

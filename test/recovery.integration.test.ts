@@ -6,6 +6,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
+import { trustRepository } from '../config/trust';
 import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
 import type { ObjectiveResult, ObjectiveStatus } from '../core/types';
 import { objectiveStatusQuery, objectiveWorkflow } from '../workflows/objective';
@@ -31,6 +32,7 @@ afterAll(async () => {
 async function start(spec: Record<string, unknown>, plan: Plan | undefined, id: string) {
   const repo = (spec.repository as string | undefined) ?? makeDemoRepo();
   const file = writeObjective({ repository: repo, ...spec }, plan);
+  await trustRepository(repo); // project blueprints written by the test are its own (`slipway trust`)
   const input = await loadObjectiveFile(file, { id });
   const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
   return { repo, dir: path.dirname(file), handle };
