@@ -12,6 +12,11 @@ export interface RunOptions {
   args?: string[];
   shell?: boolean;
   cwd: string;
+  /**
+   * The directory the real program runs in, when `command` is a wrapper that changes directory
+   * itself (`bwrap --chdir DIR`); default `cwd`. It becomes the child's `PWD`.
+   */
+  pwd?: string;
   env?: NodeJS.ProcessEnv;
   stdin?: string;
   timeoutMs?: number;
@@ -149,7 +154,7 @@ export function runProcess(opts: RunOptions): Promise<RunResult> {
     }
     const child = spawn(opts.command, opts.args ?? [], {
       cwd: opts.cwd,
-      env: childEnv(opts.cwd, opts.env ?? process.env),
+      env: childEnv(opts.pwd ?? opts.cwd, opts.env ?? process.env),
       shell: opts.shell ? '/bin/sh' : false,
       detached: true, // own process group, so we can kill the whole tree
       stdio: ['pipe', 'pipe', 'pipe'],

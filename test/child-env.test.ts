@@ -122,3 +122,19 @@ describe('agent runs (every provider goes through the sandbox exec path)', () =>
     expect(seen.OLDPWD).toBeNull();
   });
 });
+
+describe('a wrapper that changes directory itself (bwrap --chdir)', () => {
+  it('PWD is the directory given as pwd, where the real program runs', async () => {
+    const outer = tempDir('slipway-outer-');
+    const inner = path.join(outer, 'sub');
+    mkdirSync(inner);
+    const out = path.join(outer, 'seen.json');
+    // A node wrapper stands in for `bwrap --chdir sub -- node probe`: it changes directory and passes its environment on untouched (a shell's cd would fix PWD itself).
+    const wrapper = `process.chdir('sub'); require('node:child_process').execFileSync(process.execPath, [${JSON.stringify(probe)}], { stdio: 'inherit' });`;
+    const run = await runProcess({ command: process.execPath, args: ['-e', wrapper], cwd: outer, pwd: inner, env: { PROBE_OUT: out } });
+    expect(run.exitCode).toBe(0);
+    const seen = JSON.parse(readFileSync(out, 'utf8')) as Seen;
+    expect(seen.PWD).toBe(realpathSync(inner));
+    expect(seen.cwd).toBe(realpathSync(inner));
+  });
+});
