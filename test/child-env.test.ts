@@ -13,6 +13,7 @@ import { AgentSchema, type AgentProviderKind } from '../core/objective-schema';
 import { createAgentActivities, type AgentRunInput } from '../activities/agents/run-agent';
 import { childEnv, runProcess } from '../activities/process';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
+import { BWRAP_MISSING_MESSAGE } from '../activities/sandbox/bubblewrap';
 import { gitIn, tempDir } from './helpers/repo';
 
 const PROBE_SOURCE = `
@@ -136,5 +137,45 @@ describe('a wrapper that changes directory itself (bwrap --chdir)', () => {
     const seen = JSON.parse(readFileSync(out, 'utf8')) as Seen;
     expect(seen.PWD).toBe(realpathSync(inner));
     expect(seen.cwd).toBe(realpathSync(inner));
+  });
+});
+
+describe('under bubblewrap', () => {
+  it('a confined script agent sees PWD = its sandbox, not the worker\'s', async () => {
+    const repo = tempDir('slipway-repo-');
+    gitIn(repo, 'init', '-q', '-b', 'main');
+    writeFileSync(path.join(repo, 'README'), 'hi\n');
+    gitIn(repo, 'add', '.');
+    gitIn(repo, '-c', 'user.email=t@example.com', '-c', 'user.name=t', 'commit', '-q', '-m', 'init');
+    let sandboxes: LocalSandboxProvider;
+    try {
+      sandboxes = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false }, backgroundFill: false });
+    } catch (e) {
+      throw new Error(`this test needs bubblewrap: ${BWRAP_MISSING_MESSAGE} (${(e as Error).message})`);
+    }
+    const handle = await sandboxes.create({ sandboxId: 't.pwd', repository: repo, group: 'obj', name: 'pwd', branch: 'slipway/obj/pwd', base: 'main' });
+    // Inside the sandbox /tmp is private: the probe and its output live in the worktree.
+    writeFileSync(path.join(handle.root, 'probe.cjs'), PROBE_SOURCE);
+    const out = path.join(handle.root, 'seen.json');
+    mkdirSync(path.join(repo, '.slipway'), { recursive: true });
+    writeFileSync(path.join(repo, '.slipway', '.env'), `PROBE_OUT=${out}\n`);
+    const input: AgentRunInput = {
+      role: 'builder',
+      spec: AgentSchema.parse({ provider: 'script', command: `"${process.execPath}" probe.cjs` }),
+      sandboxPath: handle.root,
+      repository: repo,
+      objectiveDir: tempDir('slipway-objective-'),
+      objective: { id: 'obj', text: 'objective' },
+      stream: { id: 'pwd', task: 'task', branch: 'slipway/obj/pwd' },
+      targetBranch: 'slipway/obj/integration',
+      iteration: 1,
+    };
+    const activities = createAgentActivities({ sandboxes });
+    await new MockActivityEnvironment().run(activities.runAgent, input);
+    const seen = JSON.parse(readFileSync(out, 'utf8')) as Seen;
+    expect(seen.PWD).toBe(realpathSync(handle.root));
+    expect(seen.PWD).toBe(seen.cwd);
+    expect(seen.OLDPWD).toBeNull();
+    expect(seen.INIT_CWD).toBeNull();
   });
 });
