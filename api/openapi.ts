@@ -21,7 +21,11 @@ const RETRY_AFTER = { 'Retry-After': { description: 'seconds to wait before tryi
 const tooMany = (description: string) => ({ ...error(description), headers: RETRY_AFTER });
 const UNAVAILABLE = { '503': { ...error('the sandbox could not be started or woken right now; try again'), headers: RETRY_AFTER } };
 const AUTH_ERRORS = { '401': error('missing or invalid token'), '403': error('sandboxes are not enabled for the account') };
-const SANDBOX_ERRORS = { ...AUTH_ERRORS, '404': error("no such sandbox in this account (another account's is a 404 too)") };
+const SANDBOX_ERRORS = {
+  '400': error('malformed URL (bad percent-encoding)'),
+  ...AUTH_ERRORS,
+  '404': error("no such sandbox in this account (another account's is a 404 too)"),
+};
 const CALL_ERRORS = {
   ...SANDBOX_ERRORS,
   '409': error('the sandbox is pending (not_ready) or ended (sandbox_ended)'),
@@ -89,7 +93,7 @@ export function buildOpenApiDocument() {
           operationId: 'getSandbox',
           summary: 'Get one sandbox',
           parameters: [ID, { name: 'wait_ready_seconds', in: 'query', description: 'long-poll while pending', schema: { type: 'number', minimum: 0, maximum: 300 } }],
-          responses: { '200': { description: 'the sandbox', ...json('Sandbox') }, '400': error('malformed query (wait_ready_seconds)'), ...SANDBOX_ERRORS },
+          responses: { '200': { description: 'the sandbox', ...json('Sandbox') }, ...SANDBOX_ERRORS, '400': error('malformed URL or query (wait_ready_seconds)') },
         },
         delete: {
           operationId: 'destroySandbox',
@@ -110,10 +114,10 @@ export function buildOpenApiDocument() {
           requestBody: { required: true, ...json('Exec') },
           responses: {
             '200': { description: 'the finished command', ...json('ExecResult') },
-            '400': error('malformed body, or a cwd that leaves the sandbox or is not an existing folder (invalid_cwd)'),
+            ...CALL_ERRORS,
+            '400': error('malformed URL or body, or a cwd that leaves the sandbox or is not an existing folder (invalid_cwd)'),
             '413': error('the request body is too large'),
             '429': tooMany('the account runs as many execs at once as it may (exec_limit)'),
-            ...CALL_ERRORS,
           },
         },
       },
@@ -124,8 +128,8 @@ export function buildOpenApiDocument() {
           parameters: [ID, PATH],
           responses: {
             '200': { description: 'file content', content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
-            ...FILE_ERRORS,
             ...CALL_ERRORS,
+            ...FILE_ERRORS,
           },
         },
         put: {
@@ -133,13 +137,13 @@ export function buildOpenApiDocument() {
           summary: 'Write a file (raw bytes; parent folders are created)',
           parameters: [ID, PATH],
           requestBody: { required: true, content: { 'application/octet-stream': { schema: { type: 'string', format: 'binary' } } } },
-          responses: { '204': { description: 'written' }, ...FILE_ERRORS, '507': error('no space left for the file'), ...CALL_ERRORS },
+          responses: { '204': { description: 'written' }, ...CALL_ERRORS, ...FILE_ERRORS, '507': error('no space left for the file') },
         },
         delete: {
           operationId: 'deleteSandboxFile',
           summary: 'Delete a file (a link is removed, never its target)',
           parameters: [ID, PATH],
-          responses: { '204': { description: 'deleted' }, '400': FILE_ERRORS['400'], ...CALL_ERRORS },
+          responses: { '204': { description: 'deleted' }, ...CALL_ERRORS, '400': FILE_ERRORS['400'] },
         },
       },
       '/api/v1/grants/introspect': {

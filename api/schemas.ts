@@ -14,8 +14,12 @@ export const GrantSchema = z.strictObject({
   scopes: z.array(z.string().regex(SCOPE, 'scopes are lowercase words such as "cache:read"')).min(1).max(16).describe('what the grant token allows, e.g. ["cache:read"]'),
 });
 
+/** NUL cannot reach a process (argv, environment) nor Postgres: refused up front, by field. */
+const NO_NUL = /^[^\u0000]*$/;
+const noNul = (max: number) => z.string().max(max).regex(NO_NUL, 'may not contain NUL');
+
 export const CreateSandboxBody = z.strictObject({
-  profile: z.string().min(1).max(100).describe('profile name, e.g. "linux-medium"; implies provider, platform and resources'),
+  profile: noNul(100).min(1).describe('profile name, e.g. "linux-medium"; implies provider, platform and resources'),
   deadline_minutes: z.number().positive().max(7 * 24 * 60).optional().describe("minutes the sandbox may stay up while not suspended (default: the profile's)"),
   project_id: z.uuid().optional().describe('reporting tag only; no access implications'),
   grants: z.array(GrantSchema).max(16).default([]).describe('scoped, short-lived tokens minted for the sandbox and written to .slipway/grants.json inside it'),
@@ -31,9 +35,9 @@ export const ExecBody = z.strictObject({
     // A pattern rather than a refinement, so the OpenAPI document states the rule too.
     .regex(/^[^=\u0000]+$/, 'must be a program name or path (no "=" or NUL); use args for arguments')
     .describe('program to run, a name looked up on PATH or a path (no "=" or NUL; no shell: use "sh" with args ["-c", "..."] for one)'),
-  args: z.array(z.string().max(128 * 1024)).max(4096).default([]).describe('arguments, passed as they are (no shell expansion)'),
+  args: z.array(noNul(128 * 1024)).max(4096).default([]).describe('arguments, passed as they are (no shell expansion)'),
   env: z
-    .record(z.string().regex(ENV_NAME, 'environment names are letters, digits and "_"'), z.string().max(128 * 1024))
+    .record(z.string().regex(ENV_NAME, 'environment names are letters, digits and "_"'), noNul(128 * 1024))
     .default({})
     .describe("the command's environment is this plus PATH, HOME, LANG and SLIPWAY_* (never the server's)"),
   stdin: z.string().max(16 * 1024 * 1024).optional().describe("text fed to the command's standard input"),

@@ -193,7 +193,7 @@ export class SandboxService {
       if (!(e instanceof WorkflowExecutionAlreadyStartedError)) {
         await ledger.recordTransition(db, { sandboxId: id, status: 'failed', fields: { endReason: 'provisioning_failed', error: `could not start the sandbox workflow: ${(e as Error).message}`, terminatedAtMs: Date.now() } });
         logger.error({ sandboxId: id, err: e }, 'could not start the sandbox workflow');
-        throw new ApiError(503, 'unavailable', 'the sandbox could not be started; try again');
+        throw new ApiError(503, 'unavailable', 'the sandbox could not be started; try again', undefined, 5);
       }
     }
     logger.info({ sandboxId: id, accountId: principal.accountId, profile: profile.name, grants: grants.length, tokenId: principal.tokenId }, 'sandbox created');
@@ -262,6 +262,8 @@ export class SandboxService {
    */
   private async admit(principal: Principal, id: string): Promise<{ row: ledger.SandboxRow; provider: SandboxProvider; release: () => void; profile: ledger.ProfileRow }> {
     const { db } = this.deps;
+    // Malformed ids never reach the database (a NUL byte is a Postgres error, not a 404).
+    if (!SANDBOX_ID_PATTERN.test(id)) throw new ApiError(404, 'not_found', `no sandbox ${id}`);
     for (let attempt = 0; attempt < 3; attempt++) {
       const admitted = await ledger.admitActivity(db, principal.accountId, id);
       if (admitted.admitted) {
@@ -300,12 +302,12 @@ export class SandboxService {
           throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${now.status}`);
         }
         this.deps.logger.error({ sandboxId: id, err: e }, 'waking the sandbox failed');
-        throw new ApiError(503, 'unavailable', `sandbox ${id} could not be woken; try again`);
+        throw new ApiError(503, 'unavailable', `sandbox ${id} could not be woken; try again`, undefined, 5);
       }
       this.deps.logger.info({ sandboxId: id, state: woken }, 'sandbox woken by activity');
       if (woken !== 'ready') throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${woken}`);
     }
-    throw new ApiError(503, 'unavailable', `sandbox ${id} did not stay ready; try again`);
+    throw new ApiError(503, 'unavailable', `sandbox ${id} did not stay ready; try again`, undefined, 1);
   }
 
   /** Per-account cap on execs running at once: one tenant cannot take every worker slot. */
