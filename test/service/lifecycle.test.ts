@@ -169,18 +169,15 @@ describe('idle offload: ready -> suspending -> suspended -> restoring -> ready',
   it('returns to ready when the suspend fails, and the session continues', async () => {
     const { id } = await a.api.create({ profile: 'idle' });
     await a.api.get(id, 30);
-    // An unresolved merge cannot be captured faithfully: the suspend refuses. (The side branch
-    // lives next to the sandbox's own: a confined sandbox may write no other refs.)
-    const side = `slipway/sandboxes/${id}-side`;
+    // An unresolved conflict cannot be captured faithfully: the suspend refuses. Made on the
+    // sandbox's own branch (a revert that conflicts), since a confined sandbox may move no other ref.
+    const id_ = '-c user.name=t -c user.email=t@t';
     const merged = await a.api.exec(
       id,
-      sh(
-        `git -c user.name=t -c user.email=t@t checkout -q -b ${side} && echo side > src/a.txt && git -c user.name=t -c user.email=t@t commit -qam side && ` +
-          `git checkout -q slipway/sandboxes/${id} && echo mine > src/a.txt && git -c user.name=t -c user.email=t@t commit -qam mine && ` +
-          `(git -c user.name=t -c user.email=t@t merge ${side} >/dev/null 2>&1 || true)`,
-      ),
+      sh(`echo two > src/a.txt && git ${id_} commit -qam two && echo three > src/a.txt && git ${id_} commit -qam three && (git ${id_} revert --no-edit HEAD~1 >/dev/null 2>&1 || true)`),
     );
     expect(merged.exit_code, merged.stderr).toBe(0);
+    expect((await a.api.exec(id, sh('git diff --name-only --diff-filter=U'))).stdout).toBe('src/a.txt\n');
     const until = Date.now() + 20_000;
     let failedSuspend = false;
     while (Date.now() < until && !failedSuspend) {
