@@ -198,8 +198,8 @@ describe('idle offload: ready -> suspending -> suspended -> restoring -> ready',
     const { id } = await a.api.create({ profile: 'idle' });
     await a.api.get(id, 30);
     await h.waitFor(a.api, id, ['suspended'], 20_000);
-    const { rows } = await h.database.db.query<{ snapshot_ref: string }>('SELECT snapshot_ref FROM sandboxes WHERE id = $1', [id]);
-    execFileSync('git', ['-C', h.repo, 'update-ref', '-d', rows[0]!.snapshot_ref]); // the snapshot expired
+    // The snapshot expired: its own object store is gone.
+    await fs.rm(path.join(h.repo, '.slipway', 'snapshots', `acct-${a.id}`, id, 'objects'), { recursive: true, force: true });
     await expect(a.api.exec(id, sh('true'))).rejects.toMatchObject({ status: 409, code: 'sandbox_ended' });
     const failed = await a.api.get(id);
     expect(failed).toMatchObject({ status: 'failed', end_reason: 'restore_failed' });
