@@ -2,7 +2,7 @@
  * Runs a child process in its own process group, streams its output line by line,
  * and kills the whole group on timeout or cancellation (agents and gates spawn children).
  */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { realpathSync } from 'node:fs';
 import path from 'node:path';
 
@@ -26,6 +26,12 @@ export interface RunOptions {
   maxCaptureBytes?: number;
   /** Longest line handed to onLine; longer lines are cut (the rest is dropped, not split). */
   maxLineBytes?: number;
+  /** Extra pipes after stdin/stdout/stderr (fds 3, 4, ...), for wrappers that talk over them. */
+  extraPipes?: number;
+  /** Runs right after the spawn; a rejection kills the process group and fails the run. */
+  prepare?: (child: ChildProcess) => Promise<void>;
+  /** Runs when the leader exits, before its pipes close (kill what it left, e.g. a cgroup). */
+  onExit?: () => Promise<void>;
 }
 
 export interface RunResult {
@@ -157,8 +163,8 @@ export function runProcess(opts: RunOptions): Promise<RunResult> {
       env: childEnv(opts.pwd ?? opts.cwd, opts.env ?? process.env),
       shell: opts.shell ? '/bin/sh' : false,
       detached: true, // own process group, so we can kill the whole tree
-      stdio: ['pipe', 'pipe', 'pipe'],
-    });
+      stdio: ['pipe', 'pipe', 'pipe', ...Array.from({ length: opts.extraPipes ?? 0 }, () => 'pipe' as const)],
+    }) as ChildProcess & { stdin: NodeJS.WritableStream & { on: (e: 'error', f: () => void) => void; end: (s?: string) => void }; stdout: NodeJS.ReadableStream & { destroy: () => void }; stderr: NodeJS.ReadableStream & { destroy: () => void } };
     const capture = opts.maxCaptureBytes ?? DEFAULT_CAPTURE;
     const out = new TailBuffer(capture);
     const err = new TailBuffer(capture);
@@ -192,6 +198,25 @@ export function runProcess(opts: RunOptions): Promise<RunResult> {
     };
     opts.signal?.addEventListener('abort', onAbort, { once: true });
 
+    let prepareFailure: Error | undefined;
+    opts.prepare?.(child).catch((e: Error) => {
+      prepareFailure = e;
+      killProcessGroup(child.pid);
+    });
+    // A descendant that keeps stdout or stderr open (a daemon in its own session) must not keep
+    // the run open once the leader is gone: after the leader's exit, its pipes get a short grace.
+    child.on('exit', () => {
+      void (opts.onExit?.() ?? Promise.resolve())
+        .catch(() => undefined)
+        .finally(() => {
+          killProcessGroup(child.pid);
+          setTimeout(() => {
+            child.stdout.destroy();
+            child.stderr.destroy();
+          }, 2_000).unref();
+        });
+    });
+
     child.on('error', (e) => {
       if (timer) clearTimeout(timer);
       opts.signal?.removeEventListener('abort', onAbort);
@@ -204,6 +229,10 @@ export function runProcess(opts: RunOptions): Promise<RunResult> {
       errLines?.end();
       // Children that outlived the leader (daemonised helpers) must not linger.
       killProcessGroup(child.pid);
+      if (prepareFailure) {
+        reject(prepareFailure);
+        return;
+      }
       resolve({
         exitCode: code,
         signal,

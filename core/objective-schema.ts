@@ -121,6 +121,18 @@ export const SandboxConfigSchema = z.strictObject({
   writable: z.array(hostPath).default([]),
   /** Under bubblewrap: paths hidden behind an empty folder (~/.ssh, ~/.aws). */
   hidden: z.array(hostPath).default([]),
+  /** Under bubblewrap: limits every command of a sandbox gets (cgroups where the host has them). */
+  limits: z
+    .strictObject({
+      /** Processes and threads at once. */
+      processes: z.number().int().min(8).max(1_000_000).optional(),
+      memory_mb: z.number().int().min(16).max(1_048_576).optional(),
+      /** CPU share, e.g. 1.5 cores. */
+      cpus: z.number().min(0.01).max(1024).optional(),
+      /** Largest file a command may write. */
+      file_size_mb: z.number().int().min(1).max(1_048_576).optional(),
+    })
+    .optional(),
 });
 export type SandboxConfig = z.infer<typeof SandboxConfigSchema>;
 

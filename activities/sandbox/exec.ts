@@ -8,6 +8,9 @@ import { runProcess, type RunResult } from '../process';
 import { bwrapArgs, probeBwrap, requireBwrap, resolveExtraPaths, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
 import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree } from './sandbox-git';
 import { resolveInside } from './paths';
+import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, PASTA_MISSING_MESSAGE } from './egress';
+import { limitedCommand, type SandboxLimits } from './limits';
+import { randomBytes } from 'node:crypto';
 import type { ExecRequest } from './provider';
 
 export interface ExecTarget {
@@ -30,8 +33,28 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
     const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
     return runProcess({ ...commonOptions(req), cwd, command: req.command, args: req.args, shell: req.shell, env });
   }
-  return runProcess({ ...commonOptions(req), ...(await confinedCommand(target, req)) });
+  const cmd = await confinedCommand(target, req);
+  const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
+  try {
+    return await runProcess({
+      ...commonOptions(req),
+      command: limited.command,
+      args: limited.args,
+      env: cmd.env,
+      cwd: cmd.cwd,
+      pwd: cmd.pwd,
+      ...(cmd.egress ? { extraPipes: 2, prepare: cmd.egress.prepare } : {}),
+      onExit: async () => {
+        await cmd.egress?.stop();
+        await limited.cleanup();
+      },
+    });
+  } finally {
+    await cmd.egress?.stop();
+    await limited.cleanup();
+  }
 }
+let execCount = 0;
 
 function commonOptions(req: ExecRequest) {
   return { stdin: req.stdin, timeoutMs: req.timeoutMs, signal: req.signal, onLine: req.onLine, maxCaptureBytes: req.maxCaptureBytes };
@@ -44,7 +67,7 @@ function commonOptions(req: ExecRequest) {
 export async function confinedCommand(
   target: ExecTarget,
   req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>,
-): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string }> {
+): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string; pwd: string; egress?: ReturnType<typeof egressSetup> }> {
   const confinement = target.confinement;
   if (!confinement) throw new Error('confinedCommand needs a confinement');
   if (!target.repository) throw new Error(`confined commands need the repository of ${target.root}`);
@@ -64,7 +87,21 @@ export async function confinedCommand(
   if (req.env?.TMPDIR === undefined) env.TMPDIR = '/tmp';
   Object.assign(env, CONFINED_GIT_ENV);
   const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
-  return { command: bwrap, args: [...bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement)), '--', ...inner], env, cwd: loc.worktree };
+  const bwrapBase = bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement));
+  // Network on: egress only, through pasta (egress.ts); without pasta, the host's network.
+  const tools = confinement.network ? egressTools() : undefined;
+  if (tools) bwrapBase.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
+  return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: cwd, ...(tools ? { egress: egressSetup(tools) } : {}) };
+}
+
+let egressWarned = false;
+function egressTools(): ReturnType<typeof findEgressTools> {
+  const tools = findEgressTools();
+  if (!tools && !egressWarned) {
+    egressWarned = true;
+    console.warn(`slipway: ${PASTA_MISSING_MESSAGE}`);
+  }
+  return tools;
 }
 
 /** The working directory asked for does not exist in the sandbox (a caller's mistake, not a sandbox failure). */
@@ -85,7 +122,17 @@ export function combineConfinement(
   return {
     ...provider,
     network: provider.network && sandbox.network,
+    ...(provider.limits || sandbox.limits ? { limits: stricterLimits(provider.limits, sandbox.limits) } : {}),
     hidden: [...new Set([...(provider.hidden ?? []), ...(sandbox.hidden ?? [])])],
     readable: [...new Set([...(provider.readable ?? []), ...(sandbox.readable ?? [])])],
   };
+}
+
+function stricterLimits(a: SandboxLimits | undefined, b: SandboxLimits | undefined): SandboxLimits {
+  const out: SandboxLimits = {};
+  for (const key of ['pids', 'memoryBytes', 'cpus', 'fileSizeBytes', 'cpuSeconds'] as const) {
+    const values = [a?.[key], b?.[key]].filter((v): v is number => v !== undefined);
+    if (values.length > 0) out[key] = Math.min(...values);
+  }
+  return out;
 }

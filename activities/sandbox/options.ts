@@ -29,6 +29,17 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
     // Script agents and prompt files live beside the objective file; keep it readable even
     // when it sits under /tmp, which the sandbox replaces with a private one.
     ...(confined ? { readable: [objectiveDir] } : {}),
+    ...(confined && config.limits ? { limits: limitsOf(config.limits) } : {}),
+  };
+}
+
+const MB = 1024 * 1024;
+function limitsOf(l: NonNullable<SandboxConfig['limits']>): NonNullable<SandboxOptions['limits']> {
+  return {
+    ...(l.processes !== undefined ? { pids: l.processes } : {}),
+    ...(l.memory_mb !== undefined ? { memoryBytes: l.memory_mb * MB } : {}),
+    ...(l.cpus !== undefined ? { cpus: l.cpus } : {}),
+    ...(l.file_size_mb !== undefined ? { fileSizeBytes: l.file_size_mb * MB } : {}),
   };
 }
 
@@ -41,6 +52,7 @@ export function confinementOf(options: SandboxOptions | undefined): BubblewrapCo
     ...(options.writable?.length ? { writable: options.writable } : {}),
     ...(options.hidden?.length ? { hidden: options.hidden } : {}),
     ...(options.readable?.length ? { readable: options.readable } : {}),
+    ...(options.limits ? { limits: options.limits } : {}),
   };
 }
 

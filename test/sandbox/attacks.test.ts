@@ -223,6 +223,23 @@ describe('a hostile agent in a confined stream sandbox', () => {
     }
   });
 
+  it('meets enforced limits: a fork bomb, a memory hog and a disk filler fail, and nothing of them survives', async () => {
+    const limited = new LocalSandboxProvider({
+      confinement: { kind: 'bubblewrap', network: false, limits: { pids: 64, memoryBytes: 128 * 1024 ** 2, fileSizeBytes: 4 * 1024 ** 2 } },
+      backgroundFill: false,
+    });
+    const marker = `96${process.pid}31`;
+    const bomb = await limited.exec(h, { command: `n=0; while [ $n -lt 500 ]; do sleep ${marker} </dev/null >/dev/null 2>&1 & n=$((n+1)); done; echo done`, shell: true });
+    expect(bomb.stderr).toMatch(/fork|Resource temporarily unavailable/i);
+    expect(await waitFor(async () => (await processesWith(`sleep ${marker}`)).length === 0)).toBe(true);
+    const hog = await limited.exec(h, { command: 'node', args: ['-e', 'const a = []; for (;;) a.push(Buffer.alloc(16 * 1024 * 1024, 1));'] });
+    expect(hog.exitCode === 0).toBe(false);
+    const filler = await limited.exec(h, { command: 'head -c 50000000 /dev/zero > big.bin', shell: true });
+    expect(filler.exitCode).not.toBe(0);
+    expect((await fs.stat(path.join(h.root, 'big.bin'))).size).toBeLessThanOrEqual(4 * 1024 ** 2);
+    await fs.rm(path.join(h.root, 'big.bin'));
+  });
+
   it('keeps 50 MB of output from flooding the worker: the capture is capped and says so', async () => {
     const r = await run('head -c 50000000 /dev/zero | tr "\\0" a; echo; echo END');
     expect(r.exitCode).toBe(0);

@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
+import { findEgressTools, PASTA_MISSING_MESSAGE } from '../../activities/sandbox/egress';
 import { isInside } from '../../activities/sandbox/paths';
 import { collapse, intersect } from '../../activities/sandbox/copy-ignored';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
@@ -258,22 +259,36 @@ describe('local sandboxes', () => {
       expect(await exists(homeProbe)).toBe(false);
     });
 
-    it('cuts the network off when network is false, and not when true', async () => {
-      const server = net.createServer((socket) => socket.end());
-      await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-      const port = (server.address() as net.AddressInfo).port;
+    it('network off: nothing; network on: egress only, the host\'s loopback and own address stay out of reach', async () => {
+      if (!findEgressTools()) throw new Error(PASTA_MISSING_MESSAGE);
+      // Another host on the network: an address on a veth interface of this machine, reached
+      // from the sandbox only through pasta's sockets, as the internet would be.
+      const ifname = `slw${process.pid % 100000}`;
+      const outsideAddress = `10.251.${process.pid % 250}.1`;
+      sh(parent, `ip link add ${ifname}a type veth peer name ${ifname}b && ip addr add ${outsideAddress}/32 dev ${ifname}a && ip link set ${ifname}a up && ip link set ${ifname}b up`);
+      const listen = async (host: string) => {
+        const server = net.createServer((socket) => socket.end('HELLO\n'));
+        await new Promise<void>((resolve) => server.listen(0, host, resolve));
+        return { server, port: (server.address() as net.AddressInfo).port };
+      };
+      const loopback = await listen('127.0.0.1');
+      const anyAddress = await listen('0.0.0.0');
+      const remote = await listen(outsideAddress);
+      const hostAddress = sh(parent, "ip -4 route get 1.1.1.1 | sed -n 's/.* src \\([0-9.]*\\).*/\\1/p'");
+      const probe = (host: string, port: number) => `bash -c 'exec 3<>/dev/tcp/${host}/${port} && cat <&3' 2>&1 || echo REFUSED`;
+      const on = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: true } });
       try {
-        const probe = `bash -c 'echo > /dev/tcp/127.0.0.1/${port}' && echo connected`;
-        const off = await run(probe);
-        expect(off.exitCode).not.toBe(0);
-        expect(off.stdout).not.toContain('connected');
-        const on = await run(probe, new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: true } }));
-        expect(on.exitCode, on.stderr).toBe(0);
-        expect(on.stdout).toContain('connected');
-        const unconfined = await run(probe, provider);
-        expect(unconfined.exitCode).toBe(0);
+        expect((await run(probe(outsideAddress, remote.port))).stdout).toContain('REFUSED');
+        expect((await run(probe(outsideAddress, remote.port), on)).stdout).toContain('HELLO');
+        for (const [host, port] of [['127.0.0.1', loopback.port], ['127.0.0.1', anyAddress.port], [hostAddress, anyAddress.port]] as const) {
+          const r = await run(probe(host, port), on);
+          expect(r.stdout, `${host}:${port}`).not.toContain('HELLO');
+        }
+        // Unconfined sandboxes share the host's network: the baseline the above is measured against.
+        expect((await run(probe('127.0.0.1', loopback.port), provider)).stdout).toContain('HELLO');
       } finally {
-        server.close();
+        for (const s of [loopback, anyAddress, remote]) s.server.close();
+        sh(parent, `ip link del ${ifname}a`);
       }
     });
 
