@@ -11,7 +11,7 @@ import { failure } from './failures';
 import { branchExists, commitIdentityEnv, rawGit, resolveCommit } from './git';
 import { withHeartbeat } from './heartbeat';
 import { tail } from './process';
-import { redact } from './redact';
+import { redactorFor } from './redact';
 import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, SLIPWAY_GIT_ENV } from './sandbox/local';
 import { discardSandboxGit, locateWorktree, trustedWorktreeArgs } from './sandbox/sandbox-git';
 import { promises as fs, writeFileSync } from 'node:fs';
@@ -92,6 +92,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
 
     /** Runs gates in order inside a sandbox; stops at the first failure. Never throws for a failing gate. */
     async runGates(input: { path: string; gates: GateSpec[] }): Promise<GateRunResult> {
+      const redactor = await redactorFor(input.path);
       return withHeartbeat(async (signal, beat) => {
         const results: GateResult[] = [];
         for (const gate of input.gates) {
@@ -101,7 +102,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
             { command: gate.command, shell: true, timeoutMs: gate.timeout_seconds * 1000, signal, env: { CI: 'true' } },
           );
           if (run.cancelled) throw failure('unknown', `gate ${gate.name} cancelled`);
-          const output = redact(tail(`${run.stdout}${run.stderr ? `\n${run.stderr}` : ''}`.trim(), OUTPUT_TAIL_CHARS));
+          const output = redactor(tail(`${run.stdout}${run.stderr ? `\n${run.stderr}` : ''}`.trim(), OUTPUT_TAIL_CHARS));
           const passed = run.exitCode === 0 && !run.timedOut;
           results.push({ name: gate.name, command: gate.command, passed, exitCode: run.exitCode, timedOut: run.timedOut, durationMs: run.durationMs, output });
           if (!passed) break;
@@ -176,7 +177,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       const run = sandboxGit(sandboxes, input.path);
       const head = await run(['rev-parse', 'HEAD']);
       const base = (await run(['merge-base', onto, head]).catch(() => undefined)) ?? onto;
-      const previousDiff = redact(tail(await run(['diff', '--stat', '--patch', base, head]), OUTPUT_TAIL_CHARS));
+      const previousDiff = (await redactorFor(parsed.repository))(tail(await run(['diff', '--stat', '--patch', base, head]), OUTPUT_TAIL_CHARS));
       await run(['merge', '--abort']).catch(() => undefined);
       await run(['reset', '--hard', '-q', onto]);
       await run(['clean', '-fdq']);

@@ -119,13 +119,8 @@ describe('what activities return', () => {
     expect(error.message).not.toContain(value);
   });
 
-  /**
-   * activities/index.ts (not owned here) calls `redact(text)` with the default set, which covers a
-   * repository once this process has read it (an agent run, `secretsFor`). A worker that runs a
-   * gate before anything read the repository (just restarted) still leaks it: these two record that
-   * gap and flip to failing once runGates/resetOntoIntegration use `redactorFor(input.path)`.
-   */
-  it.fails('GAP (cold worker): runGates failure report leaks a secret only in the repository .env', async () => {
+  /** A worker that runs a gate before anything else read the repository (just restarted). */
+  it('a cold worker: runGates failure report never shows a secret only in the repository .env', async () => {
     const { sandbox, value } = repoWithDotenv();
     const activities = createActivities({ sandboxes: new LocalSandboxProvider() });
     const result = (await new MockActivityEnvironment().run(activities.runGates, { path: sandbox, gates: [gateThatPrintsEnv] })) as GateRunResult;

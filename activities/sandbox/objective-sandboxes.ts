@@ -10,7 +10,7 @@ import { MERGER_SANDBOX_NAME } from '../../core/ids';
 import type { SandboxInfo, SandboxInput, SandboxOptions } from '../../core/types';
 import { failure } from '../failures';
 import { tail } from '../process';
-import { redact } from '../redact';
+import { redact, redactorFor } from '../redact';
 import { BubblewrapMissingError } from './bubblewrap';
 import { createFieldsOf } from './options';
 import type { SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
@@ -38,13 +38,13 @@ async function heartbeating<T>(work: (signal: AbortSignal | undefined, progress:
 }
 
 /** A create failure as a typed Temporal failure. */
-export function sandboxFailure(e: unknown, what: string): Error {
+export function sandboxFailure(e: unknown, what: string, redactor: (text: string) => string = redact): Error {
   if (e instanceof ApplicationFailure) return e;
   if (e instanceof SandboxCancelledError) return e;
   if (e instanceof SandboxSetupError) {
     return ApplicationFailure.create({
       type: 'sandbox_failure',
-      message: redact(`${what}: ${tail(e.message, 5_000)}`),
+      message: redactor(`${what}: ${tail(e.message, 5_000)}`),
       nonRetryable: true, // it already ran setup `attempts` times
       details: [{ attempts: e.attempts }],
     });
@@ -68,7 +68,7 @@ export async function createStreamSandbox(sandboxes: SandboxProvider, input: San
       input.options,
     );
   } catch (e) {
-    throw sandboxFailure(e, `could not create sandbox ${input.sandboxId}`);
+    throw sandboxFailure(e, `could not create sandbox ${input.sandboxId}`, await redactorFor(input.repository).catch(() => redact));
   }
   return {
     sandboxId: handle.sandboxId,
@@ -109,7 +109,7 @@ export async function createMergerSandbox(
       input.sandbox,
     );
   } catch (e) {
-    throw sandboxFailure(e, `could not create the merger sandbox of ${input.objectiveId}`);
+    throw sandboxFailure(e, `could not create the merger sandbox of ${input.objectiveId}`, await redactorFor(input.repository).catch(() => redact));
   }
   // With `warm_pool`, the create above also started filling the pool in the background.
   return handle;
