@@ -179,8 +179,3 @@ export async function listWorktrees(repository: string): Promise<WorktreeEntry[]
   if (current?.path) entries.push({ prunable: false, head: '', ...current } as WorktreeEntry);
   return entries;
 }
-
-/** True if the worktree has uncommitted changes (tracked or untracked, ignoring ignored files). */
-export async function isDirty(dir: string): Promise<boolean> {
-  return (await git(dir, ['status', '--porcelain', '--untracked-files=all'])).length > 0;
-}

@@ -14,7 +14,8 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId } from '../../core/ids';
-import { currentBranch, git, gitMaybe, gitWithIdentity, isDirty, listWorktrees, rawGit, repositoryRoot, resolveCommit } from '../../activities/git';
+import { currentBranch, git, gitMaybe, gitWithIdentity, listWorktrees, rawGit, repositoryRoot, resolveCommit } from '../../activities/git';
+import { locateWorktree, trustedWorktreeArgs } from '../../activities/sandbox/sandbox-git';
 import { LocalSandboxProvider, localSandboxRoot, readSandboxRecord, sandboxRecordPath } from '../../activities/sandbox/local';
 import { readRegistry } from '../../activities/sandbox/registry';
 import { CliError, EXIT } from '../exit-codes';
@@ -99,7 +100,7 @@ export async function worktreeListCommand(opts: { repo?: string; objective?: str
   const rows = [];
   for (const s of (await streams(repo)).filter((s) => !opts.objective || s.objective === opts.objective)) {
     const base = await baseOf(repo, s);
-    rows.push({ ...s, base, ahead: await ahead(repo, base, s.head), dirty: s.worktree ? await isDirty(s.worktree).catch(() => false) : false });
+    rows.push({ ...s, base, ahead: await ahead(repo, base, s.head), dirty: s.worktree ? await dirtyWorktree(repo, s.worktree) : false });
   }
   if (opts.json) {
     process.stdout.write(`${JSON.stringify(rows)}\n`);
@@ -134,11 +135,11 @@ export async function worktreeReviewCommand(stream: string, paths: string[], opt
     if (diff) out.push('', diff.trimEnd());
   }
   if (s.worktree) {
-    const status = await git(s.worktree, ['status', '--porcelain', '--untracked-files=all', ...spec]).catch(() => '');
+    const status = await git(s.worktree, [...(await wtArgs(repo, s.worktree)), 'status', '--porcelain', '--untracked-files=all', ...spec]).catch(() => '');
     if (status) {
       out.push('', 'uncommitted in the worktree (not part of the branch):', ...status.split('\n').map((l) => `  ${l}`));
       if (!opts.stat) {
-        const wdiff = await rawGit(s.worktree, ['diff', '--no-color', 'HEAD', ...spec]).catch(() => '');
+        const wdiff = await rawGit(s.worktree, [...(await wtArgs(repo, s.worktree)), 'diff', '--no-color', 'HEAD', ...spec]).catch(() => '');
         if (wdiff) out.push('', wdiff.trimEnd());
       }
     }
@@ -205,7 +206,7 @@ export async function worktreeMergeCommand(stream: string, opts: { repo?: string
   }
   const after = await resolveCommit(repo, 'HEAD');
   process.stdout.write(`merged ${s.branch} into ${into} (${strategy}): ${before.slice(0, 10)} -> ${after.slice(0, 10)}\n`);
-  if (s.worktree && (await isDirty(s.worktree).catch(() => false))) {
+  if (s.worktree && (await dirtyWorktree(repo, s.worktree))) {
     process.stdout.write(`note: ${s.worktree} has uncommitted changes that were not part of the branch\n`);
   }
   process.stdout.write(`remove the stream with: slipway worktree discard ${s.stream} --objective ${s.objective}\n`);
@@ -271,3 +272,17 @@ export function registerWorktreeCommands(program: Command, setExit: (code: numbe
     .action(async (stream: string, opts) => setExit(await worktreeDiscardCommand(stream, opts)));
 }
 
+
+/**
+ * Git addresses a sandbox's worktree through the repository's record of it, never through the
+ * worktree's own `.git` file, which its agent controls (ADR 0006). A confined sandbox's latest
+ * commits reach the branch when Slipway collects them; until then they are not shown here.
+ */
+async function wtArgs(repo: string, worktree: string): Promise<string[]> {
+  return trustedWorktreeArgs(await locateWorktree(repo, worktree));
+}
+
+async function dirtyWorktree(repo: string, worktree: string): Promise<boolean> {
+  const out = await git(worktree, [...(await wtArgs(repo, worktree)), 'status', '--porcelain', '--untracked-files=all']).catch(() => '');
+  return out.length > 0;
+}
