@@ -27,7 +27,7 @@ import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
 import { combineConfinement, confinedCommand, execInWorktree, type ExecTarget } from './exec';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
-import { deleteLocalSnapshot, probeLocal, restoreLocal, suspendLocal } from './local-snapshot';
+import { deleteLocalSnapshot, probeLocal, restoreLocal, SnapshotError, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
 import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
 import { claimPoolEntry, fillPool, poolKey, type PoolSpec } from './pool';
@@ -36,7 +36,7 @@ import type { ExecRequest, ProjectSetup, SandboxCreateRequest, SandboxHandle, Sa
 import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
 import { adminDirOf } from './worktree-admin';
-import { discardSandboxGit, importPack, locateWorktree, OBJECT_ID, resetSandboxGitWorktree, trustedWorktreeArgs } from './sandbox-git';
+import { adoptSandboxGitWorktree, discardSandboxGit, importPack, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox-git';
 
 /** The environment of Slipway's own git commands inside a sandbox: nothing of the worker's. */
 export const SLIPWAY_GIT_ENV: Record<string, string> = {
@@ -417,7 +417,14 @@ export class LocalSandboxProvider implements SandboxProvider {
   }
 
   // Idle offload and the watcher's probe live in local-snapshot.ts.
-  suspend(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
+  async suspend(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
+    const target = await this.execTarget(handle.root).catch(() => undefined);
+    if (target?.confinement && target.repository && (await pathExists(path.join(target.root, '.git')))) {
+      // A confined sandbox's index lives in its private git directory, which suspend keeps as it
+      // is; an unresolved conflict there could not be restored faithfully, so suspend refuses.
+      const check = await execInWorktree(target, { command: 'git', args: ['write-tree'], env: SLIPWAY_GIT_ENV, inheritEnv: false });
+      if (check.exitCode !== 0) throw new SnapshotError(`the index cannot be captured (unresolved merge?): ${check.stderr.trim()}`);
+    }
     return suspendLocal(handle.root, options);
   }
 
@@ -425,11 +432,9 @@ export class LocalSandboxProvider implements SandboxProvider {
     const restored = await restoreLocal(handle.root, options);
     const target = await this.execTarget(handle.root);
     if (target.confinement && target.repository && !restored.alreadyRestored) {
-      // The sandbox's own git directory kept its commits; its index is made again from its HEAD
-      // (the files stay as they were; which changes were staged is not kept, ADR 0006).
-      await resetSandboxGitWorktree(target.repository, target.root);
-      const r = await execInWorktree(target, { command: 'git', args: ['reset', '-q'], env: SLIPWAY_GIT_ENV, inheritEnv: false });
-      if (r.exitCode !== 0) throw new Error(`restoring the sandbox's index failed: ${r.stderr.trim()}`);
+      // The sandbox's own git directory kept its commits, index and HEAD through the suspend;
+      // only the id of git's record of the worktree may have changed with the new registration.
+      await adoptSandboxGitWorktree(await locateWorktree(target.repository, target.root));
     }
     return restored;
   }

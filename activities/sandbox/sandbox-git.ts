@@ -198,9 +198,16 @@ export async function discardSandboxGit(repository: string, worktree: string): P
   await fs.rm(dir, { recursive: true, force: true });
 }
 
-/** Drops the sandbox's record of its worktree (HEAD, index), so the next command starts from the repository's (after a restore). */
-export async function resetSandboxGitWorktree(repository: string, worktree: string): Promise<void> {
-  await fs.rm(path.join(sandboxGitDir(repository, worktree), 'worktrees'), { recursive: true, force: true });
+/**
+ * After a restore registered the worktree again, possibly under another id: the sandbox's own
+ * record of it (HEAD, index, an in-progress merge) moves to that id, so nothing of it is lost.
+ */
+export async function adoptSandboxGitWorktree(loc: WorktreeLocation): Promise<void> {
+  const records = path.join(sandboxGitDir(loc.repository, loc.worktree), 'worktrees');
+  const ids = await fs.readdir(records).catch(() => [] as string[]);
+  if (ids.includes(loc.adminId) || ids.length !== 1) return;
+  await fs.rename(path.join(records, ids[0]), path.join(records, loc.adminId));
+  await fs.writeFile(path.join(records, loc.adminId, 'gitdir'), `${path.join(loc.worktree, '.git')}\n`);
 }
 
 /** Environment for git inside a confined sandbox: its files belong to a uid that is not the sandbox's. */
