@@ -5,12 +5,13 @@
  */
 import { promises as fs } from 'node:fs';
 import { runProcess, type RunResult } from '../process';
-import { bwrapArgs, probeBwrap, requireBwrap, resolveExtraPaths, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
+import { bwrapArgs, findExecutable, probeBwrap, requireBwrap, resolveExtraPaths, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
 import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree } from './sandbox-git';
 import { resolveInside } from './paths';
 import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, PASTA_MISSING_MESSAGE } from './egress';
 import { limitedCommand, type SandboxLimits } from './limits';
 import { randomBytes } from 'node:crypto';
+import { spawnSync } from 'node:child_process';
 import type { ExecRequest } from './provider';
 
 export interface ExecTarget {
@@ -31,7 +32,9 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
   if (!confinement) {
     const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
     const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
-    return runProcess({ ...commonOptions(req), cwd, command: req.command, args: req.args, shell: req.shell, env });
+    const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
+    const [command, ...args] = [...unconfinedReaper(), ...inner];
+    return runProcess({ ...commonOptions(req), cwd, command, args, env });
   }
   const cmd = await confinedCommand(target, req);
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
@@ -92,6 +95,29 @@ export async function confinedCommand(
   const tools = confinement.network ? egressTools() : undefined;
   if (tools) bwrapBase.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
   return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: cwd, ...(tools ? { egress: egressSetup(tools) } : {}) };
+}
+
+/**
+ * Even unconfined, a command runs in its own PID namespace that dies with the worker: setpriv
+ * gives unshare a parent-death signal, and unshare kills the namespace's first process when it
+ * dies, which ends every process of the namespace. So an agent never outlives a worker killed
+ * with SIGKILL, and a daemon never outlives its command. Without the tools (or the right to make
+ * a PID namespace), commands run plainly, with a warning once.
+ */
+let reaperPrefix: string[] | undefined;
+export function unconfinedReaper(): string[] {
+  if (reaperPrefix) return reaperPrefix;
+  const setpriv = findExecutable('setpriv');
+  const unshare = findExecutable('unshare');
+  const userns = process.getuid?.() === 0 ? [] : ['--map-current-user'];
+  const prefix = setpriv && unshare ? [setpriv, '--pdeathsig', 'KILL', '--', unshare, ...userns, '--pid', '--fork', '--kill-child', '--'] : [];
+  if (prefix.length > 0) {
+    const probe = spawnSync(prefix[0], [...prefix.slice(1), 'true'], { stdio: 'ignore', timeout: 10_000 });
+    if (probe.status !== 0) prefix.length = 0;
+  }
+  if (prefix.length === 0) console.warn('slipway: cannot give unconfined commands a PID namespace (setpriv and unshare from util-linux, and user namespaces, are needed): an agent may outlive a killed worker');
+  reaperPrefix = prefix;
+  return prefix;
 }
 
 let egressWarned = false;

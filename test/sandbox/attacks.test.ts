@@ -200,17 +200,21 @@ describe('a hostile agent in a confined stream sandbox', () => {
     }
   });
 
-  it('leaves no process behind: a daemon dies with its command, and everything dies with a SIGKILLed worker', async () => {
-    const daemonMarker = `98${process.pid}71`;
+  it.each([
+    ['confined', true],
+    ['unconfined', false],
+  ])('leaves no process behind (%s): a daemon dies with its command, and everything dies with a SIGKILLed worker', async (_label, isConfined) => {
+    const run = (command: string) => (isConfined ? confined : new LocalSandboxProvider({ backgroundFill: false })).exec(h, { command, shell: true });
+    const daemonMarker = `98${process.pid}7${isConfined ? 1 : 2}`;
     const r = await run(`setsid sh -c 'sleep ${daemonMarker}' > /dev/null 2>&1 & echo started`);
     expect(r.stdout.trim()).toBe('started');
     expect(await waitFor(async () => (await processesWith(`sleep ${daemonMarker}`)).length === 0)).toBe(true);
 
     // A worker stand-in that runs an agent in the sandbox and is then killed with SIGKILL.
-    const agentMarker = `97${process.pid}53`;
+    const agentMarker = `97${process.pid}5${isConfined ? 3 : 4}`;
     const script = `
       const { LocalSandboxProvider } = require(${JSON.stringify(path.resolve('activities/sandbox/local.ts'))});
-      new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false }, backgroundFill: false })
+      new LocalSandboxProvider({ ${isConfined ? "confinement: { kind: 'bubblewrap', network: false }, " : ''}backgroundFill: false })
         .exec({ root: ${JSON.stringify(h.root)} }, { command: 'sleep ${agentMarker}', shell: true });
     `;
     const worker = spawn(process.execPath, ['--import', 'tsx', '-e', script], { stdio: 'ignore' });
