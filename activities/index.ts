@@ -49,6 +49,7 @@ export interface GateRunResult {
 
 export type MergeOutcome =
   | { status: 'merged'; commit: string; previous: string; alreadyMerged: boolean }
+  | { status: 'no_changes'; summary: string }
   | { status: 'conflict'; files: string[]; details: string };
 
 export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
@@ -129,6 +130,13 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
         throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
       }
       if (await m.ok(['merge-base', '--is-ancestor', input.headCommit, head])) {
+        // Merged before (a retried activity) only if a merge commit of the integration branch
+        // brought it in; a head on the integration branch's own line (a rebuild that changed
+        // nothing) brought nothing.
+        const firstParents = (await m.git(['rev-list', '--first-parent', head])).split('\n');
+        if (firstParents.includes(input.headCommit)) {
+          return { status: 'no_changes', summary: `the stream's head ${input.headCommit.slice(0, 10)} brings no change over the integration branch` };
+        }
         const previous = (await m.maybe(['rev-parse', 'HEAD^1'])) ?? head;
         const isMergeOfStream = (await m.maybe(['rev-parse', 'HEAD^2'])) === input.headCommit;
         return { status: 'merged', commit: head, previous: isMergeOfStream ? previous : head, alreadyMerged: true };
@@ -149,6 +157,11 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
         return { status: 'conflict', files, details: tail((e as Error).message, OUTPUT_TAIL_CHARS) };
       } finally {
         await m.cleanup();
+      }
+      if (await m.ok(['diff', '--quiet', 'HEAD^1', 'HEAD'])) {
+        // A merge commit whose tree is the integration branch's: the stream's intent is not in it.
+        await m.git(['reset', '--hard', '-q', head]);
+        return { status: 'no_changes', summary: `merging ${input.headCommit.slice(0, 10)} changes nothing on the integration branch` };
       }
       // Post-merge gates see the new integration state, from a fresh private git directory.
       await m.freshSandboxGit();

@@ -10,7 +10,7 @@ export type ObjectivePhase = (typeof OBJECTIVE_PHASES)[number];
 
 export const STREAM_PHASES = [
   'waiting', 'provisioning', 'building', 'gates', 'reviewing', 'scouting', 'merge_ready', 'merging', 'rate_limited',
-  'blocked', 'merged', 'escalated', 'failed',
+  'blocked', 'merged', 'no_changes', 'escalated', 'failed',
 ] as const;
 export type StreamPhase = (typeof STREAM_PHASES)[number];
 
@@ -21,7 +21,7 @@ export const WORKFLOW_KINDS = ['objective', 'stream', 'sandbox', 'janitor', 'rea
 export type WorkflowKind = (typeof WORKFLOW_KINDS)[number];
 
 /** Stream phases after which the stream does no more work. */
-export const FINAL_STREAM_PHASES: StreamPhase[] = ['merged', 'escalated', 'failed'];
+export const FINAL_STREAM_PHASES: StreamPhase[] = ['merged', 'no_changes', 'escalated', 'failed'];
 
 /** Results recorded in the recovery ledger. */
 export const LEDGER_RESULTS = ['retrying', 'waiting', 'recovered', 'exhausted', 'blocked', 'guidance_applied', 'escalated', 'failed'] as const;

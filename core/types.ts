@@ -208,6 +208,8 @@ export interface MergeRequest {
 
 export type MergeDecision =
   | { status: 'merged'; commit: string }
+  /** The stream's work brings nothing over the integration branch: nothing was merged. */
+  | { status: 'no_changes'; summary: string }
   | { status: 'rejected'; kind: FailureKind; summary: string; details: string };
 
 export interface Guidance {
@@ -232,7 +234,7 @@ export interface BlockedInfo {
 
 export interface StreamResult {
   streamId: string;
-  status: 'merged' | 'failed' | 'escalated';
+  status: 'merged' | 'no_changes' | 'failed' | 'escalated';
   branch: string;
   iterations: number;
   mergeCommit?: string;

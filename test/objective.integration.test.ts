@@ -117,6 +117,32 @@ describe('objective workflow', () => {
     expect(pictureCheckout(repo)).toEqual(before);
   });
 
+  it('never reports a stream merged whose work changed nothing: no_changes, no merge commit, objective partial', async () => {
+    const repo = makeDemoRepo();
+    const id = 'no-change-run';
+    const file = writeObjective(
+      {
+        objective: 'one real helper and one stream whose builder changes nothing',
+        repository: repo,
+        agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+        streams: [
+          { id: 'real', task: 'helper real' },
+          { id: 'idle', task: 'a task the builder decides needs no change' },
+        ],
+      },
+      { real: [{ files: helperFiles('real') }], idle: [{ files: {} }] },
+    );
+
+    const result = await runObjective(file, repo, id);
+
+    expect(result.outcome).toBe('partial');
+    expect(result.mergeOrder).toEqual(['real']);
+    const idle = result.streams.find((s) => s.id === 'idle')!;
+    expect(idle.phase).toBe('no_changes');
+    expect(idle.failure?.summary).toMatch(/brings no change|changes nothing/);
+    expect(mergedStreamsInGitOrder(repo, id)).toEqual(['real']);
+  });
+
   it('starts a dependent stream from the integration branch after its dependency merged', async () => {
     const repo = makeDemoRepo();
     const id = 'deps-run';

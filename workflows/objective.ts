@@ -54,7 +54,9 @@ const FEED_LIMIT = 2_000;
 export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): ObjectiveOutcome {
   const merged = streams.filter((s) => s.phase === 'merged').length;
   if (streams.length > 0 && merged === streams.length) return 'completed';
-  return merged > 0 ? 'partial' : 'failed';
+  // A stream whose work changed nothing did not fail, but its intent did not land either.
+  const unchanged = streams.filter((s) => s.phase === 'no_changes').length;
+  return merged > 0 || unchanged > 0 ? 'partial' : 'failed';
 }
 
 export async function objectiveWorkflow(input: ObjectiveInput): Promise<ObjectiveResult> {
@@ -252,7 +254,9 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       message: `slipway: merge stream ${request.streamId} into ${prepared.integrationBranch}\n\nObjective ${input.id}: ${input.objective}`,
     });
     let decision: MergeDecision;
-    if (merged.status === 'conflict') {
+    if (merged.status === 'no_changes') {
+      decision = { status: 'no_changes', summary: merged.summary };
+    } else if (merged.status === 'conflict') {
       decision = { status: 'rejected', kind: 'merge_conflict', summary: `merge conflict in ${merged.files.join(', ') || 'unknown files'}`, details: merged.details };
     } else {
       decision = { status: 'merged', commit: merged.commit };
@@ -270,6 +274,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       integrationTip = decision.commit;
       status.mergeOrder.push(request.streamId);
       say('merge-queue', `merged ${request.streamId} as ${decision.commit.slice(0, 10)}`);
+    } else if (decision.status === 'no_changes') {
+      say('merge-queue', `no changes: ${request.streamId} not merged (${decision.summary})`);
     } else {
       say('merge-queue', `${decision.kind}: ${request.streamId} not merged (${decision.summary})`);
     }

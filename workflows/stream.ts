@@ -74,7 +74,7 @@ interface StepFailure {
   resetAt?: string;
 }
 
-type StepOutcome = { ok: true; merged?: string; done?: boolean } | { ok: false; failure: StepFailure };
+type StepOutcome = { ok: true; merged?: string; unchanged?: string; done?: boolean } | { ok: false; failure: StepFailure };
 
 function toStepFailure(err: unknown): StepFailure {
   const cause = rootCause(err);
@@ -208,6 +208,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     let rateLimitWaits = 0;
     let recovering: { step: string; kind: FailureKind } | undefined;
     let mergeCommit: string | undefined;
+    let unchanged: string | undefined;
 
     const history = () => status.ledger.map((e) => `${e.step}: ${e.kind} -> ${e.action} (${e.attempt}/${e.maxAttempts}) ${e.result}: ${e.summary}`);
     const addUsage = (run: AgentRunResult) => {
@@ -296,6 +297,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
           await condition(() => decision !== undefined);
           const d = decision!;
           if (d.status === 'merged') return { ok: true, merged: d.commit, done: true };
+          if (d.status === 'no_changes') return { ok: true, unchanged: d.summary, done: true };
           return { ok: false, failure: { kind: d.kind, summary: d.summary, details: d.details } };
         }
         case 'mark_complete':
@@ -354,6 +356,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
           recovering = undefined;
         }
         if (outcome.merged) mergeCommit = outcome.merged;
+        if (outcome.unchanged) unchanged = outcome.unchanged;
         if (outcome.done) break;
         step = nextStep(bp, step);
         continue;
@@ -443,6 +446,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     }
 
     if (mergeCommit) return await finish({ status: 'merged', mergeCommit }, `merged as ${mergeCommit.slice(0, 10)}`);
+    if (unchanged) return await finish({ status: 'no_changes', failure: { kind: 'unknown', summary: unchanged } }, `not merged: ${unchanged}`);
     return await finish({ status: 'failed', failure: { kind: 'configuration_error', summary: `blueprint ${bp.id} ended without merging` } }, 'ended without merging');
   }
 }
