@@ -1,0 +1,54 @@
+/**
+ * The merge activity: long texts travel by file (never argv), failures are classified by what
+ * happened (a conflict only when files conflict), and no-change merges are not merges.
+ */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createActivities } from '../../activities';
+import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import type { SandboxHandle } from '../../activities/sandbox/provider';
+import { gitIn, makeRepo, tempDir } from './helpers';
+
+describe('mergeStream', () => {
+  let parent: string;
+  let repo: string;
+  let merger: SandboxHandle;
+  let stream: SandboxHandle;
+  const sandboxes = new LocalSandboxProvider({ backgroundFill: false });
+  const activities = createActivities({ sandboxes });
+
+  beforeAll(async () => {
+    parent = tempDir('merge');
+    ({ repo } = makeRepo(parent));
+    merger = await sandboxes.create({ sandboxId: 'm', repository: repo, group: 'obj', name: '_merger', branch: 'slipway/obj/integration', base: 'main' });
+    stream = await sandboxes.create({ sandboxId: 's', repository: repo, group: 'obj', name: 'one', branch: 'slipway/obj/one', base: 'main' });
+  });
+  afterAll(async () => {
+    await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  it('merges with a 3 MB message (the objective text), which no argv could carry', async () => {
+    await fs.writeFile(path.join(stream.root, 'one.txt'), 'one\n');
+    const { head } = await activities.commitWork({ path: stream.root, message: 'one' });
+    const message = `slipway: merge stream one\n\n${'x'.repeat(3 * 1024 * 1024)}`;
+    const merged = await activities.mergeStream({ mergerPath: merger.root, branch: stream.branch, headCommit: head, message, expectedTip: merger.headCommit });
+    expect(merged.status).toBe('merged');
+    expect(Number(gitIn(repo, 'cat-file', '-s', 'slipway/obj/integration'))).toBeGreaterThan(3 * 1024 * 1024);
+  });
+
+  it('reports a failure that is not a conflict as what it is, never as a conflict', async () => {
+    const missing = 'f'.repeat(40);
+    const failed = await activities.mergeStream({ mergerPath: merger.root, branch: 'x', headCommit: missing, message: 'm' }).catch((e: Error) => e);
+    expect(failed).toBeInstanceOf(Error);
+    expect((failed as Error).message).toMatch(/merging f{10}.* failed/);
+    expect((failed as Error).message).not.toMatch(/conflict/);
+  });
+
+  it('reports a stream head that brings nothing as no_changes', async () => {
+    const tip = gitIn(repo, 'rev-parse', 'slipway/obj/integration');
+    const outcome = await activities.mergeStream({ mergerPath: merger.root, branch: 'slipway/obj/integration', headCommit: gitIn(repo, 'rev-parse', 'main'), message: 'm' });
+    expect(outcome.status).toBe('no_changes');
+    expect(gitIn(repo, 'rev-parse', 'slipway/obj/integration')).toBe(tip);
+  });
+});
