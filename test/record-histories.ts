@@ -1,10 +1,11 @@
 /**
- * Records workflow histories for the replay test (test/replay.test.ts). Run it when a workflow
- * change is meant to be released, AFTER guarding the change with `patched()` so that the old
- * histories still replay:   npx tsx test/record-histories.ts
- * It runs scenarios on a throwaway dev server and writes test/histories/<scenario>/*.json.
+ * Records the golden workflow histories of a release for the replay test (test/replay.test.ts):
+ *   npx tsx test/record-histories.ts
+ * It runs scenarios on a throwaway dev server and writes test/histories/<version>/<scenario>/*.json,
+ * <version> being package.json's. A release's goldens are never overwritten (ADR 0007): it refuses
+ * when the folder exists. Bump the version first; older releases' goldens keep replaying.
  */
-import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Client, Connection } from '@temporalio/client';
 import { historyToJSON } from '@temporalio/common/lib/proto-utils';
@@ -18,9 +19,11 @@ import { objectiveWorkflow } from '../workflows/objective';
 import { PLAN_BUILDER, helperFiles, writeObjective } from './helpers/objective';
 import { DEMO_DIR, makeDemoRepo, tempDir } from './helpers/repo';
 
-const OUT = path.join(__dirname, 'histories');
+const VERSION = (JSON.parse(readFileSync(path.join(__dirname, '..', 'package.json'), 'utf8')) as { version: string }).version;
+const OUT = path.join(__dirname, 'histories', VERSION);
 
 async function main() {
+  if (existsSync(OUT)) throw new Error(`${OUT} exists: release ${VERSION}'s golden histories are never re-recorded (ADR 0007); bump the version in package.json first`);
   installRuntimeLogging();
   const server = await startDevServer({ dataDir: tempDir('slipway-record-'), port: await freePort(), headless: true });
   const native = await NativeConnection.connect({ address: server.address });
@@ -57,7 +60,6 @@ async function main() {
       const input = await loadObjectiveFile(scenario.file, { repository: scenario.repo, id: scenario.name });
       const result = await client.workflow.execute(objectiveWorkflow, { taskQueue: 'record', workflowId: objectiveWorkflowId(scenario.name), args: [input] });
       const dir = path.join(OUT, scenario.name);
-      rmSync(dir, { recursive: true, force: true });
       mkdirSync(dir, { recursive: true });
       await new Promise((r) => setTimeout(r, 1_500)); // visibility is eventually consistent
       for await (const wf of client.workflow.list({ query: `SlipwayObjective = "${scenario.name}"` })) {

@@ -1,7 +1,7 @@
 /**
- * Replays recorded histories (test/histories) against today's workflow code. A failure here
- * means a change altered the command sequence of already-running workflows: guard it with
- * `patched()` (see docs/adr/0003-blueprint-interpreter.md), then re-record.
+ * Replays every release's golden histories (test/histories/<version>/<scenario>) against today's
+ * workflow code. A failure here means a change altered the command sequence of workflows that may
+ * be running: guard it with `patched()` (ADR 0007). Goldens are never re-recorded.
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -11,10 +11,17 @@ import { Worker } from '@temporalio/worker';
 import { installRuntimeLogging } from '../workers/logging';
 
 const HISTORIES = path.join(__dirname, 'histories');
-const scenarios = readdirSync(HISTORIES, { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => d.name);
+const versions = readdirSync(HISTORIES, { withFileTypes: true }).filter((d) => d.isDirectory()).map((d) => d.name);
+const scenarios = versions.flatMap((v) =>
+  readdirSync(path.join(HISTORIES, v), { withFileTypes: true })
+    .filter((d) => d.isDirectory())
+    .map((d) => `${v}/${d.name}`),
+);
 
 describe('replay of recorded histories', () => {
-  it('has recorded histories to replay', () => {
+  it('has recorded histories to replay, in release folders only', () => {
+    expect(versions.length).toBeGreaterThan(0);
+    for (const v of versions) expect(v).toMatch(/^\d+\.\d+\.\d+$/);
     expect(scenarios.length).toBeGreaterThan(0);
   });
 
