@@ -102,10 +102,20 @@ export interface SandboxPolicy {
   copyIgnored: boolean;
   confinement: 'none' | 'bubblewrap';
   network: boolean;
+  /** From the profile's `resources`: enforced for every command under bubblewrap. */
+  limits?: SandboxLimitsSpec;
   idleTimeoutMs: number;
   provisioningTimeoutMs: number;
   absoluteCapMs: number;
   warmReplicas: number;
+}
+
+/** Enforced limits of a sandbox's commands (activities/sandbox/limits.ts holds the enforcement). */
+export interface SandboxLimitsSpec {
+  pids?: number;
+  memoryBytes?: number;
+  cpus?: number;
+  fileSizeBytes?: number;
 }
 
 export interface GrantRequest {

@@ -4,6 +4,7 @@
  * reads, creates under the concurrency limit, the exec hot path) and by the workflow's
  * activities (state transitions and session rows, each idempotent).
  */
+import { limitsFromResources, parseProfileResources } from '../../core/profile-resources';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import {
   SERVICE_DEFAULTS,
@@ -183,6 +184,7 @@ export interface ProfileSpec {
 
 export async function createProfile(db: Queryable, accountId: string, p: ProfileSpec): Promise<ProfileRow> {
   const d = SERVICE_DEFAULTS;
+  const resources = parseProfileResources(p.resources ?? {});
   const { rows } = await db.query<ProfileRow>(
     `INSERT INTO sandbox_profiles (id, account_id, name, provider, platform, resources, repository, base_ref, copy_ignored,
        confinement, network, idle_timeout_seconds, provisioning_timeout_seconds, default_deadline_minutes,
@@ -194,7 +196,7 @@ export async function createProfile(db: Queryable, accountId: string, p: Profile
       p.name,
       p.provider ?? 'local',
       p.platform ?? 'linux',
-      JSON.stringify(p.resources ?? {}),
+      JSON.stringify(resources),
       p.repository,
       p.baseRef ?? 'HEAD',
       p.copyIgnored ?? true,
@@ -236,6 +238,7 @@ export function policyFromProfile(p: ProfileRow): SandboxPolicy {
     copyIgnored: p.copy_ignored,
     confinement: p.confinement,
     network: p.network,
+    ...(limitsFromResources(p.resources) ? { limits: limitsFromResources(p.resources) } : {}),
     idleTimeoutMs: Math.round(p.idle_timeout_seconds * 1000),
     provisioningTimeoutMs: Math.round(p.provisioning_timeout_seconds * 1000),
     absoluteCapMs: Math.round(p.absolute_cap_minutes * 60_000),

@@ -6,18 +6,18 @@ import { LocalSandboxProvider } from '../sandbox/local';
 import type { SandboxProvider } from '../sandbox/provider';
 import type { SandboxPolicy } from '../../core/sandbox-service';
 
-export type ProviderPolicy = Pick<SandboxPolicy, 'provider' | 'confinement' | 'network' | 'copyIgnored'>;
+export type ProviderPolicy = Pick<SandboxPolicy, 'provider' | 'confinement' | 'network' | 'copyIgnored' | 'limits'>;
 export type ProviderFor = (policy: ProviderPolicy) => SandboxProvider;
 
 export function defaultProviderFor(): ProviderFor {
   const cache = new Map<string, SandboxProvider>();
   return (policy) => {
-    const key = `${policy.provider}:${policy.confinement}:${policy.network}:${policy.copyIgnored}`;
+    const key = `${policy.provider}:${policy.confinement}:${policy.network}:${policy.copyIgnored}:${JSON.stringify(policy.limits ?? {})}`;
     let provider = cache.get(key);
     if (!provider) {
       provider = new LocalSandboxProvider({
         copyIgnored: policy.copyIgnored,
-        confinement: policy.confinement === 'bubblewrap' ? { kind: 'bubblewrap', network: policy.network } : undefined,
+        confinement: policy.confinement === 'bubblewrap' ? { kind: 'bubblewrap', network: policy.network, ...(policy.limits ? { limits: policy.limits } : {}) } : undefined,
       });
       cache.set(key, provider);
     }

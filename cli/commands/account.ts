@@ -2,6 +2,7 @@
  * Operator verbs on the ledger: accounts, API tokens, projects, profiles, and monthly usage.
  * They open the ledger directly (DATABASE_URL, else the embedded PGlite under SLIPWAY_HOME).
  */
+import { parseProfileResources } from '../../core/profile-resources';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { openLedger, type Db } from '../../activities/ledger/db';
@@ -153,7 +154,7 @@ export function registerAccountCommands(program: Command): void {
     .requiredOption('--repo <path>', 'repository each sandbox is a worktree of (local provider)')
     .option('--base <ref>', 'branch or commit sandboxes start from', 'HEAD')
     .option('--platform <platform>', 'linux or macos', 'linux')
-    .option('--resources <json>', 'resources, e.g. {"cpu":2,"memory_gb":4}', '{}')
+    .option('--resources <json>', 'enforced under bubblewrap: {"cpu":2,"memory_mb":4096,"processes":256,"file_size_mb":1024} (memory_gb also accepted)', '{}')
     .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positive('--idle-seconds'))
     .option('--provisioning-timeout-seconds <n>', 'pending longer than this fails (default 120)', positive('--provisioning-timeout-seconds'))
     .option('--default-deadline-minutes <n>', 'default deadline (default 60)', positive('--default-deadline-minutes'))
@@ -172,6 +173,11 @@ export function registerAccountCommands(program: Command): void {
         resources = JSON.parse(opts.resources);
       } catch {
         throw new CliError('--resources must be JSON');
+      }
+      try {
+        resources = parseProfileResources(resources);
+      } catch (e) {
+        throw new CliError(`--resources: ${(e as Error).message}`);
       }
       if (!['linux', 'macos'].includes(opts.platform)) throw new CliError('--platform must be linux or macos');
       if (!['none', 'bubblewrap'].includes(opts.confinement)) throw new CliError('--confinement must be none or bubblewrap');
