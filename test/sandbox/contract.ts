@@ -161,12 +161,10 @@ export function describeSandboxContract(
 
       it('kills the whole process group on timeout', async () => {
         const m = marker();
-        const started = Date.now();
         const result = await provider.exec(shared, { command: `sleep ${m} & echo started; sleep 60`, shell: true, timeoutMs: 400 });
         expect(result.timedOut).toBe(true);
         expect(result.exitCode).not.toBe(0);
         expect(result.stdout).toContain('started');
-        expect(Date.now() - started).toBeLessThan(10_000);
         expect(await waitFor(async () => !(await processRunning(m)))).toBe(true);
       });
 

@@ -51,9 +51,8 @@ describe('sandbox reaper on a schedule', () => {
     await a.api.get(id, 30);
     // The timer is an hour away; the ledger says the deadline passed (a clock jump, a lost timer).
     await h.database.db.query(`UPDATE sandboxes SET deadline_at = now() - interval '1 second' WHERE id = $1`, [id]);
-    const seen = Date.now();
+    // The reaper's tick (not the hour-away timer) ends it: waited on as a condition.
     const done = await h.waitFor(a.api, id, ['terminated'], 10_000);
-    expect(Date.now() - seen).toBeLessThan(TICK_MS * 3 + 2_000);
     expect(done.end_reason).toBe('deadline');
     expect((await h.sessions(id)).map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'deadline']]);
   });
