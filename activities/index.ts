@@ -8,7 +8,7 @@ import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, commitIdentityEnv, rawGit, resolveCommit } from './git';
+import { branchExists, commitIdentityEnv, GIT_HARDENING, GIT_TIMEOUT_MS, rawGit, resolveCommit } from './git';
 import { withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redactorFor } from './redact';
@@ -218,7 +218,12 @@ function sandboxGit(sandboxes: SandboxProvider, root: string) {
   return async (args: string[], stdin?: string): Promise<string> => {
     const parsed = parseSandboxRoot(path.resolve(root));
     identity ??= parsed ? identityEnv(parsed.repository) : Promise.resolve({});
-    const r = await sandboxes.exec({ root }, { command: 'git', args, stdin, env: { ...SLIPWAY_GIT_ENV, ...(await identity) }, inheritEnv: false, maxCaptureBytes: 1024 * 1024 });
+    // The sandbox's config is the agent's: its hooks and fsmonitor do not run for Slipway's own
+    // commands even inside, and a command that hangs is killed.
+    const r = await sandboxes.exec(
+      { root },
+      { command: 'git', args: [...GIT_HARDENING, ...args], stdin, env: { ...SLIPWAY_GIT_ENV, ...(await identity) }, inheritEnv: false, maxCaptureBytes: 1024 * 1024, timeoutMs: GIT_TIMEOUT_MS },
+    );
     if (r.exitCode !== 0) throw failure('sandbox_failure', `git ${args[0]} in the sandbox failed (exit ${r.exitCode}): ${tail(r.stderr.trim(), 2000)}`);
     return r.stdout.trim();
   };

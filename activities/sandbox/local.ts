@@ -21,7 +21,7 @@
 import { promises as fs, constants } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
-import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit } from '../git';
+import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit, GIT_HARDENING, GIT_TIMEOUT_MS } from '../git';
 import type { RunResult } from '../process';
 import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
@@ -422,7 +422,7 @@ export class LocalSandboxProvider implements SandboxProvider {
     if (target?.confinement && target.repository && (await pathExists(path.join(target.root, '.git')))) {
       // A confined sandbox's index lives in its private git directory, which suspend keeps as it
       // is; an unresolved conflict there could not be restored faithfully, so suspend refuses.
-      const check = await execInWorktree(target, { command: 'git', args: ['write-tree'], env: SLIPWAY_GIT_ENV, inheritEnv: false });
+      const check = await execInWorktree(target, { command: 'git', args: [...GIT_HARDENING, 'write-tree'], env: SLIPWAY_GIT_ENV, inheritEnv: false, timeoutMs: GIT_TIMEOUT_MS });
       if (check.exitCode !== 0) throw new SnapshotError(`the index cannot be captured (unresolved merge?): ${check.stderr.trim()}`);
     }
     return suspendLocal(handle.root, options);
@@ -450,7 +450,7 @@ export class LocalSandboxProvider implements SandboxProvider {
       return { head: await git(handle.root, ['rev-parse', 'HEAD']), imported: false };
     }
     const repo = target.repository;
-    const rev = await execInWorktree(target, { command: 'git', args: ['rev-parse', '--verify', '--quiet', 'HEAD^{commit}'], env: SLIPWAY_GIT_ENV, inheritEnv: false, signal: options.signal });
+    const rev = await execInWorktree(target, { command: 'git', args: [...GIT_HARDENING, 'rev-parse', '--verify', '--quiet', 'HEAD^{commit}'], env: SLIPWAY_GIT_ENV, inheritEnv: false, signal: options.signal, timeoutMs: GIT_TIMEOUT_MS });
     const head = rev.stdout.trim();
     if (rev.exitCode !== 0 || !OBJECT_ID.test(head)) throw new Error(`the sandbox at ${handle.root} has no commit at HEAD`);
     const have = (await gitMaybe(repo, ['cat-file', '-e', `${head}^{commit}`])) !== undefined;
@@ -460,7 +460,7 @@ export class LocalSandboxProvider implements SandboxProvider {
       const candidates = [record?.baseCommit, target.branch ? await gitMaybe(repo, ['rev-parse', '--verify', '--quiet', `refs/heads/${target.branch}^{commit}`]) : undefined, ...(options.known ?? [])];
       const known: string[] = [];
       for (const c of candidates) if (c && OBJECT_ID.test(c) && !known.includes(c) && (await gitMaybe(repo, ['cat-file', '-e', `${c}^{commit}`])) !== undefined) known.push(c);
-      const cmd = await confinedCommand(target, { command: 'sh', args: ['-c', 'printf "%s\\n" "$@" | git pack-objects --revs --stdout --quiet', 'pack', head, ...known.map((k) => `^${k}`)], env: SLIPWAY_GIT_ENV, inheritEnv: false });
+      const cmd = await confinedCommand(target, { command: 'sh', args: ['-c', `printf "%s\\n" "$@" | git ${GIT_HARDENING.join(' ')} pack-objects --revs --stdout --quiet`, 'pack', head, ...known.map((k) => `^${k}`)], env: SLIPWAY_GIT_ENV, inheritEnv: false });
       await importPack(repo, cmd, { signal: options.signal });
       if ((await gitMaybe(repo, ['cat-file', '-e', `${head}^{commit}`])) === undefined) throw new Error(`the sandbox's pack did not contain ${head}`);
     }

@@ -122,7 +122,8 @@ describe('a hostile agent in a confined stream sandbox', () => {
 
   it('cannot get its git config, hooks or fsmonitor run by Slipway\'s git', async () => {
     const marker = hostMarker();
-    const payload = `sh -c 'touch ${marker}'`;
+    // Writes on the host (if run outside) and in the worktree (if run inside by Slipway's own git).
+    const payload = `sh -c 'touch ${marker} ${h.root}/hook-ran; sleep 100000'`;
     const r = await run(
       [
         `git config core.fsmonitor "${payload}"`,
@@ -139,6 +140,7 @@ describe('a hostile agent in a confined stream sandbox', () => {
     // Every Slipway operation on the sandbox: commit, collect, reset onto the integration branch.
     await activities.commitWork({ path: h.root, message: 'leftovers' });
     await activities.resetOntoIntegration({ path: h.root, onto: INTEGRATION });
+    expect(await exists(path.join(h.root, 'hook-ran'))).toBe(false);
     await fs.writeFile(path.join(h.root, '.git'), `gitdir: ${path.join(h.root, 'evil')}\n`);
     await confined.collect(h).catch(() => undefined);
     await confined.destroy({ repository: repo, root: h.root });
