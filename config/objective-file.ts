@@ -14,7 +14,7 @@ import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { isMap } from 'yaml';
-import { ObjectiveFileSchema, type ObjectiveFile } from '../core/objective-schema';
+import { ObjectiveFileSchema, TEXT_LIMITS, type ObjectiveFile } from '../core/objective-schema';
 import { ID_PATTERN, ID_RULE } from '../core/ids';
 import type { ObjectiveInput, ResolvedBlueprints } from '../core/types';
 import { resolveObjectiveBlueprint } from './resolve-blueprint';
@@ -79,13 +79,25 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     throw new ObjectiveFileError(problems);
   };
 
-  // 1. Read.
-  let text: string;
+  // 1. Read: UTF-8 only, bounded in size.
+  let bytes: Buffer;
   try {
-    text = await fs.readFile(sourceFile, 'utf8');
+    bytes = await fs.readFile(sourceFile);
   } catch (err) {
     return fail([{ file, message: describeReadError(err) }]);
   }
+  const tooLarge: ObjectiveFileProblem | undefined =
+    bytes.length > TEXT_LIMITS.fileBytes
+      ? { file, message: `the file is ${bytes.length.toLocaleString('en-US')} bytes, at most ${TEXT_LIMITS.fileBytes.toLocaleString('en-US')} allowed; put long context in files in the repository` }
+      : undefined;
+  // Far too large to be worth parsing for field positions.
+  if (tooLarge && bytes.length > 16 * TEXT_LIMITS.fileBytes) return fail([tooLarge]);
+  const decoded = decodeUtf8(bytes);
+  if ('invalidAt' in decoded) {
+    const { line, column, byte } = decoded.invalidAt;
+    return fail([{ file, line, column, message: `the file is not valid UTF-8 (byte 0x${byte.toString(16).padStart(2, '0')}); save it as UTF-8` }]);
+  }
+  const text = decoded.text;
 
   // 2. Parse YAML.
   const yaml = parseYamlWithPositions(text);
@@ -244,6 +256,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     }
   }
 
+  if (tooLarge) otherFiles.unshift(tooLarge);
   if (problems.length > 0 || otherFiles.length > 0) return fail([...sortByPosition(problems), ...otherFiles]);
   if (!parsed.success || repository === undefined || baseBranch === undefined || id === undefined || blueprint === undefined) {
     // Unreachable: every failing path above records a problem.
@@ -252,7 +265,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
 
   // 8. Build.
   const data: ObjectiveFile = parsed.data;
-  return {
+  const input: ObjectiveInput = {
     id,
     objective: data.objective,
     repository,
@@ -270,7 +283,26 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     streams: data.streams,
     sandbox: sandboxOptionsFromConfig(data.sandbox, objectiveDir),
   };
+  // Prompt templates read from files travel in the input too; keep it well under Temporal's 2 MB payload limit.
+  const inputBytes = Buffer.byteLength(JSON.stringify(input));
+  if (inputBytes > MAX_INPUT_BYTES) {
+    const prompts = Object.entries(input.agents)
+      .filter(([, a]) => a?.prompt !== undefined)
+      .map(([role, a]) => ({ role, bytes: Buffer.byteLength(a!.prompt!), from: a!.prompt_file }))
+      .sort((a, b) => b.bytes - a.bytes)
+      .map((p) => `agents.${p.role}.prompt${p.from ? ` (${p.from})` : ''} ${p.bytes.toLocaleString('en-US')} bytes`);
+    return fail([
+      {
+        file,
+        message: `the objective with its agents' prompt templates and blueprints is ${inputBytes.toLocaleString('en-US')} bytes, at most ${MAX_INPUT_BYTES.toLocaleString('en-US')} allowed${prompts.length ? `; the prompts: ${prompts.join(', ')}` : ''}`,
+      },
+    ]);
+  }
+  return input;
 }
+
+/** The objective workflow's input as JSON; Temporal refuses payloads over 2 MB. */
+const MAX_INPUT_BYTES = 1536 * 1024;
 
 /** `add-dark-mode.yaml` at 2025-01-02T03:04:05Z -> `add-dark-mode-20250102-030405`. */
 export function deriveObjectiveId(file: string, now: Date): string {
@@ -313,6 +345,43 @@ async function resolveRepository(dir: string): Promise<{ root: string } | { erro
 
 function expandHome(p: string): string {
   return p === '~' || p.startsWith('~/') ? path.join(os.homedir(), p.slice(1)) : p;
+}
+
+/**
+ * Strict UTF-8 (a fatal TextDecoder: a Latin-1 file is refused, not read with replacement
+ * characters); on failure, where the first invalid byte is.
+ */
+export function decodeUtf8(bytes: Uint8Array): { text: string } | { invalidAt: { line: number; column: number; byte: number } } {
+  try {
+    return { text: new TextDecoder('utf-8', { fatal: true }).decode(bytes) };
+  } catch {
+    // Feed the bytes one by one: the decoder throws at the first one that cannot be part of a character.
+    const decoder = new TextDecoder('utf-8', { fatal: true });
+    let line = 1;
+    let column = 1;
+    let pending = -1; // where an unfinished multi-byte character began: the byte to name
+    for (let i = 0; i < bytes.length; i++) {
+      let chars: string;
+      try {
+        chars = decoder.decode(bytes.subarray(i, i + 1), { stream: true });
+      } catch {
+        return { invalidAt: { line, column, byte: bytes[pending >= 0 ? pending : i]! } };
+      }
+      if (chars === '') {
+        if (pending < 0) pending = i;
+        continue;
+      }
+      pending = -1;
+      for (const c of chars) {
+        if (c === '\n') {
+          line++;
+          column = 1;
+        } else column++;
+      }
+    }
+    // The file ends inside a character.
+    return { invalidAt: { line, column, byte: bytes[pending >= 0 ? pending : bytes.length - 1]! } };
+  }
 }
 
 function describeReadError(err: unknown): string {

@@ -10,9 +10,41 @@ export type AgentProviderKind = (typeof AGENT_PROVIDERS)[number];
 
 const id = z.string().regex(ID_PATTERN, `must be ${ID_RULE}`);
 
+/**
+ * Size limits of the texts a user writes. The objective travels in every workflow input and
+ * agent context, so a multi-megabyte text would hit Temporal's payload limit (a gRPC error
+ * after the start) instead of a clear message here.
+ */
+export const TEXT_LIMITS = {
+  /** The `objective:` text, in characters. */
+  objective: 50_000,
+  /** One stream's `task:` text, in characters. */
+  task: 20_000,
+  /** The whole objective file, in bytes. */
+  fileBytes: 1024 * 1024,
+} as const;
+
+const count = (n: number) => n.toLocaleString('en-US');
+
+/** A non-empty string of at most `max` characters; the message says how long it is. */
+const limitedText = (max: number, hint: string) =>
+  z
+    .string()
+    .min(1)
+    .superRefine((s, ctx) => {
+      // Not `.max()`: its message cannot say how long the text is, nor what to do instead.
+      if (s.length > max) ctx.addIssue({ code: 'custom', message: `too long: ${count(s.length)} characters, at most ${count(max)} allowed; ${hint}` });
+    });
+
+/** A shell command: whitespace alone would run nothing and "pass". */
+const command = z
+  .string()
+  .min(1)
+  .refine((s) => s.trim() !== '', { message: 'must not be only whitespace: give a command to run' });
+
 export const GateSchema = z.strictObject({
   name: z.string().min(1),
-  command: z.string().min(1),
+  command,
   timeout_seconds: z.number().int().positive().max(24 * 3600).default(600),
 });
 export type GateSpec = z.infer<typeof GateSchema>;
@@ -34,7 +66,7 @@ const agentFields = {
    * optionally followed by arguments (split like a shell would, no shell involved), e.g.
    * `node /path/fake-agent.mjs --format claude`.
    */
-  command: z.string().min(1),
+  command,
   model: z.string().min(1),
   permission_mode: z.string().min(1),
   extra_args: z.array(z.string()),
@@ -107,9 +139,9 @@ export const SandboxConfigSchema = z.strictObject({
   project_setup: z
     .strictObject({
       /** Run once after a sandbox is created (`npm ci`). */
-      commands: z.array(z.string().min(1)).default([]),
+      commands: z.array(command).default([]),
       /** Checks after setup (`node -e "require('left-pad')"`); one failing retries setup. */
-      verify: z.array(z.string().min(1)).default([]),
+      verify: z.array(command).default([]),
       timeout_seconds: z.number().int().positive().max(3600).default(300),
       /** Setup runs at most this many times (a failing verify retries it). */
       attempts: z.number().int().min(1).max(5).default(2),
@@ -140,7 +172,7 @@ export const StreamSchema = z.strictObject({
   id: id.refine((v) => !(RESERVED_STREAM_IDS as readonly string[]).includes(v), {
     message: `is reserved (${RESERVED_STREAM_IDS.join(', ')})`,
   }),
-  task: z.string().min(1),
+  task: limitedText(TEXT_LIMITS.task, 'keep a task to what the stream must do and put longer context in a file in the repository'),
   depends_on: z.array(z.string()).default([]),
 });
 export type StreamSpec = z.infer<typeof StreamSchema>;
@@ -148,7 +180,7 @@ export type StreamSpec = z.infer<typeof StreamSchema>;
 export const ObjectiveFileSchema = z
   .strictObject({
     id: id.optional(),
-    objective: z.string().min(1),
+    objective: limitedText(TEXT_LIMITS.objective, 'put longer context in a file in the repository and refer to it'),
     repository: z.string().min(1),
     base_branch: z.string().min(1).optional(),
     /** Blueprint id (shipped, user or project folder). */

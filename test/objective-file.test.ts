@@ -352,3 +352,74 @@ describe('loadObjectiveFile: errors', () => {
     expect(err.problems).toHaveLength(2);
   });
 });
+
+describe('loadObjectiveFile: input limits and encoding', () => {
+  it('a multi-megabyte objective text names the field and the file size, without a stack trace', async () => {
+    const big = 'x'.repeat(3 * 1024 * 1024);
+    const file = await writeObjective(replaceLine(1, `objective: ${big}`));
+    const err = await loadError(file);
+    expectProblem(err, file, 1, 'objective', /^too long: 3,145,728 characters, at most 50,000 allowed/);
+    expectProblem(err, file, undefined, undefined, /^the file is 3,14\d,\d{3} bytes, at most 1,048,576 allowed/);
+    expect(err.message).not.toMatch(/\n\s+at /);
+    expect(err.message.length).toBeLessThan(1000); // the text itself is not echoed
+  });
+
+  it('a task text over the limit names its stream', async () => {
+    const file = await writeObjective(replaceLine(14, `    task: ${'y'.repeat(20_001)}`));
+    const err = await loadError(file);
+    expectProblem(err, file, 14, 'streams[1].task', /^too long: 20,001 characters, at most 20,000 allowed/);
+    expect(err.problems).toHaveLength(1);
+  });
+
+  it('texts at the limits are accepted', async () => {
+    const file = await writeObjective(replaceLine(1, `objective: ${'o'.repeat(50_000)}`).replace('Store the preference', 't'.repeat(20_000)));
+    const input = await loadObjectiveFile(file);
+    expect(input.objective).toHaveLength(50_000);
+    expect(input.streams[1]!.task).toHaveLength(20_000);
+  });
+
+  it('a file that is not UTF-8 is refused at its first invalid byte', async () => {
+    const file = path.join(objectivesDir, `latin1-${++counter}.yaml`);
+    // "Café" in Latin-1 on line 12: é is the single byte 0xE9.
+    await fs.writeFile(file, Buffer.from(replaceLine(12, '    task: Build the Café toggle'), 'latin1'));
+    const err = await loadError(file);
+    expectProblem(err, file, 12, undefined, /^the file is not valid UTF-8 \(byte 0xe9\); save it as UTF-8$/);
+    expect(err.problems[0]!.column).toBe(24);
+    expect(err.problems).toHaveLength(1);
+  });
+
+  it('UTF-8 text, with or without a byte order mark, is read as written', async () => {
+    const file = path.join(objectivesDir, `utf8-${++counter}.yaml`);
+    await fs.writeFile(file, Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(replaceLine(1, 'objective: Ajouter le mode sombre — café ☕'))]));
+    expect((await loadObjectiveFile(file)).objective).toBe('Ajouter le mode sombre — café ☕');
+  });
+
+  it('whitespace-only commands are refused: gates, setup, verify, script agents', async () => {
+    const file = await writeObjective(
+      lines(
+        'objective: Add dark mode', //                                        1
+        'repository: ../repo', //                                             2
+        'gates:', //                                                          3
+        '  - name: test', //                                                  4
+        '    command: "   "', //                                              5
+        '  - { name: lint, command: "\\t" }', //                               6
+        'post_merge_gates: [{ name: e2e, command: " " }]', //                 7
+        'agents:', //                                                         8
+        '  builder: { provider: script, command: " " }', //                   9
+        'sandbox:', //                                                        10
+        '  project_setup: { commands: [" "], verify: ["npm ci", "  "] }', // 11
+        'streams:', //                                                        12
+        '  - { id: ui, task: Build the toggle }', //                          13
+      ),
+    );
+    const err = await loadError(file);
+    const blank = /^must not be only whitespace: give a command to run$/;
+    expectProblem(err, file, 5, 'gates[0].command', blank);
+    expectProblem(err, file, 6, 'gates[1].command', blank);
+    expectProblem(err, file, 7, 'post_merge_gates[0].command', blank);
+    expectProblem(err, file, 9, 'agents.builder.command', blank);
+    expectProblem(err, file, 11, 'sandbox.project_setup.commands[0]', blank);
+    expectProblem(err, file, 11, 'sandbox.project_setup.verify[1]', blank);
+    expect(err.problems).toHaveLength(6);
+  });
+});
