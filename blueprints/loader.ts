@@ -28,12 +28,13 @@ import {
   type YamlWithPositions,
 } from '../config/yaml-positions';
 import type { ResolvedBlueprints } from '../core/types';
-import { BlueprintSchema, type Blueprint } from './schema';
+import { BlueprintSchema, type Blueprint, type BlueprintLevel } from './schema';
 import {
   DISPATCH_STREAMS_BLUEPRINT,
   didYouMean,
   findRefCycles,
   validateBlueprint,
+  validateBlueprintUse,
   validatePartialBlueprint,
   type BlueprintIssue,
   type ValidateOptions,
@@ -206,6 +207,51 @@ export function resolveBlueprint(blueprints: ReadonlyMap<string, { blueprint: Bl
   };
   visit(root);
   return { root: structuredClone(root), refs };
+}
+
+/** A blueprint that is valid on its own but cannot run where it is used; `problems` point into its file. */
+export class BlueprintUseError extends BlueprintError {
+  constructor(
+    problems: BlueprintProblem[],
+    /** Set when the named blueprint itself is of the wrong level. */
+    readonly wrongLevel?: { id: string; file: string; level: BlueprintLevel; expected: BlueprintLevel; candidates: string[] },
+  ) {
+    super(problems);
+    this.name = 'BlueprintUseError';
+  }
+}
+
+/**
+ * `resolveBlueprint`, then the checks for the level it is used at (`validateBlueprintUse`), so a
+ * stream blueprint named as an objective's is refused before anything starts rather than failing
+ * the run ("a builder step cannot run at objective level").
+ */
+export async function resolveBlueprintForUse(blueprints: ReadonlyMap<string, LoadedBlueprint>, id: string, level: BlueprintLevel): Promise<ResolvedBlueprints> {
+  const resolved = resolveBlueprint(blueprints, id);
+  const issues = validateBlueprintUse(resolved, level);
+  if (issues.length === 0) return resolved;
+  const yamlOf = new Map<string, YamlWithPositions | undefined>();
+  const problems: BlueprintProblem[] = [];
+  for (const { blueprintId, issue } of issues) {
+    const file = blueprints.get(blueprintId)?.file ?? blueprintId;
+    if (!yamlOf.has(file)) yamlOf.set(file, await fs.readFile(file, 'utf8').then(parseYamlWithPositions, () => undefined));
+    const [first, index, ...rest] = issue.path;
+    const inStep = first === 'steps' && typeof index === 'number';
+    const field = formatFieldPath(inStep ? rest : issue.path);
+    problems.push({
+      file,
+      ...(yamlOf.get(file)?.locate(issue.path) ?? {}),
+      ...(inStep ? { step: issue.stepId ?? `#${index + 1}` } : {}),
+      ...(field ? { field } : {}),
+      message: issue.message,
+    });
+  }
+  const root = resolved.root;
+  const wrongLevel =
+    root.level === level
+      ? undefined
+      : { id, file: blueprints.get(id)!.file, level: root.level, expected: level, candidates: [...blueprints.values()].filter((b) => b.blueprint.level === level).map((b) => b.blueprint.id).sort() };
+  throw new BlueprintUseError(problems, wrongLevel);
 }
 
 // ---------------------------------------------------------------------------------------

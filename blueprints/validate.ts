@@ -421,3 +421,51 @@ function editDistance(a: string, b: string): number {
   }
   return d[a.length]![b.length]!;
 }
+
+// ---------------------------------------------------------------------------------------
+// Where a blueprint is used
+
+export interface UseIssue {
+  /** The blueprint the problem is in. */
+  blueprintId: string;
+  issue: BlueprintIssue;
+}
+
+/**
+ * What the workflows would refuse at run time, checked on a resolved blueprint before anything
+ * starts: the level it runs at (an objective's blueprint runs in the objective workflow; the
+ * blueprints its `blueprint_ref` and `dispatch_streams` steps name run in a stream workflow for
+ * each work item), and the steps each interpreter can run there. The loader checks each file
+ * against its own `level`; this checks it against where it is used.
+ */
+export function validateBlueprintUse(resolved: { root: Blueprint; refs: Record<string, Blueprint> }, level: BlueprintLevel): UseIssue[] {
+  const issues: UseIssue[] = [];
+  const checked = new Set<string>();
+  const check = (bp: Blueprint, at: BlueprintLevel, usedAs: string) => {
+    if (checked.has(`${at}:${bp.id}`)) return;
+    checked.add(`${at}:${bp.id}`);
+    const add = (path: BlueprintPath, message: string, stepId?: string) => issues.push({ blueprintId: bp.id, issue: { path, message, ...(stepId ? { stepId } : {}) } });
+    if (bp.level !== at) add(['level'], `"${bp.id}" is ${article(bp.level)} blueprint, but it is used as ${usedAs}, which runs at ${at} level`);
+    bp.steps.forEach((step, index) => {
+      const where = ['steps', index];
+      if (step.type === 'agent' && !ROLE_LEVELS[step.role].includes(at)) {
+        add([...where, 'role'], `a ${step.role} step cannot run at ${at} level (${usedAs})`, step.id);
+      } else if (step.type === 'deterministic' && !(ACTIONS[step.action].levels as readonly BlueprintLevel[]).includes(at)) {
+        add([...where, 'action'], `action "${step.action}" cannot run at ${at} level (${usedAs})`, step.id);
+      } else if (step.type === 'blueprint_ref' && at === 'stream') {
+        add(where, `a stream workflow cannot run a nested blueprint ("${step.ref}"); put its steps in this blueprint (${usedAs})`, step.id);
+      }
+      if (at !== 'objective') return;
+      // The objective workflow runs a blueprint_ref, with or without foreach, for each work item.
+      const streamRef = step.type === 'blueprint_ref' ? step.ref : step.type === 'deterministic' && step.action === 'dispatch_streams' ? DISPATCH_STREAMS_BLUEPRINT : undefined;
+      const target = streamRef === undefined ? undefined : streamRef === bp.id ? bp : resolved.refs[streamRef];
+      if (target) check(target, 'stream', `the stream blueprint of step ${step.id} in "${bp.id}"`);
+    });
+  };
+  check(resolved.root, level, level === 'objective' ? "an objective's blueprint" : 'a stream blueprint');
+  return issues;
+}
+
+function article(word: string): string {
+  return /^[aeiou]/.test(word) ? `an ${word}` : `a ${word}`;
+}

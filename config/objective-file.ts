@@ -18,6 +18,7 @@ import { ObjectiveFileSchema, TEXT_LIMITS, type ObjectiveFile } from '../core/ob
 import { ID_PATTERN, ID_RULE } from '../core/ids';
 import type { ObjectiveInput, ResolvedBlueprints } from '../core/types';
 import { resolveObjectiveBlueprint } from './resolve-blueprint';
+import { BlueprintUseError } from '../blueprints/loader';
 import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, type AgentSource } from './agent-config';
 import { checkRepositoryTrust, trustProblem } from './trust';
 import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../activities/git';
@@ -241,7 +242,20 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     try {
       blueprint = await resolveObjectiveBlueprint(repository, parsed.data.blueprint);
     } catch (e) {
-      problems.push({ file, ...locate(['blueprint']), field: 'blueprint', message: (e as Error).message });
+      if (e instanceof BlueprintUseError) {
+        const { wrongLevel } = e;
+        const message = wrongLevel
+          ? `"${wrongLevel.id}" is ${wrongLevel.level === 'objective' ? 'an' : 'a'} ${wrongLevel.level} blueprint; an objective runs an objective blueprint` +
+            ` (${wrongLevel.candidates.length ? `objective blueprints: ${wrongLevel.candidates.join(', ')}` : 'none is defined'})`
+          : `"${parsed.data.blueprint}" cannot run as this objective's blueprint: ${e.problems.length} problem${e.problems.length === 1 ? '' : 's'} below`;
+        problems.push({ file, ...locate(['blueprint']), field: 'blueprint', message });
+        for (const p of e.problems) {
+          // The objective file's line already says the level is wrong; the steps say why it matters.
+          if (wrongLevel && p.file === wrongLevel.file && p.field === 'level' && p.step === undefined) continue;
+          const field = [p.step === undefined ? undefined : `step ${p.step}`, p.field].filter(Boolean).join(': ');
+          otherFiles.push({ file: p.file, line: p.line, column: p.column, ...(field ? { field } : {}), message: p.message });
+        }
+      } else problems.push({ file, ...locate(['blueprint']), field: 'blueprint', message: (e as Error).message });
     }
   }
 

@@ -2,9 +2,10 @@
  * Resolves an objective's blueprint (and every blueprint it references) before anything starts,
  * from the search path: shipped < user folder < the repository's `.slipway/blueprints/`.
  */
-import { loadBlueprints, resolveBlueprint } from '../blueprints/loader';
+import { loadBlueprints, resolveBlueprintForUse } from '../blueprints/loader';
 import type { ResolvedBlueprints } from '../core/types';
 
 export async function resolveObjectiveBlueprint(repository: string, id: string): Promise<ResolvedBlueprints> {
-  return resolveBlueprint(await loadBlueprints({ projectDir: repository }), id);
+  // Checked for the objective level, where the objective workflow runs it.
+  return resolveBlueprintForUse(await loadBlueprints({ projectDir: repository }), id, 'objective');
 }

@@ -4,6 +4,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   BlueprintError,
+  BlueprintUseError,
   SHIPPED_BLUEPRINTS_DIR,
   USER_DIR_ENV,
   UnknownBlueprintError,
@@ -12,9 +13,10 @@ import {
   loadBlueprintFile,
   loadBlueprints,
   resolveBlueprint,
+  resolveBlueprintForUse,
   type BlueprintProblem,
 } from '../blueprints/loader';
-import { validateBlueprint, findRefCycles } from '../blueprints/validate';
+import { validateBlueprint, validateBlueprintUse, findRefCycles } from '../blueprints/validate';
 import { BLUEPRINT_JSON_SCHEMA_FILE, blueprintJsonSchemaText } from '../blueprints/json-schema';
 import type { Blueprint } from '../blueprints/schema';
 
@@ -489,5 +491,33 @@ describe('JSON Schema', () => {
     const schema = JSON.parse(blueprintJsonSchemaText()) as { required: string[]; properties: Record<string, unknown> };
     expect(schema.required).toEqual(['id', 'level', 'steps']);
     expect(Object.keys(schema.properties)).toEqual(expect.arrayContaining(['retry', 'max_fix_iterations', 'on_exhausted', 'start']));
+  });
+});
+
+describe('validateBlueprintUse (pure): the level a blueprint runs at', () => {
+  it('the shipped blueprints fit where they are used; swapped, every step that cannot run is named', async () => {
+    const map = await loadBlueprints((await makeDirs()));
+    expect(validateBlueprintUse(resolveBlueprint(map, 'standard'), 'objective')).toEqual([]);
+    expect(validateBlueprintUse(resolveBlueprint(map, 'build-review'), 'stream')).toEqual([]);
+    const swapped = validateBlueprintUse(resolveBlueprint(map, 'build-review'), 'objective');
+    expect(swapped.map((u) => [u.blueprintId, u.issue.stepId, u.issue.path.join('.')])).toEqual([
+      ['build-review', undefined, 'level'],
+      ['build-review', 'build', 'steps.0.role'],
+      ['build-review', 'review', 'steps.2.role'],
+      ['build-review', 'merge_ready', 'steps.3.action'],
+    ]);
+    const asStream = validateBlueprintUse(resolveBlueprint(map, 'standard'), 'stream');
+    expect(asStream[0]!.issue.message).toBe('"standard" is an objective blueprint, but it is used as a stream blueprint, which runs at stream level');
+    expect(asStream.some((u) => u.issue.stepId === 'plan' && /a planner step cannot run at stream level/.test(u.issue.message))).toBe(true);
+  });
+
+  it('resolveBlueprintForUse throws a BlueprintUseError with positions in the file', async () => {
+    const map = await loadBlueprints(await makeDirs());
+    const err = await resolveBlueprintForUse(map, 'build-review', 'objective').catch((e) => e);
+    expect(err).toBeInstanceOf(BlueprintUseError);
+    expect(err.wrongLevel).toMatchObject({ id: 'build-review', file: BUILD_REVIEW, level: 'stream', expected: 'objective', candidates: ['standard'] });
+    expect(err.problems[0]).toMatchObject({ file: BUILD_REVIEW, line: 3, column: 8, field: 'level' });
+    expect(err.problems[1]).toMatchObject({ file: BUILD_REVIEW, line: 12, column: 11, step: 'build', field: 'role' });
+    await expect(resolveBlueprintForUse(map, 'standard', 'objective')).resolves.toMatchObject({ root: { id: 'standard' } });
   });
 });

@@ -5,6 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { loadObjectiveFile, ObjectiveFileError, type ObjectiveFileProblem } from '../config/objective-file';
 import { ID_PATTERN } from '../core/ids';
+import { SHIPPED_BLUEPRINTS_DIR } from '../blueprints/loader';
 
 function git(dir: string, ...args: string[]): string {
   return execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd: dir, stdio: 'pipe' }).toString().trim();
@@ -421,5 +422,66 @@ describe('loadObjectiveFile: input limits and encoding', () => {
     expectProblem(err, file, 11, 'sandbox.project_setup.commands[0]', blank);
     expectProblem(err, file, 11, 'sandbox.project_setup.verify[1]', blank);
     expect(err.problems).toHaveLength(6);
+  });
+});
+
+describe('loadObjectiveFile: the blueprint is checked for the level it runs at', () => {
+  const USER_DIR_ENV = 'SLIPWAY_BLUEPRINTS_USER_DIR';
+  let saved: string | undefined;
+  let userDir: string;
+  beforeAll(async () => {
+    saved = process.env[USER_DIR_ENV];
+    userDir = path.join(root, 'user-blueprints');
+    await fs.mkdir(userDir, { recursive: true });
+    const write = (name: string, ...ls: string[]) => fs.writeFile(path.join(userDir, name), lines(...ls));
+    // Valid on their own (the loader accepts them), but not where an objective would use them.
+    await write('solo.yaml', 'id: solo', 'level: stream', 'steps:', '  - id: build', '    type: agent', '    role: builder', '    next: ready', '  - id: ready', '    type: deterministic', '    action: signal_merge_ready');
+    await write('wrapper.yaml', 'id: wrapper', 'level: objective', 'steps:', '  - id: nest', '    type: blueprint_ref', '    ref: plan-only', '    next: merge', '  - id: merge', '    type: deterministic', '    action: merge_queue');
+    await write('plan-only.yaml', 'id: plan-only', 'level: objective', 'steps:', '  - id: plan', '    type: agent', '    role: planner');
+    await write('fan.yaml', 'id: fan', 'level: objective', 'steps:', '  - id: each', '    type: blueprint_ref', '    ref: outer', '    foreach: work_item', '    next: merge', '  - id: merge', '    type: deterministic', '    action: merge_queue');
+    await write('outer.yaml', 'id: outer', 'level: stream', 'steps:', '  - id: inner', '    type: blueprint_ref', '    ref: solo', '    next: ready', '  - id: ready', '    type: deterministic', '    action: signal_merge_ready');
+    process.env[USER_DIR_ENV] = userDir;
+  });
+  afterAll(() => {
+    if (saved === undefined) delete process.env[USER_DIR_ENV];
+    else process.env[USER_DIR_ENV] = saved;
+  });
+  const withBlueprint = (id: string) => writeObjective(replaceLine(2, 'repository: ../repo', `blueprint: ${id}`));
+
+  it('a stream blueprint named as the objective\'s is refused at the blueprint line, with the steps that could not run', async () => {
+    const file = await withBlueprint('build-review');
+    const err = await loadError(file);
+    expectProblem(err, file, 3, 'blueprint', /^"build-review" is a stream blueprint; an objective runs an objective blueprint \(objective blueprints: fan, plan-only, standard, wrapper\)$/);
+    const buildReview = path.join(SHIPPED_BLUEPRINTS_DIR, 'build-review.yaml');
+    expect(err.message.split('\n')).toContain(`${buildReview}:12:11: step build: role: a builder step cannot run at objective level (an objective's blueprint)`);
+    expect(err.message.split('\n')).toContain(`${buildReview}:27:13: step merge_ready: action: action "signal_merge_ready" cannot run at objective level (an objective's blueprint)`);
+    expect(err.message).not.toMatch(/build-review\.yaml:3:/); // the level itself is said once, in the objective file
+  });
+
+  it('a custom stream blueprint with a builder step, named as the objective\'s, is refused', async () => {
+    const file = await withBlueprint('solo');
+    const err = await loadError(file);
+    expectProblem(err, file, 3, 'blueprint', /^"solo" is a stream blueprint; an objective runs an objective blueprint/);
+    expect(err.message).toContain(`${path.join(userDir, 'solo.yaml')}:6:11: step build: role: a builder step cannot run at objective level`);
+  });
+
+  it('an objective blueprint that runs another objective blueprint for each work item is refused at that blueprint\'s level', async () => {
+    const file = await withBlueprint('wrapper');
+    const err = await loadError(file);
+    expectProblem(err, file, 3, 'blueprint', /^"wrapper" cannot run as this objective's blueprint: 2 problems below$/);
+    const planOnly = path.join(userDir, 'plan-only.yaml');
+    expect(err.message).toContain(`${planOnly}:2:8: level: "plan-only" is an objective blueprint, but it is used as the stream blueprint of step nest in "wrapper", which runs at stream level`);
+    expect(err.message).toContain(`${planOnly}:6:11: step plan: role: a planner step cannot run at stream level`);
+  });
+
+  it('a stream blueprint that nests another blueprint is refused (a stream workflow runs its own steps only)', async () => {
+    const file = await withBlueprint('fan');
+    const err = await loadError(file);
+    expect(err.message).toContain(`${path.join(userDir, 'outer.yaml')}:4:5: step inner: a stream workflow cannot run a nested blueprint ("solo")`);
+  });
+
+  it('the shipped standard blueprint still loads', async () => {
+    const input = await loadObjectiveFile(await withBlueprint('standard'));
+    expect(input.blueprint.root.id).toBe('standard');
   });
 });
