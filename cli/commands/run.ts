@@ -98,6 +98,7 @@ export function renderResult(result: ObjectiveResult, uiUrl?: string): string {
     ]),
     `agent usage: ${formatTotals(result.usage)}`,
   ];
+  if (result.error) lines.splice(1, 0, `error: ${result.error}`);
   if (uiUrl) lines.push(`Web UI: ${uiUrl}`);
   return `${lines.join('\n')}\n`;
 }

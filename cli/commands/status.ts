@@ -1,4 +1,4 @@
-import { WorkflowNotFoundError } from '@temporalio/client';
+import { WorkflowNotFoundError, type WorkflowHandle } from '@temporalio/client';
 import { objectiveWorkflowId } from '../../core/ids';
 import type { ObjectiveResult, ObjectiveStatus } from '../../core/types';
 import { objectiveStatusQuery } from '../../workflows/objective';
@@ -22,7 +22,9 @@ export async function statusCommand(objectiveId: string, opts: { json?: boolean 
     let status: ObjectiveStatus | ObjectiveResult | undefined;
     let error: string | undefined;
     if (state === 'COMPLETED') {
-      status = (await handle.result()) as ObjectiveResult;
+      const result = (await handle.result()) as ObjectiveResult;
+      status = result;
+      error = result.error;
     } else if (state === 'RUNNING') {
       // A query needs a worker; fall back to the workflow's description when none answers.
       status = await Promise.race([
@@ -30,10 +32,10 @@ export async function statusCommand(objectiveId: string, opts: { json?: boolean 
         new Promise<undefined>((resolve) => setTimeout(() => resolve(undefined), 5_000)),
       ]).catch(() => undefined);
     } else {
-      error = `workflow ${state.toLowerCase()}`;
+      error = `workflow ${state.toLowerCase()}${await closedFailure(handle)}`;
     }
     if (opts.json) {
-      process.stdout.write(`${JSON.stringify({ objectiveId, workflowStatus: state, ...status, error })}\n`);
+      process.stdout.write(`${JSON.stringify({ objectiveId, workflowStatus: state, ...status, ...(error ? { error } : {}) })}\n`);
     } else if (status && 'outcome' in status && status.outcome) {
       process.stdout.write(renderResult(status as ObjectiveResult));
     } else if (status) {
@@ -51,5 +53,18 @@ export async function statusCommand(objectiveId: string, opts: { json?: boolean 
     return EXIT.ok;
   } finally {
     await runtime.close();
+  }
+}
+
+/** `: <why>` for a workflow that closed without a result (failed, terminated, timed out, cancelled), from its history. */
+export async function closedFailure(handle: WorkflowHandle): Promise<string> {
+  try {
+    await handle.result();
+    return '';
+  } catch (e) {
+    // The innermost cause says what happened ("Workflow execution failed" wraps it).
+    let cause = e as Error & { cause?: unknown };
+    while (cause.cause instanceof Error) cause = cause.cause as Error & { cause?: unknown };
+    return cause.message ? `: ${cause.message}` : '';
   }
 }

@@ -1,8 +1,13 @@
 /** `slipway watch`: the live feed of an objective, following it to the end, across worker restarts. */
-import { WorkflowNotFoundError } from '@temporalio/client';
+import { WorkflowNotFoundError, type Client, type WorkflowHandle } from '@temporalio/client';
+import { defaultPayloadConverter, tsToDate } from '@temporalio/common';
+import { decodeFromPayloadsAtIndex } from '@temporalio/common/lib/internal-non-workflow';
 import { objectiveWorkflowId } from '../../core/ids';
-import type { FeedEvent, ObjectiveResult } from '../../core/types';
+import { SlipwayPhase } from '../../core/search-attributes';
+import type { FeedEvent, ObjectiveResult, StreamEvent } from '../../core/types';
 import { objectiveFeedQuery } from '../../workflows/objective';
+import { streamEventSignal } from '../../workflows/stream';
+import { closedFailure } from './status';
 import { CliError, EXIT } from '../exit-codes';
 import { openRuntime } from '../runtime';
 import { streamForAgent } from './human';
@@ -22,8 +27,9 @@ export async function watchCommand(opts: { objective?: string; stream?: string; 
       if (!objectiveId) throw new CliError('no running objective; pass --objective <id>');
     }
     const handle = client.workflow.getHandle(objectiveWorkflowId(objectiveId));
+    let description;
     try {
-      await handle.describe();
+      description = await handle.describe();
     } catch (e) {
       if (e instanceof WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`);
       throw e;
@@ -36,24 +42,29 @@ export async function watchCommand(opts: { objective?: string; stream?: string; 
       }
       return true;
     };
+    const sources = new Set<string>();
+    const print = (e: Omit<FeedEvent, 'seq'>) => {
+      sources.add(e.source);
+      if (wanted(e as FeedEvent, [...sources])) process.stdout.write(`${formatFeedEvent(e as FeedEvent)}\n`);
+    };
+    // A closed run's feed comes from its history: a query would wait for a worker that may never come.
+    if (description.status.name !== 'RUNNING') return await printEnded(client, handle, objectiveId, description.status.name, print);
     let after = 0;
     let waitingNoticeShown = false;
-    const sources = new Set<string>();
     for (;;) {
       try {
         const { events, done } = await handle.query(objectiveFeedQuery, after);
         waitingNoticeShown = false;
         for (const e of events) {
-          sources.add(e.source);
-          if (wanted(e, [...sources])) process.stdout.write(`${formatFeedEvent(e)}\n`);
+          print(e);
           after = e.seq;
         }
         if (done) break;
       } catch (e) {
-        const description = await handle.describe().catch(() => undefined);
-        if (description && description.status.name !== 'RUNNING' && description.status.name !== 'COMPLETED') {
-          process.stdout.write(`objective ${objectiveId} ${description.status.name.toLowerCase()}\n`);
-          return EXIT.runFailed;
+        const now = await handle.describe().catch(() => undefined);
+        if (now && now.status.name !== 'RUNNING') {
+          // Ended while no worker answered: the rest of the feed is in the history.
+          return await printEnded(client, handle, objectiveId, now.status.name, print, after > 0);
         }
         if (!waitingNoticeShown) {
           process.stderr.write(`(no worker answers yet: ${(e as Error).message.split('\n')[0]}; still watching)\n`);
@@ -64,8 +75,63 @@ export async function watchCommand(opts: { objective?: string; stream?: string; 
     }
     const result = (await handle.result()) as ObjectiveResult;
     process.stdout.write(`objective ${objectiveId}: ${result.outcome}\n`);
+    if (result.error) process.stdout.write(`error: ${result.error}\n`);
     return result.outcome === 'completed' ? EXIT.ok : EXIT.runFailed;
   } finally {
     await runtime.close();
   }
+}
+
+/**
+ * The feed of an objective that has ended, without a worker: the result's `feed` when the
+ * workflow returns one, else its streams' events and phase changes from the history (the
+ * objective's own narration lives only in workflow memory), then the outcome and why.
+ * `skipStreamEvents`: the live part was printed already; only the ending is new.
+ */
+async function printEnded(
+  client: Client,
+  handle: WorkflowHandle,
+  objectiveId: string,
+  state: string,
+  print: (e: Omit<FeedEvent, 'seq'>) => void,
+  skipHistory = false,
+): Promise<number> {
+  let result: (ObjectiveResult & { feed?: FeedEvent[] }) | undefined;
+  if (state === 'COMPLETED') result = (await handle.result()) as ObjectiveResult & { feed?: FeedEvent[] };
+  if (!skipHistory) {
+    if (result?.feed) for (const e of result.feed) print(e);
+    else for (const e of await feedFromHistory(client, handle)) print(e);
+  }
+  if (result) {
+    process.stdout.write(`objective ${objectiveId}: ${result.outcome}\n`);
+    if (result.error) process.stdout.write(`error: ${result.error}\n`);
+    return result.outcome === 'completed' ? EXIT.ok : EXIT.runFailed;
+  }
+  process.stdout.write(`objective ${objectiveId}: workflow ${state.toLowerCase()}${await closedFailure(handle)}\n`);
+  return EXIT.runFailed;
+}
+
+/** Stream events (signals to the objective) and the objective's phase changes, in history order. */
+async function feedFromHistory(client: Client, handle: WorkflowHandle): Promise<Omit<FeedEvent, 'seq'>[]> {
+  const history = await handle.fetchHistory();
+  const converter = client.options.loadedDataConverter;
+  const out: Omit<FeedEvent, 'seq'>[] = [];
+  let phase: string | undefined;
+  for (const event of history.events ?? []) {
+    const at = event.eventTime ? tsToDate(event.eventTime).toISOString() : new Date(0).toISOString();
+    const signal = event.workflowExecutionSignaledEventAttributes;
+    if (signal?.signalName === streamEventSignal.name) {
+      const e = await decodeFromPayloadsAtIndex<StreamEvent>(converter, 0, signal.input?.payloads).catch(() => undefined);
+      if (e?.streamId && typeof e.text === 'string') out.push({ at, source: e.streamId, text: e.text });
+      continue;
+    }
+    const fields = event.upsertWorkflowSearchAttributesEventAttributes?.searchAttributes?.indexedFields;
+    const phasePayload = fields?.[SlipwayPhase.name];
+    if (phasePayload) {
+      const value = defaultPayloadConverter.fromPayload<unknown>(phasePayload);
+      const next = Array.isArray(value) ? value[0] : value;
+      if (typeof next === 'string' && next !== phase) out.push({ at, source: 'objective', text: (phase = next) });
+    }
+  }
+  return out;
 }
