@@ -26,6 +26,14 @@ const SANDBOX_ERRORS = {
   ...AUTH_ERRORS,
   '404': error("no such sandbox in this account (another account's is a 404 too)"),
 };
+/** Optional on create and exec: a retry with the same key gets the first answer, the work is not done twice (24 h). */
+const IDEMPOTENCY_KEY = {
+  name: 'Idempotency-Key',
+  in: 'header',
+  required: false,
+  description: 'a retry with the same key and body gets the first answer instead of doing the work again (kept 24 hours)',
+  schema: { type: 'string', pattern: '^[!-~]{1,200}$' },
+} as const;
 const CALL_ERRORS = {
   ...SANDBOX_ERRORS,
   '409': error('the sandbox is pending (not_ready) or ended (sandbox_ended)'),
@@ -67,13 +75,15 @@ export function buildOpenApiDocument() {
         post: {
           operationId: 'createSandbox',
           summary: 'Create a sandbox (status pending; poll GET until ready)',
+          parameters: [IDEMPOTENCY_KEY],
           requestBody: { required: true, ...json('CreateSandbox') },
           responses: {
-            '201': { description: 'created, pending', ...json('Sandbox') },
-            '400': error('malformed body'),
+            '201': { description: 'created, pending (or, for a repeated Idempotency-Key, the sandbox the first request created, with header idempotent-replayed: true)', ...json('Sandbox') },
+            '400': error('malformed body or Idempotency-Key'),
+            '409': error('a request with this Idempotency-Key is still being served (idempotent_request_in_progress); retry'),
             ...AUTH_ERRORS,
             '413': error('the request body is too large'),
-            '422': error('unknown profile, deadline over the profile maximum, a grant on a project of another account, or a profile with confinement "none" on a server that refuses it (unconfined_refused)'),
+            '422': error('unknown profile, deadline over the profile maximum, a grant on a project of another account, a profile with confinement "none" on a server that refuses it (unconfined_refused), or an Idempotency-Key used with another body (idempotency_key_reused)'),
             '429': tooMany("the account's concurrency limit is reached"),
             ...UNAVAILABLE,
           },
@@ -110,10 +120,10 @@ export function buildOpenApiDocument() {
             'No shell: `command` is a program name (looked up on PATH) or path, without "=" or NUL; arguments go in `args` (use "sh" with ["-c", "..."] for a shell). ' +
             "The environment is PATH, LANG, HOME, SLIPWAY_* and `env`, never the server's; values travel in the process environment, not argv. " +
             'A caller that disconnects before the answer kills the command.',
-          parameters: [ID],
+          parameters: [ID, IDEMPOTENCY_KEY],
           requestBody: { required: true, ...json('Exec') },
           responses: {
-            '200': { description: 'the finished command', ...json('ExecResult') },
+            '200': { description: 'the finished command (for a repeated Idempotency-Key, the first run\'s answer, with header idempotent-replayed: true)', ...json('ExecResult') },
             ...CALL_ERRORS,
             '400': error('malformed URL or body, or a cwd that leaves the sandbox or is not an existing folder (invalid_cwd)'),
             '413': error('the request body is too large'),

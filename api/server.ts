@@ -9,7 +9,7 @@ import { z } from 'zod';
 import { handleMcpHttp } from './mcp';
 import { buildOpenApiDocument } from './openapi';
 import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, zodIssues } from './schemas';
-import { ApiError, SandboxService, type Principal } from './service';
+import { ApiError, idempotencyKeyOf, SandboxService, type Principal } from './service';
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -139,7 +139,9 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
 
     api.post('/api/v1/sandboxes', async (req, reply) => {
       const body = parse(CreateSandboxBody, req.body, 'body');
-      return reply.status(201).send(await service.create(req.principal!, body));
+      const { view, replayed } = await service.createIdempotent(req.principal!, body, idempotencyKeyOf(req.headers));
+      if (replayed) reply.header('idempotent-replayed', 'true');
+      return reply.status(201).send(view);
     });
     api.get('/api/v1/sandboxes', async (req) => {
       const q = parse(ListQuery, req.query, 'query');
@@ -161,7 +163,9 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
       };
       reply.raw.once('close', onClose);
       try {
-        return await service.exec(req.principal!, req.params.id, body, gone.signal);
+        const { result, replayed } = await service.execIdempotent(req.principal!, req.params.id, body, gone.signal, idempotencyKeyOf(req.headers));
+        if (replayed) reply.header('idempotent-replayed', 'true');
+        return result;
       } finally {
         if (!gone.signal.aborted) reply.raw.off('close', onClose);
       }

@@ -6,6 +6,7 @@
  * tight exec loop costs a database round trip, not a workflow round trip. A call that finds
  * the sandbox suspended wakes it (a workflow update) before it is served.
  */
+import { createHash } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
 import type { Client } from '@temporalio/client';
 import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
@@ -148,7 +149,31 @@ export class SandboxService {
     };
   }
 
-  async create(principal: Principal, body: CreateSandboxBody): Promise<SandboxView> {
+  /**
+   * Create with an Idempotency-Key: the first request with a key creates; a retry with the same key
+   * and body gets that sandbox (`replayed`), with another body a 422. Without a key, a plain create.
+   */
+  async createIdempotent(principal: Principal, body: CreateSandboxBody, key: string | undefined): Promise<{ view: SandboxView; replayed: boolean }> {
+    if (key === undefined) return { view: await this.create(principal, body), replayed: false };
+    const scope = { accountId: principal.accountId, scope: 'create', key };
+    const requestHash = hashRequest(body);
+    const id = ledger.newSandboxId();
+    const prior = await ledger.claimIdempotencyKey(this.deps.db, { ...scope, requestHash, sandboxId: id });
+    if (prior) {
+      if (prior.request_hash !== requestHash) throw idempotencyKeyReused();
+      const view = prior.sandbox_id ? await this.get(principal, prior.sandbox_id).catch(() => undefined) : undefined;
+      if (!view) throw new ApiError(409, 'idempotent_request_in_progress', 'a request with this Idempotency-Key is still being served; retry', undefined, 1);
+      return { view, replayed: true };
+    }
+    try {
+      return { view: await this.create(principal, body, id), replayed: false };
+    } catch (e) {
+      await ledger.releaseIdempotencyKey(this.deps.db, scope);
+      throw e;
+    }
+  }
+
+  async create(principal: Principal, body: CreateSandboxBody, presetId?: string): Promise<SandboxView> {
     const { db, logger } = this.deps;
     const profile = await ledger.getProfileByName(db, principal.accountId, body.profile);
     if (!profile) throw new ApiError(422, 'unknown_profile', `no profile "${body.profile}" in this account`);
@@ -162,7 +187,7 @@ export class SandboxService {
       throw new ApiError(422, 'grant_not_allowed', `grants must name projects of this account; not: ${foreign.join(', ')}`, foreign.map((id) => ({ path: 'grants', message: `project ${id} is not this account's` })));
     }
     const policy = ledger.policyFromProfile(profile);
-    const id = ledger.newSandboxId();
+    const id = presetId ?? ledger.newSandboxId();
     const createdAtMs = Date.now();
     const deadlineMs = Math.round(deadlineMinutes * 60_000);
     const grants = body.grants.map((g) => ({ projectId: g.project_id, scopes: g.scopes }));
@@ -327,6 +352,30 @@ export class SandboxService {
   }
 
   /** `signal`: aborted when the caller goes away; the command is killed with it. */
+  /** Exec with an Idempotency-Key: a retry gets the first run's answer instead of running again. */
+  async execIdempotent(principal: Principal, id: string, body: ExecBody, signal: AbortSignal | undefined, key: string | undefined) {
+    if (key === undefined) return { result: await this.exec(principal, id, body, signal), replayed: false };
+    if (!SANDBOX_ID_PATTERN.test(id)) return { result: await this.exec(principal, id, body, signal), replayed: false };
+    const scope = { accountId: principal.accountId, scope: `exec:${id}`, key };
+    const requestHash = hashRequest(body);
+    const prior = await ledger.claimIdempotencyKey(this.deps.db, { ...scope, requestHash, sandboxId: id });
+    if (prior) {
+      if (prior.request_hash !== requestHash) throw idempotencyKeyReused();
+      if (prior.response === null || prior.response === undefined) {
+        throw new ApiError(409, 'idempotent_request_in_progress', 'an exec with this Idempotency-Key is still running; retry', undefined, 1);
+      }
+      return { result: prior.response as Awaited<ReturnType<SandboxService['exec']>>, replayed: true };
+    }
+    try {
+      const result = await this.exec(principal, id, body, signal);
+      await ledger.finishIdempotent(this.deps.db, scope, result);
+      return { result, replayed: false };
+    } catch (e) {
+      await ledger.releaseIdempotencyKey(this.deps.db, scope);
+      throw e;
+    }
+  }
+
   async exec(principal: Principal, id: string, body: ExecBody, signal?: AbortSignal) {
     const releaseSlot = this.claimExecSlot(principal.accountId);
     try {
@@ -463,4 +512,26 @@ function mapFsError(e: unknown, file: string): unknown {
   if (code === 'EACCES' || code === 'EPERM' || code === 'EROFS') return new ApiError(403, 'permission_denied', `"${file}" cannot be accessed`);
   if (code === 'ENOSPC' || code === 'EDQUOT' || code === 'EFBIG') return new ApiError(507, 'no_space', 'the sandbox has no space left for this file');
   return e;
+}
+
+/** The body a key was first used with: the same key with another body is a client bug. */
+function hashRequest(body: unknown): string {
+  return createHash('sha256').update(JSON.stringify(body)).digest('hex');
+}
+
+function idempotencyKeyReused(): ApiError {
+  return new ApiError(422, 'idempotency_key_reused', 'this Idempotency-Key was used with a different request body', [
+    { path: 'headers.idempotency-key', message: 'already used with another body' },
+  ]);
+}
+
+/** `Idempotency-Key`: 1 to 200 printable ASCII characters, or absent. */
+export function idempotencyKeyOf(headers: Record<string, string | string[] | undefined>): string | undefined {
+  const raw = headers['idempotency-key'];
+  if (raw === undefined) return undefined;
+  const value = Array.isArray(raw) ? raw[0] : raw;
+  if (value === undefined || !/^[!-~]{1,200}$/.test(value)) {
+    throw new ApiError(400, 'invalid_request', 'Idempotency-Key must be 1 to 200 printable ASCII characters', [{ path: 'headers.idempotency-key', message: 'invalid' }]);
+  }
+  return value;
 }

@@ -700,3 +700,46 @@ export async function countFreeWarm(db: Queryable, profileId: string): Promise<n
 export async function dropWarm(db: Queryable, id: string): Promise<void> {
   await db.query('DELETE FROM warm_sandboxes WHERE id = $1', [id]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// idempotency keys
+
+/** How long a key is remembered. */
+export const IDEMPOTENCY_TTL_HOURS = 24;
+
+export interface IdempotencyRow {
+  request_hash: string;
+  sandbox_id: string | null;
+  response: unknown;
+}
+
+/**
+ * Claims `key` for this request: returns undefined when this request is the first (it must then
+ * do the work and, for exec, `finishIdempotent`), or the row of the first request.
+ */
+export async function claimIdempotencyKey(
+  db: Queryable,
+  k: { accountId: string; scope: string; key: string; requestHash: string; sandboxId?: string },
+): Promise<IdempotencyRow | undefined> {
+  await db.query(`DELETE FROM idempotency_keys WHERE created_at < now() - interval '${IDEMPOTENCY_TTL_HOURS} hours'`);
+  const inserted = await db.query(
+    `INSERT INTO idempotency_keys (account_id, scope, key, request_hash, sandbox_id) VALUES ($1, $2, $3, $4, $5)
+     ON CONFLICT DO NOTHING RETURNING key`,
+    [k.accountId, k.scope, k.key, k.requestHash, k.sandboxId ?? null],
+  );
+  if (inserted.rows.length > 0) return undefined;
+  const { rows } = await db.query<IdempotencyRow>(
+    'SELECT request_hash, sandbox_id, response FROM idempotency_keys WHERE account_id = $1 AND scope = $2 AND key = $3',
+    [k.accountId, k.scope, k.key],
+  );
+  return rows[0];
+}
+
+export async function finishIdempotent(db: Queryable, k: { accountId: string; scope: string; key: string }, response: unknown): Promise<void> {
+  await db.query('UPDATE idempotency_keys SET response = $4 WHERE account_id = $1 AND scope = $2 AND key = $3', [k.accountId, k.scope, k.key, JSON.stringify(response)]);
+}
+
+/** A request that failed releases its key, so a retry can do the work. */
+export async function releaseIdempotencyKey(db: Queryable, k: { accountId: string; scope: string; key: string }): Promise<void> {
+  await db.query('DELETE FROM idempotency_keys WHERE account_id = $1 AND scope = $2 AND key = $3 AND response IS NULL', [k.accountId, k.scope, k.key]);
+}
