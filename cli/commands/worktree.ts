@@ -156,12 +156,26 @@ async function notMergeable(repo: string): Promise<string | undefined> {
   for (const marker of ['MERGE_HEAD', 'CHERRY_PICK_HEAD', 'REVERT_HEAD', 'rebase-merge', 'rebase-apply', 'BISECT_LOG']) {
     if (await fs.lstat(path.join(gitDir, marker)).then(() => true, () => false)) return `an operation is in progress in the checkout (${marker})`;
   }
-  const status = await git(repo, ['status', '--porcelain', '--untracked-files=normal']);
-  if (status) {
-    const lines = status.split('\n');
-    return `the checkout is not clean (${lines.length} changed or untracked path${lines.length === 1 ? '' : 's'}: ${lines.slice(0, 5).map((l) => l.slice(3)).join(', ')}${lines.length > 5 ? ', ...' : ''}); commit or stash first`;
+  // Untrimmed and NUL-separated: `git()` trims, which cut the first path's leading status column
+  // (" M README.md" -> "EADME.md"), and -z leaves paths unquoted.
+  const paths = porcelainPaths(await rawGit(repo, ['status', '--porcelain', '-z', '--untracked-files=normal']));
+  if (paths.length > 0) {
+    return `the checkout is not clean (${paths.length} changed or untracked path${paths.length === 1 ? '' : 's'}: ${paths.slice(0, 5).join(', ')}${paths.length > 5 ? ', ...' : ''}); commit or stash first`;
   }
   return undefined;
+}
+
+/** The paths of `git status --porcelain -z`: "XY path\0", with a rename's or copy's source after it. */
+export function porcelainPaths(out: string): string[] {
+  const fields = out.split('\0');
+  const paths: string[] = [];
+  for (let i = 0; i < fields.length; i++) {
+    const entry = fields[i]!;
+    if (entry.length < 4) continue;
+    paths.push(entry.slice(3));
+    if (entry[0] === 'R' || entry[0] === 'C') i++; // the source path follows
+  }
+  return paths;
 }
 
 export async function worktreeMergeCommand(stream: string, opts: { repo?: string; objective?: string; strategy?: string; message?: string }): Promise<number> {

@@ -75,24 +75,35 @@ describe('slipway worktree', () => {
   });
 
   it('refuses to merge into a dirty checkout: exit 2, nothing changed', async () => {
-    const cases: Array<[() => Promise<void>, string[]]> = [
-      [async () => fs.appendFile(path.join(repo, 'README.md'), 'unstaged\n'), ['ff', 'squash', 'merge']],
-      [async () => fs.writeFile(path.join(repo, 'untracked.txt'), 'new\n'), ['merge']],
+    // Each case with the paths the refusal must name, exactly (a first path once lost its first character).
+    const cases: Array<[() => Promise<void>, string[], string]> = [
+      [async () => fs.appendFile(path.join(repo, 'README.md'), 'unstaged\n'), ['ff', 'squash', 'merge'], '1 changed or untracked path: README.md'],
+      [async () => fs.writeFile(path.join(repo, 'untracked.txt'), 'new\n'), ['merge'], '1 changed or untracked path: untracked.txt'],
       [
         async () => {
           await fs.writeFile(path.join(repo, 'staged.txt'), 'staged\n');
           gitIn(repo, 'add', 'staged.txt');
         },
         ['squash'],
+        '1 changed or untracked path: staged.txt',
+      ],
+      [
+        async () => {
+          gitIn(repo, 'mv', 'README.md', 'READ ME.md');
+          await fs.writeFile(path.join(repo, 'naïve file.txt'), 'x\n');
+        },
+        ['merge'],
+        '2 changed or untracked paths: READ ME.md, naïve file.txt',
       ],
     ];
-    for (const [dirty, strategies] of cases) {
+    for (const [dirty, strategies, named] of cases) {
       await dirty();
       const before = pictureCheckout(repo);
       for (const strategy of strategies) {
         const r = await slipway(['worktree', 'merge', 'feat', '--strategy', strategy], env(), repo);
         expect(r.code, strategy).toBe(2);
         expect(r.stderr).toMatch(/refusing to merge slipway\/obj1\/feat: the checkout is not clean .*Nothing was changed/);
+        expect(r.stderr).toContain(`the checkout is not clean (${named}); commit or stash first`);
         expect(pictureCheckout(repo)).toEqual(before);
       }
       gitIn(repo, 'reset', '-q', '--hard');
