@@ -142,7 +142,7 @@ export class SandboxService {
       deadline_remaining_seconds: row.deadline_remaining_ms === null ? null : Math.round(row.deadline_remaining_ms / 1000),
       cap_at: row.cap_at.toISOString(),
       end_reason: row.end_reason,
-      error: row.error,
+      error: row.error === null ? null : hideHostPaths(row.error, { sandbox: row.root, repository: profile.repository }),
       ssh_endpoint: null,
       grants: row.grants.map((g) => ({ project_id: g.projectId, scopes: g.scopes })),
       grants_file: row.grants.length > 0 ? GRANTS_FILE : null,
@@ -534,4 +534,16 @@ export function idempotencyKeyOf(headers: Record<string, string | string[] | und
     throw new ApiError(400, 'invalid_request', 'Idempotency-Key must be 1 to 200 printable ASCII characters', [{ path: 'headers.idempotency-key', message: 'invalid' }]);
   }
   return value;
+}
+
+/**
+ * Tenants never see the host's paths: the sandbox's root reads as `<sandbox>`, the operator's
+ * repository as `<repository>`, and any other absolute path as `<host path>`.
+ */
+export function hideHostPaths(text: string, places: { sandbox?: string | null; repository?: string | null }): string {
+  let out = text;
+  // The sandbox's root lies inside the repository: it goes first.
+  if (places.sandbox && places.sandbox.length > 1) out = out.split(places.sandbox).join('<sandbox>');
+  if (places.repository && places.repository.length > 1) out = out.split(places.repository).join('<repository>');
+  return out.replace(/(^|[\s'"(=:,])\/(?:[\w.@+-]+\/)*[\w.@+-]+/g, '$1<host path>');
 }

@@ -3,6 +3,7 @@
  * is done once, a reused key with another body is refused, a bad key is a 400.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { hideHostPaths } from '../../api/service';
 import { startServiceHarness, type ServiceHarness } from './harness';
 
 let h: ServiceHarness;
@@ -54,5 +55,13 @@ describe('Idempotency-Key', () => {
     // Without a key, every request runs.
     await post(`/api/v1/sandboxes/${created.id}/exec`, body);
     expect((await a.api.exec(created.id, { command: 'sh', args: ['-c', 'wc -l < runs.txt'] })).stdout.trim()).toBe('2');
+  });
+});
+
+describe('host paths in errors', () => {
+  it('are never shown to tenants', async () => {
+    const text = "could not create sandbox: /srv/repo/.slipway/worktrees/acct-1/sbx_x/.git is not a worktree of /srv/repo; bwrap: Can't mount /home/op/.cache: ENOENT";
+    const shown = hideHostPaths(text, { sandbox: '/srv/repo/.slipway/worktrees/acct-1/sbx_x', repository: '/srv/repo' });
+    expect(shown).toBe("could not create sandbox: <sandbox>/.git is not a worktree of <repository>; bwrap: Can't mount <host path>: ENOENT");
   });
 });
