@@ -5,7 +5,7 @@
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { execFile } from 'node:child_process';
-import { SLIPWAY_DIR } from '../core/ids';
+import { SLIPWAY_DIR, SLIPWAY_STATE } from '../core/ids';
 
 /** Identity for commits Slipway makes when the repository has none configured. */
 export const SLIPWAY_GIT_IDENTITY = { name: 'Slipway', email: 'slipway@localhost' };
@@ -109,20 +109,49 @@ export async function isAncestor(dir: string, ancestor: string, descendant: stri
   }
 }
 
-/** Keeps `.slipway/` out of git through .git/info/exclude; the user's .gitignore stays untouched. */
+/**
+ * Keeps Slipway's state under `.slipway/` out of git through .git/info/exclude (the user's
+ * .gitignore stays untouched), and only that: `.slipway/config.yaml` and `.slipway/blueprints/`
+ * stay visible so a team can commit them. An older Slipway's `/.slipway/` line hid them all;
+ * it is replaced.
+ */
 export async function ensureSlipwayExcluded(repository: string): Promise<void> {
   const commonDir = path.resolve(repository, await git(repository, ['rev-parse', '--git-common-dir']));
   const excludeFile = path.join(commonDir, 'info', 'exclude');
-  const line = `/${SLIPWAY_DIR}/`;
+  const wanted = SLIPWAY_STATE.map((entry) => `/${SLIPWAY_DIR}/${entry}`);
+  const header = `# added by Slipway: its state under ${SLIPWAY_DIR}/ (${SLIPWAY_DIR}/config.yaml and ${SLIPWAY_DIR}/blueprints/ stay yours to commit)`;
   let current = '';
   try {
     current = await fs.readFile(excludeFile, 'utf8');
   } catch {
     await fs.mkdir(path.dirname(excludeFile), { recursive: true });
   }
-  if (current.split('\n').some((l) => l.trim() === line)) return;
-  const prefix = current.length > 0 && !current.endsWith('\n') ? '\n' : '';
-  await fs.appendFile(excludeFile, `${prefix}# added by Slipway: its worktrees and state\n${line}\n`);
+  const lines = current.split('\n');
+  const legacy = (l: string) => l.trim() === `/${SLIPWAY_DIR}/`;
+  const present = new Set(lines.map((l) => l.trim()));
+  const missing = wanted.filter((w) => !present.has(w));
+  if (missing.length === 0 && !lines.some(legacy)) return;
+  if (!lines.some(legacy)) {
+    // Append what a newer Slipway added to the list.
+    const prefix = current.length > 0 && !current.endsWith('\n') ? '\n' : '';
+    const block = lines.some((l) => l.startsWith('# added by Slipway')) ? missing : [header, ...missing];
+    await fs.appendFile(excludeFile, `${prefix}${block.join('\n')}\n`);
+    return;
+  }
+  // Migrate: the old line (and the comment written with it) becomes the list, in its place.
+  const out: string[] = [];
+  for (const [i, l] of lines.entries()) {
+    if (l.startsWith('# added by Slipway') && lines[i + 1] !== undefined && legacy(lines[i + 1]!)) continue;
+    if (legacy(l)) {
+      if (!out.includes(header)) out.push(header, ...missing);
+      continue;
+    }
+    out.push(l);
+  }
+  // Written whole and renamed into place: a reader never sees a half-written exclude file.
+  const tmp = `${excludeFile}.slipway-${process.pid}-${Date.now()}`;
+  await fs.writeFile(tmp, out.join('\n'));
+  await fs.rename(tmp, excludeFile);
 }
 
 /** Environment that gives commits an identity when the repository has none. */

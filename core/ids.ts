@@ -26,9 +26,31 @@ export const integrationBranch = (objectiveId: string) => `${BRANCH_PREFIX}/${ob
 /** Agent activities run on their own queue so a few slow agents never starve git and gate work. */
 export const agentTaskQueue = (mainTaskQueue: string) => `${mainTaskQueue}-agents`;
 
-/** The folder inside a repository where Slipway keeps its worktrees; excluded via .git/info/exclude. */
+/**
+ * The folder inside a repository where Slipway keeps its worktrees and state. Users keep files
+ * there too (`config.yaml`, `blueprints/`, prompt files) that a team commits, so only
+ * `SLIPWAY_STATE` is excluded via .git/info/exclude, never the whole folder.
+ */
 export const SLIPWAY_DIR = '.slipway';
 export const WORKTREES_DIR = `${SLIPWAY_DIR}/worktrees`;
+
+/**
+ * Everything Slipway itself writes under `.slipway/` (a trailing `/` marks a folder): in the
+ * repository, and `grants.json` inside a service sandbox's worktree (the exclude file is shared
+ * by every worktree). A new entry must be added here (test/git-exclude.test.ts checks the code).
+ */
+export const SLIPWAY_STATE = [
+  'worktrees/', // sandboxes' git worktrees
+  'pool/', // the warm pool's prepared worktrees
+  'sandboxes/', // sandbox records
+  'git/', // confined sandboxes' private git folders
+  'snapshots/', // suspended sandboxes
+  'trash/', // worktrees being removed
+  'templates/', // prepared templates
+  'template.json', // the template manifest
+  '.env', // agent credentials: never committed
+  'grants.json', // a service sandbox's grant tokens
+] as const;
 export const MERGER_SANDBOX_NAME = '_merge';
 
 /** Mailbox of the agent that acts on a blocked stream's guidance, e.g. `builder-api`. */
