@@ -133,13 +133,20 @@ export function killProcessGroup(pid: number | undefined, signal: NodeJS.Signals
 const LAUNCH_LOCATION_VARS = /^(OLDPWD|INIT_CWD|npm_config_local_prefix|npm_package_json|npm_package_.+|npm_lifecycle_.+)$/;
 
 /**
+ * The history encryption keys (workers/payload-codec.ts): for Slipway's own clients and workers,
+ * never for agents, gates or sandbox commands, which could otherwise read every payload.
+ */
+const PAYLOAD_KEY_VARS = /^SLIPWAY_PAYLOAD_KEY(S|_ID)?$/;
+
+/**
  * The environment a child really gets: `env` (default: the worker's) without the launch-location
- * variables above, and `PWD` set to the child's own cwd (its real path, as a shell would set it).
+ * variables above and the payload keys, and `PWD` set to the child's own cwd (its real path, as a
+ * shell would set it).
  */
 export function childEnv(cwd: string, env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
   const out: NodeJS.ProcessEnv = {};
   for (const [name, value] of Object.entries(env)) {
-    if (value !== undefined && !LAUNCH_LOCATION_VARS.test(name)) out[name] = value;
+    if (value !== undefined && !LAUNCH_LOCATION_VARS.test(name) && !PAYLOAD_KEY_VARS.test(name)) out[name] = value;
   }
   let real: string;
   try {

@@ -4,6 +4,7 @@
  */
 import { Command, CommanderError } from 'commander';
 import { CliError, EXIT } from './exit-codes';
+import { PayloadKeyError } from '../workers/payload-codec';
 import { listCommand } from './commands/list';
 import { runCommand } from './commands/run';
 import { devCommand, workerCommand } from './commands/serve';
@@ -12,6 +13,7 @@ import { mailListCommand, mailSendCommand, planDecisionCommand } from './command
 import { watchCommand } from './commands/watch';
 import { registerAccountCommands } from './commands/account';
 import { registerApiCommands } from './commands/api';
+import { registerCodecServerCommand } from './commands/codec-server';
 import { registerSandboxCommands } from './commands/sandbox';
 import { registerSchedulesCommands } from './commands/schedules';
 import { registerSnapshotCommands } from './commands/snapshot';
@@ -109,6 +111,8 @@ export function buildProgram(): Command {
   registerWorktreeCommands(program, setExit);
   // A repository's own config (.slipway/config.yaml, blueprints) is used only once trusted.
   registerTrustCommand(program, setExit);
+  // Encrypted history payloads (SLIPWAY_PAYLOAD_KEY), readable in the Web UI through this.
+  registerCodecServerCommand(program, setExit);
 
   return program;
 }
@@ -130,6 +134,11 @@ export async function main(argv: string[]): Promise<number> {
     if (e instanceof CliError) {
       process.stderr.write(`slipway: ${e.message}\n`);
       return e.exitCode;
+    }
+    if (e instanceof PayloadKeyError) {
+      // Raised while reading settings, before anything starts; the message never holds a key.
+      process.stderr.write(`slipway: ${e.message}\n`);
+      return EXIT.badInput;
     }
     process.stderr.write(`slipway: ${(e as Error).stack ?? String(e)}\n`);
     return EXIT.runFailed;

@@ -8,6 +8,7 @@ import { slipwaySettings, type SlipwaySettings } from '../workers/settings';
 import { connectClient, resolveTemporal, type TemporalTarget } from '../workers/temporal';
 import { createSlipwayWorkers, type SlipwayWorkers } from '../workers/worker';
 import { installRuntimeLogging } from '../workers/logging';
+import { slipwayDataConverter } from '../workers/payload-codec';
 import { CliError, EXIT } from './exit-codes';
 
 export interface Runtime {
@@ -21,6 +22,8 @@ export interface Runtime {
 
 export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: string) => void }): Promise<Runtime> {
   const settings = slipwaySettings();
+  // Read (and checked: PayloadKeyError, exit 2) before anything starts; clients and the worker share it.
+  const dataConverter = slipwayDataConverter();
   let target: TemporalTarget;
   try {
     target = await resolveTemporal(settings, { startIfMissing: opts.startIfMissing });
@@ -28,7 +31,7 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
     throw new CliError((e as Error).message, EXIT.runFailed);
   }
   if (target.server) opts.log?.(`started the embedded Temporal server at ${target.address} (Web UI ${target.uiUrl}, data in ${settings.dataDir})`);
-  const { client, close: closeClient } = await connectClient(target);
+  const { client, close: closeClient } = await connectClient(target, dataConverter);
   let workers: SlipwayWorkers | undefined;
   let workerRun: Promise<void> | undefined;
   let nativeConnection: NativeConnection | undefined;
@@ -42,6 +45,7 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
       agentConcurrency: settings.agentConcurrency,
       activityConcurrency: settings.activityConcurrency,
       shutdownGraceMs: settings.shutdownGraceMs,
+      dataConverter,
     });
     workerRun = workers.run();
   }

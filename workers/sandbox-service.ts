@@ -7,6 +7,7 @@
  * with remote providers they can be split (`worker: false` / `api: false`).
  */
 import { Client, Connection, ScheduleAlreadyRunning, ScheduleOverlapPolicy } from '@temporalio/client';
+import type { DataConverter } from '@temporalio/common';
 import { NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import type { FastifyInstance } from 'fastify';
 import pino, { type Logger } from 'pino';
@@ -23,6 +24,7 @@ import { SandboxService } from '../api/service';
 import { sandboxReaperWorkflow } from '../workflows/service-sandbox';
 import { startSandboxWatcher, type SandboxWatcher } from './sandbox-watcher';
 import { bundleWorkflows } from './worker';
+import { slipwayDataConverter } from './payload-codec';
 
 export interface SandboxServiceHostOptions {
   db: Db;
@@ -55,6 +57,8 @@ export interface SandboxServiceHostOptions {
   fileLimitBytes?: number;
   /** Execs running at once per account (more get 429 with Retry-After). */
   execConcurrency?: number;
+  /** Payload codecs of the client and the worker; default: from the environment (workers/payload-codec.ts). */
+  dataConverter?: DataConverter;
 }
 
 export interface SandboxServiceHost {
@@ -97,8 +101,9 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
   const metrics = createServiceMetrics(db, { defaultMetrics: opts.defaultMetrics, allowUnconfined });
   const namespace = opts.namespace ?? 'default';
   const serviceTaskQueue = sandboxServiceTaskQueue(opts.taskQueue);
+  const dataConverter = opts.dataConverter ?? slipwayDataConverter();
   const connection = await Connection.connect({ address: opts.temporalAddress });
-  const client = new Client({ connection, namespace });
+  const client = new Client({ connection, namespace, dataConverter });
   const closers: Array<() => Promise<void>> = [];
 
   const activities = createSandboxServiceActivities({ db, providerFor, client, metrics, allowUnconfined });
@@ -115,6 +120,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
       namespace,
       taskQueue: serviceTaskQueue,
       workflowBundle: opts.workflowBundle ?? (await bundleWorkflows()),
+      dataConverter,
       activities,
       maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 16,
       maxConcurrentLocalActivityExecutions: 64,

@@ -3,8 +3,10 @@
  * on the Slipway port, started here when nothing listens there yet.
  */
 import { Client, Connection } from '@temporalio/client';
+import type { DataConverter } from '@temporalio/common';
 import { SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
 import { isPortOpen, startDevServer, waitForTemporal, type DevServer } from './dev-server';
+import { slipwayDataConverter } from './payload-codec';
 import type { SlipwaySettings } from './settings';
 
 export interface TemporalTarget {
@@ -55,7 +57,11 @@ export async function registerSearchAttributes(address: string, namespace: strin
   }
 }
 
-export async function connectClient(target: TemporalTarget): Promise<{ client: Client; close: () => Promise<void> }> {
+/** A client with Slipway's data converter (default: from the environment, see workers/payload-codec.ts), so it agrees with the workers. */
+export async function connectClient(
+  target: TemporalTarget,
+  dataConverter: DataConverter = slipwayDataConverter(),
+): Promise<{ client: Client; close: () => Promise<void> }> {
   const connection = await Connection.connect({ address: target.address });
-  return { client: new Client({ connection, namespace: target.namespace }), close: () => connection.close() };
+  return { client: new Client({ connection, namespace: target.namespace, dataConverter }), close: () => connection.close() };
 }

@@ -4,10 +4,12 @@
  */
 import path from 'node:path';
 import { Client } from '@temporalio/client';
+import type { DataConverter } from '@temporalio/common';
 import { NativeConnection, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { agentTaskQueue } from '../core/ids';
 import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
 import { createJanitorActivities } from '../activities/sandbox/janitor';
+import { slipwayDataConverter } from './payload-codec';
 
 export const WORKFLOWS_PATH = path.join(__dirname, '..', 'workflows', 'index.ts');
 
@@ -21,6 +23,8 @@ export interface SlipwayWorkerOptions {
   activityConcurrency?: number;
   shutdownGraceMs?: number;
   deps?: ActivityDeps;
+  /** Payload codecs shared with the clients; default: from the environment (workers/payload-codec.ts). */
+  dataConverter?: DataConverter;
 }
 
 export interface SlipwayWorkers {
@@ -45,15 +49,17 @@ const quietBundlerLogger = {
 export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<SlipwayWorkers> {
   const deps = opts.deps ?? defaultActivityDeps();
   const shutdownGraceTime = opts.shutdownGraceMs ?? 10_000;
+  const dataConverter = opts.dataConverter ?? slipwayDataConverter();
   const main = await Worker.create({
     connection: opts.connection,
     namespace: opts.namespace ?? 'default',
     taskQueue: opts.taskQueue,
     workflowBundle: opts.workflowBundle ?? (await bundleWorkflows()),
+    dataConverter,
     activities: {
       ...createActivities(deps),
       // The janitor asks Temporal whether objectives still run, through a client on this connection.
-      ...createJanitorActivities({ client: new Client({ connection: opts.connection, namespace: opts.namespace ?? 'default' }) }),
+      ...createJanitorActivities({ client: new Client({ connection: opts.connection, namespace: opts.namespace ?? 'default', dataConverter }) }),
     },
     maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 4,
     maxConcurrentWorkflowTaskExecutions: 4,
@@ -63,6 +69,7 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
     connection: opts.connection,
     namespace: opts.namespace ?? 'default',
     taskQueue: agentTaskQueue(opts.taskQueue),
+    dataConverter,
     activities: createAgentActivities(deps),
     maxConcurrentActivityTaskExecutions: opts.agentConcurrency ?? 2,
     shutdownGraceTime,

@@ -8,6 +8,7 @@ import { openLedger, type Db } from '../../activities/ledger/db';
 import { slipwaySettings } from '../../workers/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { installRuntimeLogging } from '../../workers/logging';
+import { slipwayDataConverter } from '../../workers/payload-codec';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv } from '../../core/sandbox-service';
 import { probeBwrap, requireBwrap } from '../../activities/sandbox/bubblewrap';
 import { CliError, EXIT } from '../exit-codes';
@@ -38,6 +39,7 @@ export async function apiCommand(opts: {
     }
   }
   const settings = slipwaySettings();
+  const dataConverter = slipwayDataConverter(); // checked before anything starts
   let target;
   try {
     target = await resolveTemporal(settings, { startIfMissing: true });
@@ -67,6 +69,7 @@ export async function apiCommand(opts: {
     logger: serviceLogger(),
     defaultMetrics: true,
     allowUnconfined,
+    dataConverter,
     ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
   });
   if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); ledger: ${db.engine}`);

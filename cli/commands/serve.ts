@@ -1,15 +1,17 @@
 /** `slipway dev` (embedded server + worker in the foreground) and `slipway worker`. */
+import type { DataConverter } from '@temporalio/common';
 import { NativeConnection } from '@temporalio/worker';
 import { isPortOpen, startDevServer, type DevServer } from '../../workers/dev-server';
 import { slipwaySettings } from '../../workers/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { createSlipwayWorkers } from '../../workers/worker';
 import { installRuntimeLogging } from '../../workers/logging';
+import { slipwayDataConverter } from '../../workers/payload-codec';
 import { CliError, EXIT } from '../exit-codes';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
-async function runWorkerUntilSignal(address: string, namespace: string): Promise<void> {
+async function runWorkerUntilSignal(address: string, namespace: string, dataConverter: DataConverter): Promise<void> {
   const settings = slipwaySettings();
   installRuntimeLogging(process.env.SLIPWAY_LOG_LEVEL ? undefined : 'INFO');
   const connection = await NativeConnection.connect({ address });
@@ -20,6 +22,7 @@ async function runWorkerUntilSignal(address: string, namespace: string): Promise
     agentConcurrency: settings.agentConcurrency,
     activityConcurrency: settings.activityConcurrency,
     shutdownGraceMs: settings.shutdownGraceMs,
+    dataConverter,
   });
   const stop = (signal: string) => {
     log(`${signal}: shutting down the worker (grace ${settings.shutdownGraceMs} ms)`);
@@ -37,6 +40,7 @@ async function runWorkerUntilSignal(address: string, namespace: string): Promise
 
 export async function devCommand(): Promise<number> {
   const settings = slipwaySettings();
+  const dataConverter = slipwayDataConverter(); // a malformed SLIPWAY_PAYLOAD_KEY stops us before the server starts
   if (settings.temporalAddress) throw new CliError('`slipway dev` starts the embedded server; unset TEMPORAL_ADDRESS or use `slipway worker`.');
   if (await isPortOpen(settings.embeddedPort)) {
     throw new CliError(`port ${settings.embeddedPort} is in use: is \`slipway dev\` already running? (set SLIPWAY_TEMPORAL_PORT to use another)`, EXIT.runFailed);
@@ -49,7 +53,7 @@ export async function devCommand(): Promise<number> {
   }
   log(`Temporal dev server at ${server.address}; Web UI ${server.uiUrl}; data ${settings.dataDir}`);
   try {
-    await runWorkerUntilSignal(server.address, settings.namespace);
+    await runWorkerUntilSignal(server.address, settings.namespace, dataConverter);
   } finally {
     await server.stop();
     log('Temporal dev server stopped');
@@ -59,12 +63,13 @@ export async function devCommand(): Promise<number> {
 
 export async function workerCommand(): Promise<number> {
   const settings = slipwaySettings();
+  const dataConverter = slipwayDataConverter();
   let target;
   try {
     target = await resolveTemporal(settings, { startIfMissing: false });
   } catch (e) {
     throw new CliError((e as Error).message, EXIT.runFailed);
   }
-  await runWorkerUntilSignal(target.address, target.namespace);
+  await runWorkerUntilSignal(target.address, target.namespace, dataConverter);
   return EXIT.ok;
 }

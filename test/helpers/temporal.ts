@@ -5,6 +5,7 @@ import { NativeConnection } from '@temporalio/worker';
 import { inject } from 'vitest';
 import { createSlipwayWorkers } from '../../workers/worker';
 import { installRuntimeLogging } from '../../workers/logging';
+import { slipwayDataConverter } from '../../workers/payload-codec';
 import type { ActivityDeps } from '../../activities';
 
 export interface TestWorker {
@@ -30,7 +31,8 @@ export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurre
   const running = workers.run();
   const connection = await Connection.connect({ address });
   return {
-    client: new Client({ connection }),
+    // The same data converter as the workers (SLIPWAY_PAYLOAD_KEY from the environment, else the default).
+    client: new Client({ connection, dataConverter: slipwayDataConverter() }),
     taskQueue,
     async stop() {
       workers.shutdown();
