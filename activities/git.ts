@@ -43,6 +43,8 @@ export function gitEnv(extra: Record<string, string | undefined> = {}): NodeJS.P
   const env: NodeJS.ProcessEnv = {};
   for (const [k, v] of Object.entries(process.env)) {
     if (k.startsWith('GIT_') && !/^GIT_(AUTHOR|COMMITTER)_(NAME|EMAIL)$/.test(k)) continue;
+    // The history encryption keys never reach git (or a hook of the user's repository).
+    if (k.startsWith('SLIPWAY_PAYLOAD_KEY')) continue;
     env[k] = v;
   }
   return { ...env, ...extra, GIT_TERMINAL_PROMPT: '0' };
