@@ -61,7 +61,10 @@ async function run(file: string, repo: string, id: string): Promise<ObjectiveRes
   return worker.client.workflow.execute(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
 }
 
-describe.skipIf(!hasBwrap)('objective with sandbox: { confinement: bubblewrap, network: false }', () => {
+describe('objective with sandbox: { confinement: bubblewrap, network: false }', () => {
+  it('has bubblewrap (never skipped: a missing tool fails the suite)', () => {
+    expect(hasBwrap, 'bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap`').toBe(true);
+  });
   it('runs agents, gates and setup confined: the network-off gate passes, escapes fail, the work merges, the checkout is untouched', async () => {
     const repo = makeDemoRepo();
     dirtyTheCheckout(repo);
