@@ -2,6 +2,7 @@
  * Git plumbing used by sandboxes and the merge queue. Every command runs with `-C <dir>`
  * on a Slipway worktree or on refs only, never on the user's working tree or index.
  */
+import { Context } from '@temporalio/activity';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { execFile } from 'node:child_process';
@@ -31,6 +32,18 @@ export const GIT_HARDENING = [
   '-c', 'core.pager=cat',
 ];
 
+/**
+ * Inside an activity, its cancellation signal: a cancelled activity's git calls are killed with it.
+ * Outside one (CLI, tests), none.
+ */
+function currentActivitySignal(): AbortSignal | undefined {
+  try {
+    return Context.current().cancellationSignal;
+  } catch {
+    return undefined;
+  }
+}
+
 /** Longest a single git call may run before it is killed (a hung lock, a huge repository). */
 export const GIT_TIMEOUT_MS = 10 * 60_000;
 
@@ -55,12 +68,12 @@ export function gitEnv(extra: Record<string, string | undefined> = {}): NodeJS.P
  * commands, such as `rev-parse --verify --quiet` of a missing ref, as success; see ADR 0001.)
  * `env` holds only the variables to add (GIT_INDEX_FILE for a scratch index, identity).
  */
-export function rawGit(dir: string, args: string[], env?: Record<string, string | undefined>): Promise<string> {
+export function rawGit(dir: string, args: string[], env?: Record<string, string | undefined>, signal: AbortSignal | undefined = currentActivitySignal()): Promise<string> {
   return new Promise((resolve, reject) => {
     execFile(
       'git',
       [...GIT_HARDENING, '-C', dir, ...args],
-      { env: gitEnv(env), maxBuffer: 64 * 1024 * 1024, timeout: GIT_TIMEOUT_MS, killSignal: 'SIGKILL' },
+      { env: gitEnv(env), maxBuffer: 64 * 1024 * 1024, timeout: GIT_TIMEOUT_MS, killSignal: 'SIGKILL', ...(signal ? { signal } : {}) },
       (error, stdout, stderr) => {
         if (error) reject(new GitError(args, typeof error.code === 'number' ? error.code : null, stderr || error.message));
         else resolve(stdout);
