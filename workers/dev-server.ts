@@ -123,3 +123,66 @@ export async function startDevServer(opts: DevServerOptions): Promise<DevServer>
     stop,
   };
 }
+
+export interface SupervisedDevServer {
+  /** The server running now (a new one after each restart). */
+  readonly current: DevServer;
+  stop(): Promise<void>;
+}
+
+/**
+ * Keeps the embedded server up for `slipway dev`: when it exits on its own (killed, crashed),
+ * starts it again on the same port and SQLite file, which keeps every workflow; the worker's
+ * connection reconnects by itself. More than `maxRestarts` deaths within `windowMs`, or a restart
+ * that fails, ends in `onFatal` with what happened, so `slipway dev` never stays up silently
+ * without a server.
+ */
+export function superviseDevServer(
+  first: DevServer,
+  options: DevServerOptions,
+  hooks: { log: (line: string) => void; onFatal: (message: string) => void },
+  limits: { maxRestarts?: number; windowMs?: number } = {},
+): SupervisedDevServer {
+  const maxRestarts = limits.maxRestarts ?? 5;
+  const windowMs = limits.windowMs ?? 10 * 60_000;
+  let current = first;
+  let stopping = false;
+  const restarts: number[] = [];
+  const watch = (server: DevServer) => {
+    server.process.once('exit', (code, signal) => {
+      if (!stopping && server === current) void restart(server, signal ? `was killed by ${signal}` : `exited with code ${code}`);
+    });
+  };
+  const restart = async (dead: DevServer, how: string) => {
+    const now = Date.now();
+    while (restarts.length > 0 && restarts[0]! < now - windowMs) restarts.shift();
+    if (restarts.length >= maxRestarts) {
+      hooks.onFatal(`the Temporal dev server ${how}, its ${maxRestarts}th death within ${Math.round(windowMs / 60_000)} minutes; not restarting it again. Server log: ${dead.logFile}`);
+      return;
+    }
+    restarts.push(now);
+    hooks.log(`the Temporal dev server ${how}; restarting it (${restarts.length}/${maxRestarts}) on ${dead.address} with the same data. Server log: ${dead.logFile}`);
+    try {
+      const next = await startDevServer(options);
+      if (stopping) {
+        await next.stop();
+        return;
+      }
+      current = next;
+      watch(next);
+      hooks.log(`Temporal dev server restarted at ${next.address}; the worker reconnects`);
+    } catch (e) {
+      if (!stopping) hooks.onFatal(`the Temporal dev server ${how} and could not be restarted: ${(e as Error).message}`);
+    }
+  };
+  watch(first);
+  return {
+    get current() {
+      return current;
+    },
+    async stop() {
+      stopping = true;
+      await current.stop();
+    },
+  };
+}

@@ -1,7 +1,7 @@
 /** `slipway dev` (embedded server + worker in the foreground) and `slipway worker`. */
 import type { DataConverter } from '@temporalio/common';
 import { NativeConnection } from '@temporalio/worker';
-import { isPortOpen, startDevServer, type DevServer } from '../../workers/dev-server';
+import { isPortOpen, startDevServer, superviseDevServer, type DevServer } from '../../workers/dev-server';
 import { slipwaySettings } from '../../workers/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { createSlipwayWorkers } from '../../workers/worker';
@@ -45,19 +45,31 @@ export async function devCommand(): Promise<number> {
   if (await isPortOpen(settings.embeddedPort)) {
     throw new CliError(`port ${settings.embeddedPort} is in use: is \`slipway dev\` already running? (set SLIPWAY_TEMPORAL_PORT to use another)`, EXIT.runFailed);
   }
+  const serverOptions = { dataDir: settings.dataDir, port: settings.embeddedPort, uiPort: settings.uiPort, namespace: settings.namespace };
   let server: DevServer;
   try {
-    server = await startDevServer({ dataDir: settings.dataDir, port: settings.embeddedPort, uiPort: settings.uiPort, namespace: settings.namespace });
+    server = await startDevServer(serverOptions);
   } catch (e) {
     throw new CliError((e as Error).message, EXIT.runFailed);
   }
   log(`Temporal dev server at ${server.address}; Web UI ${server.uiUrl}; data ${settings.dataDir}`);
+  // A server that dies is restarted on the same SQLite file; one that cannot be stops `dev` with the reason.
+  let fatal: string | undefined;
+  const supervised = superviseDevServer(server, serverOptions, {
+    log,
+    onFatal: (message) => {
+      fatal = message;
+      log(`${message}; stopping the worker`);
+      process.emit('SIGTERM'); // the worker's own shutdown path, with its grace time
+    },
+  });
   try {
     await runWorkerUntilSignal(server.address, settings.namespace, dataConverter);
   } finally {
-    await server.stop();
+    await supervised.stop();
     log('Temporal dev server stopped');
   }
+  if (fatal) throw new CliError(`slipway dev stopped: ${fatal}`, EXIT.runFailed);
   return EXIT.ok;
 }
 
