@@ -31,7 +31,7 @@ describe('slipway dev supervises its Temporal server', () => {
     const home = tempDir('slipway-dev-home-');
     const port = await freePort();
     const taskQueue = `dev-restart-${port}`;
-    const env = { ...process.env, SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(port), SLIPWAY_UI_PORT: String(await freePort()), SLIPWAY_TASK_QUEUE: taskQueue };
+    const env: NodeJS.ProcessEnv = { ...process.env, SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(port), SLIPWAY_UI_PORT: String(await freePort()), SLIPWAY_TASK_QUEUE: taskQueue };
     delete env.TEMPORAL_ADDRESS;
     let output = '';
     dev = spawn(process.execPath, [BIN, 'dev'], { cwd: PROJECT_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });
