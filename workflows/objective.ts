@@ -26,7 +26,6 @@ import { FINAL_STREAM_PHASES, type ObjectiveOutcome, type ObjectivePhase } from 
 import {
   emptyTotals,
   type FeedEvent,
-  type MergeDecision,
   type MergeRequest,
   type ObjectiveInput,
   type ObjectiveResult,
@@ -40,6 +39,7 @@ import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
 import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
 import { failureKindOf, failureMessage } from './failure-info';
+import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
 import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
@@ -241,45 +241,42 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     sumUsage();
   };
 
+  // --- the merge queue (workflows/merge-queue.ts decides) -------------------------------------------
   let integrationTip: string | undefined = prepared.integrationTip;
   const mergeOne = async (request: MergeRequest) => {
     enter('merging', `merging stream ${request.streamId}`);
     view(request.streamId)!.phase = 'merging';
-    const merged = await git.mergeStream({
-      mergerPath: prepared.mergerPath,
-      branch: request.branch,
-      headCommit: request.headCommit,
-      // Only the queue moves the integration branch: a tip it did not leave there is refused.
-      expectedTip: integrationTip,
-      message: `slipway: merge stream ${request.streamId} into ${prepared.integrationBranch}\n\nObjective ${input.id}: ${input.objective}`,
-    });
-    let decision: MergeDecision;
-    if (merged.status === 'no_changes') {
-      decision = { status: 'no_changes', summary: merged.summary };
-    } else if (merged.status === 'conflict') {
-      decision = { status: 'rejected', kind: 'merge_conflict', summary: `merge conflict in ${merged.files.join(', ') || 'unknown files'}`, details: merged.details };
-    } else {
-      decision = { status: 'merged', commit: merged.commit };
-      if (input.postMergeGates.length > 0) {
+    let merge = startMerge(request.streamId, integrationTip);
+    let event: MergeEvent = {
+      type: 'merge_finished',
+      result: await git.mergeStream({
+        mergerPath: prepared.mergerPath,
+        branch: request.branch,
+        headCommit: request.headCommit,
+        // Only the queue moves the integration branch: a tip it did not leave there is refused.
+        expectedTip: integrationTip,
+        message: mergeMessage(request.streamId, prepared.integrationBranch, input.id, input.objective),
+      }),
+    };
+    for (;;) {
+      const step = mergeStep(merge, event, { postMergeGates: input.postMergeGates.length > 0 });
+      merge = step.state;
+      const action = step.action;
+      if (action.type === 'run_post_merge_gates') {
         const timeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
         const gates = await gateActivities(timeout).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
-        if (!gates.passed) {
-          await git.resetIntegration({ mergerPath: prepared.mergerPath, commit: merged.previous });
-          integrationTip = merged.previous;
-          decision = { status: 'rejected', kind: 'post_merge_gate_failure', summary: 'post-merge gates failed; the merge was reverted', details: gates.failureReport };
-        }
+        event = { type: 'post_merge_gates_finished', passed: gates.passed, failureReport: gates.failureReport };
+      } else if (action.type === 'reset_integration') {
+        await git.resetIntegration({ mergerPath: prepared.mergerPath, commit: action.commit });
+        event = { type: 'integration_reset' };
+      } else {
+        integrationTip = merge.tip;
+        if (action.landed) status.mergeOrder.push(request.streamId);
+        say('merge-queue', action.feed);
+        await getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId)).signal(mergeDecisionSignal, action.decision);
+        return;
       }
     }
-    if (decision.status === 'merged') {
-      integrationTip = decision.commit;
-      status.mergeOrder.push(request.streamId);
-      say('merge-queue', `merged ${request.streamId} as ${decision.commit.slice(0, 10)}`);
-    } else if (decision.status === 'no_changes') {
-      say('merge-queue', `no changes: ${request.streamId} not merged (${decision.summary})`);
-    } else {
-      say('merge-queue', `${decision.kind}: ${request.streamId} not merged (${decision.summary})`);
-    }
-    await getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId)).signal(mergeDecisionSignal, decision);
   };
 
   /** The merge queue: runs until every stream has reached a final phase. */
@@ -287,7 +284,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     enter('running', `${streams.length} streams, up to ${input.maxParallelStreams} at a time`);
     for (;;) {
       await startEligible();
-      if (running.size === 0 && mergeQueue.length === 0 && streams.every((s) => view(s.id)!.phase !== 'waiting' || !streamBlueprint)) break;
+      const waitingStreams = streams.filter((s) => view(s.id)!.phase === 'waiting').length;
+      if (mergeQueueFinished({ running: running.size, queued: mergeQueue.length, waitingStreams, canStartStreams: streamBlueprint !== undefined })) break;
       await condition(() => mergeQueue.length > 0 || childEnded);
       childEnded = false;
       while (mergeQueue.length > 0) await mergeOne(mergeQueue.shift()!);
