@@ -15,6 +15,7 @@ import {
   gateStepOutcome,
   initialState,
   MAX_RATE_LIMIT_WAITS,
+  rateLimitWaitMs,
   mergeStepOutcome,
   type StepFailure,
   type StepOutcome,
@@ -388,6 +389,17 @@ describe('step outcomes', () => {
     { name: 'rejected', got: mergeStepOutcome({ status: 'rejected', kind: 'merge_conflict', summary: 's', details: 'd' }), want: fail('merge_conflict', 's', { details: 'd' }) },
   ])('$name', ({ got, want }) => {
     expect(got).toEqual(want);
+  });
+});
+
+describe('rate-limit waits (shared with the planner)', () => {
+  it.each([
+    { resetAt: undefined, want: 60_000 },
+    { resetAt: new Date(NOW + 42_000).toISOString(), want: 42_000 },
+    { resetAt: new Date(NOW + 200).toISOString(), want: 1_000 },
+    { resetAt: new Date(NOW - 5_000).toISOString(), want: 1_000 },
+  ])('reset at $resetAt -> $want ms', ({ resetAt, want }) => {
+    expect(rateLimitWaitMs(resetAt, NOW)).toBe(want);
   });
 });
 

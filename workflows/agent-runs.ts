@@ -22,6 +22,7 @@ import type { AgentRunInput, AgentRunResult } from '../activities';
 import type { AgentRunRecord } from '../core/types';
 import { agentActivities, type RetrySpec } from './activity-options';
 import { rootCause } from './failure-info';
+import { rateLimitWaitMs } from './stream-interpreter';
 
 export interface AgentLoopState {
   /** The next run's place in the loop (1-based). */
@@ -99,9 +100,6 @@ export async function runAgentLoop({ input, step, retry, state, onRun }: AgentLo
   return { ok: true, last, runs, signalled: false };
 }
 
-/** Wait when a rate limit gives no reset time (the stream interpreter uses the same). */
-const DEFAULT_RATE_LIMIT_WAIT_MS = 60_000;
-
 
 /**
  * Runs `attempt`, sitting out `provider_rate_limit` failures on a durable timer until the
@@ -120,7 +118,7 @@ export async function withRateLimitWaits<T>(
       const cause = rootCause(err);
       if (!(cause instanceof ApplicationFailure) || cause.type !== 'provider_rate_limit' || n > maxWaits) throw err;
       const resetAt = (cause.details?.[0] as { resetAt?: string } | undefined)?.resetAt;
-      const waitMs = resetAt ? Math.max(1_000, Date.parse(resetAt) - Date.now()) : DEFAULT_RATE_LIMIT_WAIT_MS;
+      const waitMs = rateLimitWaitMs(resetAt, Date.now());
       onWait({ n, resetAt, waitMs, summary: cause.message });
       await sleep(waitMs);
     }

@@ -24,6 +24,11 @@ export const MAX_RATE_LIMIT_WAITS = 10;
 /** Wait when a rate limit gives no reset time. */
 export const DEFAULT_RATE_LIMIT_WAIT_MS = 60_000;
 
+/** How long to sit out a rate limit: until the provider's reset time (at least a second), else the default. */
+export function rateLimitWaitMs(resetAt: string | undefined, now: number): number {
+  return resetAt ? Math.max(1_000, Date.parse(resetAt) - now) : DEFAULT_RATE_LIMIT_WAIT_MS;
+}
+
 /** What the interpreter needs to know of the stream's input. */
 export interface StreamInterpreterConfig {
   streamId: string;
@@ -293,7 +298,7 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
     // A rate limit waits for the provider's reset on a durable timer; it spends no attempt.
     if (failure.kind === 'provider_rate_limit' && s.rateLimitWaits < MAX_RATE_LIMIT_WAITS) {
       s.rateLimitWaits += 1;
-      const waitMs = failure.resetAt ? Math.max(1_000, Date.parse(failure.resetAt) - (now ?? 0)) : DEFAULT_RATE_LIMIT_WAIT_MS;
+      const waitMs = rateLimitWaitMs(failure.resetAt, now ?? 0);
       record(
         step,
         failure.kind,
