@@ -135,6 +135,7 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
   await app.register(async (api) => {
     api.addHook('preHandler', async (req) => {
       req.principal = await service.authenticate(bearer(req));
+      service.rateLimit(req.principal.accountId);
     });
 
     api.post('/api/v1/sandboxes', async (req, reply) => {

@@ -66,9 +66,13 @@ export interface SandboxServiceDeps {
   fileLimitBytes?: number;
   /** Execs running at once per account (default DEFAULT_EXEC_CONCURRENCY); more get 429. */
   execConcurrency?: number;
+  /** Requests per second per account (token bucket, burst twice that); more get 429 with Retry-After. 0: off. */
+  requestsPerSecond?: number;
 }
 
 export const DEFAULT_FILE_LIMIT_BYTES = 64 * 1024 * 1024;
+/** Requests per second per account, by default (bursts of twice that pass). */
+export const DEFAULT_REQUESTS_PER_SECOND = 50;
 export const DEFAULT_EXEC_CONCURRENCY = 8;
 /** The files API never touches git's or Slipway's state inside a sandbox (hooks, config, grants). */
 const FILES_API = { reservedNames: RESERVED_NAMES };
@@ -336,6 +340,27 @@ export class SandboxService {
   }
 
   /** Per-account cap on execs running at once: one tenant cannot take every worker slot. */
+  private readonly buckets = new Map<string, { tokens: number; at: number }>();
+
+  /**
+   * Per-account request rate: a token bucket refilled at `requestsPerSecond`, holding at most twice
+   * that. An empty bucket is a 429 whose Retry-After says when the next token comes.
+   */
+  rateLimit(accountId: string, now = Date.now()): void {
+    const rate = this.deps.requestsPerSecond ?? DEFAULT_REQUESTS_PER_SECOND;
+    if (rate <= 0) return;
+    const burst = rate * 2;
+    const bucket = this.buckets.get(accountId) ?? { tokens: burst, at: now };
+    bucket.tokens = Math.min(burst, bucket.tokens + ((now - bucket.at) / 1000) * rate);
+    bucket.at = now;
+    this.buckets.set(accountId, bucket);
+    if (bucket.tokens < 1) {
+      const retryAfter = Math.max(1, Math.ceil((1 - bucket.tokens) / rate));
+      throw new ApiError(429, 'rate_limited', `this account may make ${rate} requests per second; slow down`, undefined, retryAfter);
+    }
+    bucket.tokens -= 1;
+  }
+
   private claimExecSlot(accountId: string): () => void {
     const limit = this.deps.execConcurrency ?? DEFAULT_EXEC_CONCURRENCY;
     const running = this.execsRunning.get(accountId) ?? 0;
@@ -351,7 +376,6 @@ export class SandboxService {
     };
   }
 
-  /** `signal`: aborted when the caller goes away; the command is killed with it. */
   /** Exec with an Idempotency-Key: a retry gets the first run's answer instead of running again. */
   async execIdempotent(principal: Principal, id: string, body: ExecBody, signal: AbortSignal | undefined, key: string | undefined) {
     if (key === undefined) return { result: await this.exec(principal, id, body, signal), replayed: false };
@@ -376,6 +400,7 @@ export class SandboxService {
     }
   }
 
+  /** `signal`: aborted when the caller goes away; the command is killed with it. */
   async exec(principal: Principal, id: string, body: ExecBody, signal?: AbortSignal) {
     const releaseSlot = this.claimExecSlot(principal.accountId);
     try {

@@ -57,6 +57,8 @@ export interface SandboxServiceHostOptions {
   fileLimitBytes?: number;
   /** Execs running at once per account (more get 429 with Retry-After). */
   execConcurrency?: number;
+  /** Requests per second per account (more get 429 with Retry-After); 0 turns it off. */
+  requestsPerSecond?: number;
   /** Payload codecs of the client and the worker; default: from the environment (workers/payload-codec.ts). */
   dataConverter?: DataConverter;
 }
@@ -172,6 +174,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     allowUnconfined,
     fileLimitBytes: opts.fileLimitBytes,
     execConcurrency: opts.execConcurrency,
+    requestsPerSecond: opts.requestsPerSecond,
   });
   let app: FastifyInstance | undefined;
   let url: string | undefined;

@@ -25,6 +25,7 @@ export async function apiCommand(opts: {
   watchSeconds: number;
   allowUnconfined?: boolean;
   maxFileMb?: number;
+  rate?: number;
 }): Promise<number> {
   if (!opts.worker && !opts.http) throw new CliError('--no-worker and --no-http together leave nothing to run');
   const allowUnconfined = opts.allowUnconfined ?? false;
@@ -71,6 +72,7 @@ export async function apiCommand(opts: {
     allowUnconfined,
     dataConverter,
     ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
+    ...(opts.rate !== undefined ? { requestsPerSecond: opts.rate } : {}),
   });
   if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); ledger: ${db.engine}`);
   else log(`sandbox service worker on task queue ${host.serviceTaskQueue} (no HTTP); ledger: ${db.engine}`);
@@ -116,6 +118,7 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
     .option('--watch-seconds <n>', 'provider watcher interval (0: off)', int, 2)
     .option('--allow-unconfined', `serve profiles with confinement "none" (commands run on this host; single-tenant setups only; env ${ALLOW_UNCONFINED_ENV}=1)`, allowUnconfinedFromEnv())
     .option('--max-file-mb <n>', 'largest file the files API accepts or returns (MiB)', int)
+    .option('--rate <n>', 'requests per second per account, bursts of twice that (0: off; default 50)', int)
     .action(async (opts) => setExit(await apiCommand(opts)));
   program
     .command('mcp')
