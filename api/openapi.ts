@@ -20,7 +20,11 @@ const PATH = { name: 'path', in: 'path', required: true, description: 'file path
 const RETRY_AFTER = { 'Retry-After': { description: 'seconds to wait before trying again', schema: { type: 'integer', minimum: 1 } } };
 const tooMany = (description: string) => ({ ...error(description), headers: RETRY_AFTER });
 const UNAVAILABLE = { '503': { ...error('the sandbox could not be started or woken right now; try again'), headers: RETRY_AFTER } };
-const AUTH_ERRORS = { '401': error('missing or invalid token'), '403': error('sandboxes are not enabled for the account') };
+const AUTH_ERRORS = {
+  '401': error('missing or invalid token'),
+  '403': error('sandboxes are not enabled for the account'),
+  '429': tooMany("the account's request rate is exceeded (rate_limited)"),
+};
 const SANDBOX_ERRORS = {
   '400': error('malformed URL (bad percent-encoding)'),
   ...AUTH_ERRORS,

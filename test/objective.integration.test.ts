@@ -74,7 +74,7 @@ describe('objective workflow', () => {
     expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
     expect(gitIn(repo, 'branch', '--list', `slipway/${id}/*`).split('\n')).toHaveLength(4);
     expect(pictureCheckout(repo)).toEqual(before);
-    expect(gitIn(repo, 'check-ignore', '.slipway/x')).toBe('.slipway/x');
+    expect(gitIn(repo, 'check-ignore', '.slipway/worktrees/x')).toBe('.slipway/worktrees/x');
   });
 
   it('ends partial when one stream keeps failing its gate, keeping the merged work of the others', async () => {
