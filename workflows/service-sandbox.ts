@@ -7,6 +7,10 @@
  *      \--timeout/error--> failed                                          |
  *                              \--DELETE / deadline / cap / abnormal exit--+--> terminating --> terminated
  *
+ * Every state change goes through the lifecycle table (core/sandbox-lifecycle.ts), which refuses
+ * illegal transitions and says what each one does to billing; this shell runs the activities and
+ * timers, writes those billing actions to the ledger and sets search attributes.
+ *
  * Timers own the idle check, the deadline (a budget that only runs while not suspended) and
  * the absolute cap. Every transition is written to the ledger by a local activity whose
  * session rows are keyed by (sandbox, kind, seq), so a retry never bills twice.
@@ -37,6 +41,7 @@ import { SlipwayAccount, SlipwayKind, SlipwaySandboxState } from '../core/search
 import {
   SERVICE_DEFAULTS,
   type EndReason,
+  type ProvisioningKind,
   type SandboxExitReport,
   type SandboxHandleRef,
   type ServiceSandboxInput,
@@ -45,6 +50,7 @@ import {
   type TerminateReason,
 } from '../core/sandbox-service';
 import type { SandboxState } from '../core/states';
+import { advance, isTerminal, resumeLifecycle, startLifecycle, terminateEvent, type Lifecycle, type LifecycleEvent, type Transition } from '../core/sandbox-lifecycle';
 import type { SandboxServiceActivities } from '../activities/service';
 import type { LedgerTransition } from '../activities/ledger/ledger';
 
@@ -86,10 +92,9 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
   const carried = input.carried;
   const capAtMs = input.createdAtMs + policy.absoluteCapMs;
 
-  let state: SandboxState = carried?.state ?? 'pending';
+  /** Changed only by `enter`, with a transition the lifecycle table allowed. */
+  let life: Lifecycle = carried ? resumeLifecycle(carried) : startLifecycle();
   let handle: SandboxHandleRef | undefined = carried?.handle;
-  let computeSeq = carried?.computeSeq ?? 0;
-  let storageSeq = carried?.storageSeq ?? 0;
   /** The deadline budget left at `periodStartMs`; it is spent only while not suspended. */
   let deadlineRemainingMs = carried?.deadlineRemainingMs ?? input.deadlineMs;
   let periodStartMs = carried?.periodStartMs ?? input.createdAtMs;
@@ -100,35 +105,69 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
   let error: string | undefined;
 
   const record = (t: Omit<LedgerTransition, 'sandboxId'>) => ledger.recordSandboxTransition({ sandboxId, ...t });
-  const enter = (next: SandboxState, details: string) => {
-    state = next;
-    upsertSearchAttributes([{ key: SlipwaySandboxState, value: next }]);
-    setCurrentDetails(`**${next}** — ${details}`);
+  /** The table's answer for `event` from the current state; throws (a workflow task failure) if illegal. */
+  const next = (event: LifecycleEvent): Transition => advance(life, event);
+  /** Announces the current state (search attribute, details). */
+  const show = (details: string) => {
+    upsertSearchAttributes([{ key: SlipwaySandboxState, value: life.state }]);
+    setCurrentDetails(`**${life.state}** — ${details}`);
+  };
+  /** Takes a transition: from here on, queries, handlers and the ledger's next writes see its state. */
+  const enter = (t: Transition, details: string) => {
+    life = t.lifecycle;
+    show(details);
+  };
+  /** A transition's billing actions as the ledger's session close and open, at `atMs` (a close may end earlier). */
+  const sessions = (
+    t: Transition,
+    atMs: number,
+    extra: { closeAtMs?: number; provisioningKind?: ProvisioningKind } = {},
+  ): Pick<LedgerTransition, 'close' | 'open'> => {
+    const { close, open } = t.billing;
+    return {
+      ...(close ? { close: { kind: close.kind, seq: close.seq, endedAtMs: extra.closeAtMs ?? atMs, reason: close.reason } } : {}),
+      ...(open ? { open: { kind: open.kind, seq: open.seq, startedAtMs: atMs, ...(extra.provisioningKind ? { provisioningKind: extra.provisioningKind } : {}) } } : {}),
+    };
   };
 
   upsertSearchAttributes([
     { key: SlipwayKind, value: 'sandbox' },
     { key: SlipwayAccount, value: accountId },
   ]);
-  setHandler(serviceSandboxStatusQuery, () => ({ sandboxId, state, handle, deadlineRemainingMs, computeSeq, storageSeq, reason: endReason, error }));
+  setHandler(serviceSandboxStatusQuery, () => ({
+    sandboxId,
+    state: life.state,
+    handle,
+    deadlineRemainingMs,
+    computeSeq: life.computeSeq,
+    storageSeq: life.storageSeq,
+    reason: endReason,
+    error,
+  }));
   setHandler(terminateSandboxSignal, ({ reason }) => {
     terminateRequest ??= reason;
   });
   setHandler(sandboxExitedSignal, (report) => {
     // Only a ready sandbox can die unseen: while suspending or suspended its directory is gone on purpose.
-    if (state === 'ready') exit ??= report;
+    if (life.state === 'ready') exit ??= report;
   });
   setHandler(wakeSandboxUpdate, async () => {
-    if (state === 'suspending' || state === 'suspended' || state === 'restoring') wakeRequested = true;
-    await condition(() => state === 'ready' || state === 'terminating' || state === 'terminated' || state === 'failed');
-    return state;
+    const asleep: SandboxState[] = ['suspending', 'suspended', 'restoring'];
+    const awakeOrEnded: SandboxState[] = ['ready', 'terminating', 'terminated', 'failed'];
+    if (asleep.includes(life.state)) wakeRequested = true;
+    await condition(() => awakeOrEnded.includes(life.state));
+    return life.state;
   });
 
-  const finish = (final: 'terminated' | 'failed'): ServiceSandboxResult => ({ sandboxId, state: final, reason: endReason, error });
+  const finish = (): ServiceSandboxResult => {
+    const final = life.state;
+    if (!isTerminal(final)) throw new Error(`sandbox workflow finishing in ${final}`);
+    return { sandboxId, state: final, reason: endReason, error };
+  };
 
   // --- pending -> ready | failed ------------------------------------------------------------
   if (!carried) {
-    enter('pending', `provisioning from profile \`${policy.profileName}\``);
+    show(`provisioning from profile \`${policy.profileName}\``);
     const provisioning = proxyActivities<SandboxServiceActivities>({
       // The provisioning timeout bounds every attempt together; past it the sandbox fails.
       scheduleToCloseTimeout: policy.provisioningTimeoutMs,
@@ -148,38 +187,40 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
       }),
     );
     const deleted = condition(() => terminateRequest !== undefined).then(() => scope.cancel());
+    let failure: unknown;
     try {
       provisioned = await work;
     } catch (e) {
-      if (terminateRequest) {
-        endReason = terminateRequest;
-      } else {
-        endReason = isTimeout(e) ? 'provisioning_timeout' : 'provisioning_failed';
-        error = errorMessage(e);
-      }
+      failure = e;
     }
     void deleted;
     if (!provisioned || terminateRequest) {
-      const cancelled = terminateRequest !== undefined && !error;
-      const final = cancelled ? 'terminated' : 'failed';
+      // A terminate request cancels provisioning (pending -> terminating -> terminated); a
+      // provisioning error or timeout fails the sandbox (pending -> failed).
+      const end = next(terminateRequest ? terminateEvent(terminateRequest) : { trigger: isTimeout(failure) ? 'provisioning_timeout' : 'provisioning_failed' });
+      endReason = end.endReason;
+      if (!terminateRequest) error = errorMessage(failure);
+      const cancelled = end.to === 'terminating';
+      let last = end;
       await CancellationScope.nonCancellable(async () => {
-        if (cancelled) enter('terminating', `deleted while provisioning (${endReason})`);
+        if (cancelled) enter(end, `deleted while provisioning (${endReason})`);
         await teardown.destroyServiceSandbox({ sandboxId, accountId, policy, handle: provisioned?.handle }).catch((e) => {
           log.warn('cleanup after provisioning failed', { sandboxId, error: errorMessage(e) });
         });
+        if (cancelled) last = next({ trigger: 'destroyed' });
         // No session ever opened: pending never bills.
-        await record({ status: final, fields: { terminatedAtMs: Date.now(), endReason: endReason ?? terminateRequest, ...(error ? { error } : {}) } });
+        await record({ status: last.to, fields: { terminatedAtMs: Date.now(), endReason, ...(error ? { error } : {}) } });
       });
-      enter(final, cancelled ? `deleted before it was ready` : `provisioning failed: ${error}`);
-      return finish(final);
+      enter(last, cancelled ? `deleted before it was ready` : `provisioning failed: ${error}`);
+      return finish();
     }
     handle = provisioned.handle;
     const now = Date.now();
     deadlineRemainingMs = Math.max(0, input.deadlineMs - (now - input.createdAtMs));
     periodStartMs = now;
-    computeSeq = 1;
+    const ready = next({ trigger: 'provisioned' });
     await record({
-      status: 'ready',
+      status: ready.to,
       fields: {
         readyAtMs: now,
         provisioningKind: provisioned.provisioningKind,
@@ -189,22 +230,22 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
         deadlineAtMs: now + deadlineRemainingMs,
         touch: true,
       },
-      open: { kind: 'compute', seq: computeSeq, startedAtMs: now, provisioningKind: provisioned.provisioningKind },
+      ...sessions(ready, now, { provisioningKind: provisioned.provisioningKind }),
       audit: { event: 'ready', detail: { provisioningKind: provisioned.provisioningKind, provisioningMs: provisioned.durationMs } },
     });
-    enter('ready', `\`${handle.root}\` (${provisioned.provisioningKind}, ${provisioned.durationMs} ms)`);
+    enter(ready, `\`${handle.root}\` (${provisioned.provisioningKind}, ${provisioned.durationMs} ms)`);
   } else {
-    enter(state, 'continued as new');
+    show('continued as new');
   }
 
   const carry = () =>
     continueAsNew<typeof serviceSandboxWorkflow>({
       ...input,
       carried: {
-        state: state as 'ready' | 'suspended',
+        state: life.state as 'ready' | 'suspended',
         handle: handle!,
-        computeSeq,
-        storageSeq,
+        computeSeq: life.computeSeq,
+        storageSeq: life.storageSeq,
         deadlineRemainingMs,
         periodStartMs,
       },
@@ -218,32 +259,32 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
   const shouldCarry = () =>
     workflowInfo().continueAsNewSuggested || (input.continueAsNewAfterPeriods !== undefined && periods >= input.continueAsNewAfterPeriods);
   for (;;) {
-    if (state === 'ready') {
+    if (life.state === 'ready') {
       wakeRequested = false;
       const deadlineAtMs = periodStartMs + deadlineRemainingMs;
       const wakeAt = Math.min(deadlineAtMs, capAtMs, nextIdleCheckMs);
       await condition(() => terminateRequest !== undefined || exit !== undefined || shouldCarry(), Math.max(1, wakeAt - Date.now()));
       const now = Date.now();
-      let reason: EndReason | undefined;
-      let endedAtMs = now;
-      if (exit) {
-        reason = exit.reason;
-        endedAtMs = Math.min(now, exit.observedAtMs);
-      } else if (terminateRequest) {
-        reason = terminateRequest;
-      } else if (now >= capAtMs) {
-        reason = 'absolute_cap';
-      } else if (now >= deadlineAtMs) {
-        reason = 'deadline';
-      }
-      if (reason) {
+      const ending: LifecycleEvent | undefined = exit
+        ? { trigger: 'abnormal_exit', reason: exit.reason }
+        : terminateRequest
+          ? terminateEvent(terminateRequest)
+          : now >= capAtMs
+            ? { trigger: 'absolute_cap' }
+            : now >= deadlineAtMs
+              ? { trigger: 'deadline' }
+              : undefined;
+      if (ending) {
+        const end = next(ending);
+        const reason = end.endReason;
         endReason = reason;
         deadlineRemainingMs = Math.max(0, deadlineRemainingMs - (now - periodStartMs));
-        enter('terminating', `${reason}${exit?.detail ? `: ${exit.detail}` : ''}`);
+        enter(end, `${reason}${exit?.detail ? `: ${exit.detail}` : ''}`);
         await record({
-          status: 'terminating',
+          status: end.to,
           fields: { endReason: reason, deadlineAtMs: null },
-          close: { kind: 'compute', seq: computeSeq, endedAtMs, reason },
+          // An abnormal death closes compute when the watcher saw it.
+          ...sessions(end, now, { closeAtMs: exit ? Math.min(now, exit.observedAtMs) : now }),
           audit: { event: exit ? 'abnormal_exit' : 'terminate', detail: { reason, ...(exit?.detail ? { detail: exit.detail } : {}) } },
         });
         break;
@@ -260,42 +301,43 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
         nextIdleCheckMs = Date.now() + Math.max(50, policy.idleTimeoutMs - claim.idleForMs);
         continue;
       }
-      enter('suspending', `idle for ${Math.round(policy.idleTimeoutMs / 1000)} s: storing a snapshot`);
+      enter(next({ trigger: 'idle' }), `idle for ${Math.round(policy.idleTimeoutMs / 1000)} s: storing a snapshot`);
       try {
         const stored = await lifecycle.suspendSandbox({ sandboxId, handle: handle!, policy });
         const at = Date.now();
         deadlineRemainingMs = Math.max(0, deadlineRemainingMs - (at - periodStartMs));
         periodStartMs = at;
-        storageSeq += 1;
+        const suspended = next({ trigger: 'suspend_stored' });
         await record({
-          status: 'suspended',
+          status: suspended.to,
           fields: { suspendedAtMs: at, snapshotRef: stored.snapshotRef, deadlineAtMs: null, deadlineRemainingMs },
-          close: { kind: 'compute', seq: computeSeq, endedAtMs: at, reason: 'idle_offload' },
-          open: { kind: 'snapshot_storage', seq: storageSeq, startedAtMs: at },
+          ...sessions(suspended, at),
         });
-        enter('suspended', `snapshot \`${stored.snapshotRef}\` (${stored.durationMs} ms); compute released`);
+        enter(suspended, `snapshot \`${stored.snapshotRef}\` (${stored.durationMs} ms); compute released`);
         periods += 1;
       } catch (e) {
         // A failed suspend returns to ready: the session continues, the idle clock restarts.
         log.warn('suspend failed; the sandbox stays ready', { sandboxId, error: errorMessage(e) });
-        await record({ status: 'ready', fields: { touch: true }, audit: { event: 'suspend_failed', detail: { error: errorMessage(e) } } });
-        enter('ready', `suspend failed (${errorMessage(e)}); staying ready`);
+        const stayed = next({ trigger: 'suspend_failed' });
+        await record({ status: stayed.to, fields: { touch: true }, audit: { event: 'suspend_failed', detail: { error: errorMessage(e) } } });
+        enter(stayed, `suspend failed (${errorMessage(e)}); staying ready`);
         nextIdleCheckMs = Date.now() + policy.idleTimeoutMs;
       }
       continue;
     }
 
-    // state === 'suspended': the deadline clock is paused; only DELETE, the cap or a wake move it.
+    // life.state === 'suspended': the deadline clock is paused; only DELETE, the cap or a wake move it.
     await condition(() => terminateRequest !== undefined || wakeRequested || shouldCarry(), Math.max(1, capAtMs - Date.now()));
     const now = Date.now();
     if (terminateRequest || now >= capAtMs) {
-      const reason: EndReason = terminateRequest ?? 'absolute_cap';
+      const end = next(terminateRequest ? terminateEvent(terminateRequest) : { trigger: 'absolute_cap' });
+      const reason = end.endReason;
       endReason = reason;
-      enter('terminating', `${reason} while suspended`);
+      enter(end, `${reason} while suspended`);
       await record({
-        status: 'terminating',
+        status: end.to,
         fields: { endReason: reason },
-        close: { kind: 'snapshot_storage', seq: storageSeq, endedAtMs: now, reason },
+        ...sessions(end, now),
         audit: { event: 'terminate', detail: { reason, whileSuspended: true } },
       });
       break;
@@ -304,8 +346,9 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
       await condition(allHandlersFinished);
       return carry();
     }
-    enter('restoring', 'woken by activity: restoring the snapshot');
-    await record({ status: 'restoring' });
+    const woke = next({ trigger: 'wake' });
+    enter(woke, 'woken by activity: restoring the snapshot');
+    await record({ status: woke.to });
     try {
       const restoring = proxyActivities<SandboxServiceActivities>({
         scheduleToCloseTimeout: policy.provisioningTimeoutMs,
@@ -315,41 +358,42 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
       const restored = await restoring.restoreSandbox({ sandboxId, handle: handle!, policy });
       const at = Date.now();
       periodStartMs = at;
-      computeSeq += 1;
+      const back = next({ trigger: 'restored' });
       await record({
-        status: 'ready',
+        status: back.to,
         fields: { deadlineAtMs: at + deadlineRemainingMs, deadlineRemainingMs: null, suspendedAtMs: null, snapshotRef: null, touch: true },
-        close: { kind: 'snapshot_storage', seq: storageSeq, endedAtMs: at, reason: 'restored' },
-        open: { kind: 'compute', seq: computeSeq, startedAtMs: at },
+        ...sessions(back, at),
       });
       if (input.grants.length > 0) await ledger.capSandboxGrants({ sandboxId, notAfterMs: at + deadlineRemainingMs });
       nextIdleCheckMs = at + policy.idleTimeoutMs;
-      enter('ready', `restored in ${restored.durationMs} ms`);
+      enter(back, `restored in ${restored.durationMs} ms`);
       periods += 1;
     } catch (e) {
-      endReason = 'restore_failed';
+      const failed = next({ trigger: 'restore_failed' });
+      endReason = failed.endReason;
       error = errorMessage(e);
       const at = Date.now();
       await CancellationScope.nonCancellable(async () => {
         await record({
-          status: 'failed',
+          status: failed.to,
           fields: { endReason, error, terminatedAtMs: at },
-          close: { kind: 'snapshot_storage', seq: storageSeq, endedAtMs: at, reason: 'restore_failed' },
+          ...sessions(failed, at),
         });
         await teardown.destroyServiceSandbox({ sandboxId, accountId, policy, handle }).catch(() => undefined);
       });
-      enter('failed', `restore failed: ${error}`);
-      return finish('failed');
+      enter(failed, `restore failed: ${error}`);
+      return finish();
     }
   }
 
   // --- terminating -> terminated ----------------------------------------------------------------
+  const done = next({ trigger: 'destroyed' });
   await CancellationScope.nonCancellable(async () => {
     await teardown.destroyServiceSandbox({ sandboxId, accountId, policy, handle });
-    await record({ status: 'terminated', fields: { terminatedAtMs: Date.now() } });
+    await record({ status: done.to, fields: { terminatedAtMs: Date.now() } });
   });
-  enter('terminated', `${endReason}: resources released`);
-  return finish('terminated');
+  enter(done, `${endReason}: resources released`);
+  return finish();
 }
 
 /** One reaper tick, started by the Temporal Schedule. */
