@@ -111,6 +111,12 @@ describe('rediscovery after a worker is killed', () => {
       const found = (await fresh.list(repo)).filter((s) => s.sandboxId !== `${id}._merge`);
       return found.length === 2 ? found : undefined;
     }, 'both stream sandboxes', 60_000);
+    // A worktree is listed as soon as git adds it, before its create returns: wait until both
+    // sandbox workflows hold them (ready), then kill the worker.
+    await waitFor(async () => {
+      const states = await Promise.all(live.map((s) => client.workflow.getHandle(sandboxWorkflowId(s.sandboxId!)).query(sandboxStateQuery).catch(() => undefined)));
+      return states.every((st) => st?.state === 'ready') ? true : undefined;
+    }, 'both sandboxes ready', 60_000);
     workers[0].crash();
     // A new worker answers for the sandbox workflows; the worktrees it finds are theirs.
     workers.push(await startWorkerProcess(env));
