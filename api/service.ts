@@ -249,6 +249,16 @@ export class SandboxService {
   async get(principal: Principal, id: string, waitReadyMs = 0): Promise<SandboxView> {
     let row = await this.row(principal, id);
     const until = Date.now() + waitReadyMs;
+    if (row.status === 'pending' && waitReadyMs > 0) {
+      // The long-poll waits on the sandbox's workflow (an update that returns once it is no longer
+      // pending), not on the database; the reads below only catch the ledger up with it.
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([
+        this.deps.client.workflow.getHandle(serviceSandboxWorkflowId(id)).executeUpdate(wakeSandboxUpdate).catch(() => undefined),
+        new Promise((r) => (timer = setTimeout(r, waitReadyMs))),
+      ]).finally(() => clearTimeout(timer));
+      row = await this.row(principal, id);
+    }
     // Backs off from 20 ms to 1 s between reads: a fast create is seen quickly, and 300 s of
     // long-polling costs a few hundred queries, not tens of thousands.
     let pause = 20;

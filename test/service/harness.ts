@@ -57,7 +57,7 @@ export function slowCreates(inner: ProviderFor, ms: number): ProviderFor {
 }
 
 export async function startServiceHarness(
-  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency'>> = {},
+  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency' | 'requestsPerSecond'>> = {},
 ): Promise<ServiceHarness> {
   installRuntimeLogging();
   const database = await freshPostgres();
@@ -83,6 +83,8 @@ export async function startServiceHarness(
     allowUnconfined: opts.allowUnconfined,
     fileLimitBytes: opts.fileLimitBytes,
     execConcurrency: opts.execConcurrency,
+    // Attack tests fire requests as fast as they can: no rate limit unless a test asks for one.
+    requestsPerSecond: opts.requestsPerSecond ?? 0,
   });
   const repo = makeServiceRepo();
   let n = 0;

@@ -97,6 +97,32 @@ describe('pending -> failed', () => {
   });
 });
 
+describe('long-poll while pending', () => {
+  it('waits on the sandbox workflow, not by polling the database', async () => {
+    const a = await h.account();
+    const slowRepo = makeServiceRepo(tempDir('slow'));
+    await a.profile({ name: 'slow-poll', repository: slowRepo, provisioningTimeoutSeconds: 60 });
+    const { id } = await a.api.create({ profile: 'slow-poll' });
+    const db = h.database.db;
+    const query = db.query.bind(db);
+    let reads = 0;
+    db.query = ((text: string, params?: unknown[]) => {
+      if (typeof text === 'string' && /FROM sandboxes/i.test(text) && params?.includes(id)) reads++;
+      return query(text, params);
+    }) as typeof db.query;
+    try {
+      const ready = await a.api.get(id, 60); // the create takes 8 s (slowCreates)
+      expect(ready.status).toBe('ready');
+    } finally {
+      db.query = query;
+    }
+    // A read before, one after the workflow answered (and a few while the ledger catches up);
+    // polling every 20 ms to 1 s over 8 s would be a dozen or more.
+    expect(reads).toBeLessThanOrEqual(5);
+    await a.api.destroy(id);
+  });
+});
+
 describe('DELETE while pending', () => {
   it('cancels provisioning: terminated with explicit_delete, no session', async () => {
     const a = await h.account();
