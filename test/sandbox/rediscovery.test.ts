@@ -106,17 +106,15 @@ describe('rediscovery after a worker is killed', () => {
     const client = new Client({ connection: await Connection.connect({ address: inject('temporalAddress') }) });
     workers.push(await startWorkerProcess(env));
     const handle = await client.workflow.start(objectiveWorkflow, { taskQueue: env.SLIPWAY_TASK_QUEUE, workflowId: objectiveWorkflowId(id), args: [await loadObjectiveFile(file, { id })] });
-    const fresh = new LocalSandboxProvider();
-    const live = await waitFor(async () => {
-      const found = (await fresh.list(repo)).filter((s) => s.sandboxId !== `${id}._merge`);
-      return found.length === 2 ? found : undefined;
-    }, 'both stream sandboxes', 60_000);
-    // A worktree is listed as soon as git adds it, before its create returns: wait until both
-    // sandbox workflows hold them (ready), then kill the worker.
+    // Both sandbox workflows hold their worktrees (ready) before the worker is killed: a worktree
+    // is listed as soon as git adds it, while its create is still running.
     await waitFor(async () => {
-      const states = await Promise.all(live.map((s) => client.workflow.getHandle(sandboxWorkflowId(s.sandboxId!)).query(sandboxStateQuery).catch(() => undefined)));
+      const states = await Promise.all(['a', 'b'].map((stream) => client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, stream))).query(sandboxStateQuery).catch(() => undefined)));
       return states.every((st) => st?.state === 'ready') ? true : undefined;
     }, 'both sandboxes ready', 60_000);
+    const fresh = new LocalSandboxProvider();
+    const live = (await fresh.list(repo)).filter((s) => s.sandboxId === streamSandboxId(id, 'a') || s.sandboxId === streamSandboxId(id, 'b'));
+    expect(live).toHaveLength(2);
     workers[0].crash();
     // A new worker answers for the sandbox workflows; the worktrees it finds are theirs.
     workers.push(await startWorkerProcess(env));

@@ -17,7 +17,7 @@ import { createApiToken, revokeApiToken } from '../../activities/ledger/ledger';
 import { MCP_TOOLS } from '../../api/mcp';
 import { OPENAPI_FILE, renderOpenApi } from '../../api/write-openapi';
 import { GRANTS_FILE, serviceSandboxWorkflowId } from '../../core/sandbox-service';
-import { startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
+import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
 
 let h: ServiceHarness;
 let a: TestAccount;
@@ -44,21 +44,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-const raw = (method: string, p: string, opts: { token?: string; body?: string; headers?: Record<string, string> } = {}) =>
-  fetch(new URL(p, h.url), {
-    method,
-    headers: { ...(opts.token ? { authorization: `Bearer ${opts.token}` } : {}), ...(opts.body !== undefined ? { 'content-type': 'application/json' } : {}), ...opts.headers },
-    body: opts.body,
-  });
-
-const codeOf = async (p: Promise<unknown>) => {
-  try {
-    await p;
-    return 'ok';
-  } catch (e) {
-    return e instanceof ApiClientError ? `${e.status} ${e.code}` : String(e);
-  }
-};
+const raw = (method: string, p: string, opts: Parameters<typeof rawRequest>[3] = {}) => rawRequest(h.url, method, p, opts);
 
 describe('auth and account isolation', () => {
   it('refuses missing and wrong tokens with 401', async () => {

@@ -10,8 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createProfile } from '../../activities/ledger/ledger';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
-import { ApiClientError } from '../../api/client';
-import { startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
+import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
 import { tempDir } from './repo';
 
 // Loud, never a skip: the security claims below are about bubblewrap.
@@ -38,22 +37,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-const raw = (method: string, p: string, opts: { token?: string; body?: string | Buffer; headers?: Record<string, string>; signal?: AbortSignal } = {}) =>
-  fetch(new URL(p, h.url), {
-    method,
-    headers: { ...(opts.token ? { authorization: `Bearer ${opts.token}` } : {}), ...(typeof opts.body === 'string' ? { 'content-type': 'application/json' } : {}), ...opts.headers },
-    body: opts.body === undefined ? undefined : typeof opts.body === 'string' ? opts.body : new Uint8Array(opts.body),
-    signal: opts.signal,
-  });
-
-const codeOf = async (p: Promise<unknown>) => {
-  try {
-    await p;
-    return 'ok';
-  } catch (e) {
-    return e instanceof ApiClientError ? `${e.status} ${e.code}` : String(e);
-  }
-};
+const raw = (method: string, p: string, opts: Parameters<typeof rawRequest>[3] = {}) => rawRequest(h.url, method, p, opts);
 
 const sh = (script: string, extra: Record<string, unknown> = {}) => ({ command: 'sh', args: ['-c', script], ...extra });
 const rootOf = async (id: string) => (await h.database.db.query<{ root: string }>('SELECT root FROM sandboxes WHERE id = $1', [id])).rows[0]!.root;

@@ -3,6 +3,7 @@
  * service worker on its own task queue of the shared Temporal server, the watcher, the API on
  * a free port over real HTTP, and a repository for profiles. Logs are captured for scanning.
  */
+import { ApiClientError } from '../../api/client';
 import { randomBytes } from 'node:crypto';
 import { Writable } from 'node:stream';
 import pino from 'pino';
@@ -125,3 +126,27 @@ export async function startServiceHarness(
     },
   };
 }
+
+/** A request as a client without the SDK makes it: raw bodies, any headers (tests of the HTTP surface). */
+export const rawRequest = (
+  base: string,
+  method: string,
+  p: string,
+  opts: { token?: string; body?: string | Buffer; headers?: Record<string, string>; signal?: AbortSignal } = {},
+) =>
+  fetch(new URL(p, base), {
+    method,
+    headers: { ...(opts.token ? { authorization: `Bearer ${opts.token}` } : {}), ...(typeof opts.body === 'string' ? { 'content-type': 'application/json' } : {}), ...opts.headers },
+    body: opts.body === undefined ? undefined : typeof opts.body === 'string' ? opts.body : new Uint8Array(opts.body),
+    signal: opts.signal,
+  });
+
+/** 'ok', or the API error's status and code. */
+export const codeOf = async (p: Promise<unknown>): Promise<string> => {
+  try {
+    await p;
+    return 'ok';
+  } catch (e) {
+    return e instanceof ApiClientError ? `${e.status} ${e.code}` : String(e);
+  }
+};
