@@ -2,6 +2,7 @@
  * Git plumbing used by sandboxes and the merge queue. Every command runs with `-C <dir>`
  * on a Slipway worktree or on refs only, never on the user's working tree or index.
  */
+import { writeFileAtomic } from './atomic-write';
 import { Context } from '@temporalio/activity';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
@@ -164,9 +165,7 @@ export async function ensureSlipwayExcluded(repository: string): Promise<void> {
     out.push(l);
   }
   // Written whole and renamed into place: a reader never sees a half-written exclude file.
-  const tmp = `${excludeFile}.slipway-${process.pid}-${Date.now()}`;
-  await fs.writeFile(tmp, out.join('\n'));
-  await fs.rename(tmp, excludeFile);
+  await writeFileAtomic(excludeFile, out.join('\n'));
 }
 
 /** Environment that gives commits an identity when the repository has none. */

@@ -10,7 +10,8 @@
  * (or a new one) needs trust again. Objective files named on the command line need no trust (the
  * user chose them), nor do repositories without such files.
  */
-import { createHash, randomBytes } from 'node:crypto';
+import { writeJsonAtomic } from '../activities/atomic-write';
+import { createHash } from 'node:crypto';
 import { constants, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -194,9 +195,7 @@ async function updateStore(file: string, change: (store: Record<string, TrustRec
         return {};
       });
       change(store);
-      const tmp = `${file}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
-      await fs.writeFile(tmp, `${JSON.stringify({ version: 1, repositories: store }, null, 2)}\n`, { mode: 0o600 });
-      await fs.rename(tmp, file);
+      await writeJsonAtomic(file, { version: 1, repositories: store }, { mode: 0o600 });
     } finally {
       await fs.rm(lock, { force: true });
     }

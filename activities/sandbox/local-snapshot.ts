@@ -19,6 +19,7 @@
  * Not kept (documented in ADR 0003): running processes, an in-progress merge or rebase, file
  * modes other than git's 644/755, empty directories, nested repositories' contents.
  */
+import { writeJsonAtomic } from '../atomic-write';
 import { execFile } from 'node:child_process';
 import { promises as fs } from 'node:fs';
 import os from 'node:os';
@@ -240,9 +241,7 @@ export async function suspendLocal(root: string, opts: { templateIgnored: boolea
     bytes,
     createdAt: new Date().toISOString(),
   };
-  const tmp = `${manifestPath(dir)}.tmp`;
-  await fs.writeFile(tmp, JSON.stringify(manifest, null, 2) + '\n', { mode: 0o600 });
-  await fs.rename(tmp, manifestPath(dir));
+  await writeJsonAtomic(manifestPath(dir), manifest, { mode: 0o600 });
   // Only now, with everything stored, is the working directory given up.
   await removeWorktree(repository, root);
   return { snapshotRef: ref, bytes, files: changed.length, durationMs: Date.now() - started };

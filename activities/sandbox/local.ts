@@ -18,6 +18,7 @@
  * ignored files come from the prepared template (template.ts) when it fits, else from the
  * checkout; then project setup (setup.ts) runs, under the sandbox's confinement.
  */
+import { writeJsonAtomic } from '../atomic-write';
 import { promises as fs, constants } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
@@ -118,12 +119,7 @@ export async function readSandboxRecord(file: string): Promise<SandboxRecord | u
 }
 const readRecord = readSandboxRecord;
 
-async function writeRecord(file: string, record: SandboxRecord): Promise<void> {
-  await fs.mkdir(path.dirname(file), { recursive: true });
-  const tmp = `${file}.${process.pid}.tmp`;
-  await fs.writeFile(tmp, JSON.stringify(record, null, 2) + '\n');
-  await fs.rename(tmp, file);
-}
+const writeRecord = (file: string, record: SandboxRecord) => writeJsonAtomic(file, record, { mkdir: true });
 
 const hasSetup = (setup: ProjectSetup | undefined): setup is ProjectSetup => !!setup && (setup.commands.length > 0 || setup.verify.length > 0);
 

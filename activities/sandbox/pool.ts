@@ -20,6 +20,7 @@
  * moved on), or their fingerprint differs at the same base (a lockfile or the setup changed); a
  * fill removes them before topping the pool up.
  */
+import { writeJsonAtomic } from '../atomic-write';
 import { randomBytes } from 'node:crypto';
 import { constants, promises as fs } from 'node:fs';
 import os from 'node:os';
@@ -85,11 +86,6 @@ async function readJson<T>(file: string): Promise<T | undefined> {
   }
 }
 
-async function writeJsonAtomic(file: string, value: unknown): Promise<void> {
-  const tmp = `${file}.${process.pid}.${randomBytes(3).toString('hex')}.tmp`;
-  await fs.writeFile(tmp, JSON.stringify(value, null, 2) + '\n');
-  await fs.rename(tmp, file);
-}
 
 function processAlive(pid: number): boolean {
   try {

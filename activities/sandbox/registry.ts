@@ -10,6 +10,7 @@
  * Writers take `repositories.json.lock` (O_EXCL; a lock older than 30 s is broken) and replace
  * the file by rename, so concurrent workers on one machine never lose an entry.
  */
+import { writeJsonAtomic } from '../atomic-write';
 import { constants, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { slipwaySettings } from '../../workers/settings';
@@ -76,9 +77,7 @@ export async function updateRegistry<T>(change: (registry: Registry) => T, file 
   return withLock(file, async () => {
     const registry = await readRegistry(file);
     const result = change(registry);
-    const tmp = `${file}.${process.pid}.tmp`;
-    await fs.writeFile(tmp, JSON.stringify(registry, null, 2) + '\n');
-    await fs.rename(tmp, file);
+    await writeJsonAtomic(file, registry);
     return result;
   });
 }

@@ -109,12 +109,6 @@ export async function objectFolders(commonDir: string): Promise<string[]> {
   return folders;
 }
 
-async function writeFileAtomic(file: string, content: string | Buffer): Promise<void> {
-  const tmp = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
-  await fs.writeFile(tmp, content);
-  await fs.rename(tmp, file);
-}
-
 /**
  * Makes (once) the sandbox's private git directory, and its worktree record inside it from the
  * repository's (HEAD and index as Slipway left them). Idempotent and safe against a concurrent

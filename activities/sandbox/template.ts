@@ -11,6 +11,7 @@
  * Stale when a lockfile changed (at the base, or in the checkout the ignored files came from)
  * or the setup commands changed. `slipway snapshot create|check|update` drive it.
  */
+import { writeJsonAtomic } from '../atomic-write';
 import { randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
@@ -156,9 +157,7 @@ export async function buildTemplate(repository: string, opts: BuildTemplateOptio
       createdAt: new Date().toISOString(),
       durationMs: Date.now() - started,
     };
-    const tmp = `${manifestFile(repo)}.${process.pid}.tmp`;
-    await fs.writeFile(tmp, JSON.stringify(manifest, null, 2) + '\n');
-    await fs.rename(tmp, manifestFile(repo));
+    await writeJsonAtomic(manifestFile(repo), manifest);
     await removeOldTemplates(repo, { keep: id, olderThanMs: 0 });
     return manifest;
   } catch (e) {

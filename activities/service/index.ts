@@ -4,6 +4,7 @@
  * reaper's tick. Secrets (grant tokens) are minted and written here, inside the activity, and
  * never returned to the workflow.
  */
+import { writeJsonAtomic } from '../atomic-write';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Context } from '@temporalio/activity';
@@ -83,9 +84,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
       sandbox_id: input.sandboxId,
       grants: minted.map((g) => ({ id: g.id, project_id: g.projectId, scopes: g.scopes, token: g.token, expires_at: g.expiresAt.toISOString() })),
     };
-    const tmp = `${file}.tmp`;
-    await fs.writeFile(tmp, JSON.stringify(body, null, 2) + '\n', { mode: 0o600 });
-    await fs.rename(tmp, file);
+    await writeJsonAtomic(file, body, { mode: 0o600 });
   };
 
   const claimWarm = async (input: ProvisionInput): Promise<SandboxHandleRef | undefined> => {
