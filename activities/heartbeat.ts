@@ -3,13 +3,19 @@ import { Context } from '@temporalio/activity';
 /**
  * Heartbeats on a fixed interval while `work` runs, so the server notices a dead worker
  * quickly and the activity learns about cancellation. Returns the cancellation signal to pass
- * to child processes (which kill their process group on abort).
+ * to child processes (which kill their process group on abort). Outside an activity (the CLI,
+ * tests) `work` simply runs, with no signal. The SDK throttles what `beat` sends.
  */
 export async function withHeartbeat<T>(
-  work: (signal: AbortSignal, beat: (details?: unknown) => void) => Promise<T>,
+  work: (signal: AbortSignal | undefined, beat: (details?: unknown) => void) => Promise<T>,
   intervalMs = 2_000,
 ): Promise<T> {
-  const ctx = Context.current();
+  let ctx: Context;
+  try {
+    ctx = Context.current();
+  } catch {
+    return work(undefined, () => undefined);
+  }
   let latest: unknown;
   const beat = (details?: unknown) => {
     latest = details;

@@ -243,7 +243,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
               shell: command.shell,
               stdin: command.stdin,
               env: { ...env, ...command.env },
-              signal: AbortSignal.any([signal, stop.signal]),
+              signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
               timeoutMs: spec.timeout_minutes * 60_000,
               onLine: (stream, line) => {
                 lastOutputAt = Date.now();

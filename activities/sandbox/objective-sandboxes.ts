@@ -4,6 +4,7 @@
  * heartbeats, the warm pool. Failures become typed `sandbox_failure`s; ones a retry cannot fix
  * (setup that keeps failing, bubblewrap missing) are not retried by Temporal.
  */
+import { withHeartbeat } from '../heartbeat';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import { MERGER_SANDBOX_NAME } from '../../core/ids';
@@ -17,25 +18,9 @@ import type { SandboxCreateRequest, SandboxHandle, SandboxProvider } from './pro
 import { registerObjective } from './registry';
 import { SandboxCancelledError, SandboxSetupError } from './setup';
 
-/** Heartbeats every 2 s (with the latest progress line) while `work` runs; works outside activities too. */
-async function heartbeating<T>(work: (signal: AbortSignal | undefined, progress: (line: string) => void) => Promise<T>): Promise<T> {
-  let ctx: Context | undefined;
-  try {
-    ctx = Context.current();
-  } catch {
-    ctx = undefined;
-  }
-  if (!ctx) return work(undefined, () => undefined);
-  let latest = '';
-  const timer = setInterval(() => ctx!.heartbeat({ progress: latest }), 2_000);
-  try {
-    return await work(ctx.cancellationSignal, (line) => {
-      latest = line.slice(0, 200);
-    });
-  } finally {
-    clearInterval(timer);
-  }
-}
+/** Heartbeats (with the latest progress line) while `work` runs; works outside activities too. */
+const heartbeating = <T>(work: (signal: AbortSignal | undefined, progress: (line: string) => void) => Promise<T>): Promise<T> =>
+  withHeartbeat((signal, beat) => work(signal, (line) => beat({ progress: line.slice(0, 200) })));
 
 /** A create failure as a typed Temporal failure. */
 export function sandboxFailure(e: unknown, what: string, redactor: (text: string) => string = redact): Error {
