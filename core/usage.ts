@@ -13,6 +13,17 @@ export function addRunUsage(totals: TokenTotals, run: Pick<AgentRunRecord, 'inpu
   totals.runs += 1;
 }
 
+/** The sum of two totals (a new object; workflows keep their state immutable where they can). */
+export function addTotals(a: TokenTotals, b: TokenTotals): TokenTotals {
+  return {
+    inputTokens: a.inputTokens + b.inputTokens,
+    outputTokens: a.outputTokens + b.outputTokens,
+    cachedTokens: a.cachedTokens + b.cachedTokens,
+    costUsd: a.costUsd + b.costUsd,
+    runs: a.runs + b.runs,
+  };
+}
+
 export function formatCount(n: number): string {
   // No Intl: the same in the workflow sandbox as in the CLI.
   return String(Math.round(n)).replace(/\B(?=(\d{3})+(?!\d))/g, ',');

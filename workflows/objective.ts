@@ -37,7 +37,7 @@ import {
 import { gateActivities, gitActivities } from './activity-options';
 import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
-import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
+import { addRunUsage, addTotals, formatTotals, formatUsage } from '../core/usage';
 import { failureKindOf, failureMessage } from './failure-info';
 import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
 import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
@@ -100,11 +100,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   // The planner's runs count too; streams report theirs with every event.
   const plannerUsage = emptyTotals();
   const sumUsage = () => {
-    status.usage = status.streams.reduce((sum, s) => {
-      const u = s.usage;
-      if (!u) return sum;
-      return { inputTokens: sum.inputTokens + u.inputTokens, outputTokens: sum.outputTokens + u.outputTokens, cachedTokens: sum.cachedTokens + u.cachedTokens, costUsd: sum.costUsd + u.costUsd, runs: sum.runs + u.runs };
-    }, { ...plannerUsage });
+    status.usage = status.streams.reduce((sum, s) => (s.usage ? addTotals(sum, s.usage) : sum), { ...plannerUsage });
   };
 
   setHandler(objectiveStatusQuery, () => status);

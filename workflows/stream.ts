@@ -32,7 +32,7 @@ import { FAILURE_KINDS } from '../core/failures';
 import { sandboxWorkflowId, streamBranch, streamSandboxId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
 import type { StreamPhase } from '../core/states';
-import { formatTotals, formatUsage } from '../core/usage';
+import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
 import {
   emptyTotals,
   type BlockedInfo,
@@ -200,13 +200,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     const agentLoops: Record<string, AgentLoopState> = {};
 
     const history = () => status.ledger.map((e) => `${e.step}: ${e.kind} -> ${e.action} (${e.attempt}/${e.maxAttempts}) ${e.result}: ${e.summary}`);
-    const addUsage = (run: AgentRunResult) => {
-      status.usage.inputTokens += run.usage.inputTokens;
-      status.usage.outputTokens += run.usage.outputTokens;
-      status.usage.cachedTokens += run.usage.cachedTokens ?? 0;
-      status.usage.costUsd += run.usage.costUsd ?? 0;
-      status.usage.runs += 1;
-    };
+    const addUsage = (run: AgentRunResult) => addRunUsage(status.usage, { ...run.usage, cachedTokens: run.usage.cachedTokens ?? 0 });
 
     const runAgentStep = async (step: Extract<Step, { type: 'agent' }>, feedback: Feedback | undefined): Promise<StepOutcome> => {
       const spec = input.agents[step.role]!;
