@@ -19,6 +19,7 @@
  * Not kept (documented in ADR 0003): running processes, an in-progress merge or rebase, file
  * modes other than git's 644/755, empty directories, nested repositories' contents.
  */
+import { removeLockedWorktree } from './worktree-admin';
 import { writeJsonAtomic } from '../atomic-write';
 import { execFile } from 'node:child_process';
 import { promises as fs } from 'node:fs';
@@ -146,19 +147,6 @@ async function ignoredEntries(loc: WorktreeLocation): Promise<string[]> {
 
 const covers = (dir: string, p: string) => dir === p || (dir.endsWith('/') && p.startsWith(dir));
 
-/** Removes a worktree's directory and its registration; the branch stays. */
-async function removeWorktree(repository: string, root: string): Promise<void> {
-  // Renaming first makes the directory free at once; the tree is deleted right after.
-  const trash = path.join(repository, SLIPWAY_DIR, 'trash', `${path.basename(root)}.${process.pid}.${Date.now()}`);
-  await fs.mkdir(path.dirname(trash), { recursive: true });
-  const moved = await fs.rename(root, trash).then(
-    () => true,
-    () => false,
-  );
-  await gitMaybe(repository, ['worktree', 'prune']);
-  await fs.rm(moved ? trash : root, { recursive: true, force: true });
-}
-
 /**
  * Suspends the sandbox at `root`: snapshot stored, directory freed. Throws SnapshotError when
  * the state cannot be captured faithfully (a merge conflict in the index); the sandbox is left
@@ -243,7 +231,7 @@ export async function suspendLocal(root: string, opts: { templateIgnored: boolea
   };
   await writeJsonAtomic(manifestPath(dir), manifest, { mode: 0o600 });
   // Only now, with everything stored, is the working directory given up.
-  await removeWorktree(repository, root);
+  await removeLockedWorktree(repository, root);
   return { snapshotRef: ref, bytes, files: changed.length, durationMs: Date.now() - started };
 }
 
@@ -269,7 +257,7 @@ export async function restoreLocal(root: string, opts: { templateIgnored: boolea
   }
   if (!(await exists(path.join(dir, 'objects')))) throw new SnapshotError(`the snapshot's objects for ${group}/${name} are gone`);
   // A half-done earlier attempt: start over.
-  if (await exists(root)) await removeWorktree(repository, root);
+  if (await exists(root)) await removeLockedWorktree(repository, root);
   await gitMaybe(repository, ['worktree', 'prune']);
   await fs.mkdir(path.dirname(root), { recursive: true });
 

@@ -36,7 +36,7 @@ import { populateWorktree } from './populate';
 import type { ExecRequest, ProjectSetup, SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
 import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
-import { adminDirOf } from './worktree-admin';
+import { adminDirOf, removeLockedWorktree } from './worktree-admin';
 import { adoptSandboxGitWorktree, discardSandboxGit, importPack, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox-git';
 
 /** The environment of Slipway's own git commands inside a sandbox: nothing of the worker's. */
@@ -397,10 +397,9 @@ export class LocalSandboxProvider implements SandboxProvider {
 
   async destroy({ repository, root }: { repository: string; root: string }): Promise<void> {
     const repo = await realpathOrSelf(repository);
-    // Deleted by Slipway, then pruned: `git worktree remove` would read the worktree's own
-    // (sandbox-controlled) `.git` file and could run git in it.
-    await fs.rm(root, { recursive: true, force: true });
-    await git(repo, ['worktree', 'prune']);
+    // Moved aside, deleted by Slipway and pruned: `git worktree remove` would read the worktree's
+    // own (sandbox-controlled) `.git` file and could run git in it.
+    await removeLockedWorktree(repo, root);
     await discardSandboxGit(repo, path.resolve(root));
     // Remove the group folder once its last sandbox is gone.
     await fs.rmdir(path.dirname(root)).catch(() => undefined);

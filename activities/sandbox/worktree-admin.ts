@@ -3,6 +3,7 @@
  * locked worktree alone even while its folder is being renamed, which is what makes moving a
  * pool entry by a plain rename safe against a concurrent prune.
  */
+import { locateWorktree } from './sandbox-git';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
@@ -29,16 +30,25 @@ export async function relinkMovedWorktree(root: string, opts: { unlock: boolean 
  * two removers, or a remover and a claimer, exactly one gets it), then unlocked, deleted, pruned.
  * Returns false when the folder was already gone (someone else got it).
  */
+/** The one way Slipway removes a worktree's folder (sandboxes, pool entries, templates, suspend). */
 export async function removeLockedWorktree(repo: string, root: string): Promise<boolean> {
+  // git's record of it, from the repository (never from the worktree's own `.git` file, which
+  // whatever ran in it could have pointed anywhere).
+  const admin = await locateWorktree(repo, root).then(
+    (loc) => loc.adminDir,
+    () => undefined,
+  );
   const trash = path.join(repo, SLIPWAY_DIR, 'trash', `${path.basename(root)}.${process.pid}.${Date.now()}`);
   await fs.mkdir(path.dirname(trash), { recursive: true });
   try {
     await fs.rename(root, trash);
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return false;
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') {
+      await gitMaybe(repo, ['worktree', 'prune']);
+      return false;
+    }
     throw e;
   }
-  const admin = await adminDirOf(trash);
   if (admin) await fs.rm(path.join(admin, 'locked'), { force: true });
   await fs.rm(trash, { recursive: true, force: true });
   await gitMaybe(repo, ['worktree', 'prune']);
