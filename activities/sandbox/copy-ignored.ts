@@ -11,6 +11,7 @@
  * edit in its worktree change the user's file. Symlinks are copied as symlinks, verbatim.
  * Files already present in the worktree (tracked there) are left as they are.
  */
+import { rawGit } from '../git';
 import { execFile, spawn } from 'node:child_process';
 import { constants, promises as fs } from 'node:fs';
 import path from 'node:path';
@@ -35,11 +36,7 @@ export interface CopyIgnoredResult {
 }
 
 async function lsFilesIgnored(repo: string, excludeArgs: string[]): Promise<string[]> {
-  const { stdout } = await execFileAsync(
-    'git',
-    ['-C', repo, 'ls-files', '-z', '--others', '--ignored', '--directory', ...excludeArgs],
-    { maxBuffer: 256 * 1024 * 1024, encoding: 'utf8' },
-  );
+  const stdout = await rawGit(repo, ['ls-files', '-z', '--others', '--ignored', '--directory', ...excludeArgs]);
   return stdout.split('\0').filter((p) => p !== '');
 }
 
