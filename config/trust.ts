@@ -10,6 +10,7 @@
  * (or a new one) needs trust again. Objective files named on the command line need no trust (the
  * user chose them), nor do repositories without such files.
  */
+import { withFileLock } from '../activities/file-lock';
 import { writeJsonAtomic } from '../activities/atomic-write';
 import { createHash } from 'node:crypto';
 import { constants, promises as fs } from 'node:fs';
@@ -167,28 +168,14 @@ export async function untrustRepository(repository: string, env: NodeJS.ProcessE
 let inProcess: Promise<unknown> = Promise.resolve();
 
 /**
- * Read-modify-write of the store under a lock (in this process, and across processes through an
- * exclusive lock file), written to a unique temporary file and renamed over the store, so
+ * Read-modify-write of the store under a lock (in this process, and across processes through
+ * proper-lockfile), written to a unique temporary file and renamed over the store, so
  * concurrent `slipway trust` runs neither lose a record nor leave a torn file.
  */
 async function updateStore(file: string, change: (store: Record<string, TrustRecord>) => void): Promise<void> {
   const run = inProcess.then(async () => {
     await fs.mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
-    const lock = `${file}.lock`;
-    for (let attempt = 0; ; attempt++) {
-      try {
-        await (await fs.open(lock, 'wx', 0o600)).close();
-        break;
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-        // A lock left by a killed process goes stale after 10 s.
-        const age = await fs.stat(lock).then((st) => Date.now() - st.mtimeMs, () => 0);
-        if (age > 10_000) await fs.rm(lock, { force: true });
-        else if (attempt > 200) throw new Error(`${lock} is held by another slipway process; try again`);
-        else await new Promise((r) => setTimeout(r, 25));
-      }
-    }
-    try {
+    await withFileLock(file, async () => {
       const store = await readStore(file).catch(async () => {
         // A torn or hand-edited store: keep it for inspection, start a new one (trust is only ever re-granted here).
         await fs.rename(file, `${file}.corrupt-${Date.now()}`).catch(() => undefined);
@@ -196,9 +183,7 @@ async function updateStore(file: string, change: (store: Record<string, TrustRec
       });
       change(store);
       await writeJsonAtomic(file, { version: 1, repositories: store }, { mode: 0o600 });
-    } finally {
-      await fs.rm(lock, { force: true });
-    }
+    });
   });
   inProcess = run.catch(() => undefined);
   await run;

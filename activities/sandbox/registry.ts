@@ -10,8 +10,9 @@
  * Writers take `repositories.json.lock` (O_EXCL; a lock older than 30 s is broken) and replace
  * the file by rename, so concurrent workers on one machine never lose an entry.
  */
+import { withFileLock } from '../file-lock';
 import { writeJsonAtomic } from '../atomic-write';
-import { constants, promises as fs } from 'node:fs';
+import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { slipwaySettings } from '../../workers/settings';
 
@@ -47,34 +48,9 @@ export async function readRegistry(file = registryPath()): Promise<Registry> {
   }
 }
 
-async function withLock<T>(file: string, work: () => Promise<T>): Promise<T> {
-  const lock = `${file}.lock`;
-  await fs.mkdir(path.dirname(file), { recursive: true });
-  const deadline = Date.now() + 15_000;
-  for (;;) {
-    try {
-      const handle = await fs.open(lock, constants.O_CREAT | constants.O_EXCL | constants.O_WRONLY, 0o644);
-      await handle.writeFile(String(process.pid));
-      await handle.close();
-      break;
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-      const age = await fs.stat(lock).then((s) => Date.now() - s.mtimeMs, () => 0);
-      if (age > 30_000) await fs.rm(lock, { force: true });
-      else if (Date.now() > deadline) throw new Error(`${lock} is held by another process`);
-      else await new Promise((r) => setTimeout(r, 20 + Math.random() * 30));
-    }
-  }
-  try {
-    return await work();
-  } finally {
-    await fs.rm(lock, { force: true });
-  }
-}
-
 /** Reads, changes and writes the registry under its lock. */
 export async function updateRegistry<T>(change: (registry: Registry) => T, file = registryPath()): Promise<T> {
-  return withLock(file, async () => {
+  return withFileLock(file, async () => {
     const registry = await readRegistry(file);
     const result = change(registry);
     await writeJsonAtomic(file, registry);
