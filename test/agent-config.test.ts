@@ -282,3 +282,12 @@ describe('.slipway/.env', () => {
     expect(redact(text, secrets)).toBe('db=[redacted] env=development retries=12345678 gh=[redacted] ant=[redacted] home=/home/someone line=[redacted]');
   });
 });
+
+describe('agent command lines (shell-quote)', () => {
+  it('keeps $NAME literal, keeps globs and # as words, and refuses shell operators', () => {
+    expect(splitCommandLine('node x.mjs $HOME "$X/y" *.log #tag')).toEqual(['node', 'x.mjs', '$HOME', '$X/y', '*.log', '#tag']);
+    expect(() => splitCommandLine('node x.mjs | tee log')).toThrow(/contains "\|", but it is not run through a shell/);
+    expect(() => splitCommandLine("node 'half")).toThrow(/unterminated ' quote/);
+    expect(splitCommandLine(`node "a\\"b" 'c"d'`)).toEqual(['node', 'a"b', 'c"d']);
+  });
+});

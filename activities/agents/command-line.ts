@@ -1,44 +1,41 @@
 /**
  * `spec.command` for a real agent: the executable, optionally followed by arguments, split into
- * words the way a POSIX shell would (quotes and backslashes), but never run through a shell.
+ * words the way a POSIX shell would (quotes and backslashes, by shell-quote), but never run
+ * through a shell: a shell operator in it is an error, `$NAME` stays literal.
  * `node /opt/fake-agent.mjs --format claude` -> `node` with `['/opt/fake-agent.mjs', '--format', 'claude']`
  * in front of the provider's own arguments. A path with spaces needs quotes: `"/opt/my tools/claude"`.
  * Also the pieces of a real provider's `buildCommand` that every provider shares.
  */
+import { parse } from 'shell-quote';
 import type { AgentCommand, AgentInvocation } from './provider';
 
 export function splitCommandLine(line: string): string[] {
+  const quote = unterminatedQuote(line);
+  if (quote) throw new Error(`unterminated ${quote} quote in agent command: ${line}`);
+  // `$NAME` stays as written: the command is not run through a shell, so nothing expands.
   const words: string[] = [];
-  let word = '';
-  let inWord = false;
-  let quote: '"' | "'" | undefined;
+  for (const entry of parse(line, (name) => `$${name}`)) {
+    if (typeof entry === 'string') words.push(entry);
+    else if ('op' in entry && entry.op === 'glob') words.push((entry as { pattern: string }).pattern);
+    else if ('comment' in entry) words.push(`#${entry.comment}`);
+    else throw new Error(`agent command contains "${(entry as { op: string }).op}", but it is not run through a shell (use sh -c '...' as the command): ${line}`);
+  }
+  return words;
+}
+
+/** shell-quote parses leniently; an unterminated quote is still a mistake worth naming. */
+function unterminatedQuote(line: string): '"' | "'" | undefined {
+  let open: '"' | "'" | undefined;
   for (let i = 0; i < line.length; i++) {
     const c = line[i];
-    if (quote === "'") {
-      if (c === "'") quote = undefined;
-      else word += c;
-    } else if (quote === '"') {
-      if (c === '"') quote = undefined;
-      else if (c === '\\' && i + 1 < line.length && '"\\$`'.includes(line[i + 1])) word += line[++i];
-      else word += c;
-    } else if (c === "'" || c === '"') {
-      quote = c;
-      inWord = true;
-    } else if (c === '\\' && i + 1 < line.length) {
-      word += line[++i];
-      inWord = true;
-    } else if (/\s/.test(c)) {
-      if (inWord) words.push(word);
-      word = '';
-      inWord = false;
-    } else {
-      word += c;
-      inWord = true;
-    }
+    if (open === "'") {
+      if (c === "'") open = undefined;
+    } else if (c === '\\') i++;
+    else if (open === '"') {
+      if (c === '"') open = undefined;
+    } else if (c === '"' || c === "'") open = c;
   }
-  if (quote) throw new Error(`unterminated ${quote} quote in agent command: ${line}`);
-  if (inWord) words.push(word);
-  return words;
+  return open;
 }
 
 /** The executable and leading arguments of a real agent's command line (`spec.command`, else the default). */
