@@ -169,6 +169,18 @@ export async function ensureSlipwayExcluded(repository: string): Promise<void> {
 }
 
 /** Environment that gives commits an identity when the repository has none. */
+/** The identity commits made for a repository carry: its configured one, else Slipway's. */
+export async function commitIdentity(dir: string): Promise<{ name: string; email: string }> {
+  const [name, email] = await Promise.all([gitMaybe(dir, ['config', 'user.name']), gitMaybe(dir, ['config', 'user.email'])]);
+  return { name: name || SLIPWAY_GIT_IDENTITY.name, email: email || SLIPWAY_GIT_IDENTITY.email };
+}
+
+/** That identity as the variables git reads, for commits made where the repository's config is not seen. */
+export async function commitIdentityVariables(dir: string): Promise<Record<string, string>> {
+  const { name, email } = await commitIdentity(dir);
+  return { GIT_AUTHOR_NAME: name, GIT_COMMITTER_NAME: name, GIT_AUTHOR_EMAIL: email, GIT_COMMITTER_EMAIL: email };
+}
+
 export async function commitIdentityEnv(dir: string): Promise<Record<string, string>> {
   const email = await gitMaybe(dir, ['config', 'user.email']);
   const name = await gitMaybe(dir, ['config', 'user.name']);

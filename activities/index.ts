@@ -8,7 +8,7 @@ import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, commitIdentityEnv, GIT_HARDENING, GIT_TIMEOUT_MS, rawGit, resolveCommit } from './git';
+import { branchExists, commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS, rawGit, resolveCommit } from './git';
 import { withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redactorFor } from './redact';
@@ -217,7 +217,7 @@ function sandboxGit(sandboxes: SandboxProvider, root: string) {
   let identity: Promise<Record<string, string>> | undefined;
   return async (args: string[], stdin?: string): Promise<string> => {
     const parsed = parseSandboxRoot(path.resolve(root));
-    identity ??= parsed ? identityEnv(parsed.repository) : Promise.resolve({});
+    identity ??= parsed ? commitIdentityVariables(parsed.repository) : Promise.resolve({});
     // The sandbox's config is the agent's: its hooks and fsmonitor do not run for Slipway's own
     // commands even inside, and a command that hangs is killed.
     const r = await sandboxes.exec(
@@ -226,17 +226,6 @@ function sandboxGit(sandboxes: SandboxProvider, root: string) {
     );
     if (r.exitCode !== 0) throw failure('sandbox_failure', `git ${args[0]} in the sandbox failed (exit ${r.exitCode}): ${tail(r.stderr.trim(), 2000)}`);
     return r.stdout.trim();
-  };
-}
-
-/** The repository's commit identity (or Slipway's), as environment variables. */
-async function identityEnv(repository: string): Promise<Record<string, string>> {
-  const fallback = await commitIdentityEnv(repository);
-  const name = fallback.GIT_AUTHOR_NAME ?? (await rawGit(repository, ['config', 'user.name']).then((o) => o.trim(), () => undefined));
-  const email = fallback.GIT_AUTHOR_EMAIL ?? (await rawGit(repository, ['config', 'user.email']).then((o) => o.trim(), () => undefined));
-  return {
-    ...(name ? { GIT_AUTHOR_NAME: name, GIT_COMMITTER_NAME: name } : {}),
-    ...(email ? { GIT_AUTHOR_EMAIL: email, GIT_COMMITTER_EMAIL: email } : {}),
   };
 }
 
@@ -249,7 +238,7 @@ async function mergerGit(mergerPath: string) {
   if (!parsed) throw failure('sandbox_failure', `${mergerPath} is not a Slipway merger worktree`);
   const loc = await locateWorktree(parsed.repository, mergerPath);
   const pre = trustedWorktreeArgs(loc);
-  const identity = await identityEnv(parsed.repository);
+  const identity = await commitIdentityVariables(parsed.repository);
   const files: string[] = [];
   const run = async (args: string[], withIdentity = false) => (await rawGit(loc.worktree, [...pre, ...args], withIdentity ? identity : undefined)).trim();
   return {

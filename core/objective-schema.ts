@@ -2,6 +2,7 @@
  * The objective file: what a user writes. Validated with zod; `config/objective-file.ts`
  * turns zod issues into "file:line field: message" errors.
  */
+import { LimitsConfigSchema } from './limits';
 import { z } from 'zod';
 import { ID_PATTERN, ID_RULE, RESERVED_STREAM_IDS } from './ids';
 
@@ -154,17 +155,7 @@ export const SandboxConfigSchema = z.strictObject({
   /** Under bubblewrap: paths hidden behind an empty folder (~/.ssh, ~/.aws). */
   hidden: z.array(hostPath).default([]),
   /** Under bubblewrap: limits every command of a sandbox gets (cgroups where the host has them). */
-  limits: z
-    .strictObject({
-      /** Processes and threads at once. */
-      processes: z.number().int().min(8).max(1_000_000).optional(),
-      memory_mb: z.number().int().min(16).max(1_048_576).optional(),
-      /** CPU share, e.g. 1.5 cores. */
-      cpus: z.number().min(0.01).max(1024).optional(),
-      /** Largest file a command may write. */
-      file_size_mb: z.number().int().min(1).max(1_048_576).optional(),
-    })
-    .optional(),
+  limits: LimitsConfigSchema.optional(),
 });
 export type SandboxConfig = z.infer<typeof SandboxConfigSchema>;
 

@@ -103,19 +103,28 @@ export interface SandboxPolicy {
   confinement: 'none' | 'bubblewrap';
   network: boolean;
   /** From the profile's `resources`: enforced for every command under bubblewrap. */
-  limits?: SandboxLimitsSpec;
+  limits?: SandboxLimits;
   idleTimeoutMs: number;
   provisioningTimeoutMs: number;
   absoluteCapMs: number;
   warmReplicas: number;
 }
 
-/** Enforced limits of a sandbox's commands (activities/sandbox/limits.ts holds the enforcement). */
-export interface SandboxLimitsSpec {
+/**
+ * Enforced limits of a sandbox's commands: the one shape for objectives, profiles and the
+ * provider (activities/sandbox/limits.ts enforces them; core/limits.ts reads them from config).
+ */
+export interface SandboxLimits {
+  /** Most processes (and threads) alive at once in the command's tree. */
   pids?: number;
+  /** Memory (resident, swap included where the kernel can count it); prlimit fallback: address space. */
   memoryBytes?: number;
+  /** CPU quota in CPUs, fractional (0.5 = half of one CPU). */
   cpus?: number;
+  /** Largest file any process of the command may write (RLIMIT_FSIZE; beyond it: EFBIG / SIGXFSZ). */
   fileSizeBytes?: number;
+  /** Total CPU seconds per process (RLIMIT_CPU; SIGXCPU, then SIGKILL). */
+  cpuSeconds?: number;
 }
 
 export interface GrantRequest {

@@ -2,6 +2,7 @@
  * Workflow inputs, messages and results. Only data that is safe to keep in Temporal history:
  * no credentials, no environment values.
  */
+import type { SandboxLimits } from './sandbox-service';
 import type { AgentSpec, GateSpec, StreamSpec } from './objective-schema';
 import type { FailureKind } from './failures';
 import type { AgentRole, LedgerResult, ObjectiveOutcome, ObjectivePhase, SandboxState, StreamPhase } from './states';
@@ -67,7 +68,7 @@ export interface SandboxOptions {
   /** Under bubblewrap: absolute paths kept readable although they live under the private /tmp (the objective folder). */
   readable?: string[];
   /** Under bubblewrap: enforced limits of every command. */
-  limits?: { pids?: number; memoryBytes?: number; cpus?: number; fileSizeBytes?: number };
+  limits?: SandboxLimits;
 }
 
 export interface ProjectSetupSpec {

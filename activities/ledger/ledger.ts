@@ -4,7 +4,7 @@
  * reads, creates under the concurrency limit, the exec hot path) and by the workflow's
  * activities (state transitions and session rows, each idempotent).
  */
-import { limitsFromResources, parseProfileResources } from '../../core/profile-resources';
+import { limitsFromResources, parseProfileResources } from '../../core/limits';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import {
   SERVICE_DEFAULTS,

@@ -23,21 +23,11 @@
  * count without cgroups is one of them (RLIMIT_NPROC counts every process of the uid, not the
  * sandbox's), and so is a CPU share (rlimits only know total CPU seconds).
  */
+import type { SandboxLimits } from '../../core/sandbox-service';
 import { constants, promises as fs } from 'node:fs';
 import path from 'node:path';
 
-export interface SandboxLimits {
-  /** Most processes (and threads) alive at once in the sandbox command's tree. */
-  pids?: number;
-  /** Memory (resident, swap included where the kernel can count it); prlimit fallback: address space. */
-  memoryBytes?: number;
-  /** CPU quota in CPUs, fractional (0.5 = half of one CPU). */
-  cpus?: number;
-  /** Largest file any process of the command may write (RLIMIT_FSIZE; beyond it: EFBIG / SIGXFSZ). */
-  fileSizeBytes?: number;
-  /** Total CPU seconds per process (RLIMIT_CPU; SIGXCPU, then SIGKILL). */
-  cpuSeconds?: number;
-}
+export type { SandboxLimits } from '../../core/sandbox-service';
 
 export type LimitsEnforcer = 'cgroup-v1' | 'cgroup-v2' | 'prlimit' | 'none';
 

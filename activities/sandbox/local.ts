@@ -33,19 +33,14 @@ import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
 import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
 import { claimPoolEntry, fillPool, poolKey, type PoolSpec } from './pool';
 import { populateWorktree } from './populate';
-import type { ExecRequest, ProjectSetup, SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
+import { SANDBOX_BASE_ENV, type ExecRequest, type ProjectSetup, type SandboxCreateRequest, type SandboxHandle, type SandboxProvider } from './provider';
 import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
 import { adminDirOf, removeLockedWorktree } from './worktree-admin';
 import { adoptSandboxGitWorktree, discardSandboxGit, importPack, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox-git';
 
 /** The environment of Slipway's own git commands inside a sandbox: nothing of the worker's. */
-export const SLIPWAY_GIT_ENV: Record<string, string> = {
-  PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
-  LANG: 'C.UTF-8',
-  HOME: '/tmp',
-  GIT_TERMINAL_PROMPT: '0',
-};
+export const SLIPWAY_GIT_ENV: Record<string, string> = { ...SANDBOX_BASE_ENV, HOME: '/tmp', GIT_TERMINAL_PROMPT: '0' };
 
 export type { BubblewrapConfinement } from './bubblewrap';
 

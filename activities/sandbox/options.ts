@@ -2,6 +2,7 @@
  * The objective file's `sandbox:` section -> `SandboxOptions` (workflow input) -> what the
  * provider's create takes. Pure functions: the loader, the activities and the CLI share them.
  */
+import { limitsFromConfig } from '../../core/limits';
 import os from 'node:os';
 import path from 'node:path';
 import type { SandboxConfig } from '../../core/objective-schema';
@@ -29,17 +30,7 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
     // Script agents and prompt files live beside the objective file; keep it readable even
     // when it sits under /tmp, which the sandbox replaces with a private one.
     ...(confined ? { readable: [objectiveDir] } : {}),
-    ...(confined && config.limits ? { limits: limitsOf(config.limits) } : {}),
-  };
-}
-
-const MB = 1024 * 1024;
-function limitsOf(l: NonNullable<SandboxConfig['limits']>): NonNullable<SandboxOptions['limits']> {
-  return {
-    ...(l.processes !== undefined ? { pids: l.processes } : {}),
-    ...(l.memory_mb !== undefined ? { memoryBytes: l.memory_mb * MB } : {}),
-    ...(l.cpus !== undefined ? { cpus: l.cpus } : {}),
-    ...(l.file_size_mb !== undefined ? { fileSizeBytes: l.file_size_mb * MB } : {}),
+    ...(confined && config.limits && limitsFromConfig(config.limits) ? { limits: limitsFromConfig(config.limits) } : {}),
   };
 }
 

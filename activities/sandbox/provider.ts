@@ -73,6 +73,12 @@ export interface SandboxHandle {
   durationMs?: number;
 }
 
+/** The minimal environment of a command that does not inherit the worker's (`inheritEnv: false`). */
+export const SANDBOX_BASE_ENV: Record<string, string> = {
+  PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
+  LANG: 'C.UTF-8',
+};
+
 export interface ExecRequest {
   command: string;
   args?: string[];

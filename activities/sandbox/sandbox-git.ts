@@ -28,7 +28,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { git, gitEnv, gitMaybe, GIT_HARDENING, GIT_TIMEOUT_MS, SLIPWAY_GIT_IDENTITY } from '../git';
+import { commitIdentity, git, GIT_HARDENING, GIT_TIMEOUT_MS, gitEnv, gitMaybe } from '../git';
 import { killProcessGroup } from '../process';
 import { isInside } from './paths';
 
@@ -61,7 +61,7 @@ export interface SandboxGit extends WorktreeLocation {
 export async function locateWorktree(repository: string, worktree: string): Promise<WorktreeLocation> {
   const repo = await fs.realpath(repository);
   const root = await fs.realpath(worktree);
-  const commonDir = await fs.realpath(path.resolve(repo, await git(repo, ['rev-parse', '--git-common-dir'])));
+  const commonDir = await commonDirOf(repo);
   const adminRoot = path.join(commonDir, 'worktrees');
   const matches: string[] = [];
   for (const id of await fs.readdir(adminRoot).catch(() => [] as string[])) {
@@ -78,6 +78,21 @@ export async function locateWorktree(repository: string, worktree: string): Prom
   }
   const adminDir = await fs.realpath(matches[0]);
   return { repository: repo, commonDir, adminDir, adminId: path.basename(adminDir), worktree: root };
+}
+
+/**
+ * A repository's common git dir, asked of git once per repository and process: every confined
+ * exec needs it, and it does not change while Slipway works on the repository.
+ */
+const commonDirs = new Map<string, Promise<string>>();
+function commonDirOf(repo: string): Promise<string> {
+  let dir = commonDirs.get(repo);
+  if (!dir) {
+    dir = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
+    dir.catch(() => commonDirs.delete(repo));
+    commonDirs.set(repo, dir);
+  }
+  return dir;
 }
 
 /** Git arguments that address a worktree through its trusted record, ignoring its `.git` file. */
@@ -167,8 +182,7 @@ export async function ensureSandboxGit(loc: WorktreeLocation, branch: string | u
 /** A minimal config: the repository's format and identity, nothing that executes. */
 async function sandboxConfig(repository: string): Promise<string> {
   const format = await gitMaybe(repository, ['config', '--get', 'extensions.objectformat']);
-  const name = (await gitMaybe(repository, ['config', 'user.name'])) ?? SLIPWAY_GIT_IDENTITY.name;
-  const email = (await gitMaybe(repository, ['config', 'user.email'])) ?? SLIPWAY_GIT_IDENTITY.email;
+  const { name, email } = await commitIdentity(repository);
   const quote = (v: string) => JSON.stringify(v.replace(/[\n\r]/g, ' '));
   return [
     '[core]',

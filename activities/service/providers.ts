@@ -26,11 +26,8 @@ export function defaultProviderFor(): ProviderFor {
 }
 
 /**
- * The environment a service sandbox's commands see: a minimal base plus what the caller
- * passed, and never the server's own (DATABASE_URL, tokens): exec runs with `inheritEnv: false`,
- * so the values travel in the process environment, not in argv.
+ * A service sandbox's commands see SANDBOX_BASE_ENV plus what the caller passed, and never the
+ * server's own (DATABASE_URL, tokens): exec runs with `inheritEnv: false`, so the values travel
+ * in the process environment, not in argv.
  */
-export const SANDBOX_BASE_ENV: Record<string, string> = {
-  PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin',
-  LANG: 'C.UTF-8',
-};
+export { SANDBOX_BASE_ENV } from '../sandbox/provider';

@@ -14,8 +14,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createActivities } from '../../activities';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
-import type { SandboxCreateRequest, SandboxHandle } from '../../activities/sandbox/provider';
-import { exists, gitIn, makeRepo, processesWith, sh, snapshotCheckout, tempDir, waitFor } from './helpers';
+import type { SandboxHandle } from '../../activities/sandbox/provider';
+import { exists, gitIn, makeRepo, processesWith, sandboxRequest, sh, snapshotCheckout, tempDir, waitFor } from './helpers';
 
 const INTEGRATION = 'slipway/obj/integration';
 
@@ -39,14 +39,7 @@ describe('a hostile agent in a confined stream sandbox', () => {
   let neighbour: SandboxHandle;
   let before: Awaited<ReturnType<typeof pictureRepository>>;
   let counter = 0;
-  const req = (label: string): SandboxCreateRequest => ({
-    sandboxId: `t.${label}`,
-    repository: repo,
-    group: 'obj',
-    name: label,
-    branch: `slipway/obj/${label}-${++counter}`,
-    base: 'main',
-  });
+  const req = (label: string) => sandboxRequest(repo, label);
   const run = (command: string, handle: SandboxHandle = h) => confined.exec(handle, { command, shell: true });
   /** A file on the host that a hook run outside the sandbox would create. */
   const hostMarker = () => path.join(parent, `ran-outside-${++counter}`);

@@ -1,6 +1,7 @@
 /**
  * Real git repositories in temp folders for sandbox tests, and small probes.
  */
+import type { SandboxCreateRequest } from '../../activities/sandbox/provider';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdtempSync, promises as fs, realpathSync } from 'node:fs';
@@ -98,4 +99,19 @@ export async function snapshotCheckout(repo: string): Promise<Record<string, str
   };
   await walk(repo);
   return snap;
+}
+
+let requests = 0;
+/** A create request for sandbox `label` of `group`, on a branch of its own (a new one each call). */
+export function sandboxRequest(repo: string, label: string, extra: Partial<SandboxCreateRequest> & { group?: string } = {}): SandboxCreateRequest {
+  const group = extra.group ?? 'obj';
+  return {
+    sandboxId: `${group === 'obj' ? 't' : group}.${label}`,
+    repository: repo,
+    group,
+    name: label,
+    branch: `slipway/${group}/${label}-${++requests}`,
+    base: 'main',
+    ...extra,
+  };
 }

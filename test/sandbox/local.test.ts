@@ -13,9 +13,8 @@ import { findEgressTools, PASTA_MISSING_MESSAGE } from '../../activities/sandbox
 import { isInside } from '../../activities/sandbox/paths';
 import { collapse, intersect } from '../../activities/sandbox/copy-ignored';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
-import type { SandboxCreateRequest } from '../../activities/sandbox/provider';
 import { describeSandboxContract } from './contract';
-import { exists, gitIn, IDENTITY_ENV, makeRepo, sh, snapshotCheckout, tempDir } from './helpers';
+import { exists, gitIn, IDENTITY_ENV, makeRepo, sandboxRequest, sh, snapshotCheckout, tempDir } from './helpers';
 
 // Security tests never skip: without bubblewrap they fail, saying how to install it.
 const hasBwrap = findExecutable('bwrap') !== undefined;
@@ -50,16 +49,7 @@ async function addIgnoredFiles(repo: string): Promise<void> {
   await fs.writeFile(path.join(repo, 'untracked.txt'), 'not ignored, not copied\n');
 }
 
-let counter = 0;
-const req = (repo: string, label: string, extra: Partial<SandboxCreateRequest> = {}): SandboxCreateRequest => ({
-  sandboxId: `t.${label}`,
-  repository: repo,
-  group: 'obj',
-  name: label,
-  branch: `slipway/obj/${label}-${++counter}`,
-  base: 'main',
-  ...extra,
-});
+const req = sandboxRequest;
 
 describe('local sandboxes', () => {
   let parent: string;

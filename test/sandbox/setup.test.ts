@@ -11,7 +11,7 @@ import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { sandboxFailure } from '../../activities/sandbox/objective-sandboxes';
 import type { SandboxCreateRequest } from '../../activities/sandbox/provider';
 import { SandboxSetupError } from '../../activities/sandbox/setup';
-import { exists, gitIn, makeRepo, snapshotCheckout, tempDir } from './helpers';
+import { exists, gitIn, makeRepo, sandboxRequest, snapshotCheckout, tempDir } from './helpers';
 
 const hasBwrap = findExecutable('bwrap') !== undefined;
 
@@ -20,16 +20,7 @@ let repo: string;
 let counters: string;
 let before: Record<string, string>;
 const provider = new LocalSandboxProvider();
-let n = 0;
-const req = (label: string, extra: Partial<SandboxCreateRequest> = {}): SandboxCreateRequest => ({
-  sandboxId: `setup.${label}`,
-  repository: repo,
-  group: 'setup',
-  name: label,
-  branch: `slipway/setup/${label}-${++n}`,
-  base: 'main',
-  ...extra,
-});
+const req = (label: string, extra: Partial<SandboxCreateRequest> = {}) => sandboxRequest(repo, label, { group: 'setup', ...extra });
 const lines = async (file: string) => (await fs.readFile(file, 'utf8').catch(() => '')).split('\n').filter(Boolean);
 
 beforeAll(async () => {
