@@ -2,7 +2,7 @@
  * Operator verbs on the ledger: accounts, API tokens, projects, profiles, and monthly usage.
  * They open the ledger directly (DATABASE_URL, else the embedded PGlite under SLIPWAY_HOME).
  */
-import { parseProfileResources } from '../../core/profile-resources';
+import { parseProfileResources } from '../../core/limits';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { openLedger, type Db } from '../../activities/ledger/db';
