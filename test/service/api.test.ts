@@ -229,7 +229,7 @@ describe('MCP over HTTP', () => {
       const refused = await call('read_sandbox_file', { sandbox_id: id, path: '../../../../etc/passwd' });
       expect(refused).toMatchObject({ isError: true });
       expect(refused.text).toMatch(/^path_refused/);
-      expect((await call('exec_in_sandbox', { sandbox_id: sandboxId.replace(/.$/, 'a'), command: 'true' })).text).toMatch(/^not_found/);
+      expect((await call('exec_in_sandbox', { sandbox_id: sandboxId.replace(/.$/, (last) => (last === 'a' ? 'b' : 'a')), command: 'true' })).text).toMatch(/^not_found/);
       expect(JSON.parse((await call('destroy_sandbox', { sandbox_id: id })).text).id).toBe(id);
       await h.waitFor(a.api, id, ['terminated']);
     } finally {
