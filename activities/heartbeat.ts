@@ -28,3 +28,8 @@ export async function withHeartbeat<T>(
     clearInterval(timer);
   }
 }
+
+/** `fn` as an activity that heartbeats while it runs (see withHeartbeat). */
+export function heartbeating<A extends unknown[], R>(fn: (...args: A) => Promise<R>): (...args: A) => Promise<R> {
+  return (...args: A) => withHeartbeat(() => fn(...args));
+}

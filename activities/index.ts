@@ -3,17 +3,18 @@
  * real dependencies (sandbox provider, logger).
  */
 import path from 'node:path';
-import { integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
+import { BRANCH_PREFIX, integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
 import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
 import { branchExists, commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS, rawGit, resolveCommit } from './git';
-import { withHeartbeat } from './heartbeat';
+import { clearStaleGitLocks } from './git-locks';
+import { heartbeating, withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redactorFor } from './redact';
 import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, SLIPWAY_GIT_ENV } from './sandbox/local';
-import { discardSandboxGit, locateWorktree, trustedWorktreeArgs } from './sandbox/sandbox-git';
+import { discardSandboxGit, locateWorktree, sandboxGitDir, trustedWorktreeArgs } from './sandbox/sandbox-git';
 import { promises as fs, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
@@ -54,7 +55,7 @@ export type MergeOutcome =
 
 export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   const { sandboxes } = deps;
-  return {
+  const activities = {
     /** Creates the integration branch at the base commit and the merger worktree. Idempotent. */
     async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions }) {
       const baseCommit = await resolveCommit(input.repository, input.baseBranch).catch(() => {
@@ -206,6 +207,19 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       return { integrationHead };
     },
   };
+  // Git and sandbox plumbing runs under a heartbeat timeout (workflows/activity-options.ts):
+  // each of these heartbeats while it works, so a slow one is not retried while it still runs
+  // (two git processes on one index), and a dead worker is noticed within that timeout.
+  return {
+    ...activities,
+    prepareObjective: heartbeating(activities.prepareObjective),
+    destroySandbox: heartbeating(activities.destroySandbox),
+    commitWork: heartbeating(activities.commitWork),
+    mergeStream: heartbeating(activities.mergeStream),
+    resetIntegration: heartbeating(activities.resetIntegration),
+    resetOntoIntegration: heartbeating(activities.resetOntoIntegration),
+    finishObjective: heartbeating(activities.finishObjective),
+  };
 }
 
 /**
@@ -215,9 +229,12 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
  */
 function sandboxGit(sandboxes: SandboxProvider, root: string) {
   let identity: Promise<Record<string, string>> | undefined;
+  let unlocked: Promise<unknown> | undefined;
   return async (args: string[], stdin?: string): Promise<string> => {
     const parsed = parseSandboxRoot(path.resolve(root));
     identity ??= parsed ? commitIdentityVariables(parsed.repository) : Promise.resolve({});
+    unlocked ??= parsed ? clearSandboxLocks(parsed.repository, parsed.group, root) : Promise.resolve();
+    await unlocked;
     // The sandbox's config is the agent's: its hooks and fsmonitor do not run for Slipway's own
     // commands even inside, and a command that hangs is killed.
     const r = await sandboxes.exec(
@@ -230,6 +247,21 @@ function sandboxGit(sandboxes: SandboxProvider, root: string) {
 }
 
 /**
+ * Stale git locks of a sandbox (a worker killed while Slipway's git or an agent's git ran in it):
+ * its worktree record, its private git folder (confined) and Slipway's refs of its group.
+ */
+async function clearSandboxLocks(repository: string, group: string, root: string): Promise<void> {
+  const loc = await locateWorktree(repository, root).catch(() => undefined);
+  if (!loc) return;
+  const own = sandboxGitDir(repository, loc.worktree);
+  const ownRecords = await fs.readdir(path.join(own, 'worktrees')).catch(() => [] as string[]);
+  await clearStaleGitLocks({
+    top: [loc.adminDir, own, ...ownRecords.map((id) => path.join(own, 'worktrees', id))],
+    tree: [path.join(own, 'refs'), path.join(loc.commonDir, 'refs', 'heads', BRANCH_PREFIX, group)],
+  });
+}
+
+/**
  * Git in the merger worktree, addressed through the repository's record of it (never its own
  * `.git` file, which post-merge gates could rewrite), with the hardened options of every call.
  */
@@ -237,6 +269,8 @@ async function mergerGit(mergerPath: string) {
   const parsed = parseSandboxRoot(path.resolve(mergerPath));
   if (!parsed) throw failure('sandbox_failure', `${mergerPath} is not a Slipway merger worktree`);
   const loc = await locateWorktree(parsed.repository, mergerPath);
+  // A worker killed mid-merge leaves git's locks behind; without this every retry fails.
+  await clearStaleGitLocks({ top: [loc.adminDir], tree: [path.join(loc.commonDir, 'refs', 'heads', BRANCH_PREFIX, parsed.group)] });
   const pre = trustedWorktreeArgs(loc);
   const identity = await commitIdentityVariables(parsed.repository);
   const files: string[] = [];
