@@ -234,3 +234,35 @@ export async function listWorktrees(repository: string): Promise<WorktreeEntry[]
   if (current?.path) entries.push({ prunable: false, head: '', ...current } as WorktreeEntry);
   return entries;
 }
+
+/**
+ * Where Slipway puts the branches it removes (the janitor's sweep, `slipway worktree discard`):
+ * `refs/slipway-trash/<branch>/<ms since epoch>`. Their commits stay reachable, so a removal is
+ * undone with `git branch <name> <trash ref>`; the janitor expires them after a while.
+ */
+export const TRASH_REF_PREFIX = 'refs/slipway-trash';
+
+/** Moves `branch` (expected at `commit`) to the trash. Returns the trash ref. */
+export async function trashBranch(repository: string, branch: string, commit: string, now = Date.now()): Promise<string> {
+  const ref = `${TRASH_REF_PREFIX}/${branch}/${now}`;
+  await rawGit(repository, ['update-ref', '-m', `slipway: trash ${branch}`, ref, commit, '']);
+  // Deleted only if still at `commit`: a branch that moved meanwhile is left alone.
+  await rawGit(repository, ['update-ref', '-m', 'slipway: moved to trash', '-d', `refs/heads/${branch}`, commit]).catch(async (e) => {
+    await rawGit(repository, ['update-ref', '-d', ref]).catch(() => undefined);
+    throw e;
+  });
+  return ref;
+}
+
+/** Trash refs older than `olderThanMs`, removed. Returns the refs removed. */
+export async function expireTrash(repository: string, olderThanMs: number, now = Date.now()): Promise<string[]> {
+  const refs = (await rawGit(repository, ['for-each-ref', '--format=%(refname)', `${TRASH_REF_PREFIX}/`])).split('\n').filter(Boolean);
+  const removed: string[] = [];
+  for (const ref of refs) {
+    const at = Number(ref.slice(ref.lastIndexOf('/') + 1));
+    if (!Number.isFinite(at) || now - at < olderThanMs) continue;
+    await rawGit(repository, ['update-ref', '-d', ref]);
+    removed.push(ref);
+  }
+  return removed;
+}

@@ -19,12 +19,15 @@ import { promises as fs, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
 import type { SandboxProvider } from './sandbox/provider';
+import type { TemporalHome } from './sandbox/registry';
 
 /** Characters of command output kept in workflow history per gate or agent run. */
 export const OUTPUT_TAIL_CHARS = 6_000;
 
 export interface ActivityDeps {
   sandboxes: SandboxProvider;
+  /** The Temporal cluster and namespace this worker serves, recorded for the janitor (activities/sandbox/registry.ts). */
+  temporalHome?: () => Promise<TemporalHome>;
 }
 
 export function defaultActivityDeps(): ActivityDeps {
@@ -62,7 +65,8 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
         throw failure('configuration_error', `base branch "${input.baseBranch}" does not exist in ${input.repository}`);
       });
       const branch = integrationBranch(input.objectiveId);
-      const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit, branch, sandbox: input.sandbox });
+      const temporal = await deps.temporalHome?.().catch(() => undefined);
+      const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit, branch, sandbox: input.sandbox, temporal });
       return { baseCommit, integrationBranch: branch, mergerPath: merger.root, integrationTip: merger.headCommit };
     },
 

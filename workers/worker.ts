@@ -8,7 +8,7 @@ import type { DataConverter } from '@temporalio/common';
 import { NativeConnection, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import { agentTaskQueue } from '../core/ids';
 import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
-import { createJanitorActivities } from '../activities/sandbox/janitor';
+import { createJanitorActivities, temporalHomeOf } from '../activities/sandbox/janitor';
 import { slipwayDataConverter } from './payload-codec';
 
 export const WORKFLOWS_PATH = path.join(__dirname, '..', 'workflows', 'index.ts');
@@ -47,9 +47,13 @@ const quietBundlerLogger = {
 };
 
 export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<SlipwayWorkers> {
-  const deps = opts.deps ?? defaultActivityDeps();
-  const shutdownGraceTime = opts.shutdownGraceMs ?? 10_000;
   const dataConverter = opts.dataConverter ?? slipwayDataConverter();
+  // The janitor asks Temporal whether objectives still run, through a client on this connection;
+  // objectives are registered with this cluster and namespace, so a janitor sweeps only its own.
+  const client = new Client({ connection: opts.connection, namespace: opts.namespace ?? 'default', dataConverter });
+  const home = temporalHomeOf(client);
+  const deps = { temporalHome: home, ...(opts.deps ?? defaultActivityDeps()) };
+  const shutdownGraceTime = opts.shutdownGraceMs ?? 10_000;
   const main = await Worker.create({
     connection: opts.connection,
     namespace: opts.namespace ?? 'default',
@@ -58,8 +62,7 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
     dataConverter,
     activities: {
       ...createActivities(deps),
-      // The janitor asks Temporal whether objectives still run, through a client on this connection.
-      ...createJanitorActivities({ client: new Client({ connection: opts.connection, namespace: opts.namespace ?? 'default', dataConverter }) }),
+      ...createJanitorActivities({ client, temporalHome: home }),
     },
     maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 4,
     maxConcurrentWorkflowTaskExecutions: 4,

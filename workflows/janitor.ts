@@ -30,7 +30,7 @@ export async function janitorWorkflow(input: JanitorInput = {}): Promise<Janitor
   const report: JanitorReport = { repositories: [], removedWorktrees: 0, removedBranches: 0, keptBranches: 0, errors: [] };
   for (const repository of repositories) {
     try {
-      const sweep = await acts.janitorSweepRepository({ repository, keepUnmergedForMs: input.keepUnmergedForMs, registry: input.registry });
+      const sweep = await acts.janitorSweepRepository({ repository, keepUnmergedForMs: input.keepUnmergedForMs, registry: input.registry, keepTrashForMs: input.keepTrashForMs });
       report.repositories.push(sweep);
       for (const o of sweep.objectives) {
         report.removedWorktrees += o.removedWorktrees.length;

@@ -5,18 +5,20 @@
  * runs), and tidy the warm pool, old templates and the trash.
  *
  * Never removed: anything of an objective that is still running (or whose state Temporal cannot
- * tell); an ended objective's integration branch (its result); an ended objective's stream
- * branch holding commits its integration branch lacks, until `keepUnmergedForMs` after the end.
+ * tell, or that runs on another Temporal cluster or namespace); an ended objective's integration
+ * branch (its result); an ended objective's stream branch holding commits its integration branch
+ * lacks, until `keepUnmergedForMs` after the end (after registration, when Temporal no longer
+ * knows the objective). Removed branches go to the trash refs, not away.
  */
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Context } from '@temporalio/activity';
 import { WorkflowNotFoundError, type Client } from '@temporalio/client';
 import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId, SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
-import { gitMaybe, isAncestor, listWorktrees, rawGit } from '../git';
+import { expireTrash, gitMaybe, isAncestor, listWorktrees, rawGit, trashBranch } from '../git';
 import { LocalSandboxProvider } from './local';
 import { sweepPool, type PoolSweepResult } from './pool';
-import { forgetObjective, forgetRepository, readRegistry, registryPath, type RegistryObjective } from './registry';
+import { forgetObjective, forgetRepository, readRegistry, registryPath, type RegistryObjective, type TemporalHome } from './registry';
 import { removeOldTemplates } from './template';
 
 export const JANITOR_SCHEDULE_ID = 'slipway-janitor';
@@ -24,6 +26,8 @@ export const JANITOR_WORKFLOW_ID = 'slipway-janitor';
 export const JANITOR_INTERVAL_MS = 5 * 60_000;
 /** Default: unmerged stream branches of an ended objective stay a day, for `slipway worktree review|merge`. */
 export const DEFAULT_KEEP_UNMERGED_MS = 24 * 3600_000;
+/** Branches the janitor removed stay in the trash refs this long (activities/git.ts `trashBranch`). */
+export const DEFAULT_KEEP_TRASH_MS = 14 * 24 * 3600_000;
 /** Warm-pool entries nobody claimed for this long are removed (their base has most likely moved on). */
 export const POOL_ENTRY_MAX_AGE_MS = 7 * 24 * 3600_000;
 /** Branch folders under `slipway/` the sandbox service uses; an objective of that name is never swept. */
@@ -36,6 +40,8 @@ export interface JanitorInput {
   keepUnmergedForMs?: number;
   /** The registry file (default `$SLIPWAY_HOME/repositories.json`). */
   registry?: string;
+  /** How long removed branches stay in the trash refs (default 14 days). */
+  keepTrashForMs?: number;
 }
 
 export type ObjectiveLiveness =
@@ -59,13 +65,35 @@ export interface RepositorySweep {
   pool?: PoolSweepResult;
   templatesRemoved: string[];
   trashRemoved: number;
+  /** Trash refs (removed branches) past their keep time, deleted. */
+  trashRefsExpired?: number;
   errors: string[];
 }
 
 export interface JanitorActivityDeps {
   client: Client;
+  /** This janitor's Temporal cluster and namespace (default: asked of `client`). */
+  temporalHome?: () => Promise<TemporalHome>;
   /** Provider used to remove worktrees (default: an unconfined local provider). */
   sandboxes?: LocalSandboxProvider;
+}
+
+/**
+ * The cluster (its id, which survives restarts of a server on the same store) and namespace a
+ * client talks to; asked once, again after a failure.
+ */
+export function temporalHomeOf(client: Client): () => Promise<TemporalHome> {
+  let home: Promise<TemporalHome> | undefined;
+  return () => {
+    home ??= client.workflowService.getClusterInfo({}).then((info) => {
+      if (!info.clusterId) throw new Error('the Temporal server reported no cluster id');
+      return { cluster: info.clusterId, namespace: client.options.namespace };
+    });
+    home.catch(() => {
+      home = undefined;
+    });
+    return home;
+  };
 }
 
 /** Asks Temporal whether `objective:<id>` still runs. */
@@ -96,6 +124,7 @@ async function sweepObjective(
   id: string,
   entry: RegistryObjective,
   client: Client,
+  mine: TemporalHome | undefined,
   sandboxes: LocalSandboxProvider,
   keepUnmergedForMs: number,
   registry: string,
@@ -106,15 +135,32 @@ async function sweepObjective(
     result.liveness = { state: 'unknown', reason: `"${id}" names the sandbox service's branches; not swept` };
     return result;
   }
+  if (entry.temporal && !mine) {
+    result.liveness = { state: 'unknown', reason: "could not ask Temporal which cluster this janitor serves" };
+    return result;
+  }
+  if (entry.temporal && mine && (entry.temporal.cluster !== mine.cluster || entry.temporal.namespace !== mine.namespace)) {
+    // Another server's (or namespace's) objective: this janitor cannot tell whether it runs.
+    result.liveness = { state: 'unknown', reason: `runs on Temporal cluster ${entry.temporal.cluster}, namespace ${entry.temporal.namespace}; not this janitor's` };
+    return result;
+  }
   // Asked right before anything is removed, so a just-started objective is never swept.
   result.liveness = await objectiveLiveness(client, id);
   if (result.liveness.state !== 'ended') return result;
-  if (result.liveness.status === 'not_found' && entry.addedAt && Date.now() - Date.parse(entry.addedAt) < 60_000) {
-    // Registered a moment ago: its workflow may not be visible yet.
-    result.liveness = { state: 'unknown', reason: 'registered less than a minute ago and not found yet' };
-    return result;
+  if (result.liveness.status === 'not_found') {
+    if (!entry.temporal) {
+      result.liveness = { state: 'unknown', reason: 'not found here, and registered without its Temporal cluster: it may run on another server' };
+      return result;
+    }
+    if (Date.now() - Date.parse(entry.addedAt) < 60_000) {
+      // Registered a moment ago: its workflow may not be visible yet.
+      result.liveness = { state: 'unknown', reason: 'registered less than a minute ago and not found yet' };
+      return result;
+    }
   }
-  const endedAt = result.liveness.closedAt ? Date.parse(result.liveness.closedAt) : 0;
+  // When Temporal no longer knows when it ended (not found, retention), the grace period counts
+  // from registration, never from the epoch.
+  const endedAt = result.liveness.closedAt ? Date.parse(result.liveness.closedAt) : Date.parse(entry.addedAt);
 
   // 1. Worktrees of the objective (streams, merger), and git's records of any of its branches checked out elsewhere under .slipway.
   const groupDir = path.join(repo, WORKTREES_DIR, id);
@@ -144,8 +190,9 @@ async function sweepObjective(
       result.keptBranches.push({ branch, reason: `holds commits not on ${integration}; kept until ${new Date(endedAt + keepUnmergedForMs).toISOString()}` });
       continue;
     }
-    if ((await gitMaybe(repo, ['branch', '-D', '-q', branch])) !== undefined) result.removedBranches.push(branch);
-    else result.keptBranches.push({ branch, reason: 'git branch -D failed (checked out somewhere?)' });
+    const trashed = await trashBranch(repo, branch, commit).catch((e: Error) => e);
+    if (typeof trashed === 'string') result.removedBranches.push(branch);
+    else result.keptBranches.push({ branch, reason: `could not move it to the trash: ${trashed.message}` });
   }
   if (result.keptBranches.length === 0) {
     await forgetObjective(repo, id, registry);
@@ -156,6 +203,7 @@ async function sweepObjective(
 
 export function createJanitorActivities(deps: JanitorActivityDeps) {
   const sandboxes = deps.sandboxes ?? new LocalSandboxProvider({ copyIgnored: false });
+  const home = deps.temporalHome ?? temporalHomeOf(deps.client);
   return {
     /** The repositories to sweep: the registry's, or the ones asked for. */
     async janitorRepositories(input: JanitorInput): Promise<string[]> {
@@ -165,7 +213,7 @@ export function createJanitorActivities(deps: JanitorActivityDeps) {
     },
 
     /** Sweeps one repository. Idempotent; removes nothing of a running objective. */
-    async janitorSweepRepository(input: { repository: string } & Pick<JanitorInput, 'keepUnmergedForMs' | 'registry'>): Promise<RepositorySweep> {
+    async janitorSweepRepository(input: { repository: string } & Pick<JanitorInput, 'keepUnmergedForMs' | 'registry' | 'keepTrashForMs'>): Promise<RepositorySweep> {
       const repo = input.repository;
       const registryFile = input.registry ?? registryPath();
       const result: RepositorySweep = { repository: repo, missing: false, objectives: [], templatesRemoved: [], trashRemoved: 0, errors: [] };
@@ -184,10 +232,11 @@ export function createJanitorActivities(deps: JanitorActivityDeps) {
       await gitMaybe(repo, ['worktree', 'prune']);
       const registry = await readRegistry(registryFile);
       const objectives = registry.repositories[repo]?.objectives ?? {};
+      const mine = await home().catch(() => undefined);
       for (const [id, entry] of Object.entries(objectives)) {
         heartbeat({ objective: id });
         try {
-          result.objectives.push(await sweepObjective(repo, id, entry, deps.client, sandboxes, input.keepUnmergedForMs ?? DEFAULT_KEEP_UNMERGED_MS, registryFile));
+          result.objectives.push(await sweepObjective(repo, id, entry, deps.client, mine, sandboxes, input.keepUnmergedForMs ?? DEFAULT_KEEP_UNMERGED_MS, registryFile));
         } catch (e) {
           result.errors.push(`${id}: ${(e as Error).message}`);
         }
@@ -205,6 +254,11 @@ export function createJanitorActivities(deps: JanitorActivityDeps) {
         if (!stat || Date.now() - stat.mtimeMs < 10 * 60_000) continue;
         await fs.rm(path.join(trash, name), { recursive: true, force: true });
         result.trashRemoved++;
+      }
+      try {
+        result.trashRefsExpired = (await expireTrash(repo, input.keepTrashForMs ?? DEFAULT_KEEP_TRASH_MS)).length;
+      } catch (e) {
+        result.errors.push(`trash refs: ${(e as Error).message}`);
       }
       await gitMaybe(repo, ['worktree', 'prune']);
       return result;

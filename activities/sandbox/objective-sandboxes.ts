@@ -15,7 +15,7 @@ import { redact, redactorFor } from '../redact';
 import { BubblewrapMissingError } from './bubblewrap';
 import { createFieldsOf } from './options';
 import type { SandboxCreateRequest, SandboxHandle, SandboxProvider } from './provider';
-import { registerObjective } from './registry';
+import { registerObjective, type TemporalHome } from './registry';
 import { SandboxCancelledError, SandboxSetupError } from './setup';
 
 /** Heartbeats (with the latest progress line) while `work` runs; works outside activities too. */
@@ -71,10 +71,10 @@ export async function createStreamSandbox(sandboxes: SandboxProvider, input: San
  */
 export async function createMergerSandbox(
   sandboxes: SandboxProvider,
-  input: { objectiveId: string; repository: string; baseCommit: string; branch: string; sandbox?: SandboxOptions },
+  input: { objectiveId: string; repository: string; baseCommit: string; branch: string; sandbox?: SandboxOptions; temporal?: TemporalHome },
 ): Promise<SandboxHandle> {
   try {
-    await registerObjective(input.repository, input.objectiveId, input.baseCommit);
+    await registerObjective(input.repository, input.objectiveId, input.baseCommit, undefined, input.temporal);
   } catch (e) {
     // The janitor then misses this objective's leftovers; the run itself is fine.
     Context.current().log.warn('could not record the objective in the repository registry', { error: (e as Error).message });

@@ -5,7 +5,11 @@
  *
  *   { "version": 1,
  *     "repositories": { "/abs/repo": { "addedAt": "...",
- *        "objectives": { "<id>": { "baseCommit": "...", "addedAt": "..." } } } } }
+ *        "objectives": { "<id>": { "baseCommit": "...", "addedAt": "...",
+ *                                  "temporal": { "cluster": "<cluster id>", "namespace": "default" } } } } } }
+ *
+ * `temporal` says which Temporal cluster and namespace run the objective: one `$SLIPWAY_HOME` can
+ * serve workers of several servers, and a janitor only sweeps objectives of its own.
  *
  * Writers take `repositories.json.lock` (O_EXCL; a lock older than 30 s is broken) and replace
  * the file by rename, so concurrent workers on one machine never lose an entry.
@@ -16,9 +20,16 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { slipwaySettings } from '../../workers/settings';
 
+/** Where an objective's workflows live: a Temporal cluster (its id) and namespace. */
+export interface TemporalHome {
+  cluster: string;
+  namespace: string;
+}
+
 export interface RegistryObjective {
   baseCommit?: string;
   addedAt: string;
+  temporal?: TemporalHome;
 }
 
 export interface RegistryRepository {
@@ -59,11 +70,17 @@ export async function updateRegistry<T>(change: (registry: Registry) => T, file 
 }
 
 /** Records that `objectiveId` runs in `repository` (idempotent). */
-export async function registerObjective(repository: string, objectiveId: string, baseCommit?: string, file = registryPath()): Promise<void> {
+export async function registerObjective(
+  repository: string,
+  objectiveId: string,
+  baseCommit?: string,
+  file = registryPath(),
+  temporal?: TemporalHome,
+): Promise<void> {
   await updateRegistry((registry) => {
     const now = new Date().toISOString();
     const repo = (registry.repositories[repository] ??= { addedAt: now, objectives: {} });
-    repo.objectives[objectiveId] ??= { addedAt: now, ...(baseCommit ? { baseCommit } : {}) };
+    repo.objectives[objectiveId] ??= { addedAt: now, ...(baseCommit ? { baseCommit } : {}), ...(temporal ? { temporal } : {}) };
   }, file);
 }
 

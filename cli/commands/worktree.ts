@@ -14,7 +14,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId } from '../../core/ids';
-import { currentBranch, git, gitMaybe, gitWithIdentity, listWorktrees, rawGit, repositoryRoot, resolveCommit } from '../../activities/git';
+import { currentBranch, git, gitMaybe, gitWithIdentity, listWorktrees, rawGit, repositoryRoot, resolveCommit, trashBranch } from '../../activities/git';
 import { locateWorktree, trustedWorktreeArgs } from '../../activities/sandbox/sandbox-git';
 import { LocalSandboxProvider, localSandboxRoot, readSandboxRecord, sandboxRecordPath } from '../../activities/sandbox/local';
 import { readRegistry } from '../../activities/sandbox/registry';
@@ -250,16 +250,21 @@ export async function worktreeDiscardCommand(stream: string, opts: { repo?: stri
   if (!opts.force) {
     const running = await objectiveRunning(s.objective);
     if (running) throw new CliError(`objective ${s.objective} is still running; discarding ${s.branch} would pull the sandbox from under it (use --force to do it anyway)`);
-    if (running === undefined) process.stderr.write(`note: could not ask Temporal whether ${s.objective} still runs; discarding anyway\n`);
+    if (running === undefined) {
+      throw new CliError(`could not ask Temporal whether objective ${s.objective} still runs; if you know it has ended (or its server is gone), use --force`);
+    }
   }
   const base = await baseOf(repo, s);
   const lost = await ahead(repo, base, s.head);
   const provider = new LocalSandboxProvider({ copyIgnored: false });
   const root = s.worktree ?? localSandboxRoot(repo, s.objective, s.stream);
   if (s.worktree || (await fs.lstat(root).then(() => true, () => false))) await provider.destroy({ repository: repo, root });
-  await git(repo, ['branch', '-D', '-q', s.branch]);
+  const trash = await trashBranch(repo, s.branch, s.head);
   await fs.rm(sandboxRecordPath(repo, s.objective, s.stream), { force: true });
-  process.stdout.write(`discarded ${s.branch} (${lost} commit${lost === 1 ? '' : 's'} past its base, last ${s.head.slice(0, 10)})${s.worktree ? ` and its worktree ${s.worktree}` : ''}\n`);
+  process.stdout.write(
+    `discarded ${s.branch} (${lost} commit${lost === 1 ? '' : 's'} past its base, last ${s.head.slice(0, 10)})${s.worktree ? ` and its worktree ${s.worktree}` : ''}; ` +
+      `undo with: git branch ${s.branch} ${trash}\n`,
+  );
   return EXIT.ok;
 }
 

@@ -6,7 +6,8 @@
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { readRegistry, registryPath } from '../../activities/sandbox/registry';
+import { readRegistry, registerObjective, registryPath, updateRegistry } from '../../activities/sandbox/registry';
+import { temporalHomeOf } from '../../activities/sandbox/janitor';
 import { loadObjectiveFile } from '../../config/objective-file';
 import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../../core/ids';
 import { janitorScheduleId } from '../../cli/commands/schedules';
@@ -122,6 +123,58 @@ describe('janitor', () => {
     expect(branches(repo, 'live-obj')).toEqual(['slipway/live-obj/integration']);
     expect(worktrees(repo)).toEqual([repo]);
     expect(pictureCheckout(repo)).toEqual(before);
+  });
+
+  it("sweeps only its own cluster's objectives; a vanished one keeps unmerged work for the grace period from registration; removals go to the trash", async () => {
+    const repo = makeDemoRepo();
+    const unmerged = (id: string) => {
+      gitIn(repo, 'branch', `slipway/${id}/s1`, 'main');
+      const tree = gitIn(repo, 'rev-parse', 'main^{tree}');
+      const commit = gitIn(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit-tree', tree, '-p', 'main', '-m', `${id} work`);
+      gitIn(repo, 'update-ref', `refs/heads/slipway/${id}/s1`, commit);
+      return commit;
+    };
+    const mine = await temporalHomeOf(worker.client)();
+    expect(mine.cluster).not.toBe('');
+    const twoHoursAgo = new Date(Date.now() - 2 * 3600_000).toISOString();
+    const commits = { gone: unmerged('gone-obj'), foreign: unmerged('foreign-obj'), legacy: unmerged('legacy-obj') };
+    // Registered two hours ago; none of them has a workflow on this server.
+    await registerObjective(repo, 'gone-obj', undefined, registryPath(), mine);
+    await registerObjective(repo, 'foreign-obj', undefined, registryPath(), { cluster: 'another-cluster', namespace: mine.namespace });
+    await registerObjective(repo, 'legacy-obj', undefined, registryPath());
+    await updateRegistry((r) => {
+      for (const o of Object.values(r.repositories[repo].objectives)) o.addedAt = twoHoursAgo;
+    });
+
+    // Default grace (a day): the vanished objective's unmerged work stays (counted from its registration, not from 1970).
+    const first = await sweep(repo);
+    const byId = Object.fromEntries(first.repositories[0].objectives.map((o) => [o.id, o]));
+    expect(byId['gone-obj'].liveness).toMatchObject({ state: 'ended', status: 'not_found' });
+    expect(byId['gone-obj'].removedBranches).toEqual([]);
+    expect(byId['gone-obj'].keptBranches.map((k) => k.branch)).toEqual(['slipway/gone-obj/s1']);
+    expect(byId['foreign-obj'].liveness).toMatchObject({ state: 'unknown', reason: expect.stringContaining('another-cluster') });
+    expect(byId['legacy-obj'].liveness).toMatchObject({ state: 'unknown', reason: expect.stringContaining('without its Temporal cluster') });
+
+    // A grace of one hour has passed since registration: the work goes, into the trash refs.
+    const second = await sweep(repo, 3600_000);
+    const gone = second.repositories[0].objectives.find((o) => o.id === 'gone-obj')!;
+    expect(gone.removedBranches).toEqual(['slipway/gone-obj/s1']);
+    expect(branches(repo, 'gone-obj')).toEqual([]);
+    const trash = gitIn(repo, 'for-each-ref', '--format=%(refname) %(objectname)', 'refs/slipway-trash/').split('\n').filter(Boolean);
+    expect(trash).toHaveLength(1);
+    expect(trash[0]).toMatch(new RegExp(`^refs/slipway-trash/slipway/gone-obj/s1/\\d+ ${commits.gone}$`));
+    // Other servers' objectives and unkeyed ones are never swept, whatever the grace.
+    expect(gitIn(repo, 'rev-parse', 'slipway/foreign-obj/s1')).toBe(commits.foreign);
+    expect(gitIn(repo, 'rev-parse', 'slipway/legacy-obj/s1')).toBe(commits.legacy);
+
+    // Trash refs expire after their keep time.
+    const third = await worker.client.workflow.execute(janitorWorkflow, {
+      taskQueue: worker.taskQueue,
+      workflowId: `janitor-test-${Date.now()}`,
+      args: [{ repositories: [repo], keepTrashForMs: 0 }],
+    });
+    expect(third.repositories[0].trashRefsExpired).toBe(1);
+    expect(gitIn(repo, 'for-each-ref', 'refs/slipway-trash/')).toBe('');
   });
 
   it('`slipway schedules install` installs the janitor schedule once (idempotent), and its runs sweep', async () => {

@@ -164,11 +164,25 @@ describe('slipway worktree', () => {
     const ambiguous = await slipway(['worktree', 'discard', 'feat'], env(), repo);
     expect(ambiguous.code).toBe(2);
     expect(ambiguous.stderr).toContain('pick one with --objective');
-    const d = await slipway(['worktree', 'discard', 'feat', '--objective', 'obj3'], env(), repo);
+    // Temporal cannot be reached here: whether obj3 still runs is unknown, so only --force discards.
+    const unsure = await slipway(['worktree', 'discard', 'feat', '--objective', 'obj3'], env(), repo);
+    expect(unsure.code).toBe(2);
+    expect(unsure.stderr).toContain('could not ask Temporal whether objective obj3 still runs');
+    expect(unsure.stderr).toContain('--force');
+    expect(await exists(again.root)).toBe(true);
+    const head = gitIn(repo, 'rev-parse', 'slipway/obj3/feat');
+    const d = await slipway(['worktree', 'discard', 'feat', '--objective', 'obj3', '--force'], env(), repo);
     expect(d.code, d.stderr).toBe(0);
     expect(d.stdout).toContain('discarded slipway/obj3/feat (1 commit past its base');
     expect(await exists(again.root)).toBe(false);
     expect(gitIn(repo, 'branch', '--list', 'slipway/obj3/feat')).toBe('');
+    // The branch went to the trash refs, and the printed command brings it back.
+    const undo = /undo with: (git branch \S+ (\S+))/.exec(d.stdout);
+    expect(undo?.[2]).toMatch(/^refs\/slipway-trash\/slipway\/obj3\/feat\/\d+$/);
+    expect(gitIn(repo, 'rev-parse', undo![2])).toBe(head);
+    gitIn(repo, 'branch', 'slipway/obj3/feat', undo![2]);
+    expect(gitIn(repo, 'rev-parse', 'slipway/obj3/feat')).toBe(head);
+    gitIn(repo, 'branch', '-D', 'slipway/obj3/feat');
     expect(gitIn(repo, 'branch', '--list', 'slipway/obj1/feat')).not.toBe('');
     expect(await exists(feat.root)).toBe(true);
   });
