@@ -13,8 +13,9 @@ import { clearStaleGitLocks } from './git-locks';
 import { heartbeating, withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redactorFor } from './redact';
-import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, SLIPWAY_GIT_ENV } from './sandbox/local';
-import { discardSandboxGit, locateWorktree, sandboxGitDir, trustedWorktreeArgs } from './sandbox/sandbox-git';
+import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, sandboxRecordPath, SLIPWAY_GIT_ENV } from './sandbox/local';
+import { writeJsonAtomic } from './atomic-write';
+import { discardSandboxGit, locateWorktree, OBJECT_ID, sandboxGitDir, trustedWorktreeArgs } from './sandbox/sandbox-git';
 import { promises as fs, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
@@ -194,8 +195,16 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       const onto = await resolveCommit(parsed.repository, input.onto);
       const run = sandboxGit(sandboxes, input.path);
       const head = await run(['rev-parse', 'HEAD']);
-      const base = (await run(['merge-base', onto, head]).catch(() => undefined)) ?? onto;
-      const previousDiff = (await redactorFor(parsed.repository))(tail(await run(['diff', '--stat', '--patch', base, head]), OUTPUT_TAIL_CHARS));
+      // A retry after the reset already happened (the worker died before reporting it) must
+      // return the same previous change, not the empty diff of `onto` against itself: the head
+      // before the reset is recorded outside the sandbox first.
+      const record = `${sandboxRecordPath(parsed.repository, parsed.group, parsed.name)}.rebuild`;
+      const saved = (await readJson(record)) as { onto?: string; previous?: string } | undefined;
+      let previous = head;
+      if (saved?.onto === onto && head === onto && saved.previous && OBJECT_ID.test(saved.previous)) previous = saved.previous;
+      else await writeJsonAtomic(record, { onto, previous: head }, { mkdir: true });
+      const base = (await run(['merge-base', onto, previous]).catch(() => undefined)) ?? onto;
+      const previousDiff = (await redactorFor(parsed.repository))(tail(await run(['diff', '--stat', '--patch', base, previous]), OUTPUT_TAIL_CHARS));
       await run(['merge', '--abort']).catch(() => undefined);
       await run(['reset', '--hard', '-q', onto]);
       await run(['clean', '-fdq']);
@@ -249,6 +258,8 @@ function sandboxGit(sandboxes: SandboxProvider, root: string) {
     return r.stdout.trim();
   };
 }
+
+const readJson = (file: string): Promise<unknown> => fs.readFile(file, 'utf8').then((t) => JSON.parse(t) as unknown, () => undefined);
 
 /**
  * Stale git locks of a sandbox (a worker killed while Slipway's git or an agent's git ran in it):
