@@ -10,6 +10,8 @@ import { createAgentActivities as createAgentRunActivities } from './agents/run-
 import { failure } from './failures';
 import { branchExists, commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS, rawGit, resolveCommit } from './git';
 import { clearStaleGitLocks } from './git-locks';
+import { claimObjectiveId } from './objective-id';
+import { Context } from '@temporalio/activity';
 import { heartbeating, withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redactorFor } from './redact';
@@ -64,6 +66,10 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions }) {
       const baseCommit = await resolveCommit(input.repository, input.baseBranch).catch(() => {
         throw failure('configuration_error', `base branch "${input.baseBranch}" does not exist in ${input.repository}`);
+      });
+      // The id names branches in the user's repository: claimed by this run, never reused silently.
+      await claimObjectiveId(input.repository, input.objectiveId, objectiveClaimOwner()).catch((e: Error) => {
+        throw failure('configuration_error', e.message);
       });
       const branch = integrationBranch(input.objectiveId);
       const temporal = await deps.temporalHome?.().catch(() => undefined);
@@ -257,6 +263,17 @@ function sandboxGit(sandboxes: SandboxProvider, root: string) {
     if (r.exitCode !== 0) throw failure('sandbox_failure', `git ${args[0]} in the sandbox failed (exit ${r.exitCode}): ${tail(r.stderr.trim(), 2000)}`);
     return r.stdout.trim();
   };
+}
+
+/** The workflow run preparing an objective (outside an activity: this process). */
+function objectiveClaimOwner(): string {
+  let execution: { workflowId: string; runId: string } | undefined;
+  try {
+    execution = Context.current().info.workflowExecution;
+  } catch {
+    /* not in an activity */
+  }
+  return execution ? `${execution.workflowId} ${execution.runId}` : `process ${process.pid}`;
 }
 
 const readJson = (file: string): Promise<unknown> => fs.readFile(file, 'utf8').then((t) => JSON.parse(t) as unknown, () => undefined);

@@ -5,6 +5,7 @@ import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamVi
 import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
 import { objectiveWorkflow } from '../../workflows/objective';
+import { objectiveIdInUse } from '../../activities/objective-id';
 import { CliError, EXIT } from '../exit-codes';
 import { followObjective } from '../follow';
 import { hasWorkflowPollers, openRuntime } from '../runtime';
@@ -25,6 +26,9 @@ export async function runCommand(file: string, opts: RunOptions): Promise<number
     if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
     throw e;
   }
+  // Checked before anything starts; prepareObjective claims the id atomically when it runs.
+  const inUse = await objectiveIdInUse(input.repository, input.id);
+  if (inUse) throw new CliError(inUse, EXIT.badInput);
   // Progress goes to stderr so `--json` leaves stdout to the one result document.
   const log = (line: string) => process.stderr.write(`${line}\n`);
   const runtime = await openRuntime({ startIfMissing: true, log });

@@ -1,0 +1,55 @@
+/**
+ * An objective id names branches in the user's repository: a run claims it there, and an id used
+ * before (branches or a claim left by an earlier run, on this server or another) is refused
+ * instead of silently building on the old branches.
+ */
+import { existsSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { stringify } from 'yaml';
+import { claimObjectiveId, objectiveIdInUse } from '../activities/objective-id';
+import { freePort } from '../workers/dev-server';
+import { slipway } from './helpers/cli';
+import { gitIn, tempDir } from './helpers/repo';
+
+function makeRepo(): string {
+  const repo = tempDir('slipway-id-repo-');
+  gitIn(repo, 'init', '-q', '-b', 'main');
+  writeFileSync(path.join(repo, 'README.md'), '# r\n');
+  gitIn(repo, 'add', '.');
+  gitIn(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'init');
+  return repo;
+}
+
+describe('objective id claims', () => {
+  it('claims once per run: the same run again is fine, another run or leftover branches are refused', async () => {
+    const repo = makeRepo();
+    expect(await objectiveIdInUse(repo, 'one')).toBeUndefined();
+    await claimObjectiveId(repo, 'one', 'objective:one run-a');
+    await claimObjectiveId(repo, 'one', 'objective:one run-a'); // a retried activity
+    await expect(claimObjectiveId(repo, 'one', 'objective:one run-b')).rejects.toThrow(/objective id "one" was used before .*refs\/slipway-objectives\/one/);
+    expect(await objectiveIdInUse(repo, 'one')).toMatch(/claimed by an earlier run/);
+
+    // Branches of an earlier run without a claim (an older Slipway, another tool) count too.
+    gitIn(repo, 'branch', 'slipway/two/integration', 'main');
+    await expect(claimObjectiveId(repo, 'two', 'objective:two run-a')).rejects.toThrow(/branches slipway\/two\/integration/);
+    // Ids that only share a prefix are different ids.
+    await claimObjectiveId(repo, 't', 'objective:t run-a');
+  });
+
+  it('`slipway run --id` with an id used before: exit 2, says what is in the way, nothing started', async () => {
+    const repo = makeRepo();
+    gitIn(repo, 'branch', 'slipway/again/integration', 'main');
+    gitIn(repo, 'branch', 'slipway/again/a', 'main');
+    const file = path.join(tempDir('slipway-id-'), 'objective.yaml');
+    writeFileSync(file, stringify({ objective: 'x', repository: repo, agents: { builder: { provider: 'script', command: 'true' } }, streams: [{ id: 'a', task: 'do a' }] }));
+    const home = tempDir('slipway-home-');
+    const run = await slipway(['run', file, '--id', 'again'], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()) });
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain('objective id "again" was used before');
+    expect(run.stderr).toContain('slipway/again/a, slipway/again/integration');
+    expect(run.stderr).toContain('--id');
+    expect(existsSync(path.join(home, 'temporal.sqlite'))).toBe(false);
+    expect(existsSync(path.join(repo, '.slipway', 'worktrees'))).toBe(false);
+  });
+});
