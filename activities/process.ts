@@ -3,7 +3,7 @@
  * and kills the whole group on timeout or cancellation (agents and gates spawn children).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { realpathSync } from 'node:fs';
+import { readdirSync, readFileSync, realpathSync } from 'node:fs';
 import path from 'node:path';
 
 export interface RunOptions {
@@ -21,6 +21,11 @@ export interface RunOptions {
   stdin?: string;
   timeoutMs?: number;
   signal?: AbortSignal;
+  /**
+   * On timeout or cancellation: SIGTERM to every process of the run first, SIGKILL to what is left
+   * after this many ms (agents save their session and exit cleanly). Default 0: SIGKILL at once.
+   */
+  killGraceMs?: number;
   onLine?: (stream: 'stdout' | 'stderr', line: string) => void;
   /** Bytes of stdout/stderr kept (the tail). */
   maxCaptureBytes?: number;
@@ -125,6 +130,66 @@ export function killProcessGroup(pid: number | undefined, signal: NodeJS.Signals
 }
 
 /**
+ * Wrappers Slipway puts around a command (bubblewrap, and `setpriv`/`unshare` for unconfined
+ * ones). They do not forward signals, and their death SIGKILLs what runs inside them.
+ */
+const WRAPPERS = new Set(['bwrap', 'setpriv', 'unshare']);
+
+/**
+ * Asks a run to stop: SIGTERM to every descendant of `pid` that is not a wrapper, found through
+ * /proc (a process-group signal cannot do it: a confined command runs in its own session inside
+ * bubblewrap, and a signal to a wrapper would kill the command at once instead).
+ */
+export function terminateTree(pid: number | undefined): void {
+  if (!pid) return;
+  const children = new Map<number, Array<{ pid: number; comm: string }>>();
+  let entries: string[] = [];
+  try {
+    entries = readdirSync('/proc');
+  } catch {
+    return; // no /proc: the SIGKILL after the grace period is all there is
+  }
+  for (const entry of entries) {
+    if (!/^\d+$/.test(entry)) continue;
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${entry}/stat`, 'utf8');
+    } catch {
+      continue;
+    }
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses; ppid follows the last ')'.
+    const close = stat.lastIndexOf(')');
+    const comm = stat.slice(stat.indexOf('(') + 1, close);
+    const ppid = Number(stat.slice(close + 2).split(' ')[1]);
+    if (!children.has(ppid)) children.set(ppid, []);
+    children.get(ppid)!.push({ pid: Number(entry), comm });
+  }
+  const queue = [...(children.get(pid) ?? [])];
+  let leaderComm: string | undefined;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    leaderComm = stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'));
+  } catch {
+    /* gone */
+  }
+  if (leaderComm !== undefined && !WRAPPERS.has(leaderComm)) queue.unshift({ pid, comm: leaderComm });
+  const seen = new Set<number>();
+  while (queue.length > 0) {
+    const p = queue.shift()!;
+    if (seen.has(p.pid)) continue;
+    seen.add(p.pid);
+    if (!WRAPPERS.has(p.comm)) {
+      try {
+        process.kill(p.pid, 'SIGTERM');
+      } catch {
+        /* gone */
+      }
+    }
+    if (p.pid !== pid) queue.push(...(children.get(p.pid) ?? []));
+  }
+}
+
+/**
  * Variables that describe where the *worker* was started, not where the child runs. Tools trust
  * them over their real cwd (OpenCode takes its working directory from `$PWD`; npm scripts use
  * `INIT_CWD` and `npm_config_local_prefix`), so an inherited value sends a sandboxed agent's
@@ -193,15 +258,23 @@ export function runProcess(opts: RunOptions): Promise<RunResult> {
     if (opts.stdin !== undefined) child.stdin.end(opts.stdin);
     else child.stdin.end();
 
+    let graceTimer: NodeJS.Timeout | undefined;
+    const stop = () => {
+      if (!opts.killGraceMs) return killProcessGroup(child.pid);
+      if (graceTimer) return;
+      terminateTree(child.pid);
+      graceTimer = setTimeout(() => killProcessGroup(child.pid), opts.killGraceMs);
+      graceTimer.unref();
+    };
     const timer = opts.timeoutMs
       ? setTimeout(() => {
           timedOut = true;
-          killProcessGroup(child.pid);
+          stop();
         }, opts.timeoutMs)
       : undefined;
     const onAbort = () => {
       cancelled = true;
-      killProcessGroup(child.pid);
+      stop();
     };
     opts.signal?.addEventListener('abort', onAbort, { once: true });
 
@@ -231,6 +304,7 @@ export function runProcess(opts: RunOptions): Promise<RunResult> {
     });
     child.on('close', (code, signal) => {
       if (timer) clearTimeout(timer);
+      if (graceTimer) clearTimeout(graceTimer);
       opts.signal?.removeEventListener('abort', onAbort);
       outLines?.end();
       errLines?.end();

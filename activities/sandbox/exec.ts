@@ -60,7 +60,7 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
 let execCount = 0;
 
 function commonOptions(req: ExecRequest) {
-  return { stdin: req.stdin, timeoutMs: req.timeoutMs, signal: req.signal, onLine: req.onLine, maxCaptureBytes: req.maxCaptureBytes };
+  return { stdin: req.stdin, timeoutMs: req.timeoutMs, signal: req.signal, killGraceMs: req.killGraceMs, onLine: req.onLine, maxCaptureBytes: req.maxCaptureBytes };
 }
 
 /**

@@ -94,6 +94,8 @@ export interface ExecRequest {
   stdin?: string;
   timeoutMs?: number;
   signal?: AbortSignal;
+  /** On timeout or cancellation, SIGTERM first and SIGKILL after this many ms (default: SIGKILL at once). */
+  killGraceMs?: number;
   onLine?: (stream: 'stdout' | 'stderr', line: string) => void;
   maxCaptureBytes?: number;
 }
