@@ -106,6 +106,7 @@ export function registerAccountCommands(program: Command): void {
     .option('--disable', 'turn sandboxes off')
     .description("change an account's limits or feature flag")
     .action(async (id: string, opts) => {
+      if (opts.enable && opts.disable) throw new CliError('--enable and --disable cannot be given together');
       await withLedger(async (db) => {
         await requireAccount(db, id);
         const a = await ledger.updateAccount(db, id, {

@@ -146,6 +146,35 @@ describe('slipway sandbox', () => {
   });
 });
 
+describe('slipway account set --disable', () => {
+  it("ends the account's sandboxes at once (no reaper runs here) and refuses its tokens from the next request", async () => {
+    const a = await h.account({ limit: 2 });
+    await a.profile({ name: 'p' });
+    const ids = [(await a.api.create({ profile: 'p' })).id, (await a.api.create({ profile: 'p' })).id];
+    for (const id of ids) expect((await a.api.get(id, 60)).status).toBe('ready');
+    const other = await h.account();
+    await other.profile({ name: 'p' });
+    const { id: bystander } = await other.api.create({ profile: 'p' });
+    expect((await other.api.get(bystander, 60)).status).toBe('ready');
+
+    const res = await slipway(['account', 'set', a.id, '--disable'], { ...dbEnv, TEMPORAL_ADDRESS: inject('temporalAddress') });
+    expect(res, res.stderr).toMatchObject({ code: 0 });
+    expect(res.stdout).toContain(`ending 2 live sandbox(es) of ${a.id} now`);
+    expect(await codeOf(a.api.list())).toBe('403 sandboxes_disabled');
+    const status = async (id: string) => (await h.database.db.query<{ status: string }>('SELECT status FROM sandboxes WHERE id = $1', [id])).rows[0]!.status;
+    for (const id of ids) {
+      expect(await until(async () => (await status(id)) === 'terminated')).toBe(true);
+      const sessions = await h.sessions(id);
+      expect(sessions.map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'account_disabled']]);
+      expect(sessions[0]!.ended_at).not.toBeNull();
+    }
+    // Another account is untouched.
+    expect((await other.api.get(bystander)).status).toBe('ready');
+    await other.api.destroy(bystander);
+    expect((await slipway(['account', 'set', a.id, '--enable', '--disable'], dbEnv)).code).toBe(2);
+  });
+});
+
 describe('embedded ledger (PGlite)', () => {
   it('needs no server, and refuses a second process while one holds it', async () => {
     const home = tempDir('cli-home');
