@@ -464,10 +464,11 @@ export class SandboxService {
    */
   async openFile(principal: Principal, id: string, file: string): Promise<OpenedFile> {
     checkPath(file);
-    const { row, release } = await this.admit(principal, id);
+    const { row, release, profile } = await this.admit(principal, id);
     let opened: OpenedFile;
     try {
-      opened = await openSandboxFile(row.root!, file, { ...FILES_API, maxBytes: this.fileLimitBytes });
+      // Under bubblewrap a tenant can link only files of its own tree (ADR 0006): its hard links are its own.
+      opened = await openSandboxFile(row.root!, file, { ...FILES_API, maxBytes: this.fileLimitBytes, allowHardLinks: profile.confinement === 'bubblewrap' });
     } catch (e) {
       release();
       throw mapFsError(e, file);
