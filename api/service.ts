@@ -213,6 +213,7 @@ export class SandboxService {
       deadlineAtMs: createdAtMs + deadlineMs,
       capAtMs: createdAtMs + policy.absoluteCapMs,
     });
+    if (!outcome.ok && outcome.reason === 'disabled') throw new ApiError(403, 'sandboxes_disabled', 'sandboxes are not enabled for this account');
     if (!outcome.ok) {
       throw new ApiError(429, 'concurrency_limit', `this account may have ${outcome.limit} live sandbox${outcome.limit === 1 ? '' : 'es'} at once (${outcome.active} now); delete one first`, undefined, 10);
     }

@@ -82,6 +82,13 @@ describe.each(engines)('ledger on %s', (_engine, open) => {
     expect(wide.filter((r) => r.ok)).toHaveLength(3);
   });
 
+  it("inserts no sandbox for a disabled account, even one whose token was checked before the disable", async () => {
+    await createAccount(t.db, { id: 'off-soon', concurrentLimit: 5 });
+    expect((await insertSandboxWithinLimit(t.db, sandbox('off-soon'))).ok).toBe(true);
+    await t.db.query(`UPDATE accounts SET sandboxes_enabled = false WHERE id = 'off-soon'`);
+    expect(await insertSandboxWithinLimit(t.db, sandbox('off-soon'))).toEqual({ ok: false, reason: 'disabled' });
+  });
+
   it('writes each transition once however often it is retried, and keeps sessions append-only', async () => {
     const s = sandbox('wide', { id: newSandboxId() });
     await t.db.query(`UPDATE accounts SET concurrent_limit = 100 WHERE id = 'wide'`);
