@@ -53,7 +53,9 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
             extraPipes: cmd.seccomp ? cmd.seccomp.fd - 2 : 2,
             prepare: async (child) => {
               // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.
-              if (cmd.seccomp) (child.stdio[cmd.seccomp.fd] as Writable).end(cmd.seccomp.program);
+              // A bwrap that died first closes the pipe: its exit is the error reported, not EPIPE here.
+              const pipe = cmd.seccomp ? (child.stdio[cmd.seccomp.fd] as Writable | null) : null;
+              pipe?.on('error', () => undefined).end(cmd.seccomp!.program);
               await cmd.egress?.prepare(child);
             },
           }
