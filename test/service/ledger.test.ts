@@ -3,7 +3,11 @@
  * under parallel creates, idempotent transition writes, the append-only rule and the monthly
  * usage query.
  */
+import { mkdtempSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectLedgerSocket, ledgerSocketPath, serveLedgerSocket } from '../../activities/ledger/socket';
 import { loadMigrations, migrate } from '../../activities/ledger/migrate';
 import {
   authenticate,
@@ -169,5 +173,35 @@ describe.each(engines)('ledger on %s', (_engine, open) => {
       { kind: 'snapshot_storage', platform: 'linux', minutes: 60, sessions: 1 },
     ]);
     expect(await monthlyUsage(t.db, 'billing', '2026-12')).toEqual([{ kind: 'compute', platform: 'linux', minutes: 120, sessions: 1 }]);
+  });
+});
+
+describe('ledger socket', () => {
+  it('refuses a socket path the kernel cannot hold, naming SLIPWAY_HOME, and starts nothing', async () => {
+    const t = await freshPglite();
+    try {
+      const long = path.join(os.tmpdir(), 'x'.repeat(120), 'slipway.sock');
+      await expect(serveLedgerSocket(t.db, long)).rejects.toThrow(/longer than 107 bytes; choose a shorter SLIPWAY_HOME/);
+    } finally {
+      await t.drop();
+    }
+  });
+
+  it('keeps dates, numbers and SQLSTATE codes across the socket, and offers no transactions', async () => {
+    const t = await freshPglite();
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lsock-'));
+    const served = await serveLedgerSocket(t.db, ledgerSocketPath(dir));
+    try {
+      const remote = connectLedgerSocket(ledgerSocketPath(dir));
+      await createAccount(remote, { id: 'via-socket' });
+      const { rows } = await remote.query<{ created_at: Date; concurrent_limit: number }>(`SELECT created_at, concurrent_limit FROM accounts WHERE id = 'via-socket'`);
+      expect(rows[0]!.created_at).toBeInstanceOf(Date);
+      expect(rows[0]!.concurrent_limit).toBe(1);
+      await expect(createAccount(remote, { id: 'via-socket' })).rejects.toMatchObject({ code: '23505' });
+      await expect(remote.transaction(async () => 1)).rejects.toThrow(/not available through the ledger socket/);
+    } finally {
+      await served.close();
+      await t.drop();
+    }
   });
 });
