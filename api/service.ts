@@ -19,7 +19,7 @@ import {
   type ServiceSandboxInput,
 } from '../core/sandbox-service';
 import type { SandboxState } from '../core/states';
-import type { Db } from '../activities/ledger/db';
+import type { Db, Queryable } from '../activities/ledger/db';
 import * as ledger from '../activities/ledger/ledger';
 import { SANDBOX_BASE_ENV, type ProviderFor } from '../activities/service/providers';
 import type { ServiceMetrics } from '../activities/service/metrics';
@@ -37,6 +37,29 @@ import {
 import type { SandboxProvider } from '../activities/sandbox/provider';
 import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../workflows/service-sandbox';
 import type { CreateSandboxBody, ExecBody, SandboxView } from './schemas';
+
+/**
+ * Ends every live sandbox of an account now (`slipway account set --disable`): each sandbox
+ * workflow gets the terminate signal and closes its billing as it ends, the same path as a
+ * DELETE. A sandbox whose workflow is not running is left to the reaper, which closes its books.
+ * Returns the ids signalled.
+ */
+export async function endAccountSandboxes(db: Queryable, client: Client, accountId: string): Promise<string[]> {
+  const { rows } = await db.query<{ id: string }>(
+    `SELECT id FROM sandboxes WHERE account_id = $1 AND status NOT IN ('terminating', 'terminated', 'failed') ORDER BY created_at`,
+    [accountId],
+  );
+  const signalled: string[] = [];
+  for (const { id } of rows) {
+    try {
+      await client.workflow.getHandle(serviceSandboxWorkflowId(id)).signal(terminateSandboxSignal, { reason: 'account_disabled' });
+      signalled.push(id);
+    } catch (e) {
+      if (!(e instanceof WorkflowNotFoundError)) throw e;
+    }
+  }
+  return signalled;
+}
 
 export class ApiError extends Error {
   constructor(
@@ -79,15 +102,11 @@ const FILES_API = { reservedNames: RESERVED_NAMES };
 
 export type Principal = ledger.Principal;
 
-/** How long a successful token lookup is reused (revocations and flag changes lag by this much). */
-export const AUTH_CACHE_MS = 2_000;
-
 const iso = (d: Date | null) => (d ? d.toISOString() : null);
 const LIVE_WAKE_STATES: SandboxState[] = ['suspending', 'suspended', 'restoring'];
 
 export class SandboxService {
   private readonly profiles = new Map<string, ledger.ProfileRow>();
-  private readonly authCache = new Map<string, { principal: Principal; until: number }>();
   private readonly execsRunning = new Map<string, number>();
 
   constructor(private readonly deps: SandboxServiceDeps) {}
@@ -98,22 +117,9 @@ export class SandboxService {
 
   async authenticate(token: string | undefined): Promise<Principal> {
     if (!token) throw new ApiError(401, 'unauthorized', 'missing bearer token (Authorization: Bearer <token>)');
-    // A tight exec loop authenticates on every call: successful lookups are kept briefly
-    // (keyed by the token's hash, never the token), so a revocation takes effect within AUTH_CACHE_MS.
-    const key = ledger.hashToken(token);
-    const cached = this.authCache.get(key);
-    let principal: Principal | undefined;
-    if (cached && cached.until > Date.now()) {
-      principal = cached.principal;
-    } else {
-      principal = await ledger.authenticate(this.deps.db, token);
-      if (principal) {
-        if (this.authCache.size >= 10_000) this.authCache.clear();
-        this.authCache.set(key, { principal, until: Date.now() + AUTH_CACHE_MS });
-      } else {
-        this.authCache.delete(key);
-      }
-    }
+    // Looked up on every request (one indexed statement), never cached: a revoked token or a
+    // disabled account is refused from the next request on, whichever process changed the ledger.
+    const principal = await ledger.authenticate(this.deps.db, token);
     if (!principal) throw new ApiError(401, 'unauthorized', 'invalid, expired or revoked token');
     if (!principal.sandboxesEnabled) throw new ApiError(403, 'sandboxes_disabled', 'sandboxes are not enabled for this account');
     return principal;
@@ -207,6 +213,7 @@ export class SandboxService {
       deadlineAtMs: createdAtMs + deadlineMs,
       capAtMs: createdAtMs + policy.absoluteCapMs,
     });
+    if (!outcome.ok && outcome.reason === 'disabled') throw new ApiError(403, 'sandboxes_disabled', 'sandboxes are not enabled for this account');
     if (!outcome.ok) {
       throw new ApiError(429, 'concurrency_limit', `this account may have ${outcome.limit} live sandbox${outcome.limit === 1 ? '' : 'es'} at once (${outcome.active} now); delete one first`, undefined, 10);
     }
@@ -458,10 +465,11 @@ export class SandboxService {
    */
   async openFile(principal: Principal, id: string, file: string): Promise<OpenedFile> {
     checkPath(file);
-    const { row, release } = await this.admit(principal, id);
+    const { row, release, profile } = await this.admit(principal, id);
     let opened: OpenedFile;
     try {
-      opened = await openSandboxFile(row.root!, file, { ...FILES_API, maxBytes: this.fileLimitBytes });
+      // Under bubblewrap a tenant can link only files of its own tree (ADR 0006): its hard links are its own.
+      opened = await openSandboxFile(row.root!, file, { ...FILES_API, maxBytes: this.fileLimitBytes, allowHardLinks: profile.confinement === 'bubblewrap' });
     } catch (e) {
       release();
       throw mapFsError(e, file);

@@ -3,10 +3,12 @@
  * the embedded default, PGlite (Postgres compiled to WebAssembly, in this process, data in a
  * folder). Both speak the same SQL, so the ledger and its migrations are written once.
  */
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
+import { withFileLock } from '../file-lock';
 import { migrate } from './migrate';
+import { connectLedgerSocket, ledgerSocketPath } from './socket';
 
 export interface QueryResult<T> {
   rows: T[];
@@ -67,40 +69,93 @@ export function openPostgres(url: string, opts: { max?: number } = {}): Db {
 }
 
 export class LedgerInUseError extends Error {
-  constructor(dir: string, pid: number) {
-    super(`the embedded ledger in ${dir} is in use by process ${pid} (\`slipway api\`?); stop it first, or set DATABASE_URL to share a Postgres server`);
+  constructor(
+    readonly dir: string,
+    readonly pid: number,
+    hint = 'stop it first, or set DATABASE_URL to share a Postgres server',
+  ) {
+    super(`the embedded ledger in ${dir} is in use by process ${pid} (\`slipway api\`?); ${hint}`);
     this.name = 'LedgerInUseError';
   }
 }
 
+const LOCK_FILE = 'slipway.lock';
+
+/**
+ * A process's identity as the kernel sees it: its pid and start time (clock ticks since boot,
+ * field 22 of /proc/<pid>/stat), so a pid reused by another process is not taken for the holder.
+ * Undefined when the process is gone or a zombie (a killed holder its parent has not reaped yet).
+ */
+export function processIdentity(pid: number): { pid: number; start?: string } | undefined {
+  if (!Number.isInteger(pid) || pid <= 0) return undefined;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // The command name (field 2) may hold spaces and parentheses: fields are counted after the last ')'.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (fields[0] === 'Z' || fields[0] === 'X') return undefined;
+    return { pid, start: fields[19] };
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT' || existsSync('/proc/self/stat')) return undefined;
+  }
+  // No /proc (not Linux): signal 0 says whether the pid exists.
+  try {
+    process.kill(pid, 0);
+    return { pid };
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM' ? { pid } : undefined;
+  }
+}
+
+/** The live holder named by a lock file's `<pid> <start>` line, if that process still runs. */
+export function liveHolder(line: string): number | undefined {
+  const [pidText, start] = line.trim().split(/\s+/);
+  const pid = Number(pidText);
+  const alive = processIdentity(pid);
+  if (!alive) return undefined;
+  // A lock written without a start time (older Slipway) trusts the pid alone.
+  if (start !== undefined && alive.start !== undefined && alive.start !== start) return undefined;
+  return pid;
+}
+
 /**
  * PGlite is one process's database: two processes opening the same folder would corrupt it.
- * A pid lock file refuses the second one clearly; a stale lock (dead pid) is taken over.
+ * A lock file names the holder by pid and start time; a holder that died (even by SIGKILL, even
+ * before it was reaped) or whose pid now belongs to another process is stale and taken over.
+ * The check-and-write runs under a short file lock, so two processes starting at once cannot
+ * both take a stale lock.
  */
-function lockPglite(dataDir: string): () => void {
-  mkdirSync(dataDir, { recursive: true });
-  const lock = path.join(dataDir, 'slipway.lock');
-  try {
-    const pid = Number(readFileSync(lock, 'utf8').trim());
-    if (pid && pid !== process.pid) {
-      try {
-        process.kill(pid, 0);
-        throw new LedgerInUseError(dataDir, pid);
-      } catch (e) {
-        if (e instanceof LedgerInUseError) throw e; // alive; ESRCH means stale
-      }
+async function lockPglite(dataDir: string): Promise<() => void> {
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  // The ledger holds token hashes and the holder's socket: the operator's only.
+  chmodSync(dataDir, 0o700);
+  const lock = path.join(dataDir, LOCK_FILE);
+  const me = processIdentity(process.pid);
+  const line = `${process.pid} ${me?.start ?? ''}`.trim();
+  await withFileLock(lock, async () => {
+    let current = '';
+    try {
+      current = readFileSync(lock, 'utf8');
+    } catch {
+      /* no holder */
     }
-  } catch (e) {
-    if (e instanceof LedgerInUseError) throw e;
-  }
-  writeFileSync(lock, `${process.pid}\n`);
-  return () => rmSync(lock, { force: true });
+    const holder = current ? liveHolder(current) : undefined;
+    if (holder !== undefined && holder !== process.pid) throw new LedgerInUseError(dataDir, holder);
+    writeFileSync(lock, `${line}\n`, { mode: 0o600 });
+  });
+  return () => {
+    // Only our own line is removed: a process that took over a lock it found stale keeps its own.
+    try {
+      if (readFileSync(lock, 'utf8').trim() === line) rmSync(lock, { force: true });
+    } catch {
+      /* gone already */
+    }
+  };
 }
 
 /** PGlite in `dataDir` (created when missing), or in memory when dataDir is undefined. */
 export async function openPglite(dataDir?: string): Promise<Db> {
   const { PGlite } = await import('@electric-sql/pglite');
-  const unlock = dataDir ? lockPglite(dataDir) : () => undefined;
+  const unlock = dataDir ? await lockPglite(dataDir) : () => undefined;
   const db = await PGlite.create(dataDir).catch((e) => {
     unlock();
     throw e;
@@ -141,9 +196,19 @@ export async function openDatabase(opts: { databaseUrl?: string; dataDir: string
   return openPglite(path.join(opts.dataDir, 'ledger'));
 }
 
-/** The ledger from the environment (DATABASE_URL, else PGlite under SLIPWAY_HOME), migrated. */
-export async function openLedger(opts: { databaseUrl?: string; dataDir: string }): Promise<Db> {
-  const db = await openDatabase(opts);
+/**
+ * The ledger from the environment (DATABASE_URL, else PGlite under SLIPWAY_HOME), migrated.
+ * `viaHolder`: when another process holds the embedded ledger (`slipway api`), statements go
+ * through that process's ledger socket instead (socket.ts; it migrated the ledger it serves).
+ */
+export async function openLedger(opts: { databaseUrl?: string; dataDir: string; viaHolder?: boolean }): Promise<Db> {
+  let db: Db;
+  try {
+    db = await openDatabase(opts);
+  } catch (e) {
+    if (!(e instanceof LedgerInUseError) || !opts.viaHolder) throw e;
+    return connectToHolder(e);
+  }
   try {
     await migrate(db);
   } catch (e) {
@@ -151,4 +216,14 @@ export async function openLedger(opts: { databaseUrl?: string; dataDir: string }
     throw e;
   }
   return db;
+}
+
+async function connectToHolder(inUse: LedgerInUseError): Promise<Db> {
+  const remote = connectLedgerSocket(ledgerSocketPath(inUse.dir));
+  try {
+    await remote.query('SELECT 1');
+  } catch (e) {
+    throw new LedgerInUseError(inUse.dir, inUse.pid, `it does not answer on its ledger socket (${(e as Error).message}); stop it first, or set DATABASE_URL to share a Postgres server`);
+  }
+  return remote;
 }

@@ -288,7 +288,10 @@ export interface NewSandbox {
   capAtMs: number;
 }
 
-export type CreateOutcome = { ok: true; sandbox: SandboxRow } | { ok: false; reason: 'concurrency_limit'; limit: number; active: number };
+export type CreateOutcome =
+  | { ok: true; sandbox: SandboxRow }
+  | { ok: false; reason: 'concurrency_limit'; limit: number; active: number }
+  | { ok: false; reason: 'disabled' };
 
 /**
  * Inserts a pending sandbox if the account has a free concurrency slot. The per-account
@@ -298,13 +301,16 @@ export type CreateOutcome = { ok: true; sandbox: SandboxRow } | { ok: false; rea
 export async function insertSandboxWithinLimit(db: Db, s: NewSandbox): Promise<CreateOutcome> {
   return db.transaction(async (tx) => {
     await tx.query(`SELECT pg_advisory_xact_lock(hashtext('slipway.sandbox_slots'), hashtext($1))`, [s.accountId]);
-    const { rows } = await tx.query<{ limit: number; active: number }>(
-      `SELECT a.concurrent_limit AS limit,
+    // FOR SHARE: a disable (UPDATE accounts) waits for this insert or is seen by it, so no sandbox
+    // of a disabled account is inserted after the disable's sweep of live sandboxes.
+    const { rows } = await tx.query<{ limit: number; active: number; enabled: boolean }>(
+      `SELECT a.concurrent_limit AS limit, a.sandboxes_enabled AS enabled,
               (SELECT count(*)::int FROM sandboxes WHERE account_id = a.id AND status = ANY($2)) AS active
-       FROM accounts a WHERE a.id = $1`,
+       FROM accounts a WHERE a.id = $1 FOR SHARE OF a`,
       [s.accountId, SLOT_HOLDING_STATES],
     );
-    const { limit, active } = rows[0]!;
+    const { limit, active, enabled } = rows[0]!;
+    if (!enabled) return { ok: false, reason: 'disabled' };
     if (active >= limit) return { ok: false, reason: 'concurrency_limit', limit, active };
     const inserted = await tx.query<SandboxRow>(
       `INSERT INTO sandboxes (id, account_id, profile_id, project_id, platform, provider, status, grants, created_at,

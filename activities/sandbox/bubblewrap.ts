@@ -15,7 +15,9 @@
  *         --bind <writable>...  --tmpfs <hidden>...  explicit extras (agent state such as ~/.claude)
  *         --unshare-pid --unshare-ipc --unshare-uts [--unshare-net]
  *         --remount-ro /                            the root itself holds only mount points
- *         --die-with-parent --new-session --chdir <cwd> -- <command>
+ *         --die-with-parent --new-session --chdir <cwd>
+ *         --seccomp <fd>                            the system call filter (seccomp.ts), given by exec.ts
+ *         -- <command>
  *
  * The root is an empty tmpfs: the user's checkout, other sandboxes, $SLIPWAY_HOME, the user's
  * home and the rest of the host are not there at all, so neither a read nor a remount can reach
@@ -51,6 +53,8 @@ export interface BubblewrapConfinement {
   bwrapPath?: string;
   /** Enforced limits of every command (limits.ts): processes, memory, CPU, file size. */
   limits?: SandboxLimits;
+  /** The seccomp filter of seccomp.ts on every command (default true); false for agents that need, say, ptrace. */
+  seccomp?: boolean;
 }
 
 export const BWRAP_MISSING_MESSAGE = 'bubblewrap (bwrap) is not installed; install it with `apt-get install bubblewrap`';

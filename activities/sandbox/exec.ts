@@ -13,6 +13,8 @@ import { limitedCommand, type SandboxLimits } from './limits';
 import { randomBytes } from 'node:crypto';
 import { spawnSync } from 'node:child_process';
 import type { ExecRequest } from './provider';
+import { seccompFilter } from './seccomp';
+import type { Writable } from 'node:stream';
 
 export interface ExecTarget {
   /** The worktree (absolute). */
@@ -36,7 +38,7 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
     const [command, ...args] = [...unconfinedReaper(), ...inner];
     return runProcess({ ...commonOptions(req), cwd, command, args, env });
   }
-  const cmd = await confinedCommand(target, req);
+  const cmd = await confinedCommand(target, req, { seccomp: true });
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
   try {
     return await runProcess({
@@ -46,7 +48,18 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
       env: cmd.env,
       cwd: cmd.cwd,
       pwd: cmd.pwd,
-      ...(cmd.egress ? { extraPipes: 2, prepare: cmd.egress.prepare } : {}),
+      ...(cmd.egress || cmd.seccomp
+        ? {
+            extraPipes: cmd.seccomp ? cmd.seccomp.fd - 2 : 2,
+            prepare: async (child) => {
+              // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.
+              // A bwrap that died first closes the pipe: its exit is the error reported, not EPIPE here.
+              const pipe = cmd.seccomp ? (child.stdio[cmd.seccomp.fd] as Writable | null) : null;
+              pipe?.on('error', () => undefined).end(cmd.seccomp!.program);
+              await cmd.egress?.prepare(child);
+            },
+          }
+        : {}),
       onExit: async () => {
         await cmd.egress?.stop();
         await limited.cleanup();
@@ -70,7 +83,8 @@ function commonOptions(req: ExecRequest) {
 export async function confinedCommand(
   target: ExecTarget,
   req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>,
-): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string; pwd: string; egress?: ReturnType<typeof egressSetup> }> {
+  opts: { seccomp?: boolean } = {},
+): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string; pwd: string; egress?: ReturnType<typeof egressSetup>; seccomp?: { fd: number; program: Buffer } }> {
   const confinement = target.confinement;
   if (!confinement) throw new Error('confinedCommand needs a confinement');
   if (!target.repository) throw new Error(`confined commands need the repository of ${target.root}`);
@@ -94,7 +108,11 @@ export async function confinedCommand(
   // Network on: egress only, through pasta (egress.ts); without pasta, the host's network.
   const tools = confinement.network ? egressTools() : undefined;
   if (tools) bwrapBase.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
-  return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: cwd, ...(tools ? { egress: egressSetup(tools) } : {}) };
+  // The seccomp filter (seccomp.ts) comes in on the next free descriptor, for commands run through runProcess.
+  const program = opts.seccomp && confinement.seccomp !== false ? seccompFilter() : undefined;
+  const seccomp = program ? { fd: tools ? BLOCK_FD + 1 : 3, program } : undefined;
+  if (seccomp) bwrapBase.unshift('--seccomp', String(seccomp.fd));
+  return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: cwd, ...(tools ? { egress: egressSetup(tools) } : {}), ...(seccomp ? { seccomp } : {}) };
 }
 
 /**

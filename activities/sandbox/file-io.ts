@@ -18,7 +18,7 @@
  */
 import { constants as constants_buffer } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
-import { constants, promises as fs, type Stats } from 'node:fs';
+import { constants, promises as fs, readFileSync, type Stats } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import path from 'node:path';
 import { Readable } from 'node:stream';
@@ -63,6 +63,26 @@ export interface FileIoOptions {
   reservedNames?: string[];
   /** Reads: largest file returned (FileTooLargeError beyond). */
   maxBytes?: number;
+  /**
+   * Reads: serve regular files with several names. Only for trees whose commands run under
+   * bubblewrap, where a link cannot cross the tree's mount (EXDEV), so every other name is the
+   * tenant's own (ADR 0006); honoured only while the kernel's fs.protected_hardlinks is on.
+   * Default: refused, since an unconfined command can link any file of the host it may read.
+   */
+  allowHardLinks?: boolean;
+}
+
+let protectedHardlinks: boolean | undefined;
+/** fs.protected_hardlinks: nobody links a file they could not read and write themselves. */
+function kernelProtectsHardlinks(): boolean {
+  if (protectedHardlinks === undefined) {
+    try {
+      protectedHardlinks = readFileSync('/proc/sys/fs/protected_hardlinks', 'utf8').trim() === '1';
+    } catch {
+      protectedHardlinks = false;
+    }
+  }
+  return protectedHardlinks;
 }
 
 const errno = (code: string, message: string) => Object.assign(new Error(`${code}: ${message}`), { code });
@@ -205,8 +225,8 @@ export async function openSandboxFile(root: string, requested: string, opts: Fil
     const st = await w.target.stat();
     if (st.isDirectory()) throw errno('EISDIR', `"${requested}" is a directory`);
     if (!st.isFile()) throw new NotRegularFileError(requested, kindOf(st));
-    // A second name may be a file the host shares; a tenant's own hard link is refused too.
-    if (st.nlink > 1) throw new PathEscapeError(requested, 'it is a hard link (a file with several names)');
+    // A second name may be a file the host shares, unless the tree is confined (see allowHardLinks).
+    if (st.nlink > 1 && !(opts.allowHardLinks && kernelProtectsHardlinks())) throw new PathEscapeError(requested, 'it is a hard link (a file with several names)');
     if (opts.maxBytes !== undefined && st.size > opts.maxBytes) throw new FileTooLargeError(requested, st.size, opts.maxBytes);
     await assertInside(realRoot, w.dir, requested);
     // Re-open the very inode checked above, through its descriptor (no name lookup in the tree).

@@ -1,6 +1,7 @@
 /**
  * Operator verbs on the ledger: accounts, API tokens, projects, profiles, and monthly usage.
- * They open the ledger directly (DATABASE_URL, else the embedded PGlite under SLIPWAY_HOME).
+ * They open the ledger directly (DATABASE_URL, else the embedded PGlite under SLIPWAY_HOME, or
+ * through `slipway api`'s ledger socket while that holds it).
  */
 import { parseProfileResources } from '../../core/limits';
 import path from 'node:path';
@@ -14,7 +15,8 @@ import { CliError, EXIT } from '../exit-codes';
 async function withLedger<T>(fn: (db: Db) => Promise<T>): Promise<T> {
   let db: Db;
   try {
-    db = await openLedger({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: slipwaySettings().dataDir });
+    // While `slipway api` holds the embedded ledger, the verbs run through its ledger socket.
+    db = await openLedger({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: slipwaySettings().dataDir, viaHolder: true });
   } catch (e) {
     throw new CliError((e as Error).message, EXIT.runFailed);
   }
@@ -41,6 +43,31 @@ async function requireAccount(db: Db, id: string): Promise<ledger.Account> {
   const account = await ledger.getAccount(db, id);
   if (!account) throw new CliError(`no account "${id}" (create it with \`slipway account create ${id}\`)`);
   return account;
+}
+
+/**
+ * A disabled account's sandboxes end now, not at the reaper's next tick: each sandbox workflow is
+ * signalled through Temporal (TEMPORAL_ADDRESS, else the embedded server `slipway api` started).
+ * Its tokens are refused from the next request on already (the API does not cache them).
+ */
+async function endLiveSandboxes(db: Db, accountId: string): Promise<void> {
+  const { rows } = await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM sandboxes WHERE account_id = $1 AND status NOT IN ('terminated', 'failed')`, [accountId]);
+  if (rows[0]!.n === 0) return;
+  // Loaded here: only this verb needs Temporal.
+  const { resolveTemporal, connectClient } = require('../../workers/temporal') as typeof import('../../workers/temporal');
+  const { endAccountSandboxes } = require('../../api/service') as typeof import('../../api/service');
+  try {
+    const target = await resolveTemporal(slipwaySettings(), { startIfMissing: false });
+    const { client, close } = await connectClient(target);
+    try {
+      const ended = await endAccountSandboxes(db, client, accountId);
+      out(`ending ${ended.length} live sandbox(es) of ${accountId} now; its tokens are refused from the next request on`);
+    } finally {
+      await close();
+    }
+  } catch (e) {
+    out(`${rows[0]!.n} live sandbox(es) of ${accountId} end at the reaper's next tick (Temporal not reachable: ${(e as Error).message}); its tokens are refused now`);
+  }
 }
 
 /** Unique-violation and check-violation errors read as bad input, not crashes. */
@@ -79,6 +106,7 @@ export function registerAccountCommands(program: Command): void {
     .option('--disable', 'turn sandboxes off')
     .description("change an account's limits or feature flag")
     .action(async (id: string, opts) => {
+      if (opts.enable && opts.disable) throw new CliError('--enable and --disable cannot be given together');
       await withLedger(async (db) => {
         await requireAccount(db, id);
         const a = await ledger.updateAccount(db, id, {
@@ -87,10 +115,7 @@ export function registerAccountCommands(program: Command): void {
           sandboxesEnabled: opts.enable ? true : opts.disable ? false : undefined,
         });
         out(`account ${a!.id}: concurrency ${a!.concurrent_limit}, sandboxes ${a!.sandboxes_enabled ? 'enabled' : 'disabled'}`);
-        if (opts.disable) {
-          const { rows } = await db.query<{ n: number }>(`SELECT count(*)::int AS n FROM sandboxes WHERE account_id = $1 AND status NOT IN ('terminated', 'failed')`, [id]);
-          if (rows[0]!.n > 0) out(`${rows[0]!.n} live sandbox(es) of ${id} end at the reaper's next tick (\`slipway api --reaper-seconds\`); its tokens are refused now`);
-        }
+        if (opts.disable) await endLiveSandboxes(db, id);
       });
     });
   account

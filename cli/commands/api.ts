@@ -4,7 +4,9 @@
  * DATABASE_URL say otherwise. `slipway mcp`: the MCP tools over stdio, as a client of the API.
  */
 import type { Command } from 'commander';
+import path from 'node:path';
 import { openLedger, type Db } from '../../activities/ledger/db';
+import { ledgerSocketPath, serveLedgerSocket } from '../../activities/ledger/socket';
 import { slipwaySettings } from '../../workers/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { installRuntimeLogging } from '../../workers/logging';
@@ -55,6 +57,15 @@ export async function apiCommand(opts: {
     await target.server?.stop();
     throw new CliError((e as Error).message, EXIT.runFailed);
   }
+  // The operator's CLI reaches the embedded ledger through this process while it runs (socket.ts).
+  let ledgerSocket: { close(): Promise<void> } | undefined;
+  if (db.engine === 'pglite') {
+    const socketPath = ledgerSocketPath(path.join(settings.dataDir, 'ledger'));
+    ledgerSocket = await serveLedgerSocket(db, socketPath).catch((e: Error) => {
+      log(`WARNING: ${e.message}; \`slipway account\`, \`token\` and \`profile\` cannot reach the ledger while this runs`);
+      return undefined;
+    });
+  }
   installRuntimeLogging();
   // Loaded here: the HTTP server and the worker are heavy, and other verbs do not need them.
   const { serviceLogger, startSandboxServiceHost } = require('../../workers/sandbox-service') as typeof import('../../workers/sandbox-service');
@@ -82,6 +93,7 @@ export async function apiCommand(opts: {
   });
   log('shutting down');
   await host.close();
+  await ledgerSocket?.close();
   await db.close();
   await target.server?.stop();
   return EXIT.ok;

@@ -12,8 +12,12 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createActivities } from '../../activities';
+import { openLedger } from '../../activities/ledger/db';
+import { createAccount, createApiToken, hashToken } from '../../activities/ledger/ledger';
+import { connectLedgerSocket, ledgerSocketPath, serveLedgerSocket } from '../../activities/ledger/socket';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import { DENIED_SYSCALLS } from '../../activities/sandbox/seccomp';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
 import { exists, gitIn, makeRepo, processesWith, sandboxRequest, sh, snapshotCheckout, tempDir, waitFor } from './helpers';
 
@@ -173,14 +177,72 @@ describe('a hostile agent in a confined stream sandbox', () => {
     expect(await exists('/usr/pwned')).toBe(false);
   });
 
-  it('cannot hard-link host files or escape through /proc/self/root', async () => {
+  it('cannot hard-link host files, shared objects or its private git directory, or escape through /proc/self/root', async () => {
     const r = await run(
-      `ln /etc/passwd passwd-link 2>&1; ln "$(ls -d /run/slipway/objects/0/*/* | head -1)" obj-link 2>&1; cat /proc/self/root/etc/shadow /proc/self/root${repo}/README.md /proc/1/root${repo}/README.md 2>/dev/null; true`,
+      `ln /etc/passwd passwd-link 2>&1; ln "$(ls -d /run/slipway/objects/0/*/* | head -1)" obj-link 2>&1; ln "$(git rev-parse --absolute-git-dir)/HEAD" head-link 2>&1; ln "$(git rev-parse --git-common-dir)/config" config-link 2>&1; cat /proc/self/root/etc/shadow /proc/self/root${repo}/README.md /proc/1/root${repo}/README.md 2>/dev/null; true`,
     );
-    expect(r.stdout).toMatch(/Invalid cross-device link|Operation not permitted/);
-    expect(await exists(path.join(h.root, 'passwd-link'))).toBe(false);
-    expect(await exists(path.join(h.root, 'obj-link'))).toBe(false);
+    // Each link would cross a mount (system, shared objects, the private git directory): EXDEV.
+    expect(r.stdout.match(/Invalid cross-device link$/gm)?.length, r.stdout).toBe(4);
+    for (const link of ['passwd-link', 'obj-link', 'head-link', 'config-link']) expect(await exists(path.join(h.root, link))).toBe(false);
     expect(r.stdout).not.toContain('hello');
+  });
+
+  it("cannot reach the embedded ledger, its socket or another account's tokens", async () => {
+    // A real embedded ledger with a token, served on its socket as `slipway api` serves it.
+    const ledgerDir = path.join(home, 'ledger');
+    const db = await openLedger({ dataDir: home });
+    const served = await serveLedgerSocket(db, ledgerSocketPath(ledgerDir));
+    try {
+      await createAccount(db, { id: 'other-tenant' });
+      const { token } = await createApiToken(db, 'other-tenant', { name: 'secret' });
+      const hash = hashToken(token);
+      // The socket answers on the host (so the attempts below could succeed if it were reachable).
+      const fromHost = await connectLedgerSocket(ledgerSocketPath(ledgerDir)).query<{ token_hash: string }>('SELECT token_hash FROM api_tokens');
+      expect(fromHost.rows.map((r) => r.token_hash)).toContain(hash);
+      const socket = ledgerSocketPath(ledgerDir);
+      // A client as the CLI would make it, run from inside the sandbox.
+      await fs.writeFile(
+        path.join(h.root, 'probe.js'),
+        `const s = require('net').connect(${JSON.stringify(socket)}); s.on('connect', () => { console.log('CONNECTED'); s.end(); }); s.on('error', (e) => console.log('refused', e.code));`,
+      );
+      const r = await run(`ls -la '${ledgerDir}' 2>&1; cat '${ledgerDir}'/* 2>/dev/null | grep -c '${hash}'; node probe.js 2>&1; grep -rl '${hash}' /tmp /run /var/tmp 2>/dev/null; rm -f probe.js; true`);
+      expect(r.stdout).toContain('refused ENOENT');
+      expect(r.stdout).not.toContain('CONNECTED');
+      expect(r.stdout).not.toContain(hash.slice(0, 16));
+      expect(r.stdout).toMatch(/No such file or directory/);
+    } finally {
+      await served.close();
+      await db.close();
+    }
+  });
+
+  it('meets a seccomp filter: each denied system call fails with EPERM, while git, node and sh keep working', async () => {
+    const arch = process.arch === 'arm64' ? 'aarch64' : 'x86_64';
+    // perl's syscall() makes the raw calls (zero arguments: nothing happens even where allowed).
+    const probe = `perl -e 'for (@ARGV) { my $r = syscall($_, 0, 0, 0, 0, 0); print "$_ ", ($r == -1 ? $!+0 : "ok"), "\\n" }' ${DENIED_SYSCALLS.map((c) => c[arch]).join(' ')}`;
+    const r = await run(`grep -E '^Seccomp(_filters)?:' /proc/self/status; ${probe}`);
+    expect(r.stdout).toMatch(/^Seccomp:\s+2$/m);
+    for (const c of DENIED_SYSCALLS) expect(r.stdout, `${c.name}: ${r.stdout}`).toMatch(new RegExp(`^${c[arch]} 1$`, 'm'));
+    const special = await run(
+      `unshare -U true 2>&1; echo "unshare $?"; perl -e 'my $b = "x"; syscall(${arch === 'x86_64' ? 16 : 29}, 0, 0x5412, $b) == -1 and print "tiocsti ", $!+0, "\\n"' < /dev/null; perl -e 'syscall(435, 0, 0) == -1 and print "clone3 ", $!+0, "\\n"'`,
+    );
+    expect(special.stdout).toMatch(/Operation not permitted/);
+    expect(special.stdout).toMatch(/^unshare 1$/m);
+    expect(special.stdout).toMatch(/^tiocsti 1$/m);
+    expect(special.stdout).toMatch(/^clone3 38$/m);
+    // Without the filter the same probes get other answers: the test above could fail.
+    const open = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false, seccomp: false }, backgroundFill: false });
+    const unfiltered = await open.exec(h, { command: `grep '^Seccomp:' /proc/self/status; unshare -U true; echo "unshare $?"; perl -e 'my $b = "x"; syscall(${arch === 'x86_64' ? 16 : 29}, 0, 0x5412, $b) == -1 and print "tiocsti ", $!+0, "\\n"' < /dev/null; perl -e 'syscall(435, 0, 0) == -1 and print "clone3 ", $!+0, "\\n"'`, shell: true });
+    expect(unfiltered.stdout).toMatch(/^Seccomp:\s+0$/m);
+    expect(unfiltered.stdout).toMatch(/^unshare 0$/m);
+    expect(unfiltered.stdout).not.toMatch(/^clone3 38$/m);
+    expect(unfiltered.stdout).toMatch(/^tiocsti 25$/m); // ENOTTY: /dev/null is no terminal
+    // Ordinary work: a shell, git (commit), node spawning a child and a worker thread (clone3 -> clone).
+    const work = await run(
+      `echo ok > seccomp-ok.txt && git add seccomp-ok.txt && git -c user.name=a -c user.email=a@a commit -q -m seccomp && git log --format=%s -1 && node -e "const { Worker } = require('worker_threads'); console.log(require('child_process').execSync('echo child').toString().trim()); new Worker('process.exit(0)', { eval: true }).on('exit', (c) => console.log('worker', c))" && git reset -q --hard HEAD~1`,
+    );
+    expect(work.stderr).toBe('');
+    expect(work.stdout).toBe('seccomp\nchild\nworker 0\n');
   });
 
   it('cannot reach services on the host\'s loopback (Temporal, the API, Postgres) with the network off', async () => {

@@ -12,7 +12,6 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createSandboxServiceActivities } from '../../activities/service';
 import { defaultProviderFor } from '../../activities/service/providers';
 import { ApiClientError } from '../../api/client';
-import { AUTH_CACHE_MS } from '../../api/service';
 import { createApiToken, revokeApiToken } from '../../activities/ledger/ledger';
 import { MCP_TOOLS } from '../../api/mcp';
 import { OPENAPI_FILE, renderOpenApi } from '../../api/write-openapi';
@@ -67,12 +66,11 @@ describe('auth and account isolation', () => {
     expect((await a.api.get(sandboxId)).status).toBe('ready'); // untouched by b's DELETE
   });
 
-  it('stops accepting a revoked token within the auth cache time', async () => {
+  it('refuses a revoked token from the next request on', async () => {
     const { id: tokenId, token } = await createApiToken(h.database.db, a.id, { name: 'short-lived' });
     secrets.push(token);
     expect((await raw('GET', '/api/v1/sandboxes', { token })).status).toBe(200);
     await revokeApiToken(h.database.db, a.id, tokenId);
-    await new Promise((r) => setTimeout(r, AUTH_CACHE_MS + 100));
     expect((await raw('GET', '/api/v1/sandboxes', { token })).status).toBe(401);
   });
 

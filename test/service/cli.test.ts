@@ -3,14 +3,17 @@
  * the test Postgres, `slipway sandbox ...` against the API over HTTP, `slipway mcp` over
  * stdio, `slipway usage`, and the embedded PGlite ledger with its single-process lock.
  */
-import { spawn } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Client as McpClient } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { openPglite } from '../../activities/ledger/db';
-import { startServiceHarness, type ServiceHarness } from './harness';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { openPglite, processIdentity } from '../../activities/ledger/db';
+import { connectLedgerSocket, ledgerSocketPath } from '../../activities/ledger/socket';
+import { SandboxApiClient } from '../../api/client';
+import { codeOf, startServiceHarness, type ServiceHarness } from './harness';
 import { tempDir } from './repo';
 
 const BIN = path.join(__dirname, '..', '..', 'bin', 'slipway.cjs');
@@ -143,6 +146,35 @@ describe('slipway sandbox', () => {
   });
 });
 
+describe('slipway account set --disable', () => {
+  it("ends the account's sandboxes at once (no reaper runs here) and refuses its tokens from the next request", async () => {
+    const a = await h.account({ limit: 2 });
+    await a.profile({ name: 'p' });
+    const ids = [(await a.api.create({ profile: 'p' })).id, (await a.api.create({ profile: 'p' })).id];
+    for (const id of ids) expect((await a.api.get(id, 60)).status).toBe('ready');
+    const other = await h.account();
+    await other.profile({ name: 'p' });
+    const { id: bystander } = await other.api.create({ profile: 'p' });
+    expect((await other.api.get(bystander, 60)).status).toBe('ready');
+
+    const res = await slipway(['account', 'set', a.id, '--disable'], { ...dbEnv, TEMPORAL_ADDRESS: inject('temporalAddress') });
+    expect(res, res.stderr).toMatchObject({ code: 0 });
+    expect(res.stdout).toContain(`ending 2 live sandbox(es) of ${a.id} now`);
+    expect(await codeOf(a.api.list())).toBe('403 sandboxes_disabled');
+    const status = async (id: string) => (await h.database.db.query<{ status: string }>('SELECT status FROM sandboxes WHERE id = $1', [id])).rows[0]!.status;
+    for (const id of ids) {
+      expect(await until(async () => (await status(id)) === 'terminated')).toBe(true);
+      const sessions = await h.sessions(id);
+      expect(sessions.map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'account_disabled']]);
+      expect(sessions[0]!.ended_at).not.toBeNull();
+    }
+    // Another account is untouched.
+    expect((await other.api.get(bystander)).status).toBe('ready');
+    await other.api.destroy(bystander);
+    expect((await slipway(['account', 'set', a.id, '--enable', '--disable'], dbEnv)).code).toBe(2);
+  });
+});
+
 describe('embedded ledger (PGlite)', () => {
   it('needs no server, and refuses a second process while one holds it', async () => {
     const home = tempDir('cli-home');
@@ -160,3 +192,138 @@ describe('embedded ledger (PGlite)', () => {
     expect((await slipway(['account', 'list'], env)).code).toBe(0);
   });
 });
+
+/** Polls `check` until it holds (a condition, not a time window); false after `timeoutMs`. */
+async function until(check: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<boolean> {
+  const end = Date.now() + timeoutMs;
+  while (Date.now() < end) {
+    if (await check()) return true;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return check();
+}
+
+/** `slipway api` as a real process; resolves with its URL once it serves. */
+function startApi(env: NodeJS.ProcessEnv): Promise<{ child: ChildProcess; url: string; stderr: () => string }> {
+  const base = { ...process.env };
+  delete base.DATABASE_URL;
+  const child = spawn(process.execPath, [BIN, 'api', '--port', '0', '--reaper-seconds', '3600', '--watch-seconds', '0'], { env: { ...base, ...env }, stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  return new Promise((resolve, reject) => {
+    child.stderr!.on('data', (c) => {
+      stderr += c;
+      const m = /sandbox API on (http:\/\/\S+?) \(/.exec(stderr);
+      if (m) resolve({ child, url: m[1]!, stderr: () => stderr });
+    });
+    child.once('exit', (code) => reject(new Error(`slipway api exited with ${code} before serving:\n${stderr}`)));
+  });
+}
+
+const exited = (child: ChildProcess) => new Promise<void>((resolve) => (child.exitCode !== null || child.signalCode !== null ? resolve() : child.once('exit', () => resolve())));
+
+describe('embedded ledger (PGlite) while `slipway api` runs', () => {
+  it('serves the CLI through its ledger socket: a revoked token gets 401 and a disabled account ends its sandboxes at once; a SIGKILLed API starts again at once', async () => {
+    const home = tempDir('emb-api');
+    const env = { SLIPWAY_HOME: home, TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `emb-${randomBytes(4).toString('hex')}` };
+    expect(await slipway(['account', 'create', 'emb', '--concurrency', '2'], env)).toMatchObject({ code: 0 });
+    const first = (await slipway(['token', 'create', '--account', 'emb', '--name', 'first'], env)).stdout.trim();
+    const firstId = (await openTokenIds(home))[0]!;
+
+    let api = await startApi(env);
+    const children = [api.child];
+    try {
+      expect((await new SandboxApiClient(api.url, first).list()).length).toBe(0);
+      // The socket is the operator's only.
+      const socket = ledgerSocketPath(path.join(home, 'ledger'));
+      expect(statSync(socket).mode & 0o777).toBe(0o600);
+      expect(statSync(path.dirname(socket)).mode & 0o777).toBe(0o700);
+
+      // Issue a token, make a profile, revoke a token: all while the API holds the ledger.
+      const second = await slipway(['token', 'create', '--account', 'emb', '--name', 'second'], env);
+      expect(second, second.stderr).toMatchObject({ code: 0 });
+      const secondApi = new SandboxApiClient(api.url, second.stdout.trim());
+      expect(await slipway(['profile', 'create', 'p', '--account', 'emb', '--repo', h.repo, '--base', 'main'], env)).toMatchObject({ code: 0 });
+      const revoked = await slipway(['token', 'revoke', '--account', 'emb', firstId], env);
+      expect(revoked, revoked.stderr).toMatchObject({ code: 0, stdout: `token ${firstId} revoked\n` });
+      expect(await codeOf(new SandboxApiClient(api.url, first).list())).toBe('401 unauthorized');
+      expect(await codeOf(secondApi.list())).toBe('ok');
+      // Bad input through the socket still reads as bad input.
+      expect((await slipway(['account', 'create', 'emb'], env)).code).toBe(2);
+
+      // Disable: the sandbox ends now (the reaper ticks hourly here), billing closed, tokens refused.
+      const { id } = await secondApi.create({ profile: 'p' });
+      expect((await secondApi.get(id, 60)).status).toBe('ready');
+      const disabled = await slipway(['account', 'set', 'emb', '--disable'], env);
+      expect(disabled, disabled.stderr).toMatchObject({ code: 0 });
+      expect(disabled.stdout).toContain('ending 1 live sandbox(es) of emb now');
+      expect(await codeOf(secondApi.list())).toBe('403 sandboxes_disabled');
+      const ledgerDb = connectLedgerSocket(socket);
+      const ended = async () => {
+        const { rows } = await ledgerDb.query<{ status: string; end_reason: string | null }>('SELECT status, end_reason FROM sandboxes WHERE id = $1', [id]);
+        return rows[0]!.status === 'terminated';
+      };
+      expect(await until(ended)).toBe(true);
+      const sessions = await ledgerDb.query<{ kind: string; end_reason: string; ended_at: Date | null }>('SELECT kind, end_reason, ended_at FROM sandbox_sessions WHERE sandbox_id = $1', [id]);
+      expect(sessions.rows.map((r) => [r.kind, r.end_reason])).toEqual([['compute', 'account_disabled']]);
+      expect(sessions.rows[0]!.ended_at).toBeInstanceOf(Date);
+
+      // kill -9, and start again at once: the dead holder's lock and socket are taken over.
+      const pid = api.child.pid!;
+      api.child.kill('SIGKILL');
+      await exited(api.child);
+      expect(processIdentity(pid)).toBeUndefined();
+      api = await startApi(env);
+      children.push(api.child);
+      expect(await slipway(['account', 'set', 'emb', '--enable'], env)).toMatchObject({ code: 0 });
+      expect(await codeOf(new SandboxApiClient(api.url, second.stdout.trim()).list())).toBe('ok');
+
+      api.child.kill('SIGTERM');
+      await exited(api.child);
+      // Stopped cleanly: the ledger is free again for the CLI alone.
+      expect((await slipway(['account', 'list'], env)).stdout).toContain('emb');
+    } finally {
+      for (const c of children) c.kill('SIGKILL');
+    }
+  });
+
+  it('restarts at once even when the killed holder has not been reaped yet (a zombie), or its pid was reused', async () => {
+    const home = tempDir('emb-zombie');
+    const dir = path.join(home, 'ledger');
+    const db = await openPglite(dir);
+    await db.close();
+    // A holder that died but is still a zombie: its parent (`exec sleep`) never waits for it.
+    const parent = spawn('sh', ['-c', 'sleep 0 & echo $!; exec sleep 600'], { stdio: ['ignore', 'pipe', 'ignore'] });
+    try {
+      const zpid = Number(await new Promise<string>((resolve) => parent.stdout!.once('data', (c) => resolve(String(c)))));
+      const stat = () => readFileSync(`/proc/${zpid}/stat`, 'utf8');
+      expect(await until(() => stat().slice(stat().lastIndexOf(')') + 2).startsWith('Z'))).toBe(true);
+      const start = stat().slice(stat().lastIndexOf(')') + 2).split(' ')[19];
+      writeFileSync(path.join(dir, 'slipway.lock'), `${zpid} ${start}\n`);
+      await (await openPglite(dir)).close();
+    } finally {
+      parent.kill('SIGKILL');
+    }
+    // A lock naming a live process with another start time: the pid was reused, the holder is gone.
+    writeFileSync(path.join(dir, 'slipway.lock'), `1 999999999999\n`);
+    await (await openPglite(dir)).close();
+    // A live holder (same pid and start time) is refused.
+    const alive = spawn('sleep', ['600'], { stdio: 'ignore' });
+    try {
+      await until(() => processIdentity(alive.pid!) !== undefined);
+      writeFileSync(path.join(dir, 'slipway.lock'), `${alive.pid} ${processIdentity(alive.pid!)!.start}\n`);
+      await expect(openPglite(dir)).rejects.toThrow(`in use by process ${alive.pid}`);
+    } finally {
+      alive.kill('SIGKILL');
+    }
+  });
+});
+
+/** The ids of the tokens in an embedded ledger nobody holds. */
+async function openTokenIds(home: string): Promise<string[]> {
+  const db = await openPglite(path.join(home, 'ledger'));
+  try {
+    return (await db.query<{ id: string }>('SELECT id FROM api_tokens ORDER BY created_at')).rows.map((r) => r.id);
+  } finally {
+    await db.close();
+  }
+}

@@ -10,6 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createProfile } from '../../activities/ledger/ledger';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
+import { openSandboxFile, readSandboxFile } from '../../activities/sandbox/file-io';
 import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
 import { tempDir } from './repo';
 
@@ -164,20 +165,42 @@ describe('files API: what it refuses', () => {
     expect(((await put.json()) as { error: { code: string } }).error.code).toBe('too_large');
   });
 
-  it('hard links: reads refused, writes replace the name and never change the other one', async () => {
+  it("hard links: a confined tenant links only its own files, reads them, and writes replace the name only", async () => {
     const root = await rootOf(sa);
-    const outside = path.join(tempDir('hardlink'), 'host-secret.txt');
-    await fs.writeFile(outside, 'host secret\n');
-    await fs.rm(path.join(root, 'hl'), { force: true });
-    await fs.link(outside, path.join(root, 'hl')); // as an unconfined tenant on the same file system could
-    await a.api.exec(sa, sh('echo mine > own && ln own own2'));
-    expect(await codeOf(a.api.readFile(sa, 'hl'))).toBe('400 path_refused');
-    expect(await codeOf(a.api.readFile(sa, 'own2'))).toBe('400 path_refused');
-    await a.api.writeFile(sa, 'hl', Buffer.from('pwned\n'));
+    // From inside, a link to anything outside the tree crosses a mount: EXDEV (or EPERM), nothing made.
+    const tried = await a.api.exec(
+      sa,
+      sh(
+        'for t in /etc/passwd /usr/bin/env "$(ls -d /run/slipway/objects/*/*/* | head -1)" "$(git rev-parse --absolute-git-dir)/HEAD" "$(git rev-parse --git-common-dir)/config"; do ln "$t" "link-$(basename "$t")" 2>&1 || echo "refused $t"; done; ls link-* 2>&1',
+      ),
+    );
+    expect(tried.stdout.match(/^refused /gm)?.length, tried.stdout).toBe(5);
+    expect(tried.stdout.match(/Invalid cross-device link$/gm)?.length, tried.stdout).toBe(5);
+    expect(tried.stdout).toMatch(/No such file/); // the final ls: no link-* was made
+    // The tenant's own hard link is served.
+    await a.api.exec(sa, sh('rm -f own own2 && echo mine > own && ln own own2 && stat -c %h own2'));
+    expect((await a.api.readFile(sa, 'own2')).toString()).toBe('mine\n');
+    // A write replaces the name it names, never the file behind the other name.
     await a.api.writeFile(sa, 'own2', Buffer.from('replaced\n'));
-    expect(await fs.readFile(outside, 'utf8')).toBe('host secret\n');
     expect((await a.api.readFile(sa, 'own')).toString()).toBe('mine\n');
     expect((await a.api.readFile(sa, 'own2')).toString()).toBe('replaced\n');
+    // Even a link made from the host side (Slipway never makes one) is only ever replaced by a PUT.
+    const outside = path.join(tempDir('hardlink'), 'host-file.txt');
+    await fs.writeFile(outside, 'host file\n');
+    await fs.rm(path.join(root, 'hl'), { force: true });
+    await fs.link(outside, path.join(root, 'hl'));
+    await a.api.writeFile(sa, 'hl', Buffer.from('pwned\n'));
+    expect(await fs.readFile(outside, 'utf8')).toBe('host file\n');
+  });
+
+  it('hard links stay refused where commands run unconfined (they could link any host file they can read)', async () => {
+    const tree = tempDir('hardlink-open');
+    const outside = path.join(tempDir('hardlink-host'), 'host-secret.txt');
+    await fs.writeFile(outside, 'host secret\n');
+    await fs.link(outside, path.join(tree, 'hl'));
+    await expect(openSandboxFile(tree, 'hl')).rejects.toThrow(/hard link/);
+    await expect(readSandboxFile(tree, 'hl', { allowHardLinks: false })).rejects.toThrow(/hard link/);
+    expect((await readSandboxFile(tree, 'hl', { allowHardLinks: true })).toString()).toBe('host secret\n');
   });
 
   it('refuses /proc/self/root and other absolute links, and finds no proc inside the tree', async () => {

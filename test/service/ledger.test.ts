@@ -3,7 +3,11 @@
  * under parallel creates, idempotent transition writes, the append-only rule and the monthly
  * usage query.
  */
+import { mkdtempSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectLedgerSocket, ledgerSocketPath, serveLedgerSocket } from '../../activities/ledger/socket';
 import { loadMigrations, migrate } from '../../activities/ledger/migrate';
 import {
   authenticate,
@@ -80,6 +84,13 @@ describe.each(engines)('ledger on %s', (_engine, open) => {
     expect(results.filter((r) => !r.ok).every((r) => !r.ok && r.reason === 'concurrency_limit' && r.limit === 1)).toBe(true);
     const wide = await Promise.all(Array.from({ length: 8 }, () => insertSandboxWithinLimit(t.db, sandbox('wide'))));
     expect(wide.filter((r) => r.ok)).toHaveLength(3);
+  });
+
+  it("inserts no sandbox for a disabled account, even one whose token was checked before the disable", async () => {
+    await createAccount(t.db, { id: 'off-soon', concurrentLimit: 5 });
+    expect((await insertSandboxWithinLimit(t.db, sandbox('off-soon'))).ok).toBe(true);
+    await t.db.query(`UPDATE accounts SET sandboxes_enabled = false WHERE id = 'off-soon'`);
+    expect(await insertSandboxWithinLimit(t.db, sandbox('off-soon'))).toEqual({ ok: false, reason: 'disabled' });
   });
 
   it('writes each transition once however often it is retried, and keeps sessions append-only', async () => {
@@ -162,5 +173,35 @@ describe.each(engines)('ledger on %s', (_engine, open) => {
       { kind: 'snapshot_storage', platform: 'linux', minutes: 60, sessions: 1 },
     ]);
     expect(await monthlyUsage(t.db, 'billing', '2026-12')).toEqual([{ kind: 'compute', platform: 'linux', minutes: 120, sessions: 1 }]);
+  });
+});
+
+describe('ledger socket', () => {
+  it('refuses a socket path the kernel cannot hold, naming SLIPWAY_HOME, and starts nothing', async () => {
+    const t = await freshPglite();
+    try {
+      const long = path.join(os.tmpdir(), 'x'.repeat(120), 'slipway.sock');
+      await expect(serveLedgerSocket(t.db, long)).rejects.toThrow(/longer than 107 bytes; choose a shorter SLIPWAY_HOME/);
+    } finally {
+      await t.drop();
+    }
+  });
+
+  it('keeps dates, numbers and SQLSTATE codes across the socket, and offers no transactions', async () => {
+    const t = await freshPglite();
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'lsock-'));
+    const served = await serveLedgerSocket(t.db, ledgerSocketPath(dir));
+    try {
+      const remote = connectLedgerSocket(ledgerSocketPath(dir));
+      await createAccount(remote, { id: 'via-socket' });
+      const { rows } = await remote.query<{ created_at: Date; concurrent_limit: number }>(`SELECT created_at, concurrent_limit FROM accounts WHERE id = 'via-socket'`);
+      expect(rows[0]!.created_at).toBeInstanceOf(Date);
+      expect(rows[0]!.concurrent_limit).toBe(1);
+      await expect(createAccount(remote, { id: 'via-socket' })).rejects.toMatchObject({ code: '23505' });
+      await expect(remote.transaction(async () => 1)).rejects.toThrow(/not available through the ledger socket/);
+    } finally {
+      await served.close();
+      await t.drop();
+    }
   });
 });
