@@ -142,7 +142,7 @@ describe('git activities after a worker died holding git locks', () => {
       beats += 1;
     });
     await fs.writeFile(path.join(stream.root, 'two.txt'), 'two\n');
-    const { committed } = await env.run(slow.commitWork, { path: stream.root, message: 'two' });
+    const { committed } = (await env.run(slow.commitWork, { path: stream.root, message: 'two' })) as { committed: boolean };
     expect(committed).toBe(true);
     expect(beats).toBeGreaterThanOrEqual(2);
   });
