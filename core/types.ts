@@ -263,6 +263,8 @@ export interface StreamStatus {
 /** What a stream tells its objective as it goes (feed line, phase, blocked state, ledger entry). */
 export interface StreamEvent {
   streamId: string;
+  /** When it happened in the stream (events travel in batches); absent from streams of 0.1.0. */
+  at?: string;
   phase: StreamPhase;
   text: string;
   iteration: number;

@@ -6,7 +6,7 @@ import { objectiveWorkflowId } from '../../core/ids';
 import { SlipwayPhase } from '../../core/search-attributes';
 import type { FeedEvent, ObjectiveResult, StreamEvent } from '../../core/types';
 import { objectiveFeedQuery } from '../../workflows/objective';
-import { streamEventSignal } from '../../workflows/stream';
+import { streamEventSignal, streamEventsSignal } from '../../workflows/stream';
 import { closedFailure } from './status';
 import { CliError, EXIT } from '../exit-codes';
 import { openRuntime } from '../runtime';
@@ -120,9 +120,12 @@ async function feedFromHistory(client: Client, handle: WorkflowHandle): Promise<
   for (const event of history.events ?? []) {
     const at = event.eventTime ? tsToDate(event.eventTime).toISOString() : new Date(0).toISOString();
     const signal = event.workflowExecutionSignaledEventAttributes;
-    if (signal?.signalName === streamEventSignal.name) {
-      const e = await decodeFromPayloadsAtIndex<StreamEvent>(converter, 0, signal.input?.payloads).catch(() => undefined);
-      if (e?.streamId && typeof e.text === 'string') out.push({ at, source: e.streamId, text: e.text });
+    if (signal?.signalName === streamEventSignal.name || signal?.signalName === streamEventsSignal.name) {
+      // One event per signal (streams of 0.1.0, timed by the signal) or a batch (timed by the stream).
+      const decoded = await decodeFromPayloadsAtIndex<StreamEvent | StreamEvent[]>(converter, 0, signal.input?.payloads).catch(() => undefined);
+      for (const e of Array.isArray(decoded) ? decoded : [decoded]) {
+        if (e?.streamId && typeof e.text === 'string') out.push({ at: typeof e.at === 'string' ? e.at : at, source: e.streamId, text: e.text });
+      }
       continue;
     }
     const fields = event.upsertWorkflowSearchAttributesEventAttributes?.searchAttributes?.indexedFields;
