@@ -1,17 +1,19 @@
 /**
  * The objective workflow's decisions, without Temporal: stream dispatch (workflows/dispatch.ts),
  * the planner step (workflows/planner-step.ts), the feed and stream-event batching
- * (workflows/feed.ts) and the stream graph's bounds (core/stream-graph.ts).
+ * (workflows/feed.ts), when the objective continues as new (workflows/objective-rollover.ts)
+ * and the stream graph's bounds (core/stream-graph.ts).
  */
 import { describe, expect, it } from 'vitest';
 import type { Step } from '../blueprints/schema';
 import { MAX_STREAMS, streamGraphIssues } from '../core/stream-graph';
 import type { StreamPhase } from '../core/states';
-import type { ObjectiveStreamView, StreamEvent } from '../core/types';
+import type { ObjectiveStatus, ObjectiveStreamView, StreamEvent } from '../core/types';
 import { ObjectiveFileSchema } from '../core/objective-schema';
 import { PlanSchema } from '../activities/agents/structured';
 import { dispatch, type DispatchDecision, type DispatchState } from '../workflows/dispatch';
 import { appendFeed, applyStreamEvent, emptyFeed, FEED_LIMIT, feedAfter, flushNow } from '../workflows/feed';
+import { CARRIED_AGENT_RUNS, CARRIED_FEED_LINES, CARRIED_LEDGER_ENTRIES, DEFAULT_CONTINUE_AS_NEW_AFTER, shouldContinueAsNew, trimCarry } from '../workflows/objective-rollover';
 import { afterStepFailure, approvalNeeded, plannerStepAction, streamsFromPlan } from '../workflows/planner-step';
 
 const spec = (id: string, depends_on: string[] = []) => ({ id, task: `task ${id}`, depends_on });
@@ -204,5 +206,44 @@ describe('stream graph bounds', () => {
 
   it('finds a self-dependency before calling it a cycle', () => {
     expect(streamGraphIssues([spec('a', ['a'])])).toEqual([{ path: ['streams', 0, 'depends_on', 0], message: 'a stream cannot depend on itself' }]);
+  });
+});
+
+describe('objective rollover', () => {
+  it.each([
+    { name: 'below the default limit: stays', s: { historyLength: DEFAULT_CONTINUE_AS_NEW_AFTER - 1, suggested: false, limit: undefined, runningNotAbandoned: 0 }, expected: false },
+    { name: 'at the default limit: continues as new', s: { historyLength: DEFAULT_CONTINUE_AS_NEW_AFTER, suggested: false, limit: undefined, runningNotAbandoned: 0 }, expected: true },
+    { name: 'a lower limit from the input', s: { historyLength: 41, suggested: false, limit: 40, runningNotAbandoned: 0 }, expected: true },
+    { name: 'the server suggests it', s: { historyLength: 10, suggested: true, limit: undefined, runningNotAbandoned: 0 }, expected: true },
+    { name: 'never while a stream would be terminated with the run', s: { historyLength: 50_000, suggested: true, limit: undefined, runningNotAbandoned: 1 }, expected: false },
+  ])('$name', ({ s, expected }) => expect(shouldContinueAsNew(s)).toBe(expected));
+
+  it('trims what grows without bound and keeps the feed cursor', () => {
+    let feed = emptyFeed();
+    for (let i = 0; i < CARRIED_FEED_LINES + 50; i++) feed = appendFeed(feed, { at: 'T', source: 'x', text: `${i}` });
+    const entry = { at: 'T', step: 's', kind: 'unknown' as const, action: 'a', attempt: 1, maxAttempts: 1, summary: 's', result: 'failed' as const };
+    const carry = trimCarry({
+      runs: 1,
+      prepared: { integrationBranch: 'i', baseCommit: 'b', mergerPath: '/m', integrationTip: 't' },
+      status: {
+        objectiveId: 'o', phase: 'running', blueprint: 'standard', integrationBranch: 'i', streams: [], mergeOrder: [], needsAttention: [],
+        usage: { inputTokens: 0, outputTokens: 0, cachedTokens: 0, costUsd: 0, runs: 0 },
+        ledger: Array.from({ length: CARRIED_LEDGER_ENTRIES + 5 }, () => entry),
+        agentRuns: Array.from({ length: CARRIED_AGENT_RUNS + 5 }, () => ({}) as NonNullable<ObjectiveStatus['agentRuns']>[number]),
+      },
+      feed,
+      streams: [],
+      streamBlueprint: 'build-review',
+      fixCounts: {},
+      mergeQueue: [],
+      running: ['a'],
+      plannerUsage: { inputTokens: 0, outputTokens: 0, cachedTokens: 0, costUsd: 0, runs: 0 },
+    });
+    expect(carry.feed.seq).toBe(CARRIED_FEED_LINES + 50);
+    expect(carry.feed.events).toHaveLength(CARRIED_FEED_LINES);
+    expect(carry.feed.events.at(-1)!.seq).toBe(CARRIED_FEED_LINES + 50);
+    expect(carry.status.ledger).toHaveLength(CARRIED_LEDGER_ENTRIES);
+    expect(carry.status.agentRuns).toHaveLength(CARRIED_AGENT_RUNS);
+    expect(carry.running).toEqual(['a']);
   });
 });

@@ -8,11 +8,15 @@
  * A thin shell: the decisions are pure modules, each table-tested without a server:
  * `./dispatch` (which streams start, from which commit), `./planner-step` (planning, approval,
  * the plan as streams, failed steps), `./feed` (the feed and stream events), `./merge-queue`
- * (one stream's merge). This file carries them out with Temporal.
+ * (one stream's merge), `./objective-rollover` (when a run continues as new). This file
+ * carries them out with Temporal.
  */
 import {
+  ParentClosePolicy,
   TemporalFailure,
+  allHandlersFinished,
   condition,
+  continueAsNew,
   defineQuery,
   defineUpdate,
   getExternalWorkflowHandle,
@@ -23,10 +27,10 @@ import {
   startChild,
   upsertSearchAttributes,
   workflowInfo,
-  type ChildWorkflowHandle,
 } from '@temporalio/workflow';
 import type { Blueprint, Step } from '../blueprints/schema';
 import { FAILURE_KINDS } from '../core/failures';
+import { FINAL_STREAM_PHASES } from '../core/states';
 import { streamWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
 import { formatIssuePath, streamGraphIssues } from '../core/stream-graph';
@@ -50,6 +54,7 @@ import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-w
 import { dispatch } from './dispatch';
 import { failureKindOf, failureMessage } from './failure-info';
 import { appendFeed, applyStreamEvent, emptyFeed, feedAfter } from './feed';
+import { shouldContinueAsNew, trimCarry } from './objective-rollover';
 import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
 import { afterStepFailure, approvalNeeded, plannerStepAction, streamsFromPlan, type ObjectiveStepFailure } from './planner-step';
 import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
@@ -66,6 +71,8 @@ export const planDecisionUpdate = defineUpdate<{ accepted: true }, [{ approve: b
  * itself merged, at another point of the command sequence.
  */
 const DISPATCH_FROM_MERGE_COMMIT = 'dispatch-from-merge-commit';
+/** Streams are started with `ParentClosePolicy.ABANDON`, so the objective may continue as new while they run. */
+const ABANDONED_CHILDREN = 'objective-children-abandoned';
 
 export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): ObjectiveOutcome {
   const merged = streams.filter((s) => s.phase === 'merged').length;
@@ -90,14 +97,19 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     usage: emptyTotals(),
     needsAttention: [],
   };
-  let feed = emptyFeed();
+  const resume = input.resume;
+  if (resume) Object.assign(status, resume.status);
+  let feed = resume?.feed ?? emptyFeed();
   let done = false;
-  let streams: StreamSpec[] = input.streams;
+  let streams: StreamSpec[] = resume?.streams ?? input.streams;
   let planDecision: { approve: boolean; reason?: string } | undefined;
-  const mergeQueue: MergeRequest[] = [];
-  const running = new Map<string, ChildWorkflowHandle<typeof streamWorkflow>>();
+  const mergeQueue: MergeRequest[] = [...(resume?.mergeQueue ?? [])];
+  /** Streams started and not ended. A resumed run knows them by id and hears their end through their final event. */
+  const running = new Set<string>(resume?.running ?? []);
+  const abandoned = new Set<string>(resume?.running ?? []);
   let childEnded = false;
-  let streamBlueprint: Blueprint | undefined;
+  let streamBlueprintKey: string | undefined = resume?.streamBlueprint;
+  let streamBlueprint: Blueprint | undefined = streamBlueprintKey ? input.blueprint.refs[streamBlueprintKey] : undefined;
 
   const view = (id: string) => status.streams.find((s) => s.id === id);
   const say = (source: string, text: string, at = new Date().toISOString()) => {
@@ -112,7 +124,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     }
   };
   // The planner's runs count too; streams report theirs with their events.
-  const plannerUsage = emptyTotals();
+  const plannerUsage = resume?.plannerUsage ?? emptyTotals();
   const sumUsage = () => {
     status.usage = status.streams.reduce((sum, s) => (s.usage ? addTotals(sum, s.usage) : sum), { ...plannerUsage });
   };
@@ -126,10 +138,19 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   const applyEvent = (event: StreamEvent) => {
     const index = status.streams.findIndex((s) => s.id === event.streamId);
     if (index < 0) return;
-    status.streams[index] = applyStreamEvent(status.streams[index], event);
+    const v = (status.streams[index] = applyStreamEvent(status.streams[index], event));
     if (event.ledger) status.ledger.push(event.ledger);
     if (event.agentRun) (status.agentRuns ??= []).push(event.agentRun);
     say(event.streamId, event.text, event.at);
+    // A resumed run has no handle on the streams it did not start: their final event is their end.
+    if (resume && running.has(v.id) && FINAL_STREAM_PHASES.includes(event.phase)) {
+      v.phase = event.phase;
+      v.blocked = undefined;
+      if (event.phase !== 'merged' && !v.failure) v.failure = { kind: 'unknown', summary: event.text };
+      if (event.phase === 'escalated') status.needsAttention.push(v.id);
+      running.delete(v.id);
+      childEnded = true;
+    }
   };
   const afterEvents = () => {
     sumUsage();
@@ -182,23 +203,25 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   const inputIssues = streamGraphIssues(input.streams);
   if (inputIssues.length > 0) return failEarly(`invalid input: ${inputIssues.map((i) => `${formatIssuePath(i.path)}: ${i.message}`).join('; ')}`);
 
-  enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
-  let prepared: Awaited<ReturnType<typeof git.prepareObjective>>;
-  try {
-    prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox });
-  } catch (err) {
-    if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
-    // Nothing was started: end as failed with the reason rather than as a failed workflow.
-    return failEarly(`could not prepare the integration branch: ${failureMessage(err)}`);
-  }
-  status.integrationBranch = prepared.integrationBranch;
-  status.baseCommit = prepared.baseCommit;
-
   const setStreams = (specs: StreamSpec[]) => {
     streams = specs;
     status.streams = specs.map((s) => ({ id: s.id, task: s.task, phase: 'waiting', iterations: 0 }));
   };
-  setStreams(streams);
+  let prepared: Awaited<ReturnType<typeof git.prepareObjective>>;
+  if (resume) prepared = resume.prepared;
+  else {
+    enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
+    try {
+      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox });
+    } catch (err) {
+      if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
+      // Nothing was started: end as failed with the reason rather than as a failed workflow.
+      return failEarly(`could not prepare the integration branch: ${failureMessage(err)}`);
+    }
+    status.integrationBranch = prepared.integrationBranch;
+    status.baseCommit = prepared.baseCommit;
+    setStreams(streams);
+  }
 
   // --- stream dispatch (workflows/dispatch.ts decides) -----------------------------------------------
   const landed = (): Record<string, string> => {
@@ -231,8 +254,10 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         continue;
       }
       const spec = streams.find((s) => s.id === d.streamId)!;
+      const abandon = patched(ABANDONED_CHILDREN);
       const handle = await startChild(streamWorkflow, {
         workflowId: streamWorkflowId(input.id, spec.id),
+        ...(abandon ? { parentClosePolicy: ParentClosePolicy.ABANDON } : {}),
         args: [
           {
             objective: { id: input.id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
@@ -251,7 +276,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         staticSummary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
         staticDetails: `Objective \`${input.id}\`, blueprint \`${blueprint.id}\`, builds on \`${d.base === prepared.baseCommit ? input.baseBranch : d.base}\`.`,
       });
-      running.set(spec.id, handle);
+      running.add(spec.id);
+      if (abandon) abandoned.add(spec.id);
       v.phase = 'provisioning';
       handle
         .result()
@@ -283,7 +309,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
 
   // --- the merge queue (workflows/merge-queue.ts decides) -------------------------------------------
-  let integrationTip: string | undefined = prepared.integrationTip;
+  let integrationTip: string | undefined = resume ? resume.integrationTip : prepared.integrationTip;
   const mergeOne = async (request: MergeRequest) => {
     enter('merging', `merging stream ${request.streamId}`);
     view(request.streamId)!.phase = 'merging';
@@ -324,14 +350,42 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     }
   };
 
-  /** The merge queue: runs until every stream has reached a final phase. */
-  const runMergeQueue = async () => {
+  const historyFull = () => {
+    const info = workflowInfo();
+    const runningNotAbandoned = [...running].filter((id) => !abandoned.has(id)).length;
+    return shouldContinueAsNew({ historyLength: info.historyLength, suggested: info.continueAsNewSuggested, limit: input.continueAsNewAfterEvents, runningNotAbandoned });
+  };
+  /** Hands the objective to a new run (./objective-rollover): its streams keep running. */
+  const rollover = async (step: string | undefined): Promise<never> => {
+    await condition(allHandlersFinished);
+    const carry = trimCarry({
+      runs: (resume?.runs ?? 0) + 1,
+      prepared: { integrationBranch: prepared.integrationBranch, baseCommit: prepared.baseCommit, mergerPath: prepared.mergerPath, integrationTip: prepared.integrationTip },
+      integrationTip,
+      status,
+      feed,
+      streams,
+      streamBlueprint: streamBlueprintKey!,
+      step,
+      fixCounts,
+      mergeQueue,
+      // A stream whose final event came already has ended for the next run, whose handle on it is gone.
+      running: [...running].filter((id) => !FINAL_STREAM_PHASES.includes(view(id)!.phase)),
+      plannerUsage,
+    });
+    return continueAsNew<typeof objectiveWorkflow>({ ...input, resume: carry });
+  };
+
+  /** The merge queue: runs until every stream has reached a final phase. `step`: the interpreter's step holding it. */
+  const runMergeQueue = async (step?: string) => {
     enter('running', `${streams.length} streams, up to ${input.maxParallelStreams} at a time`);
     for (;;) {
       await startEligible();
       const waitingStreams = streams.filter((s) => view(s.id)!.phase === 'waiting').length;
       if (mergeQueueFinished({ running: running.size, queued: mergeQueue.length, waitingStreams, canStartStreams: streamBlueprint !== undefined })) break;
-      await condition(() => mergeQueue.length > 0 || childEnded);
+      if (historyFull()) await rollover(step);
+      // Stream events alone can grow the history while nothing merges: wake for that too.
+      await condition(() => mergeQueue.length > 0 || childEnded || historyFull());
       childEnded = false;
       while (mergeQueue.length > 0) await mergeOne(mergeQueue.shift()!);
       if (status.phase === 'merging') enter('running', 'streams in progress');
@@ -396,9 +450,10 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   // --- the blueprint interpreter ---------------------------------------------------------------------
   let planned = false;
   let feedbackForPlanner: string | undefined;
-  const fixCounts: Record<string, number> = {};
+  const fixCounts: Record<string, number> = { ...resume?.fixCounts };
   let failure: string | undefined;
-  let step: Step | undefined = startStep(root);
+  // A resumed run goes back to the step that held the merge queue (none: the queue after the blueprint).
+  let step: Step | undefined = resume ? (resume.step ? stepById(root, resume.step) : undefined) : startStep(root);
   try {
     while (step && !failure) {
       const current: Step = step;
@@ -438,15 +493,17 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             break;
           }
           streamBlueprint = ref;
+          streamBlueprintKey = current.ref;
           say('objective', `dispatching ${streams.length} streams with blueprint ${ref.id}`);
           break;
         }
         case 'deterministic': {
           if (current.action === 'dispatch_streams') {
-            streamBlueprint = input.blueprint.refs['build-review'];
+            streamBlueprintKey = 'build-review';
+            streamBlueprint = input.blueprint.refs[streamBlueprintKey];
             if (!streamBlueprint) failed = { kind: 'configuration_error', summary: 'dispatch_streams needs the build-review blueprint' };
           } else if (current.action === 'merge_queue') {
-            await runMergeQueue();
+            await runMergeQueue(current.id);
           } else if (current.action === 'run_quality_gates' && input.gates.length > 0) {
             const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
             const gates = await gateActivities(timeout, retryFor(root, current)).runGates({ path: prepared.mergerPath, gates: input.gates });

@@ -111,13 +111,21 @@ async function printEnded(
   return EXIT.runFailed;
 }
 
-/** Stream events (signals to the objective) and the objective's phase changes, in history order. */
+/**
+ * Stream events (signals to the objective) and the objective's phase changes, in history order,
+ * over every run of the objective (it continues as new when its history grows long).
+ */
 async function feedFromHistory(client: Client, handle: WorkflowHandle): Promise<Omit<FeedEvent, 'seq'>[]> {
-  const history = await handle.fetchHistory();
+  const runs = [await handle.fetchHistory()];
+  for (;;) {
+    const previous = runs[0].events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId;
+    if (!previous) break;
+    runs.unshift(await client.workflow.getHandle(handle.workflowId, previous).fetchHistory());
+  }
   const converter = client.options.loadedDataConverter;
   const out: Omit<FeedEvent, 'seq'>[] = [];
   let phase: string | undefined;
-  for (const event of history.events ?? []) {
+  for (const event of runs.flatMap((history) => history.events ?? [])) {
     const at = event.eventTime ? tsToDate(event.eventTime).toISOString() : new Date(0).toISOString();
     const signal = event.workflowExecutionSignaledEventAttributes;
     if (signal?.signalName === streamEventSignal.name || signal?.signalName === streamEventsSignal.name) {
