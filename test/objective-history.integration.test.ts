@@ -5,9 +5,10 @@
  */
 import path from 'node:path';
 import type { temporal } from '@temporalio/proto';
+import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
-import { integrationBranch, objectiveWorkflowId } from '../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
 import { MAX_STREAMS } from '../core/stream-graph';
 import type { ObjectiveResult } from '../core/types';
 import { objectiveFeedQuery, objectiveWorkflow } from '../workflows/objective';
@@ -149,6 +150,17 @@ describe('objective history at the caps', () => {
     expect(runs.length).toBeGreaterThan(1);
     expect(runs.map((r) => r.ended)).toEqual(['completed', ...runs.slice(1).map(() => 'continued_as_new')]);
     expect(runs.at(-1)!.runId).toBe(handle.firstExecutionRunId);
+
+    // Today's code replays what it recorded: every run, and the streams with their batched events.
+    const recorded = await Promise.all([
+      ...runs.map(async (r) => ({ workflowId: `objective-${r.runId}`, history: await worker.client.workflow.getHandle(objectiveWorkflowId(id), r.runId).fetchHistory() })),
+      ...input.streams.map(async (s) => ({ workflowId: s.id, history: await worker.client.workflow.getHandle(streamWorkflowId(id, s.id)).fetchHistory() })),
+    ]);
+    const replayErrors: string[] = [];
+    for await (const r of Worker.runReplayHistories({ workflowBundle: { codePath: inject('workflowBundlePath') } }, recorded)) {
+      if (r.error) replayErrors.push(`${r.workflowId}: ${r.error.message}`);
+    }
+    expect(replayErrors).toEqual([]);
 
     // The ended objective's feed comes from every run's history.
     const watch = await slipway(['watch', '--objective', id], { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: worker.taskQueue });
