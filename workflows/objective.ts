@@ -51,7 +51,7 @@ import { addRunUsage, addTotals, formatTotals, formatUsage } from '../core/usage
 import { gateActivities, gitActivities } from './activity-options';
 import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
-import { dispatch } from './dispatch';
+import { dispatch, type DispatchDecision } from './dispatch';
 import { failureKindOf, failureMessage } from './failure-info';
 import { appendFeed, applyStreamEvent, emptyFeed, feedAfter } from './feed';
 import { shouldContinueAsNew, trimCarry } from './objective-rollover';
@@ -73,6 +73,8 @@ export const planDecisionUpdate = defineUpdate<{ accepted: true }, [{ approve: b
 const DISPATCH_FROM_MERGE_COMMIT = 'dispatch-from-merge-commit';
 /** Streams are started with `ParentClosePolicy.ABANDON`, so the objective may continue as new while they run. */
 const ABANDONED_CHILDREN = 'objective-children-abandoned';
+/** The streams that may start are started together instead of one workflow task each. */
+const PARALLEL_STARTS = 'parallel-stream-starts';
 
 export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): ObjectiveOutcome {
   const merged = streams.filter((s) => s.phase === 'merged').length;
@@ -245,14 +247,18 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       landed: streams.some((s) => s.depends_on.length > 0) ? landed() : {},
       mergeOrder: status.mergeOrder,
     });
+    const starts: Extract<DispatchDecision, { type: 'start' }>[] = [];
     for (const d of decisions) {
-      const v = view(d.streamId)!;
-      if (d.type === 'fail') {
-        v.phase = 'failed';
-        v.failure = { kind: 'unknown', summary: d.summary };
-        say(d.streamId, `failed: ${d.summary}`);
+      if (d.type === 'start') {
+        starts.push(d);
         continue;
       }
+      const v = view(d.streamId)!;
+      v.phase = 'failed';
+      v.failure = { kind: 'unknown', summary: d.summary };
+      say(d.streamId, `failed: ${d.summary}`);
+    }
+    const start = async (d: Extract<DispatchDecision, { type: 'start' }>) => {
       const spec = streams.find((s) => s.id === d.streamId)!;
       const abandon = patched(ABANDONED_CHILDREN);
       const handle = await startChild(streamWorkflow, {
@@ -278,7 +284,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       });
       running.add(spec.id);
       if (abandon) abandoned.add(spec.id);
-      v.phase = 'provisioning';
+      view(spec.id)!.phase = 'provisioning';
       handle
         .result()
         .then(applyStreamResult)
@@ -294,7 +300,10 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           childEnded = true;
           refreshBlocked();
         });
-    }
+    };
+    // All at once: one workflow task starts them all (0.1.0 waited for each start in turn).
+    if (starts.length > 1 && patched(PARALLEL_STARTS)) await Promise.all(starts.map(start));
+    else for (const d of starts) await start(d);
   };
   const applyStreamResult = (result: StreamResult) => {
     const v = view(result.streamId)!;

@@ -83,10 +83,10 @@ export const guidanceUpdate = defineUpdate<GuidanceAck, [Guidance]>('guidance');
 export const streamStatusQuery = defineQuery<StreamStatus>('streamStatus');
 
 export { MAX_RATE_LIMIT_WAITS } from './stream-interpreter';
+export { failureKindOf, failureMessage } from './failure-info';
 
 /** Stream events go to the objective in batches (`streamEventsSignal`) instead of one signal each. */
 const BATCHED_STREAM_EVENTS = 'batched-stream-events';
-export { failureKindOf, failureMessage } from './failure-info';
 
 function toStepFailure(err: unknown): StepFailure {
   const cause = rootCause(err);
@@ -165,7 +165,10 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
           await sleep(FEED_FLUSH_DELAY_MS);
           await flushEvents();
         }
-      })();
+      })().catch((err) => {
+        // A cancelled stream stops sending; anything else is a bug and fails the workflow task.
+        if (!isCancellation(err)) throw err;
+      });
     }
   };
   const enter = async (phase: StreamPhase, details: string) => {
