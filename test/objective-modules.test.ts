@@ -8,13 +8,13 @@ import { describe, expect, it } from 'vitest';
 import type { Step } from '../blueprints/schema';
 import { MAX_STREAMS, streamGraphIssues } from '../core/stream-graph';
 import type { StreamPhase } from '../core/states';
-import type { ObjectiveStatus, ObjectiveStreamView, StreamEvent } from '../core/types';
+import type { ObjectiveInput, ObjectiveStatus, ObjectiveStreamView, StreamEvent } from '../core/types';
 import { ObjectiveFileSchema } from '../core/objective-schema';
 import { PlanSchema } from '../activities/agents/structured';
-import { dispatch, type DispatchDecision, type DispatchState } from '../workflows/dispatch';
-import { appendFeed, applyStreamEvent, emptyFeed, FEED_LIMIT, feedAfter, flushNow } from '../workflows/feed';
+import { dispatch, streamStart, type DispatchDecision, type DispatchState } from '../workflows/dispatch';
+import { appendFeed, applyStreamEvent, emptyFeed, FEED_LIMIT, feedAfter, flushNow, objectiveDetails } from '../workflows/feed';
 import { CARRIED_AGENT_RUNS, CARRIED_FEED_LINES, CARRIED_LEDGER_ENTRIES, DEFAULT_CONTINUE_AS_NEW_AFTER, shouldContinueAsNew, trimCarry } from '../workflows/objective-rollover';
-import { afterStepFailure, approvalNeeded, plannerStepAction, streamsFromPlan } from '../workflows/planner-step';
+import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, rateLimitWait, streamsFromPlan } from '../workflows/planner-step';
 
 const spec = (id: string, depends_on: string[] = []) => ({ id, task: `task ${id}`, depends_on });
 const many = (n: number) => Array.from({ length: n }, (_, i) => spec(`s${i}`));
@@ -245,5 +245,47 @@ describe('objective rollover', () => {
     expect(carry.status.ledger).toHaveLength(CARRIED_LEDGER_ENTRIES);
     expect(carry.status.agentRuns).toHaveLength(CARRIED_AGENT_RUNS);
     expect(carry.running).toEqual(['a']);
+  });
+});
+
+describe('what the shell hands to Temporal', () => {
+  const input = {
+    id: 'obj', objective: 'the objective', repository: '/repo', baseBranch: 'main', objectiveDir: '/dir', maxParallelStreams: 3,
+    gates: [], postMergeGates: [], agents: { planner: { provider: 'script' } }, streams: [], blueprint: { root: {}, refs: {} },
+  } as unknown as ObjectiveInput;
+  const blueprint = { id: 'build-review' } as ObjectiveInput['blueprint']['root'];
+
+  it.each([
+    { name: 'an independent stream builds on the base branch', base: 'BASE', details: 'Objective `obj`, blueprint `build-review`, builds on `main`.' },
+    { name: 'a dependent names the merge commit it builds on', base: 'MERGE', details: 'Objective `obj`, blueprint `build-review`, builds on `MERGE`.' },
+  ])('stream start: $name', ({ base, details }) => {
+    const start = streamStart(input, spec('s1'), { base, baseCommit: 'BASE', integrationBranch: 'slipway/obj/integration', blueprint, parentWorkflowId: 'objective:obj' });
+    expect(start.input).toMatchObject({ base, integrationBranch: 'slipway/obj/integration', parentWorkflowId: 'objective:obj', stream: spec('s1'), blueprint });
+    expect(start.details).toBe(details);
+    expect(start.summary).toBe('Stream s1: task s1');
+    expect(streamStart(input, { ...spec('s2'), task: 'x'.repeat(200) }, { base, baseCommit: 'BASE', integrationBranch: 'i', blueprint, parentWorkflowId: 'p' }).summary).toHaveLength('Stream s2: '.length + 120);
+  });
+
+  it('the planner works in the merger worktree, with a rejected plan as feedback', () => {
+    expect(plannerRunInput(input, { mergerPath: '/m', integrationBranch: 'i', iteration: 2, feedback: 'too big' })).toMatchObject({
+      role: 'planner', sandboxPath: '/m', targetBranch: 'i', iteration: 2, stream: { id: 'plan', task: 'the objective', branch: 'i' },
+      feedback: { kind: 'plan_rejection', summary: 'too big' },
+    });
+    expect(plannerRunInput(input, { mergerPath: '/m', integrationBranch: 'i', iteration: 1 }).feedback).toBeUndefined();
+  });
+
+  it.each([
+    { resetAt: '2026-01-01T00:00:00Z', waitMs: 61_500, summary: 'limited; waiting 62 s until 2026-01-01T00:00:00Z', feed: 'provider_rate_limit -> wait until 2026-01-01T00:00:00Z (2/5)' },
+    { resetAt: undefined, waitMs: 30_000, summary: 'limited; waiting 30 s until the default back-off', feed: 'provider_rate_limit -> wait until 30 s from now (2/5)' },
+  ])('a planner rate-limit wait until $resetAt', ({ resetAt, waitMs, summary, feed }) => {
+    const wait = rateLimitWait('plan', { n: 2, resetAt, waitMs, summary: 'limited' }, { maxWaits: 5, at: 'T' });
+    expect(wait.entry).toEqual({ at: 'T', step: 'plan', kind: 'provider_rate_limit', action: expect.any(String), attempt: 2, maxAttempts: 5, summary, result: 'waiting' });
+    expect(wait.feed).toBe(feed);
+  });
+
+  it('the details show the phase, each stream and the usage', () => {
+    const usage = { inputTokens: 0, outputTokens: 0, cachedTokens: 0, costUsd: 0, runs: 0 };
+    const text = objectiveDetails({ phase: 'running', outcome: 'blocked', usage, streams: [{ id: 'a', phase: 'blocked', iterations: 1, blocked: { mailbox: 'builder-a', since: 'T', step: 's', kind: 'unknown', summary: 'S' } }, { id: 'b', phase: 'failed', iterations: 1, failure: { kind: 'unknown', summary: 'broke' } }] });
+    expect(text.split('\n').slice(0, 4)).toEqual(['**running** (blocked)', '', '- a: blocked (mailbox builder-a)', '- b: failed (broke)']);
   });
 });

@@ -11,7 +11,7 @@
  * returns and records the failures. Bundled into workflow code: types and pure helpers only.
  */
 import { FINAL_STREAM_PHASES, type StreamPhase } from '../core/states';
-import type { StreamSpec } from '../core/types';
+import type { Blueprint, ObjectiveInput, StreamInput, StreamSpec } from '../core/types';
 
 export interface DispatchView {
   id: string;
@@ -65,4 +65,33 @@ function baseOf(dependsOn: string[], s: DispatchState): string {
   if (dependsOn.length === 0) return s.baseCommit;
   const last = dependsOn.reduce((a, b) => (s.mergeOrder.indexOf(a) >= s.mergeOrder.indexOf(b) ? a : b));
   return s.landed[last];
+}
+
+/** A started stream's input and its summary lines in the Temporal UI. */
+export function streamStart(
+  input: ObjectiveInput,
+  spec: StreamSpec,
+  at: { base: string; baseCommit: string; integrationBranch: string; blueprint: Blueprint; parentWorkflowId: string },
+): { input: StreamInput; summary: string; details: string } {
+  return {
+    input: {
+      objective: { id: input.id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
+      stream: spec,
+      base: at.base,
+      integrationBranch: at.integrationBranch,
+      gates: input.gates,
+      agents: input.agents,
+      blueprint: at.blueprint,
+      maxFixIterations: input.maxFixIterations,
+      onExhausted: input.onExhausted,
+      parentWorkflowId: at.parentWorkflowId,
+      sandbox: input.sandbox,
+    },
+    summary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
+    details: `Objective \`${input.id}\`, blueprint \`${at.blueprint.id}\`, builds on \`${at.base === at.baseCommit ? input.baseBranch : at.base}\`.`,
+  };
+}
+
+function truncate(text: string, max: number): string {
+  return text.length <= max ? text : `${text.slice(0, max - 1)}…`;
 }

@@ -11,7 +11,8 @@
  * Bundled into workflow code: types and pure helpers only.
  */
 import { FINAL_STREAM_PHASES } from '../core/states';
-import type { FeedEvent, ObjectiveStreamView, StreamEvent } from '../core/types';
+import type { FeedEvent, ObjectiveStatus, ObjectiveStreamView, StreamEvent } from '../core/types';
+import { formatTotals, formatUsage } from '../core/usage';
 
 /** Feed lines kept in workflow state; older ones stay in history (the ledger is kept whole). */
 export const FEED_LIMIT = 2_000;
@@ -66,4 +67,12 @@ export function flushNow(event: StreamEvent): boolean {
     event.phase === 'merging' ||
     FINAL_STREAM_PHASES.includes(event.phase)
   );
+}
+
+/** The objective's current details in the Temporal UI: phase, each stream, agent usage. */
+export function objectiveDetails(status: Pick<ObjectiveStatus, 'phase' | 'outcome' | 'streams' | 'usage'>): string {
+  const streams = status.streams
+    .map((s) => `- ${s.id}: ${s.phase}${s.blocked ? ` (mailbox ${s.blocked.mailbox})` : ''}${s.failure ? ` (${s.failure.summary})` : ''}${s.usage?.runs ? ` — ${formatUsage(s.usage)}` : ''}`)
+    .join('\n');
+  return `**${status.phase}**${status.outcome ? ` (${status.outcome})` : ''}\n\n${streams}\n\nAgent usage: ${formatTotals(status.usage)}`;
 }

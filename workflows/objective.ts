@@ -29,7 +29,6 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import type { Blueprint, Step } from '../blueprints/schema';
-import { FAILURE_KINDS } from '../core/failures';
 import { FINAL_STREAM_PHASES } from '../core/states';
 import { streamWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
@@ -47,16 +46,16 @@ import {
   type StreamResult,
   type StreamSpec,
 } from '../core/types';
-import { addRunUsage, addTotals, formatTotals, formatUsage } from '../core/usage';
+import { addRunUsage, addTotals, formatUsage } from '../core/usage';
 import { gateActivities, gitActivities } from './activity-options';
 import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
-import { dispatch, type DispatchDecision } from './dispatch';
+import { dispatch, streamStart, type DispatchDecision } from './dispatch';
 import { failureKindOf, failureMessage } from './failure-info';
-import { appendFeed, applyStreamEvent, emptyFeed, feedAfter } from './feed';
+import { appendFeed, applyStreamEvent, emptyFeed, feedAfter, objectiveDetails } from './feed';
 import { shouldContinueAsNew, trimCarry } from './objective-rollover';
 import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
-import { afterStepFailure, approvalNeeded, plannerStepAction, streamsFromPlan, type ObjectiveStepFailure } from './planner-step';
+import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, rateLimitWait, streamsFromPlan, type ObjectiveStepFailure } from './planner-step';
 import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
@@ -130,7 +129,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   const sumUsage = () => {
     status.usage = status.streams.reduce((sum, s) => (s.usage ? addTotals(sum, s.usage) : sum), { ...plannerUsage });
   };
-  const details = () => `**${status.phase}**${status.outcome ? ` (${status.outcome})` : ''}\n\n${summarizeStreams(status.streams)}\n\nAgent usage: ${formatTotals(status.usage)}`;
+  const details = () => objectiveDetails(status);
   const enter = (phase: ObjectivePhase, text: string) => {
     status.phase = phase;
     upsertSearchAttributes([{ key: SlipwayPhase, value: phase }]);
@@ -261,26 +260,13 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     const start = async (d: Extract<DispatchDecision, { type: 'start' }>) => {
       const spec = streams.find((s) => s.id === d.streamId)!;
       const abandon = patched(ABANDONED_CHILDREN);
+      const child = streamStart(input, spec, { base: d.base, baseCommit: prepared.baseCommit, integrationBranch: prepared.integrationBranch, blueprint, parentWorkflowId: workflowInfo().workflowId });
       const handle = await startChild(streamWorkflow, {
         workflowId: streamWorkflowId(input.id, spec.id),
         ...(abandon ? { parentClosePolicy: ParentClosePolicy.ABANDON } : {}),
-        args: [
-          {
-            objective: { id: input.id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
-            stream: spec,
-            base: d.base,
-            integrationBranch: prepared.integrationBranch,
-            gates: input.gates,
-            agents: input.agents,
-            blueprint,
-            maxFixIterations: input.maxFixIterations,
-            onExhausted: input.onExhausted,
-            parentWorkflowId: workflowInfo().workflowId,
-            sandbox: input.sandbox,
-          },
-        ],
-        staticSummary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
-        staticDetails: `Objective \`${input.id}\`, blueprint \`${blueprint.id}\`, builds on \`${d.base === prepared.baseCommit ? input.baseBranch : d.base}\`.`,
+        args: [child.input],
+        staticSummary: child.summary,
+        staticDetails: child.details,
       });
       running.add(spec.id);
       if (abandon) abandoned.add(spec.id);
@@ -410,18 +396,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     const outcome = await withRateLimitWaits(
       () =>
         runAgentLoop({
-          input: {
-            role: 'planner',
-            spec,
-            sandboxPath: prepared.mergerPath,
-            repository: input.repository,
-            objectiveDir: input.objectiveDir,
-            objective: { id: input.id, text: input.objective },
-            stream: { id: 'plan', task: input.objective, branch: prepared.integrationBranch },
-            targetBranch: prepared.integrationBranch,
-            iteration,
-            feedback: feedback ? { kind: 'plan_rejection', summary: feedback, details: '' } : undefined,
-          },
+          input: plannerRunInput(input, { mergerPath: prepared.mergerPath, integrationBranch: prepared.integrationBranch, iteration, feedback }),
           step: current.id,
           retry: retryFor(root, current),
           state: loop,
@@ -435,17 +410,9 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         }),
       MAX_RATE_LIMIT_WAITS,
       (wait) => {
-        status.ledger.push({
-          at: new Date().toISOString(),
-          step: current.id,
-          kind: 'provider_rate_limit',
-          action: FAILURE_KINDS.provider_rate_limit.action,
-          attempt: wait.n,
-          maxAttempts: MAX_RATE_LIMIT_WAITS,
-          summary: `${wait.summary}; waiting ${Math.ceil(wait.waitMs / 1000)} s until ${wait.resetAt ?? 'the default back-off'}`,
-          result: 'waiting',
-        });
-        say('planner', `provider_rate_limit -> wait until ${wait.resetAt ?? `${wait.waitMs / 1000} s from now`} (${wait.n}/${MAX_RATE_LIMIT_WAITS})`);
+        const waiting = rateLimitWait(current.id, wait, { maxWaits: MAX_RATE_LIMIT_WAITS, at: new Date().toISOString() });
+        status.ledger.push(waiting.entry);
+        say('planner', waiting.feed);
       },
     );
     if (!outcome.ok) return { kind: 'agent_runtime_transient', summary: outcome.summary };
@@ -554,14 +521,4 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   upsertSearchAttributes([{ key: SlipwayOutcome, value: outcome }]);
   enter('done', `outcome **${outcome}**${failure ? ` (${failure})` : ''}: ${status.mergeOrder.length}/${status.streams.length} streams merged into \`${prepared.integrationBranch}\``);
   return { ...status, outcome, integrationHead: finished.integrationHead, error: failure };
-}
-
-function truncate(text: string, max: number): string {
-  return text.length <= max ? text : `${text.slice(0, max - 1)}…`;
-}
-
-function summarizeStreams(streams: ObjectiveStreamView[]): string {
-  return streams
-    .map((s) => `- ${s.id}: ${s.phase}${s.blocked ? ` (mailbox ${s.blocked.mailbox})` : ''}${s.failure ? ` (${s.failure.summary})` : ''}${s.usage?.runs ? ` — ${formatUsage(s.usage)}` : ''}`)
-    .join('\n');
 }

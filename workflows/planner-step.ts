@@ -11,7 +11,8 @@
 import type { Step } from '../blueprints/schema';
 import { FAILURE_KINDS } from '../core/failures';
 import { formatIssuePath, streamGraphIssues } from '../core/stream-graph';
-import type { LedgerEntry, StreamSpec } from '../core/types';
+import type { AgentRunInput } from '../activities';
+import type { LedgerEntry, ObjectiveInput, StreamSpec } from '../core/types';
 
 export type ObjectiveStepFailureKind = 'plan_rejection' | 'configuration_error' | 'agent_runtime_transient';
 
@@ -74,4 +75,44 @@ export function afterStepFailure(
     result: canLoop ? 'retrying' : 'failed',
   };
   return { entry, next: canLoop ? { type: 'loop', step: step.on_fail!, feedback: failed.summary } : { type: 'fail', error: failed.summary } };
+}
+
+/** The planner's agent run: it works in the merger worktree, for the whole objective. */
+export function plannerRunInput(
+  input: ObjectiveInput,
+  at: { mergerPath: string; integrationBranch: string; iteration: number; feedback?: string },
+): Omit<AgentRunInput, 'agentIteration' | 'outputError'> {
+  return {
+    role: 'planner',
+    spec: input.agents.planner!,
+    sandboxPath: at.mergerPath,
+    repository: input.repository,
+    objectiveDir: input.objectiveDir,
+    objective: { id: input.id, text: input.objective },
+    stream: { id: 'plan', task: input.objective, branch: at.integrationBranch },
+    targetBranch: at.integrationBranch,
+    iteration: at.iteration,
+    feedback: at.feedback ? { kind: 'plan_rejection', summary: at.feedback, details: '' } : undefined,
+  };
+}
+
+/** The ledger entry and feed line of a planner waiting out a provider's rate limit. */
+export function rateLimitWait(
+  step: string,
+  wait: { n: number; resetAt?: string; waitMs: number; summary: string },
+  ctx: { maxWaits: number; at: string },
+): { entry: LedgerEntry; feed: string } {
+  return {
+    entry: {
+      at: ctx.at,
+      step,
+      kind: 'provider_rate_limit',
+      action: FAILURE_KINDS.provider_rate_limit.action,
+      attempt: wait.n,
+      maxAttempts: ctx.maxWaits,
+      summary: `${wait.summary}; waiting ${Math.ceil(wait.waitMs / 1000)} s until ${wait.resetAt ?? 'the default back-off'}`,
+      result: 'waiting',
+    },
+    feed: `provider_rate_limit -> wait until ${wait.resetAt ?? `${wait.waitMs / 1000} s from now`} (${wait.n}/${ctx.maxWaits})`,
+  };
 }
