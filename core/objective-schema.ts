@@ -5,6 +5,9 @@
 import { LimitsConfigSchema } from './limits';
 import { z } from 'zod';
 import { ID_PATTERN, ID_RULE, RESERVED_STREAM_IDS } from './ids';
+import { streamGraphIssues } from './stream-graph';
+
+export { findDependencyCycle, MAX_STREAMS } from './stream-graph';
 
 export const AGENT_PROVIDERS = ['script', 'claude-code', 'codex', 'opencode', 'pi'] as const;
 export type AgentProviderKind = (typeof AGENT_PROVIDERS)[number];
@@ -201,51 +204,6 @@ export const ObjectiveFileSchema = z
   })
   .superRefine((file, ctx) => {
     // "No streams and no planner" is checked by the loader once .slipway/config.yaml's agents are merged in.
-    const ids = new Set<string>();
-    file.streams.forEach((stream, index) => {
-      if (ids.has(stream.id)) {
-        ctx.addIssue({ code: 'custom', path: ['streams', index, 'id'], message: `duplicate stream id "${stream.id}"` });
-      }
-      ids.add(stream.id);
-    });
-    file.streams.forEach((stream, index) => {
-      stream.depends_on.forEach((dep, depIndex) => {
-        if (!ids.has(dep)) {
-          ctx.addIssue({ code: 'custom', path: ['streams', index, 'depends_on', depIndex], message: `unknown stream "${dep}"` });
-        } else if (dep === stream.id) {
-          ctx.addIssue({ code: 'custom', path: ['streams', index, 'depends_on', depIndex], message: 'a stream cannot depend on itself' });
-        }
-      });
-    });
-    const cycle = findDependencyCycle(file.streams);
-    if (cycle) {
-      const index = file.streams.findIndex((s) => s.id === cycle[0]);
-      ctx.addIssue({ code: 'custom', path: ['streams', index, 'depends_on'], message: `dependency cycle: ${cycle.join(' -> ')}` });
-    }
+    for (const issue of streamGraphIssues(file.streams)) ctx.addIssue({ code: 'custom', ...issue });
   });
 export type ObjectiveFile = z.infer<typeof ObjectiveFileSchema>;
-
-/** Returns one dependency cycle as a list of stream ids (first repeated at the end), or undefined. */
-export function findDependencyCycle(streams: Pick<StreamSpec, 'id' | 'depends_on'>[]): string[] | undefined {
-  const deps = new Map(streams.map((s) => [s.id, s.depends_on.filter((d) => d !== s.id)]));
-  const state = new Map<string, 'visiting' | 'done'>();
-  const stack: string[] = [];
-  const visit = (node: string): string[] | undefined => {
-    if (state.get(node) === 'done') return undefined;
-    if (state.get(node) === 'visiting') return [...stack.slice(stack.indexOf(node)), node];
-    state.set(node, 'visiting');
-    stack.push(node);
-    for (const dep of deps.get(node) ?? []) {
-      const found = deps.has(dep) ? visit(dep) : undefined;
-      if (found) return found;
-    }
-    stack.pop();
-    state.set(node, 'done');
-    return undefined;
-  };
-  for (const s of streams) {
-    const found = visit(s.id);
-    if (found) return found;
-  }
-  return undefined;
-}

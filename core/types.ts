@@ -44,6 +44,37 @@ export interface ObjectiveInput {
   blueprint: ResolvedBlueprints;
   /** How sandboxes are made and confined (the file's `sandbox:` section); absent: defaults. */
   sandbox?: SandboxOptions;
+  /** Objective history events after which the run continues as new (default 8,000; tests set it low). */
+  continueAsNewAfterEvents?: number;
+  /** Set by the objective itself when it continues as new: where the previous run stopped. */
+  resume?: ObjectiveCarry;
+}
+
+/**
+ * What an objective run hands to the next when it continues as new (in the merge queue, with
+ * no merge in flight). Its streams keep running (started with `ParentClosePolicy.ABANDON`) and
+ * are known by id; they report their end through their final event.
+ */
+export interface ObjectiveCarry {
+  /** Runs before this one. */
+  runs: number;
+  prepared: { integrationBranch: string; baseCommit: string; mergerPath: string; integrationTip: string };
+  integrationTip?: string;
+  status: ObjectiveStatus;
+  /** The last feed lines and the feed's sequence number (watchers keep their cursor). */
+  feed: { events: FeedEvent[]; seq: number };
+  streams: StreamSpec[];
+  /** Key of the stream blueprint in `blueprint.refs`. */
+  streamBlueprint: string;
+  /** The interpreter's step holding the merge queue; absent: the queue after the blueprint ended. */
+  step?: string;
+  fixCounts: Record<string, number>;
+  /** Merge requests not yet taken. */
+  mergeQueue: MergeRequest[];
+  /** Streams started and not ended. */
+  running: string[];
+  /** The planner's usage (the streams' is in their views). */
+  plannerUsage: TokenTotals;
 }
 
 /**
@@ -263,6 +294,8 @@ export interface StreamStatus {
 /** What a stream tells its objective as it goes (feed line, phase, blocked state, ledger entry). */
 export interface StreamEvent {
   streamId: string;
+  /** When it happened in the stream (events travel in batches); absent from streams of 0.1.0. */
+  at?: string;
   phase: StreamPhase;
   text: string;
   iteration: number;

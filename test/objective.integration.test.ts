@@ -8,7 +8,8 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
 import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
-import type { ObjectiveResult } from '../core/types';
+import { decodeArrayFromPayloads } from '@temporalio/common/lib/internal-non-workflow';
+import type { ObjectiveResult, StreamInput } from '../core/types';
 import { objectiveWorkflow } from '../workflows/objective';
 import { streamStatusQuery } from '../workflows/stream';
 import { DEMO_BUILDER, DEMO_REVIEWER, PLAN_BUILDER, helperFiles, writeObjective } from './helpers/objective';
@@ -143,7 +144,7 @@ describe('objective workflow', () => {
     expect(mergedStreamsInGitOrder(repo, id)).toEqual(['real']);
   });
 
-  it('starts a dependent stream from the integration branch after its dependency merged', async () => {
+  it("starts a dependent stream from its dependency's merge commit once that merged", async () => {
     const repo = makeDemoRepo();
     const id = 'deps-run';
     const file = writeObjective(
@@ -170,6 +171,12 @@ describe('objective workflow', () => {
     expect(result.outcome).toBe('completed');
     expect(result.mergeOrder).toEqual(['base', 'double']);
     expect(result.streams.find((s) => s.id === 'double')!.iterations).toBe(1);
+    // A commit, not a branch name an activity would resolve later (maybe mid-merge of another stream).
+    const started = (await worker.client.workflow.getHandle(streamWorkflowId(id, 'double')).fetchHistory()).events![0].workflowExecutionStartedEventAttributes!;
+    const [streamInput] = await decodeArrayFromPayloads(worker.client.options.loadedDataConverter, started.input?.payloads);
+    const baseMerge = result.streams.find((s) => s.id === 'base')!.mergeCommit!;
+    expect(baseMerge).toMatch(/^[0-9a-f]{40}$/);
+    expect((streamInput as StreamInput).base).toBe(baseMerge);
   });
 
   it('sends a rejected review back to the builder with the findings', async () => {

@@ -4,25 +4,36 @@
  * item (bounded parallelism, dependencies respected), and the merge queue, which integrates
  * ready streams one at a time into `slipway/<objective>/integration` with post-merge gates.
  * It also gathers its streams' events into the live feed and recovery ledger.
+ *
+ * A thin shell: the decisions are pure modules, each table-tested without a server:
+ * `./dispatch` (which streams start, from which commit), `./planner-step` (planning, approval,
+ * the plan as streams, failed steps), `./feed` (the feed and stream events), `./merge-queue`
+ * (one stream's merge), `./objective-rollover` (when a run continues as new). This file
+ * carries them out with Temporal.
  */
 import {
+  ParentClosePolicy,
+  TemporalFailure,
+  allHandlersFinished,
   condition,
+  continueAsNew,
   defineQuery,
   defineUpdate,
   getExternalWorkflowHandle,
   isCancellation,
+  patched,
   setCurrentDetails,
   setHandler,
   startChild,
   upsertSearchAttributes,
   workflowInfo,
-  type ChildWorkflowHandle,
 } from '@temporalio/workflow';
 import type { Blueprint, Step } from '../blueprints/schema';
-import { FAILURE_KINDS } from '../core/failures';
+import { FINAL_STREAM_PHASES } from '../core/states';
 import { streamWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
-import { FINAL_STREAM_PHASES, type ObjectiveOutcome, type ObjectivePhase } from '../core/states';
+import { formatIssuePath, streamGraphIssues } from '../core/stream-graph';
+import type { ObjectiveOutcome, ObjectivePhase } from '../core/states';
 import {
   emptyTotals,
   type FeedEvent,
@@ -31,16 +42,21 @@ import {
   type ObjectiveResult,
   type ObjectiveStatus,
   type ObjectiveStreamView,
+  type StreamEvent,
   type StreamResult,
   type StreamSpec,
 } from '../core/types';
+import { addRunUsage, addTotals, formatUsage } from '../core/usage';
 import { gateActivities, gitActivities } from './activity-options';
 import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
-import { addRunUsage, addTotals, formatTotals, formatUsage } from '../core/usage';
+import { dispatch, streamStart, type DispatchDecision } from './dispatch';
 import { failureKindOf, failureMessage } from './failure-info';
+import { appendFeed, applyStreamEvent, emptyFeed, feedAfter, objectiveDetails } from './feed';
+import { shouldContinueAsNew, trimCarry } from './objective-rollover';
 import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
-import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamMergeReadySignal, streamWorkflow } from './stream';
+import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, rateLimitWait, streamsFromPlan, type ObjectiveStepFailure } from './planner-step';
+import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
 /** Feed lines after `afterSeq` (for `slipway watch`), and whether the objective is done. */
@@ -48,8 +64,16 @@ export const objectiveFeedQuery = defineQuery<{ events: FeedEvent[]; done: boole
 /** A human's decision on the plan (`slipway approve` / `slipway reject`). */
 export const planDecisionUpdate = defineUpdate<{ accepted: true }, [{ approve: boolean; reason?: string }]>('planDecision');
 
-/** Feed lines kept in workflow state; older ones stay in history (the ledger is kept whole). */
-const FEED_LIMIT = 2_000;
+/**
+ * Dependents start from their dependency's merge commit (./dispatch) instead of the integration
+ * branch's name once that dependency has landed; before, they started when the stream reported
+ * itself merged, at another point of the command sequence.
+ */
+const DISPATCH_FROM_MERGE_COMMIT = 'dispatch-from-merge-commit';
+/** Streams are started with `ParentClosePolicy.ABANDON`, so the objective may continue as new while they run. */
+const ABANDONED_CHILDREN = 'objective-children-abandoned';
+/** The streams that may start are started together instead of one workflow task each. */
+const PARALLEL_STARTS = 'parallel-stream-starts';
 
 export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): ObjectiveOutcome {
   const merged = streams.filter((s) => s.phase === 'merged').length;
@@ -74,20 +98,23 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     usage: emptyTotals(),
     needsAttention: [],
   };
-  const feed: FeedEvent[] = [];
-  let seq = 0;
+  const resume = input.resume;
+  if (resume) Object.assign(status, resume.status);
+  let feed = resume?.feed ?? emptyFeed();
   let done = false;
-  let streams: StreamSpec[] = input.streams;
+  let streams: StreamSpec[] = resume?.streams ?? input.streams;
   let planDecision: { approve: boolean; reason?: string } | undefined;
-  const mergeQueue: MergeRequest[] = [];
-  const running = new Map<string, ChildWorkflowHandle<typeof streamWorkflow>>();
+  const mergeQueue: MergeRequest[] = [...(resume?.mergeQueue ?? [])];
+  /** Streams started and not ended. A resumed run knows them by id and hears their end through their final event. */
+  const running = new Set<string>(resume?.running ?? []);
+  const abandoned = new Set<string>(resume?.running ?? []);
   let childEnded = false;
-  let streamBlueprint: Blueprint | undefined;
+  let streamBlueprintKey: string | undefined = resume?.streamBlueprint;
+  let streamBlueprint: Blueprint | undefined = streamBlueprintKey ? input.blueprint.refs[streamBlueprintKey] : undefined;
 
   const view = (id: string) => status.streams.find((s) => s.id === id);
-  const say = (source: string, text: string) => {
-    feed.push({ seq: ++seq, at: new Date().toISOString(), source, text });
-    if (feed.length > FEED_LIMIT) feed.splice(0, feed.length - FEED_LIMIT);
+  const say = (source: string, text: string, at = new Date().toISOString()) => {
+    feed = appendFeed(feed, { at, source, text });
   };
   const refreshBlocked = () => {
     const blocked = status.streams.some((s) => s.phase === 'blocked');
@@ -97,14 +124,43 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       upsertSearchAttributes([{ key: SlipwayOutcome, value: outcome ?? null }]);
     }
   };
-  // The planner's runs count too; streams report theirs with every event.
-  const plannerUsage = emptyTotals();
+  // The planner's runs count too; streams report theirs with their events.
+  const plannerUsage = resume?.plannerUsage ?? emptyTotals();
   const sumUsage = () => {
     status.usage = status.streams.reduce((sum, s) => (s.usage ? addTotals(sum, s.usage) : sum), { ...plannerUsage });
   };
+  const details = () => objectiveDetails(status);
+  const enter = (phase: ObjectivePhase, text: string) => {
+    status.phase = phase;
+    upsertSearchAttributes([{ key: SlipwayPhase, value: phase }]);
+    say('objective', `${phase}: ${text}`);
+    setCurrentDetails(details());
+  };
+  const applyEvent = (event: StreamEvent) => {
+    const index = status.streams.findIndex((s) => s.id === event.streamId);
+    if (index < 0) return;
+    const v = (status.streams[index] = applyStreamEvent(status.streams[index], event));
+    if (event.ledger) status.ledger.push(event.ledger);
+    if (event.agentRun) (status.agentRuns ??= []).push(event.agentRun);
+    say(event.streamId, event.text, event.at);
+    // A resumed run has no handle on the streams it did not start: their final event is their end.
+    if (resume && running.has(v.id) && FINAL_STREAM_PHASES.includes(event.phase)) {
+      v.phase = event.phase;
+      v.blocked = undefined;
+      if (event.phase !== 'merged' && !v.failure) v.failure = { kind: 'unknown', summary: event.text };
+      if (event.phase === 'escalated') status.needsAttention.push(v.id);
+      running.delete(v.id);
+      childEnded = true;
+    }
+  };
+  const afterEvents = () => {
+    sumUsage();
+    refreshBlocked();
+    setCurrentDetails(details());
+  };
 
   setHandler(objectiveStatusQuery, () => status);
-  setHandler(objectiveFeedQuery, (afterSeq) => ({ events: feed.filter((e) => e.seq > afterSeq), done }));
+  setHandler(objectiveFeedQuery, (afterSeq) => ({ events: feedAfter(feed, afterSeq), done }));
   setHandler(
     planDecisionUpdate,
     (decision) => {
@@ -121,98 +177,105 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   setHandler(streamMergeReadySignal, (request) => {
     mergeQueue.push(request);
   });
+  // Streams of 0.1.0 send one event per signal; today's send them in batches (./feed).
   setHandler(streamEventSignal, (event) => {
-    const v = view(event.streamId);
-    if (!v) return;
-    if (!FINAL_STREAM_PHASES.includes(v.phase)) v.phase = event.phase;
-    v.iterations = event.iteration;
-    if (event.blocked !== undefined) v.blocked = event.blocked ?? undefined;
-    if (event.usage) v.usage = event.usage;
-    if (event.ledger) status.ledger.push(event.ledger);
-    if (event.agentRun) (status.agentRuns ??= []).push(event.agentRun);
-    say(event.streamId, event.text);
-    sumUsage();
-    refreshBlocked();
-    setCurrentDetails(details());
+    applyEvent(event);
+    afterEvents();
+  });
+  setHandler(streamEventsSignal, (events) => {
+    for (const event of events) applyEvent(event);
+    afterEvents();
   });
   upsertSearchAttributes([
     { key: SlipwayKind, value: 'objective' },
     { key: SlipwayObjective, value: input.id },
   ]);
-  const details = () => `**${status.phase}**${status.outcome ? ` (${status.outcome})` : ''}\n\n${summarizeStreams(status.streams)}\n\nAgent usage: ${formatTotals(status.usage)}`;
-  const enter = (phase: ObjectivePhase, text: string) => {
-    status.phase = phase;
-    upsertSearchAttributes([{ key: SlipwayPhase, value: phase }]);
-    say('objective', `${phase}: ${text}`);
-    setCurrentDetails(details());
-  };
 
-  enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
-  let prepared: Awaited<ReturnType<typeof git.prepareObjective>>;
-  try {
-    prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox });
-  } catch (err) {
-    if (isCancellation(err)) throw err;
-    // Nothing was started: end as failed with the reason rather than as a failed workflow.
-    const error = `could not prepare the integration branch: ${failureMessage(err)}`;
+  /** Ends the objective as failed with a reason, when nothing was started. */
+  const failEarly = (error: string): ObjectiveResult => {
     done = true;
     status.outcome = 'failed';
     upsertSearchAttributes([{ key: SlipwayOutcome, value: 'failed' }]);
     enter('done', `outcome **failed**: ${error}`);
     return { ...status, outcome: 'failed', error };
-  }
-  status.integrationBranch = prepared.integrationBranch;
-  status.baseCommit = prepared.baseCommit;
+  };
+
+  // The loader checks the file; a client that starts the workflow directly is held to the same bounds.
+  const inputIssues = streamGraphIssues(input.streams);
+  if (inputIssues.length > 0) return failEarly(`invalid input: ${inputIssues.map((i) => `${formatIssuePath(i.path)}: ${i.message}`).join('; ')}`);
 
   const setStreams = (specs: StreamSpec[]) => {
     streams = specs;
     status.streams = specs.map((s) => ({ id: s.id, task: s.task, phase: 'waiting', iterations: 0 }));
   };
-  setStreams(streams);
+  let prepared: Awaited<ReturnType<typeof git.prepareObjective>>;
+  if (resume) prepared = resume.prepared;
+  else {
+    enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
+    try {
+      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox });
+    } catch (err) {
+      if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
+      // Nothing was started: end as failed with the reason rather than as a failed workflow.
+      return failEarly(`could not prepare the integration branch: ${failureMessage(err)}`);
+    }
+    status.integrationBranch = prepared.integrationBranch;
+    status.baseCommit = prepared.baseCommit;
+    setStreams(streams);
+  }
 
-  // --- stream scheduling ---------------------------------------------------------------------------
+  // --- stream dispatch (workflows/dispatch.ts decides) -----------------------------------------------
+  const landed = (): Record<string, string> => {
+    const byCommit = patched(DISPATCH_FROM_MERGE_COMMIT);
+    const out: Record<string, string> = {};
+    for (const v of status.streams) {
+      if (byCommit && v.mergeCommit) out[v.id] = v.mergeCommit;
+      else if (!byCommit && v.phase === 'merged') out[v.id] = prepared.integrationBranch;
+    }
+    return out;
+  };
   const startEligible = async () => {
     if (!streamBlueprint) return;
-    for (const spec of streams) {
-      const v = view(spec.id)!;
-      if (v.phase !== 'waiting' || running.has(spec.id)) continue;
-      const deps = spec.depends_on.map((d) => view(d)!);
-      const brokenDep = deps.find((d) => d.phase === 'failed' || d.phase === 'escalated');
-      if (brokenDep) {
-        v.phase = 'failed';
-        v.failure = { kind: 'unknown', summary: `dependency "${brokenDep.id}" did not merge` };
-        say(spec.id, `failed: ${v.failure.summary}`);
+    const blueprint = streamBlueprint;
+    const decisions = dispatch({
+      streams,
+      views: status.streams,
+      running: running.size,
+      maxParallel: input.maxParallelStreams,
+      baseCommit: prepared.baseCommit,
+      landed: streams.some((s) => s.depends_on.length > 0) ? landed() : {},
+      mergeOrder: status.mergeOrder,
+    });
+    const starts: Extract<DispatchDecision, { type: 'start' }>[] = [];
+    for (const d of decisions) {
+      if (d.type === 'start') {
+        starts.push(d);
         continue;
       }
-      if (deps.some((d) => d.phase !== 'merged') || running.size >= input.maxParallelStreams) continue;
-      // Dependents start from the integration branch, which already holds their dependencies.
-      const base = spec.depends_on.length > 0 ? prepared.integrationBranch : prepared.baseCommit;
+      const v = view(d.streamId)!;
+      v.phase = 'failed';
+      v.failure = { kind: 'unknown', summary: d.summary };
+      say(d.streamId, `failed: ${d.summary}`);
+    }
+    const start = async (d: Extract<DispatchDecision, { type: 'start' }>) => {
+      const spec = streams.find((s) => s.id === d.streamId)!;
+      const abandon = patched(ABANDONED_CHILDREN);
+      const child = streamStart(input, spec, { base: d.base, baseCommit: prepared.baseCommit, integrationBranch: prepared.integrationBranch, blueprint, parentWorkflowId: workflowInfo().workflowId });
       const handle = await startChild(streamWorkflow, {
         workflowId: streamWorkflowId(input.id, spec.id),
-        args: [
-          {
-            objective: { id: input.id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
-            stream: spec,
-            base,
-            integrationBranch: prepared.integrationBranch,
-            gates: input.gates,
-            agents: input.agents,
-            blueprint: streamBlueprint,
-            maxFixIterations: input.maxFixIterations,
-            onExhausted: input.onExhausted,
-            parentWorkflowId: workflowInfo().workflowId,
-            sandbox: input.sandbox,
-          },
-        ],
-        staticSummary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
-        staticDetails: `Objective \`${input.id}\`, blueprint \`${streamBlueprint.id}\`, builds on \`${base === prepared.baseCommit ? input.baseBranch : prepared.integrationBranch}\`.`,
+        ...(abandon ? { parentClosePolicy: ParentClosePolicy.ABANDON } : {}),
+        args: [child.input],
+        staticSummary: child.summary,
+        staticDetails: child.details,
       });
-      running.set(spec.id, handle);
-      v.phase = 'provisioning';
+      running.add(spec.id);
+      if (abandon) abandoned.add(spec.id);
+      view(spec.id)!.phase = 'provisioning';
       handle
         .result()
         .then(applyStreamResult)
         .catch((err) => {
+          if (!(err instanceof TemporalFailure)) throw err;
           const stream = view(spec.id)!;
           stream.phase = 'failed';
           stream.failure = { kind: failureKindOf(err), summary: failureMessage(err) };
@@ -223,7 +286,10 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           childEnded = true;
           refreshBlocked();
         });
-    }
+    };
+    // All at once: one workflow task starts them all (0.1.0 waited for each start in turn).
+    if (starts.length > 1 && patched(PARALLEL_STARTS)) await Promise.all(starts.map(start));
+    else for (const d of starts) await start(d);
   };
   const applyStreamResult = (result: StreamResult) => {
     const v = view(result.streamId)!;
@@ -238,7 +304,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
 
   // --- the merge queue (workflows/merge-queue.ts decides) -------------------------------------------
-  let integrationTip: string | undefined = prepared.integrationTip;
+  let integrationTip: string | undefined = resume ? resume.integrationTip : prepared.integrationTip;
   const mergeOne = async (request: MergeRequest) => {
     enter('merging', `merging stream ${request.streamId}`);
     view(request.streamId)!.phase = 'merging';
@@ -267,7 +333,11 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         event = { type: 'integration_reset' };
       } else {
         integrationTip = merge.tip;
-        if (action.landed) status.mergeOrder.push(request.streamId);
+        if (action.landed) {
+          status.mergeOrder.push(request.streamId);
+          // Known here, before the stream ends: its dependents may start from it at once.
+          if (action.decision.status === 'merged') view(request.streamId)!.mergeCommit = action.decision.commit;
+        }
         say('merge-queue', action.feed);
         await getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId)).signal(mergeDecisionSignal, action.decision);
         return;
@@ -275,98 +345,110 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     }
   };
 
-  /** The merge queue: runs until every stream has reached a final phase. */
-  const runMergeQueue = async () => {
+  const historyFull = () => {
+    const info = workflowInfo();
+    const runningNotAbandoned = [...running].filter((id) => !abandoned.has(id)).length;
+    return shouldContinueAsNew({ historyLength: info.historyLength, suggested: info.continueAsNewSuggested, limit: input.continueAsNewAfterEvents, runningNotAbandoned });
+  };
+  /** Hands the objective to a new run (./objective-rollover): its streams keep running. */
+  const rollover = async (step: string | undefined): Promise<never> => {
+    await condition(allHandlersFinished);
+    const carry = trimCarry({
+      runs: (resume?.runs ?? 0) + 1,
+      prepared: { integrationBranch: prepared.integrationBranch, baseCommit: prepared.baseCommit, mergerPath: prepared.mergerPath, integrationTip: prepared.integrationTip },
+      integrationTip,
+      status,
+      feed,
+      streams,
+      streamBlueprint: streamBlueprintKey!,
+      step,
+      fixCounts,
+      mergeQueue,
+      // A stream whose final event came already has ended for the next run, whose handle on it is gone.
+      running: [...running].filter((id) => !FINAL_STREAM_PHASES.includes(view(id)!.phase)),
+      plannerUsage,
+    });
+    return continueAsNew<typeof objectiveWorkflow>({ ...input, resume: carry });
+  };
+
+  /** The merge queue: runs until every stream has reached a final phase. `step`: the interpreter's step holding it. */
+  const runMergeQueue = async (step?: string) => {
     enter('running', `${streams.length} streams, up to ${input.maxParallelStreams} at a time`);
     for (;;) {
       await startEligible();
       const waitingStreams = streams.filter((s) => view(s.id)!.phase === 'waiting').length;
       if (mergeQueueFinished({ running: running.size, queued: mergeQueue.length, waitingStreams, canStartStreams: streamBlueprint !== undefined })) break;
-      await condition(() => mergeQueue.length > 0 || childEnded);
+      if (historyFull()) await rollover(step);
+      // Stream events alone can grow the history while nothing merges: wake for that too.
+      await condition(() => mergeQueue.length > 0 || childEnded || historyFull());
       childEnded = false;
       while (mergeQueue.length > 0) await mergeOne(mergeQueue.shift()!);
       if (status.phase === 'merging') enter('running', 'streams in progress');
     }
   };
 
+  // --- the planner step (workflows/planner-step.ts decides) -------------------------------------------
+  const runPlanner = async (current: Extract<Step, { type: 'agent' }>, feedback: string | undefined, iteration: number): Promise<ObjectiveStepFailure | undefined> => {
+    const spec = input.agents.planner!;
+    enter('planning', 'the planner is splitting the objective into streams');
+    // Kept across rate-limit waits: the loop continues at the run it stopped at.
+    const loop = newAgentLoop();
+    const outcome = await withRateLimitWaits(
+      () =>
+        runAgentLoop({
+          input: plannerRunInput(input, { mergerPath: prepared.mergerPath, integrationBranch: prepared.integrationBranch, iteration, feedback }),
+          step: current.id,
+          retry: retryFor(root, current),
+          state: loop,
+          onRun: async (_run, record) => {
+            addRunUsage(plannerUsage, record);
+            (status.agentRuns ??= []).push(record);
+            sumUsage();
+            say('planner', `planner run (${spec.provider}): ${formatUsage(record)}${record.result === 'invalid_output' ? '; answer unusable' : ''}`);
+            setCurrentDetails(details());
+          },
+        }),
+      MAX_RATE_LIMIT_WAITS,
+      (wait) => {
+        const waiting = rateLimitWait(current.id, wait, { maxWaits: MAX_RATE_LIMIT_WAITS, at: new Date().toISOString() });
+        status.ledger.push(waiting.entry);
+        say('planner', waiting.feed);
+      },
+    );
+    if (!outcome.ok) return { kind: 'agent_runtime_transient', summary: outcome.summary };
+    const plan = streamsFromPlan(outcome.last.plan);
+    if (!plan.ok) return plan.failure;
+    setStreams(plan.streams);
+    say('planner', `planned ${streams.length} streams: ${streams.map((s) => s.id).join(', ')}`);
+    return undefined;
+  };
+
   // --- the blueprint interpreter ---------------------------------------------------------------------
   let planned = false;
   let feedbackForPlanner: string | undefined;
-  const fixCounts: Record<string, number> = {};
+  const fixCounts: Record<string, number> = { ...resume?.fixCounts };
   let failure: string | undefined;
-  let step: Step | undefined = startStep(root);
+  // A resumed run goes back to the step that held the merge queue (none: the queue after the blueprint).
+  let step: Step | undefined = resume ? (resume.step ? stepById(root, resume.step) : undefined) : startStep(root);
   try {
     while (step && !failure) {
       const current: Step = step;
-      let failed: { kind: 'plan_rejection' | 'configuration_error' | 'agent_runtime_transient'; summary: string } | undefined;
+      let failed: ObjectiveStepFailure | undefined;
       switch (current.type) {
         case 'agent': {
-          if (current.role !== 'planner') {
-            failed = { kind: 'configuration_error', summary: `a ${current.role} step cannot run at objective level` };
-            break;
+          const action = plannerStepAction(current, { streams: streams.length, feedback: feedbackForPlanner, plannerConfigured: input.agents.planner !== undefined });
+          if (action.type === 'fail') failed = action.failure;
+          else if (action.type === 'plan') {
+            failed = await runPlanner(current, feedbackForPlanner, (fixCounts.approve ?? 0) + 1);
+            if (!failed) {
+              planned = true;
+              feedbackForPlanner = undefined;
+            }
           }
-          if (current.optional && streams.length > 0 && !feedbackForPlanner) break; // streams given: nothing to plan
-          const spec = input.agents.planner;
-          if (!spec) {
-            failed = { kind: 'configuration_error', summary: 'the objective lists no streams and no planner agent is configured' };
-            break;
-          }
-          enter('planning', 'the planner is splitting the objective into streams');
-          const planLoop = newAgentLoop();
-          const outcome = await withRateLimitWaits(
-            () =>
-              runAgentLoop({
-                input: {
-                  role: 'planner',
-                  spec,
-                  sandboxPath: prepared.mergerPath,
-                  repository: input.repository,
-                  objectiveDir: input.objectiveDir,
-                  objective: { id: input.id, text: input.objective },
-                  stream: { id: 'plan', task: input.objective, branch: prepared.integrationBranch },
-                  targetBranch: prepared.integrationBranch,
-                  iteration: (fixCounts.approve ?? 0) + 1,
-                  feedback: feedbackForPlanner ? { kind: 'plan_rejection', summary: feedbackForPlanner, details: '' } : undefined,
-                },
-                step: current.id,
-                retry: retryFor(root, current),
-                state: planLoop,
-                onRun: async (_run, record) => {
-                  addRunUsage(plannerUsage, record);
-                  (status.agentRuns ??= []).push(record);
-                  sumUsage();
-                  say('planner', `planner run (${spec.provider}): ${formatUsage(record)}${record.result === 'invalid_output' ? '; answer unusable' : ''}`);
-                  setCurrentDetails(details());
-                },
-              }),
-            MAX_RATE_LIMIT_WAITS,
-            (wait) => {
-              status.ledger.push({
-                at: new Date().toISOString(),
-                step: current.id,
-                kind: 'provider_rate_limit',
-                action: FAILURE_KINDS.provider_rate_limit.action,
-                attempt: wait.n,
-                maxAttempts: MAX_RATE_LIMIT_WAITS,
-                summary: `${wait.summary}; waiting ${Math.ceil(wait.waitMs / 1000)} s until ${wait.resetAt ?? 'the default back-off'}`,
-                result: 'waiting',
-              });
-              say('planner', `provider_rate_limit -> wait until ${wait.resetAt ?? `${wait.waitMs / 1000} s from now`} (${wait.n}/${MAX_RATE_LIMIT_WAITS})`);
-            },
-          );
-          if (!outcome.ok) {
-            failed = { kind: 'agent_runtime_transient', summary: outcome.summary };
-            break;
-          }
-          const run = outcome.last;
-          setStreams(run.plan ?? []);
-          planned = true;
-          feedbackForPlanner = undefined;
-          say('planner', `planned ${streams.length} streams: ${streams.map((s) => s.id).join(', ')}`);
           break;
         }
         case 'human': {
-          if (current.optional && !planned && !input.requireApproval) break;
+          if (!approvalNeeded(current, { planned, requireApproval: input.requireApproval === true })) break;
           status.pendingApproval = { streams, prompt: current.prompt };
           planDecision = undefined;
           enter('awaiting_approval', `waiting for \`slipway approve ${input.id}\` or \`slipway reject ${input.id} --reason ...\``);
@@ -387,15 +469,17 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             break;
           }
           streamBlueprint = ref;
+          streamBlueprintKey = current.ref;
           say('objective', `dispatching ${streams.length} streams with blueprint ${ref.id}`);
           break;
         }
         case 'deterministic': {
           if (current.action === 'dispatch_streams') {
-            streamBlueprint = input.blueprint.refs['build-review'];
+            streamBlueprintKey = 'build-review';
+            streamBlueprint = input.blueprint.refs[streamBlueprintKey];
             if (!streamBlueprint) failed = { kind: 'configuration_error', summary: 'dispatch_streams needs the build-review blueprint' };
           } else if (current.action === 'merge_queue') {
-            await runMergeQueue();
+            await runMergeQueue(current.id);
           } else if (current.action === 'run_quality_gates' && input.gates.length > 0) {
             const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
             const gates = await gateActivities(timeout, retryFor(root, current)).runGates({ path: prepared.mergerPath, gates: input.gates });
@@ -408,26 +492,15 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         }
       }
       if (failed) {
-        const limit = fixLimit(root, current, overrides);
-        const count = fixCounts[current.id] ?? 0;
-        const canLoop = failed.kind === 'plan_rejection' && current.on_fail && count < limit;
-        status.ledger.push({
-          at: new Date().toISOString(),
-          step: current.id,
-          kind: failed.kind,
-          action: FAILURE_KINDS[failed.kind].action,
-          attempt: canLoop ? count + 1 : limit,
-          maxAttempts: limit,
-          summary: failed.summary,
-          result: canLoop ? 'retrying' : 'failed',
-        });
-        if (canLoop) {
-          fixCounts[current.id] = count + 1;
-          feedbackForPlanner = failed.summary;
-          step = stepById(root, current.on_fail!);
+        const after = afterStepFailure(current, failed, { fixCount: fixCounts[current.id] ?? 0, fixLimit: fixLimit(root, current, overrides), at: new Date().toISOString() });
+        status.ledger.push(after.entry);
+        if (after.next.type === 'loop') {
+          fixCounts[current.id] = (fixCounts[current.id] ?? 0) + 1;
+          feedbackForPlanner = after.next.feedback;
+          step = stepById(root, after.next.step);
           continue;
         }
-        failure = failed.summary;
+        failure = after.next.error;
         break;
       }
       step = nextStep(root, current);
@@ -435,7 +508,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     // Streams dispatched by a blueprint without its own merge step still get merged.
     if (!failure && streamBlueprint && (running.size > 0 || streams.some((s) => view(s.id)!.phase === 'waiting'))) await runMergeQueue();
   } catch (err) {
-    if (isCancellation(err)) throw err;
+    // Only Temporal failures end the objective as failed: a bug fails the workflow task, and a fixed deploy resumes it.
+    if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
     failure = failureMessage(err);
   }
 
@@ -447,14 +521,4 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   upsertSearchAttributes([{ key: SlipwayOutcome, value: outcome }]);
   enter('done', `outcome **${outcome}**${failure ? ` (${failure})` : ''}: ${status.mergeOrder.length}/${status.streams.length} streams merged into \`${prepared.integrationBranch}\``);
   return { ...status, outcome, integrationHead: finished.integrationHead, error: failure };
-}
-
-function truncate(text: string, max: number): string {
-  return text.length <= max ? text : `${text.slice(0, max - 1)}…`;
-}
-
-function summarizeStreams(streams: ObjectiveStreamView[]): string {
-  return streams
-    .map((s) => `- ${s.id}: ${s.phase}${s.blocked ? ` (mailbox ${s.blocked.mailbox})` : ''}${s.failure ? ` (${s.failure.summary})` : ''}${s.usage?.runs ? ` — ${formatUsage(s.usage)}` : ''}`)
-    .join('\n');
 }

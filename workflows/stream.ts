@@ -20,6 +20,7 @@ import {
   defineUpdate,
   getExternalWorkflowHandle,
   isCancellation,
+  patched,
   setCurrentDetails,
   setHandler,
   sleep,
@@ -52,6 +53,7 @@ import type { AgentRunResult } from '../activities';
 import { gateActivities, gitActivities } from './activity-options';
 import { newAgentLoop, runAgentLoop, type AgentLoopState } from './agent-runs';
 import { retryFor } from './blueprint-walker';
+import { FEED_BATCH_LIMIT, FEED_FLUSH_DELAY_MS, flushNow } from './feed';
 import { failureKindOf, failureMessage, rootCause } from './failure-info';
 import { releaseSandboxSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 import {
@@ -70,8 +72,10 @@ import {
 
 /** Sent by a stream to its objective when its work passed gates and review. */
 export const streamMergeReadySignal = defineSignal<[MergeRequest]>('streamMergeReady');
-/** Sent by a stream to its objective on every phase change, ledger entry and block. */
+/** One event per signal: how streams of 0.1.0 tell their objective (still handled for them). */
 export const streamEventSignal = defineSignal<[StreamEvent]>('streamEvent');
+/** A stream's buffered events, oldest first (phase changes, ledger entries, blocks, agent runs; ./feed). */
+export const streamEventsSignal = defineSignal<[StreamEvent[]]>('streamEvents');
 /** Sent by the objective's merge queue to tell the stream what became of its merge. */
 export const mergeDecisionSignal = defineSignal<[MergeDecision]>('mergeDecision');
 /** Human guidance for a blocked stream (`slipway mail send`). Validated: the stream must be blocked. */
@@ -80,6 +84,9 @@ export const streamStatusQuery = defineQuery<StreamStatus>('streamStatus');
 
 export { MAX_RATE_LIMIT_WAITS } from './stream-interpreter';
 export { failureKindOf, failureMessage } from './failure-info';
+
+/** Stream events go to the objective in batches (`streamEventsSignal`) instead of one signal each. */
+const BATCHED_STREAM_EVENTS = 'batched-stream-events';
 
 function toStepFailure(err: unknown): StepFailure {
   const cause = rootCause(err);
@@ -127,11 +134,42 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     { key: SlipwayStream, value: stream.id },
   ]);
 
-  /** Tells the objective (feed line, phase, block state, ledger entry). Best effort: the parent may be gone. */
+  /**
+   * Tells the objective (feed line, phase, block state, ledger entry). Best effort: the parent
+   * may be gone. Events are buffered and sent in batches (./feed decides when), each batch
+   * after the one before it; a line waits at most FEED_FLUSH_DELAY_MS.
+   */
+  const pendingEvents: StreamEvent[] = [];
+  let sending: Promise<void> = Promise.resolve();
+  let flusherStarted = false;
+  const flushEvents = () => {
+    while (pendingEvents.length > 0) {
+      const batch = pendingEvents.splice(0, FEED_BATCH_LIMIT);
+      sending = sending.then(() => parent.signal(streamEventsSignal, batch).catch(() => undefined));
+    }
+    return sending;
+  };
   const emit = async (text: string, extra: Partial<StreamEvent> = {}) => {
-    await parent
-      .signal(streamEventSignal, { streamId: stream.id, phase: status.phase, iteration: status.iteration, text, usage: status.usage, ...extra })
-      .catch(() => undefined);
+    const event: StreamEvent = { streamId: stream.id, at: new Date().toISOString(), phase: status.phase, iteration: status.iteration, text, usage: { ...status.usage }, ...extra };
+    if (!patched(BATCHED_STREAM_EVENTS)) {
+      await parent.signal(streamEventSignal, event).catch(() => undefined);
+      return;
+    }
+    pendingEvents.push(event);
+    if (flushNow(event)) return flushEvents();
+    if (!flusherStarted) {
+      flusherStarted = true;
+      void (async () => {
+        for (;;) {
+          await condition(() => pendingEvents.length > 0);
+          await sleep(FEED_FLUSH_DELAY_MS);
+          await flushEvents();
+        }
+      })().catch((err) => {
+        // A cancelled stream stops sending; anything else is a bug and fails the workflow task.
+        if (!isCancellation(err)) throw err;
+      });
+    }
   };
   const enter = async (phase: StreamPhase, details: string) => {
     status.phase = phase;

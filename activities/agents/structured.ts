@@ -3,7 +3,8 @@
  * block is parsed as JSON and validated with zod.
  */
 import { z } from 'zod';
-import { findDependencyCycle, StreamSchema } from '../../core/objective-schema';
+import { StreamSchema } from '../../core/objective-schema';
+import { streamGraphIssues } from '../../core/stream-graph';
 
 export const ReviewVerdictSchema = z.object({
   verdict: z.enum(['approve', 'reject']),
@@ -32,17 +33,9 @@ export function extractTagged<T>(text: string, tag: string, schema: z.ZodType<T>
   return { ok: true, value: parsed.data };
 }
 
-/** A planner's answer: the streams of the objective, with valid ids and dependencies. */
+/** A planner's answer: the streams of the objective, with valid ids and dependencies, at most `MAX_STREAMS`. */
 export const PlanSchema = z
   .object({ streams: z.array(StreamSchema).min(1) })
   .superRefine((plan, ctx) => {
-    const ids = new Set(plan.streams.map((s) => s.id));
-    if (ids.size !== plan.streams.length) ctx.addIssue({ code: 'custom', path: ['streams'], message: 'stream ids must be unique' });
-    plan.streams.forEach((s, i) =>
-      s.depends_on.forEach((d, j) => {
-        if (!ids.has(d)) ctx.addIssue({ code: 'custom', path: ['streams', i, 'depends_on', j], message: `unknown stream "${d}"` });
-      }),
-    );
-    const cycle = findDependencyCycle(plan.streams);
-    if (cycle) ctx.addIssue({ code: 'custom', path: ['streams'], message: `dependency cycle: ${cycle.join(' -> ')}` });
+    for (const issue of streamGraphIssues(plan.streams)) ctx.addIssue({ code: 'custom', ...issue });
   });

@@ -6,7 +6,7 @@ import { objectiveWorkflowId } from '../../core/ids';
 import { SlipwayPhase } from '../../core/search-attributes';
 import type { FeedEvent, ObjectiveResult, StreamEvent } from '../../core/types';
 import { objectiveFeedQuery } from '../../workflows/objective';
-import { streamEventSignal } from '../../workflows/stream';
+import { streamEventSignal, streamEventsSignal } from '../../workflows/stream';
 import { closedFailure } from './status';
 import { CliError, EXIT } from '../exit-codes';
 import { openRuntime } from '../runtime';
@@ -111,18 +111,29 @@ async function printEnded(
   return EXIT.runFailed;
 }
 
-/** Stream events (signals to the objective) and the objective's phase changes, in history order. */
+/**
+ * Stream events (signals to the objective) and the objective's phase changes, in history order,
+ * over every run of the objective (it continues as new when its history grows long).
+ */
 async function feedFromHistory(client: Client, handle: WorkflowHandle): Promise<Omit<FeedEvent, 'seq'>[]> {
-  const history = await handle.fetchHistory();
+  const runs = [await handle.fetchHistory()];
+  for (;;) {
+    const previous = runs[0].events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId;
+    if (!previous) break;
+    runs.unshift(await client.workflow.getHandle(handle.workflowId, previous).fetchHistory());
+  }
   const converter = client.options.loadedDataConverter;
   const out: Omit<FeedEvent, 'seq'>[] = [];
   let phase: string | undefined;
-  for (const event of history.events ?? []) {
+  for (const event of runs.flatMap((history) => history.events ?? [])) {
     const at = event.eventTime ? tsToDate(event.eventTime).toISOString() : new Date(0).toISOString();
     const signal = event.workflowExecutionSignaledEventAttributes;
-    if (signal?.signalName === streamEventSignal.name) {
-      const e = await decodeFromPayloadsAtIndex<StreamEvent>(converter, 0, signal.input?.payloads).catch(() => undefined);
-      if (e?.streamId && typeof e.text === 'string') out.push({ at, source: e.streamId, text: e.text });
+    if (signal?.signalName === streamEventSignal.name || signal?.signalName === streamEventsSignal.name) {
+      // One event per signal (streams of 0.1.0, timed by the signal) or a batch (timed by the stream).
+      const decoded = await decodeFromPayloadsAtIndex<StreamEvent | StreamEvent[]>(converter, 0, signal.input?.payloads).catch(() => undefined);
+      for (const e of Array.isArray(decoded) ? decoded : [decoded]) {
+        if (e?.streamId && typeof e.text === 'string') out.push({ at: typeof e.at === 'string' ? e.at : at, source: e.streamId, text: e.text });
+      }
       continue;
     }
     const fields = event.upsertWorkflowSearchAttributesEventAttributes?.searchAttributes?.indexedFields;
