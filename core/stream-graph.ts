@@ -7,7 +7,7 @@
 
 /**
  * Most streams one objective may have, from the file or from the planner. It bounds the
- * objective's history (docs/adr/0008-bounded-objective-history.md works out the worst case).
+ * objective's history (docs/adr/0009-bounded-objective-history.md works out the worst case).
  */
 export const MAX_STREAMS = 64;
 

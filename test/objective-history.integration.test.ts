@@ -24,7 +24,7 @@ const PLANNER = path.join(PROJECT_ROOT, 'test', 'fixtures', 'agents', 'planner.m
  * Most objective events one zero-work stream can cost, however slow the machine: its child (3
  * events), at most one batch per feed line (9) and its merge request (1), the merge (2 phase
  * upserts, the merge activity's 3, the decision signal's 2) and a workflow task (3 events) for
- * each of the 14 things that may wake the objective. docs/adr/0008-bounded-objective-history.md.
+ * each of the 14 things that may wake the objective. docs/adr/0009-bounded-objective-history.md.
  */
 const ZERO_WORK_EVENTS_PER_STREAM = 3 + 9 + 1 + 7 + 14 * 3;
 /** The objective's own events: start, search attributes, preparing, finishing, their tasks. */

@@ -4,7 +4,7 @@
  * An objective's history grows with its streams' merges (each one a handful of events and
  * workflow tasks), and at the caps (64 streams, 50 fix iterations each going through the merge
  * queue) it could pass 80,000 events, over Temporal's 51,200 limit
- * (docs/adr/0008-bounded-objective-history.md). So the merge queue continues as new once a run
+ * (docs/adr/0009-bounded-objective-history.md). So the merge queue continues as new once a run
  * holds `DEFAULT_CONTINUE_AS_NEW_AFTER` events, at a point where nothing is in flight: no
  * merge, and every running stream started with `ParentClosePolicy.ABANDON` (a stream started
  * by an older deploy would be terminated with the run).
