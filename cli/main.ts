@@ -5,6 +5,7 @@
 import { Command, CommanderError } from 'commander';
 import { CliError, EXIT } from './exit-codes';
 import { PayloadKeyError } from '../workers/payload-codec';
+import { cancelCommand } from './commands/cancel';
 import { listCommand } from './commands/list';
 import { runCommand } from './commands/run';
 import { devCommand, workerCommand } from './commands/serve';
@@ -60,6 +61,14 @@ export function buildProgram(): Command {
     .option('--stream <id>', 'only this stream')
     .option('--agent <name>', 'only this agent mailbox, e.g. builder-api')
     .action(async (opts) => setExit(await watchCommand(opts)));
+
+  program
+    .command('cancel')
+    .description('stop an objective: its streams are cancelled and cleaned up, what was merged stays on the integration branch')
+    .argument('<objective-id>')
+    .option('--no-wait', 'return once the cancellation is requested')
+    .option('--json', 'print the result as one JSON document on stdout')
+    .action(async (id: string, opts) => setExit(await cancelCommand(id, opts)));
 
   program
     .command('approve')

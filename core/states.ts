@@ -2,7 +2,8 @@
 export const SANDBOX_STATES = ['pending', 'ready', 'suspending', 'suspended', 'restoring', 'terminating', 'terminated', 'failed'] as const;
 export type SandboxState = (typeof SANDBOX_STATES)[number];
 
-export const OBJECTIVE_OUTCOMES = ['completed', 'partial', 'failed', 'blocked'] as const;
+/** `cancelled`: stopped by `slipway cancel` (or a Temporal cancel request); what was merged stays. */
+export const OBJECTIVE_OUTCOMES = ['completed', 'partial', 'failed', 'blocked', 'cancelled'] as const;
 export type ObjectiveOutcome = (typeof OBJECTIVE_OUTCOMES)[number];
 
 export const OBJECTIVE_PHASES = ['preparing', 'planning', 'awaiting_approval', 'running', 'merging', 'finishing', 'done'] as const;

@@ -12,6 +12,7 @@
  * carries them out with Temporal.
  */
 import {
+  CancellationScope,
   ParentClosePolicy,
   TemporalFailure,
   allHandlersFinished,
@@ -74,6 +75,8 @@ const DISPATCH_FROM_MERGE_COMMIT = 'dispatch-from-merge-commit';
 const ABANDONED_CHILDREN = 'objective-children-abandoned';
 /** The streams that may start are started together instead of one workflow task each. */
 const PARALLEL_STARTS = 'parallel-stream-starts';
+/** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
+const STREAM_CANCEL_WAIT = '10 minutes';
 
 export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): ObjectiveOutcome {
   const merged = streams.filter((s) => s.phase === 'merged').length;
@@ -108,6 +111,9 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   /** Streams started and not ended. A resumed run knows them by id and hears their end through their final event. */
   const running = new Set<string>(resume?.running ?? []);
   const abandoned = new Set<string>(resume?.running ?? []);
+  /** Streams a previous run started: a cancellation reaches them only by id. */
+  const inherited = new Set<string>(resume?.running ?? []);
+  let cancelled = false;
   let childEnded = false;
   let streamBlueprintKey: string | undefined = resume?.streamBlueprint;
   let streamBlueprint: Blueprint | undefined = streamBlueprintKey ? input.blueprint.refs[streamBlueprintKey] : undefined;
@@ -215,6 +221,15 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     try {
       prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox });
     } catch (err) {
+      if (isCancellation(err) && CancellationScope.current().consideredCancelled) {
+        // Cancelled while preparing: nothing started but the merger worktree, which goes.
+        await CancellationScope.nonCancellable(() => git.finishObjective({ repository: input.repository, objectiveId: input.id }));
+        done = true;
+        status.outcome = 'cancelled';
+        upsertSearchAttributes([{ key: SlipwayOutcome, value: 'cancelled' }]);
+        enter('done', 'outcome **cancelled** while preparing');
+        return { ...status, outcome: 'cancelled' };
+      }
       if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
       // Nothing was started: end as failed with the reason rather than as a failed workflow.
       return failEarly(`could not prepare the integration branch: ${failureMessage(err)}`);
@@ -508,14 +523,40 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     // Streams dispatched by a blueprint without its own merge step still get merged.
     if (!failure && streamBlueprint && (running.size > 0 || streams.some((s) => view(s.id)!.phase === 'waiting'))) await runMergeQueue();
   } catch (err) {
-    // Only Temporal failures end the objective as failed: a bug fails the workflow task, and a fixed deploy resumes it.
-    if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
-    failure = failureMessage(err);
+    if (isCancellation(err) && CancellationScope.current().consideredCancelled) cancelled = true;
+    else {
+      // Only Temporal failures end the objective as failed: a bug fails the workflow task, and a fixed deploy resumes it.
+      if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
+      failure = failureMessage(err);
+    }
+  }
+
+  if (cancelled) {
+    // `slipway cancel`: the streams this run started were asked to cancel with it (their scope);
+    // those a previous run started are asked by id. Their sandboxes are cleaned up before the
+    // objective ends; what was merged stays on the integration branch.
+    await CancellationScope.nonCancellable(async () => {
+      enter('finishing', `cancelled: stopping ${running.size} running stream${running.size === 1 ? '' : 's'}`);
+      for (const id of [...running].filter((r) => inherited.has(r))) {
+        try {
+          await getExternalWorkflowHandle(streamWorkflowId(input.id, id)).cancel();
+        } catch (err) {
+          if (!(err instanceof TemporalFailure)) throw err; // it ended meanwhile
+        }
+      }
+      if (!(await condition(() => running.size === 0, STREAM_CANCEL_WAIT))) say('objective', `${running.size} streams did not end within ${STREAM_CANCEL_WAIT} of the cancellation`);
+    });
+    for (const v of status.streams) {
+      if (v.phase === 'waiting') {
+        v.phase = 'failed';
+        v.failure = { kind: 'unknown', summary: 'cancelled before it started' };
+      }
+    }
   }
 
   enter('finishing', 'removing the merger worktree');
-  const finished = await git.finishObjective({ repository: input.repository, objectiveId: input.id });
-  const outcome: ObjectiveOutcome = failure ? 'failed' : decideOutcome(status.streams);
+  const finished = await CancellationScope.nonCancellable(() => git.finishObjective({ repository: input.repository, objectiveId: input.id }));
+  const outcome: ObjectiveOutcome = cancelled ? 'cancelled' : failure ? 'failed' : decideOutcome(status.streams);
   done = true;
   status.outcome = outcome;
   upsertSearchAttributes([{ key: SlipwayOutcome, value: outcome }]);
