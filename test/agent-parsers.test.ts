@@ -85,6 +85,7 @@ describe('claude-code parser', () => {
       { type: 'text', text: final },
       // Only the result's totals: 19 + 6588 cache writes + 64908 cache reads.
       { type: 'usage', inputTokens: 71_515, outputTokens: 280, cachedTokens: 64_908, costUsd: 0.1834215 },
+      { type: 'session_totals', totals: { costUsd: 0.1834215 } },
       { type: 'result', text: final },
     ]);
   });
@@ -97,6 +98,7 @@ describe('claude-code parser', () => {
       { type: 'text', text: message },
       { type: 'error', message },
       { type: 'usage', inputTokens: 13_220, outputTokens: 22, cachedTokens: 9120, costUsd: 0.0231 },
+      { type: 'session_totals', totals: { costUsd: 0.0231 } },
       { type: 'result', text: message, isError: true },
     ]);
   });
@@ -127,9 +129,25 @@ describe('claude-code parser', () => {
     expect(events).toEqual([
       { type: 'session', sessionId: 's2' },
       { type: 'usage', inputTokens: 10, outputTokens: 5, cachedTokens: 0, costUsd: 1.25 },
+      { type: 'session_totals', totals: { costUsd: 1.25 } },
       { type: 'error', message: 'Reached maximum number of turns (30)' },
       { type: 'result', text: '', isError: true },
     ]);
+  });
+
+  it('on a resumed session, reports this run\'s cost: model_usage_since_last_result, else total_cost_usd minus the session\'s previous total', () => {
+    const result = (extra: Record<string, unknown>) =>
+      JSON.stringify({ type: 'result', subtype: 'success', is_error: false, result: 'ok', session_id: 's3', total_cost_usd: 0.024, usage: { input_tokens: 2000, output_tokens: 400 }, ...extra });
+    const costOf = (events: AgentEvent[]) => events.find((e): e is Extract<AgentEvent, { type: 'usage' }> => e.type === 'usage')?.costUsd;
+    const baseline = { costUsd: 0.012 };
+    // CLI 2.1.x: the per-run figure it prints wins.
+    const since = { model_usage_since_last_result: { 'claude-sonnet-4-5': { costUSD: 0.01 }, 'claude-haiku-4-5': { costUSD: 0.001 } } };
+    expect(costOf(createClaudeCodeProvider({ baseline }).parseLine(result(since), 'stdout'))).toBeCloseTo(0.011, 12);
+    // Older CLIs: the session total minus the previous run's.
+    const events = createClaudeCodeProvider({ baseline }).parseLine(result({}), 'stdout');
+    expect(costOf(events)).toBeCloseTo(0.012, 12);
+    expect(events).toContainEqual({ type: 'session_totals', totals: { costUsd: 0.024 } });
+    expect(costOf(createClaudeCodeProvider().parseLine(result({}), 'stdout'))).toBe(0.024);
   });
 
   it('does not treat an agent talking about rate limits as a rate limit', () => {
@@ -151,6 +169,7 @@ describe('codex parser', () => {
       { type: 'tool_call', name: 'command_execution', input: { command: "bash -lc 'npm test -- limiter'" } },
       { type: 'text', text: final },
       { type: 'usage', inputTokens: 48_213, outputTokens: 1877, cachedTokens: 39_936 },
+      { type: 'session_totals', totals: { inputTokens: 48_213, outputTokens: 1877, cachedTokens: 39_936 } },
       { type: 'result', text: final },
     ]);
   });
@@ -188,6 +207,13 @@ describe('codex parser', () => {
       { type: 'usage', inputTokens: 1000, outputTokens: 50, cachedTokens: 800 },
       { type: 'usage', inputTokens: 1500, outputTokens: 40, cachedTokens: 1200 },
     ]);
+  });
+
+  it('on a resumed thread, reports this run\'s usage: the thread totals minus those its previous run ended with', () => {
+    const turn = JSON.stringify({ type: 'turn.completed', usage: { input_tokens: 4000, cached_input_tokens: 1000, output_tokens: 800 } });
+    const resumed = createCodexProvider({ baseline: { inputTokens: 2000, cachedTokens: 600, outputTokens: 400 } }).parseLine(turn, 'stdout');
+    expect(resumed).toContainEqual({ type: 'usage', inputTokens: 2000, outputTokens: 400, cachedTokens: 400 });
+    expect(resumed).toContainEqual({ type: 'session_totals', totals: { inputTokens: 4000, cachedTokens: 1000, outputTokens: 800 } });
   });
 });
 

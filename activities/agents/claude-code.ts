@@ -15,9 +15,13 @@
  * in paperclipai/paperclip#5776 (`rate_limit_info.resetsAt`, epoch seconds) and the legacy
  * "Claude AI usage limit reached|<epoch>" result text.
  *
- * Usage and cost come ONLY from the final `result` event, which totals the whole run. The
- * `usage` on `assistant` lines is ignored: one API message is split over several assistant lines
- * that repeat the same usage, so summing them would double count.
+ * Usage and cost come ONLY from the final `result` event. The `usage` on `assistant` lines is
+ * ignored: one API message is split over several assistant lines that repeat the same usage, so
+ * summing them would double count. The result's `usage` totals this run, but its `total_cost_usd`
+ * (like `modelUsage`) is the running total of the SESSION: after `--resume` it includes the earlier
+ * runs. The run's cost is therefore the sum of `model_usage_since_last_result[*].costUSD` (CLI
+ * 2.1.x prints it; one result per print-mode process), else `total_cost_usd` minus the total the
+ * session's previous run ended with (`baseline`, session-usage.ts).
  * Token convention (shared by all providers): inputTokens counts every prompt token including
  * cache reads and cache writes; cachedTokens is the part read from the cache.
  */
@@ -25,7 +29,7 @@ import { stdinCommand } from './command-line';
 import {
   epochToIso, errorReporter, isObject, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str, usageEvent,
 } from './parse-helpers';
-import type { AgentEvent, AgentProvider } from './provider';
+import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
 
 /** Legacy subscription limit text: "Claude AI usage limit reached|1753675200". */
 const USAGE_LIMIT_EPOCH = /usage limit reached\|(\d{9,13})/i;
@@ -39,7 +43,7 @@ function resetFromText(text: string): string | undefined {
 }
 
 /** One provider instance per agent run (see registry.ts): the parser remembers the session and rate limit it reported. */
-export function createClaudeCodeProvider(): AgentProvider {
+export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): AgentProvider {
   const session = sessionReporter();
   const limited = rateLimitReporter();
   /** Reports an error once: the synthetic assistant message and the result repeat the same text. */
@@ -72,16 +76,18 @@ export function createClaudeCodeProvider(): AgentProvider {
 
   const result = (event: Json): AgentEvent[] => {
     const out: AgentEvent[] = [];
-    if (isObject(event.usage) || typeof event.total_cost_usd === 'number') {
+    const total = typeof event.total_cost_usd === 'number' && Number.isFinite(event.total_cost_usd) ? event.total_cost_usd : undefined;
+    if (isObject(event.usage) || total !== undefined) {
       const usage = isObject(event.usage) ? event.usage : {};
       out.push(usageEvent({
         input: num(usage.input_tokens),
         cacheRead: num(usage.cache_read_input_tokens),
         cacheWrite: num(usage.cache_creation_input_tokens),
         output: num(usage.output_tokens),
-        cost: event.total_cost_usd,
+        cost: runCost(event, total),
       }));
     }
+    if (total !== undefined) out.push({ type: 'session_totals', totals: { costUsd: total } });
     const text = str(event.result) ?? '';
     const isError = event.is_error === true || (typeof event.subtype === 'string' && event.subtype.startsWith('error'));
     if (isError) {
@@ -92,6 +98,17 @@ export function createClaudeCodeProvider(): AgentProvider {
     }
     out.push(isError ? { type: 'result', text, isError: true } : { type: 'result', text });
     return out;
+  };
+
+  /** This run's cost: see the header. */
+  const runCost = (event: Json, total: number | undefined): number | undefined => {
+    const since = event.model_usage_since_last_result;
+    if (isObject(since)) {
+      const costs = Object.values(since).map((m) => (isObject(m) ? m.costUSD : undefined));
+      if (costs.length > 0 && costs.every((c) => typeof c === 'number' && Number.isFinite(c))) return (costs as number[]).reduce((a, b) => a + b, 0);
+    }
+    if (total === undefined) return undefined;
+    return Math.max(0, total - (baseline?.costUsd ?? 0));
   };
 
   return {

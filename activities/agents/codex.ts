@@ -19,16 +19,17 @@
  * `resets_at` / `resets_in_seconds` from earendil-works/pi#4172.
  *
  * Usage comes from `turn.completed` (and `turn.failed` when it carries usage). Codex reports the
- * thread's running total there (openai/codex#17539), so each event is turned into the delta since
- * the previous one in this run. Limitation: on `resume` the first total also includes the earlier
- * runs of the thread; the stream carries no baseline to subtract. Codex reports no cost.
+ * thread's running total there (openai/codex#17539, also on `exec resume`, checked with codex
+ * 0.169), so each event is turned into the delta since the previous one: in this run, or for the
+ * first one after `resume`, since the total the thread's previous run ended with (`baseline`,
+ * session-usage.ts). Codex reports no cost.
  * input_tokens already includes cached_input_tokens, which matches the shared convention.
  */
 import { permissionEntry, stdinCommand } from './command-line';
 import {
   durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
 } from './parse-helpers';
-import type { AgentEvent, AgentProvider } from './provider';
+import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b/i;
 const RETRYING = /^\s*(Reconnecting|Retrying)\b/i;
@@ -105,9 +106,11 @@ function toolCall(item: Json): AgentEvent {
 }
 
 /** One provider instance per agent run (see registry.ts): the parser keeps the thread id, tool items seen and the last usage total. */
-export function createCodexProvider(): AgentProvider {
+export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentProvider {
   let lastAgentMessage: string | undefined;
-  let lastTotals: Totals | undefined;
+  let lastTotals: Totals | undefined = baseline
+    ? { input: baseline.inputTokens ?? 0, cached: baseline.cachedTokens ?? 0, output: baseline.outputTokens ?? 0 }
+    : undefined;
   const seenItems = new Set<string>();
   const session = sessionReporter();
   const reportRateLimit = rateLimitReporter();
@@ -126,12 +129,15 @@ export function createCodexProvider(): AgentProvider {
     const totals: Totals = { input: num(raw.input_tokens), cached: num(raw.cached_input_tokens), output: num(raw.output_tokens) };
     const base = lastTotals ?? { input: 0, cached: 0, output: 0 };
     lastTotals = totals;
-    return [{
-      type: 'usage',
-      inputTokens: Math.max(0, totals.input - base.input),
-      outputTokens: Math.max(0, totals.output - base.output),
-      cachedTokens: Math.max(0, totals.cached - base.cached),
-    }];
+    return [
+      {
+        type: 'usage',
+        inputTokens: Math.max(0, totals.input - base.input),
+        outputTokens: Math.max(0, totals.output - base.output),
+        cachedTokens: Math.max(0, totals.cached - base.cached),
+      },
+      { type: 'session_totals', totals: { inputTokens: totals.input, cachedTokens: totals.cached, outputTokens: totals.output } },
+    ];
   };
 
   const item = (event: Json): AgentEvent[] => {

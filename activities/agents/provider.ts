@@ -34,11 +34,30 @@ export interface TokenUsage {
   costUsd?: number;
 }
 
+/**
+ * What a session has used in total, as a CLI that reports running totals prints it (raw, before
+ * the token convention): Claude Code's `total_cost_usd`, Codex's thread token totals. Stored after a
+ * run (session-usage.ts) and given to the provider of the next run that resumes the session, which
+ * reports only the difference.
+ */
+export interface SessionTotals {
+  inputTokens?: number;
+  outputTokens?: number;
+  cachedTokens?: number;
+  costUsd?: number;
+}
+
+export interface ProviderOptions {
+  /** The resumed session's totals after its previous run. */
+  baseline?: SessionTotals;
+}
+
 export type AgentEvent =
   | { type: 'text'; text: string }
   | { type: 'tool_call'; name: string; input?: unknown }
   | ({ type: 'usage' } & TokenUsage)
   | { type: 'session'; sessionId: string }
+  | { type: 'session_totals'; totals: SessionTotals }
   | { type: 'result'; text: string; isError?: boolean }
   | { type: 'error'; message: string }
   | { type: 'rate_limit'; resetAt?: string; message?: string };

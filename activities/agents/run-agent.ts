@@ -33,8 +33,9 @@ import { redact, secretsFor, secretValuesWith } from '../redact';
 import type { SandboxProvider } from '../sandbox/provider';
 import { readProjectEnv } from './credentials';
 import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionRequest, feedbackSection, type PromptContext } from './prompt';
-import type { AgentEvent, TokenUsage } from './provider';
+import type { AgentEvent, SessionTotals, TokenUsage } from './provider';
 import { agentProvider } from './registry';
+import { readSessionTotals, writeSessionTotals } from './session-usage';
 import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from './structured';
 import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from './template';
 
@@ -167,7 +168,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       if (input.outputError) prompt += `\n\n${correctionRequest(role, input.outputError)}`;
 
       // --- the command --------------------------------------------------------------------------
-      const provider = agentProvider(spec.provider);
+      // A resumed session's CLI may report session totals: the provider subtracts what it had before.
+      const baseline = input.resumeSessionId ? await readSessionTotals(spec.provider, input.resumeSessionId) : undefined;
+      const provider = agentProvider(spec.provider, { baseline });
       let command;
       try {
         command = provider.buildCommand({ role, spec, prompt, cwd: input.sandboxPath, resumeSessionId: input.resumeSessionId, env: {} });
@@ -181,6 +184,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       const errors: string[] = [];
       let rateLimit: Extract<AgentEvent, { type: 'rate_limit' }> | undefined;
       let sessionId: string | undefined;
+      let sessionTotals: SessionTotals | undefined;
       let toolCalls = 0;
       let completionSignal: string | undefined;
       let lines = 0;
@@ -205,6 +209,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
             break;
           case 'session':
             sessionId = event.sessionId;
+            break;
+          case 'session_totals':
+            sessionTotals = event.totals;
             break;
           case 'tool_call':
             toolCalls += 1;
@@ -293,6 +300,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         if (parsed.ok) plan = parsed.value.streams.map((s) => ({ ...s, task: redact(s.task, secrets) }));
         else outputError = redact(parsed.error, secrets);
       }
+      // Only a run that counts records its session's totals: the next resume subtracts them.
+      if (sessionId && sessionTotals) await writeSessionTotals(spec.provider, sessionId, sessionTotals);
       const ended = graceKilled ? 'grace_killed' : 'exited';
       Context.current().log.info('agent run finished', {
         role,
