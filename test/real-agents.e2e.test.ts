@@ -140,7 +140,7 @@ const CLIS: Record<RealProvider, Cli> = {
 const PROVIDERS = Object.keys(CLIS) as RealProvider[];
 
 let worker: TestWorker;
-const endpoints = new Map<RealProvider, FakeModel>();
+const endpoints = new Map<string, FakeModel>();
 const endpointDir = tempDir('slipway-fake-model-');
 
 beforeAll(async () => {
@@ -169,38 +169,48 @@ function processesWith(marker: string): number[] {
   return found;
 }
 
+/**
+ * One objective for `provider`'s real CLI: its own endpoint, agent home and repository, the CLI's
+ * settings in `.slipway/.env`. `agentKey` is the key the agent gets (default: the one the endpoint wants).
+ */
+async function runObjective(id: string, provider: RealProvider, opts: { agentKey?: string; command?: string; objective?: Record<string, unknown> } = {}) {
+  const cli = CLIS[provider];
+  const key = `sk-fake-${provider}-${randomBytes(16).toString('hex')}`;
+  const marker = `slipway-real-agent-${randomBytes(8).toString('hex')}`;
+  const endpoint = await startFakeModel(path.join(endpointDir, `${id}.sock`), key);
+  endpoints.set(id, endpoint);
+  const home = tempDir(`slipway-agent-home-${provider}-`);
+  for (const [file, text] of Object.entries(cli.files?.(home) ?? {})) {
+    mkdirSync(path.dirname(file), { recursive: true });
+    writeFileSync(file, text);
+  }
+  const repo = makeDemoRepo();
+  mkdirSync(path.join(repo, '.slipway'), { recursive: true });
+  const env = { HOME: home, SLIPWAY_TEST_MARKER: marker, ...cli.env(home, opts.agentKey ?? key) };
+  writeFileSync(path.join(repo, '.slipway', '.env'), Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n') + '\n');
+
+  const command = opts.command ?? `unshare --net -- node ${OFFLINE} ${endpoint.socketPath} ${PORT} -- ${path.join(AGENT_BIN, cli.exe)}`;
+  const agent = { provider, command, ...(cli.model ? { model: cli.model } : {}), completion_grace_seconds: 2 };
+  const file = writeObjective({
+    repository: repo,
+    objective: 'write the files',
+    gates: [{ name: 'fixed', command: 'test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }' }],
+    agents: { builder: { ...agent, ...cli.builder }, reviewer: agent },
+    streams: [{ id: 'files', task: 'Create the file. WRITE:hello.txt' }],
+    ...opts.objective,
+  });
+  const input = await loadObjectiveFile(file, { id });
+  const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+  const result = (await handle.result()) as ObjectiveResult;
+  return { cli, key, marker, endpoint, repo, result };
+}
+
 describe('the real agent CLIs, offline against a fake model endpoint', () => {
   it.concurrent.each(PROVIDERS)(
     '%s builds (a file on the stream branch), resumes its session in the gate fix loop, reviews, merges; usage per run matches the endpoint; the key stays out of history and git; no process is left',
     async (provider) => {
-      const cli = CLIS[provider];
-      const key = `sk-fake-${provider}-${randomBytes(16).toString('hex')}`;
-      const marker = `slipway-real-agent-${randomBytes(8).toString('hex')}`;
-      const endpoint = await startFakeModel(path.join(endpointDir, `${provider}.sock`), key);
-      endpoints.set(provider, endpoint);
-      const home = tempDir(`slipway-agent-home-${provider}-`);
-      for (const [file, text] of Object.entries(cli.files?.(home) ?? {})) {
-        mkdirSync(path.dirname(file), { recursive: true });
-        writeFileSync(file, text);
-      }
-      const repo = makeDemoRepo();
-      mkdirSync(path.join(repo, '.slipway'), { recursive: true });
-      const env = { HOME: home, SLIPWAY_TEST_MARKER: marker, ...cli.env(home, key) };
-      writeFileSync(path.join(repo, '.slipway', '.env'), Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n') + '\n');
-
-      const command = `unshare --net -- node ${OFFLINE} ${endpoint.socketPath} ${PORT} -- ${path.join(AGENT_BIN, cli.exe)}`;
-      const agent = { provider, command, ...(cli.model ? { model: cli.model } : {}), completion_grace_seconds: 2 };
       const id = `real-${provider}`;
-      const file = writeObjective({
-        repository: repo,
-        objective: 'write the files',
-        gates: [{ name: 'fixed', command: 'test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }' }],
-        agents: { builder: { ...agent, ...cli.builder }, reviewer: agent },
-        streams: [{ id: 'files', task: 'Create the file. WRITE:hello.txt' }],
-      });
-      const input = await loadObjectiveFile(file, { id });
-      const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
-      const result = (await handle.result()) as ObjectiveResult;
+      const { cli, key, marker, endpoint, repo, result } = await runObjective(id, provider);
       expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
 
       // The files the CLI wrote with its own tools are on the stream branch and merged.
@@ -246,4 +256,24 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
     },
     240_000,
   );
+
+  it.concurrent.each(PROVIDERS)(
+    '%s with a rejected key: one run, failed as configuration_error naming the provider and what to set, no retry',
+    async (provider) => {
+      const { endpoint, result } = await runObjective(`badkey-${provider}`, provider, { agentKey: 'sk-wrong', objective: { on_exhausted: 'fail' } });
+      expect(result.outcome).toBe('failed');
+      expect(result.streams[0].failure).toMatchObject({ kind: 'configuration_error', summary: expect.stringContaining(`builder agent (${provider}) cannot work as configured`) });
+      expect(result.streams[0].failure?.summary).toMatch(/Set [A-Z_]*API_KEY|Set the API key/);
+      expect(endpoint.runs()).toHaveLength(1); // one process: the failure was not retried
+      expect(endpoint.requests.every((r) => !r.keyOk)).toBe(true);
+    },
+    120_000,
+  );
+
+  it('a missing executable fails once as configuration_error naming it, not as a transient error retried six times', async () => {
+    const { endpoint, result } = await runObjective('missing-exe', 'claude-code', { command: '/nonexistent/claude', objective: { on_exhausted: 'fail' } });
+    expect(result.outcome).toBe('failed');
+    expect(result.streams[0].failure).toMatchObject({ kind: 'configuration_error', summary: expect.stringContaining('"/nonexistent/claude" was not found on the worker') });
+    expect(endpoint.requests).toHaveLength(0);
+  }, 120_000);
 });

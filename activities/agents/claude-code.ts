@@ -25,9 +25,9 @@
  * Token convention (shared by all providers): inputTokens counts every prompt token including
  * cache reads and cache writes; cachedTokens is the part read from the cache.
  */
-import { stdinCommand } from './command-line';
+import { permissionEntry, stdinCommand } from './command-line';
 import {
-  epochToIso, errorReporter, isObject, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str, usageEvent,
+  authFailure, epochToIso, errorReporter, isObject, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str, usageEvent,
 } from './parse-helpers';
 import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
 
@@ -36,6 +36,11 @@ const USAGE_LIMIT_EPOCH = /usage limit reached\|(\d{9,13})/i;
 /** Rate-limit wording, only trusted on lines already known to be errors. */
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|hit your limit|too many requests|\b429\b/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b/i;
+
+/** `--permission-mode` choices of Claude Code 2.1 (`claude --help`), plus `default` of older releases: anything else the CLI rejects on every attempt, so it is refused at load. */
+const PERMISSION_FLAGS: Record<string, string[]> = Object.fromEntries(
+  ['default', 'acceptEdits', 'auto', 'bypassPermissions', 'manual', 'dontAsk', 'plan'].map((mode) => [mode, ['--permission-mode', mode]]),
+);
 
 function resetFromText(text: string): string | undefined {
   const match = USAGE_LIMIT_EPOCH.exec(text);
@@ -70,6 +75,7 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
       out.push(...limited(text || 'rate limited', resetFromText(text)));
     } else if (error) {
       out.push(...failed(text || error));
+      out.push(...(error === 'authentication_failed' ? [{ type: 'config_error' as const, message: text || error }] : authFailure(text)));
     }
     return out;
   };
@@ -94,7 +100,7 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
       const errors = Array.isArray(event.errors) ? event.errors.filter((e): e is string => typeof e === 'string') : [];
       const message = text || errors.join('; ') || str(event.subtype) || 'Claude Code reported an error';
       if (RATE_LIMIT_TEXT.test(message)) out.push(...limited(message, resetFromText(message)));
-      out.push(...failed(message));
+      out.push(...failed(message), ...authFailure(message));
     }
     out.push(isError ? { type: 'result', text, isError: true } : { type: 'result', text });
     return out;
@@ -108,16 +114,18 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
       if (costs.length > 0 && costs.every((c) => typeof c === 'number' && Number.isFinite(c))) return (costs as number[]).reduce((a, b) => a + b, 0);
     }
     if (total === undefined) return undefined;
-    return Math.max(0, total - (baseline?.costUsd ?? 0));
+    // Rounded to 1e-10 dollars: the difference of two totals should not read 0.012500000000000004.
+    return Math.max(0, Math.round((total - (baseline?.costUsd ?? 0)) * 1e10) / 1e10);
   };
 
   return {
     kind: 'claude-code',
+    setupHint: 'Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, or log in with `claude` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['--print', '--output-format', 'stream-json', '--verbose'];
       if (spec.model) args.push('--model', spec.model);
-      if (spec.permission_mode) args.push('--permission-mode', spec.permission_mode);
+      if (spec.permission_mode) args.push(...(permissionEntry('claude-code', PERMISSION_FLAGS, spec.permission_mode) ?? []));
       if (invocation.resumeSessionId) args.push('--resume', invocation.resumeSessionId);
       args.push(...spec.extra_args);
       return stdinCommand(invocation, 'claude', args);
@@ -136,6 +144,14 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
           case 'result':
             out.push(...result(event));
             break;
+          case 'system': {
+            // Claude Code retries a rejected key up to 10 times with backoff (minutes): the first rejection settles it.
+            const status = typeof event.error_status === 'number' ? event.error_status : undefined;
+            if (event.subtype === 'api_retry' && (event.error === 'authentication_failed' || status === 401 || status === 403)) {
+              out.push({ type: 'config_error', message: `the model API rejected the credentials (HTTP ${status ?? '?'}, ${str(event.error) ?? 'authentication_failed'})` });
+            }
+            break;
+          }
           case 'rate_limit_event': {
             const info = isObject(event.rate_limit_info) ? event.rate_limit_info : {};
             if (info.status === 'rejected') {

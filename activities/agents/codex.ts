@@ -27,7 +27,7 @@
  */
 import { permissionEntry, stdinCommand } from './command-line';
 import {
-  durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
+  authFailure, durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
 } from './parse-helpers';
 import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
 
@@ -122,6 +122,7 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
   const failure = (message: string): AgentEvent[] => [
     ...(RATE_LIMIT_TEXT.test(message) ? limited(message) : []),
     ...reportError(message),
+    ...authFailure(message),
   ];
 
   const usage = (raw: unknown): AgentEvent[] => {
@@ -160,6 +161,7 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
 
   return {
     kind: 'codex',
+    setupHint: 'Set OPENAI_API_KEY (or the env_key of the model provider in $CODEX_HOME/config.toml, or log in with `codex login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['exec', '--json'];

@@ -60,10 +60,14 @@ export type AgentEvent =
   | { type: 'session_totals'; totals: SessionTotals }
   | { type: 'result'; text: string; isError?: boolean }
   | { type: 'error'; message: string }
+  /** The agent cannot work as configured (not logged in, key rejected or missing): retrying cannot help. */
+  | { type: 'config_error'; message: string }
   | { type: 'rate_limit'; resetAt?: string; message?: string };
 
 export interface AgentProvider {
   readonly kind: AgentProviderKind;
+  /** What to set when the agent reports a configuration error (credentials), for the failure message. */
+  readonly setupHint?: string;
   buildCommand(invocation: AgentInvocation): AgentCommand;
   /** Parses one output line. Unknown or malformed lines yield no events (or a text event), never throw. */
   parseLine(line: string, stream: 'stdout' | 'stderr'): AgentEvent[];

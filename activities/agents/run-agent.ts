@@ -183,6 +183,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       const texts: string[] = [];
       const errors: string[] = [];
       let rateLimit: Extract<AgentEvent, { type: 'rate_limit' }> | undefined;
+      let configError: string | undefined;
       let sessionId: string | undefined;
       let sessionTotals: SessionTotals | undefined;
       let toolCalls = 0;
@@ -228,6 +229,13 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
           case 'rate_limit':
             rateLimit ??= event;
             break;
+          case 'config_error':
+            // Permanent (credentials): end the run now instead of letting the CLI retry for minutes.
+            if (configError === undefined) {
+              configError = event.message;
+              stop.abort();
+            }
+            break;
         }
       };
       const idleMs = spec.idle_timeout_minutes * 60_000;
@@ -260,6 +268,10 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
               },
             },
           );
+        } catch (e) {
+          // The executable is missing on the worker: no retry can fix that.
+          if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw failure('configuration_error', missingExecutable(name, command.command, role));
+          throw e;
         } finally {
           clearInterval(idleCheck);
           if (graceTimer) clearTimeout(graceTimer);
@@ -268,6 +280,13 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
 
       const output = redact(tail(texts.join('\n'), AGENT_OUTPUT_TAIL_CHARS), secrets);
       if (cancelSignal.aborted) throw failure('agent_runtime_transient', `${name} was cancelled`);
+      if (configError !== undefined) {
+        throw redactedFailure('configuration_error', `${name} cannot work as configured: ${tail(configError, 500)}. ${provider.setupHint ?? ''}`.trim(), secrets);
+      }
+      // The launcher in front of the agent (unshare's PID namespace unconfined, bubblewrap confined) reports a missing executable itself.
+      if (run.exitCode !== 0 && new RegExp(`^(unshare: failed to execute|bwrap: execvp) ${escapeRegExp(command.command)}: No such file or directory`, 'm').test(run.stderr)) {
+        throw failure('configuration_error', missingExecutable(name, command.command, role));
+      }
       if (idleKilled && !graceKilled) {
         throw failure('agent_runtime_transient', `${name} printed nothing for ${formatMinutes(spec.idle_timeout_minutes)} (idle_timeout_minutes) and was killed`);
       }
@@ -319,6 +338,12 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
     },
   };
 }
+
+function missingExecutable(name: string, executable: string, role: AgentRole): string {
+  return `${name}: the executable "${executable}" was not found on the worker (ENOENT); install it on the worker's PATH or set agents.${role}.command`;
+}
+
+const escapeRegExp = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
 function formatMinutes(minutes: number): string {
   return minutes < 1 ? `${Math.round(minutes * 600) / 10} s` : `${minutes} min`;
