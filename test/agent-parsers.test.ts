@@ -380,6 +380,45 @@ describe.each(KINDS)('%s parser robustness', (kind) => {
   });
 });
 
+describe('configuration errors (permanent: retrying cannot help)', () => {
+  const configErrors = (kind: RealKind, lines: unknown[]) =>
+    parse(kind, lines.map((l) => JSON.stringify(l))).filter((e) => e.type === 'config_error');
+
+  it('claude-code: the first 401 retry, "Not logged in", an authentication_failed message', () => {
+    expect(configErrors('claude-code', [{ type: 'system', subtype: 'api_retry', attempt: 1, max_retries: 10, error_status: 401, error: 'authentication_failed', session_id: 's' }])).toEqual([
+      { type: 'config_error', message: 'the model API rejected the credentials (HTTP 401, authentication_failed)' },
+    ]);
+    expect(configErrors('claude-code', [{ type: 'result', subtype: 'success', is_error: true, result: 'Not logged in · Please run /login', session_id: 's', total_cost_usd: 0 }])).toHaveLength(1);
+    expect(configErrors('claude-code', [{ type: 'assistant', message: { content: [{ type: 'text', text: 'Invalid API key · Fix external API key' }] }, error: 'authentication_failed', session_id: 's' }])).toHaveLength(1);
+    // A server error, a retry for 529: transient.
+    expect(configErrors('claude-code', [{ type: 'system', subtype: 'api_retry', attempt: 1, error_status: 529, error: 'overloaded', session_id: 's' }])).toEqual([]);
+    expect(configErrors('claude-code', [{ type: 'result', subtype: 'success', is_error: true, result: 'API Error: 500 Internal server error', session_id: 's' }])).toEqual([]);
+  });
+
+  it('codex: 401 and a missing env_key variable', () => {
+    expect(configErrors('codex', [{ type: 'error', message: 'unexpected status 401 Unauthorized: invalid x-api-key, url: http://127.0.0.1:4100/v1/responses' }])).toHaveLength(1);
+    expect(configErrors('codex', [{ type: 'turn.failed', error: { message: 'Missing environment variable: `OPENAI_API_KEY`.' } }])).toHaveLength(1);
+    expect(configErrors('codex', [{ type: 'turn.failed', error: { message: 'stream disconnected before completion' } }])).toEqual([]);
+  });
+
+  it('pi: a 401 from the provider (exit code 0)', () => {
+    const message = { role: 'assistant', content: [], usage: { input: 0, output: 0 }, stopReason: 'error', errorMessage: '401 {"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}' };
+    expect(configErrors('pi', [{ type: 'message_end', message }])).toHaveLength(1);
+    expect(configErrors('pi', [{ type: 'message_end', message: { ...message, errorMessage: '500 internal error' } }])).toEqual([]);
+  });
+
+  it('opencode: a 401 status or an auth error', () => {
+    expect(configErrors('opencode', [{ type: 'error', error: { name: 'APIError', data: { message: 'Unauthorized', statusCode: 401 } } }])).toHaveLength(1);
+    expect(configErrors('opencode', [{ type: 'error', error: { name: 'ProviderAuthError', data: { message: 'no credentials for anthropic' } } }])).toHaveLength(1);
+    expect(configErrors('opencode', [{ type: 'error', error: { name: 'APIError', data: { message: 'Overloaded', statusCode: 529 } } }])).toEqual([]);
+  });
+
+  it('claude-code: an unknown permission_mode is refused when the command line is built (at load)', () => {
+    const spec = AgentSchema.parse({ provider: 'claude-code', permission_mode: 'yolo' });
+    expect(() => agentProvider('claude-code').buildCommand({ role: 'builder', spec, prompt: 'p', cwd: '/', env: {} })).toThrow(/claude-code does not know permission_mode "yolo" \(use one of: default, acceptEdits, auto, bypassPermissions/);
+  });
+});
+
 describe('buildCommand', () => {
   const BIG = `${'Refactor the limiter. '.repeat(10_000)}<end>`; // ~220 KB
 
