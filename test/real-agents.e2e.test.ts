@@ -45,6 +45,8 @@ interface Cli {
   files?(home: string): Record<string, string>;
   /** The CLI reports a cost. */
   cost: boolean;
+  /** Where it keeps its sessions, under the agent home. */
+  sessions: string;
 }
 
 const CLIS: Record<RealProvider, Cli> = {
@@ -61,6 +63,7 @@ const CLIS: Record<RealProvider, Cli> = {
       DISABLE_TELEMETRY: '1',
     }),
     cost: true,
+    sessions: 'claude/projects',
   },
   codex: {
     exe: 'codex',
@@ -84,6 +87,7 @@ const CLIS: Record<RealProvider, Cli> = {
       ].join('\n'),
     }),
     cost: false,
+    sessions: 'codex/sessions',
   },
   pi: {
     exe: 'pi',
@@ -103,6 +107,7 @@ const CLIS: Record<RealProvider, Cli> = {
       }),
     }),
     cost: true,
+    sessions: 'pi/sessions',
   },
   opencode: {
     exe: 'opencode',
@@ -135,6 +140,7 @@ const CLIS: Record<RealProvider, Cli> = {
       }),
     }),
     cost: true,
+    sessions: '.local/share/opencode',
   },
 };
 const PROVIDERS = Object.keys(CLIS) as RealProvider[];
@@ -173,7 +179,11 @@ function processesWith(marker: string): number[] {
  * One objective for `provider`'s real CLI: its own endpoint, agent home and repository, the CLI's
  * settings in `.slipway/.env`. `agentKey` is the key the agent gets (default: the one the endpoint wants).
  */
-async function runObjective(id: string, provider: RealProvider, opts: { agentKey?: string; command?: string; objective?: Record<string, unknown> } = {}) {
+async function runObjective(
+  id: string,
+  provider: RealProvider,
+  opts: { agentKey?: string; command?: string; objective?: Record<string, unknown>; gate?: (home: string) => string } = {},
+) {
   const cli = CLIS[provider];
   const key = `sk-fake-${provider}-${randomBytes(16).toString('hex')}`;
   const marker = `slipway-real-agent-${randomBytes(8).toString('hex')}`;
@@ -194,7 +204,7 @@ async function runObjective(id: string, provider: RealProvider, opts: { agentKey
   const file = writeObjective({
     repository: repo,
     objective: 'write the files',
-    gates: [{ name: 'fixed', command: 'test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }' }],
+    gates: [{ name: 'fixed', command: `${opts.gate?.(home) ?? ''}test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }` }],
     agents: { builder: { ...agent, ...cli.builder }, reviewer: agent },
     streams: [{ id: 'files', task: 'Create the file. WRITE:hello.txt' }],
     ...opts.objective,
@@ -268,6 +278,25 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       expect(endpoint.requests.every((r) => !r.keyOk)).toBe(true);
     },
     120_000,
+  );
+
+  it.concurrent.each(PROVIDERS)(
+    '%s: a session that cannot be resumed (the agent home was cleaned) falls back to a fresh session with the full context, recorded in the run',
+    async (provider) => {
+      const { endpoint, result } = await runObjective(`lost-${provider}`, provider, { gate: (home) => `rm -rf ${path.join(home, CLIS[provider].sessions)}; ` });
+      expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
+      const runs = result.agentRuns ?? [];
+      expect(runs.map((r) => `${r.role}:${r.result}`)).toEqual(['builder:signalled', 'builder:signalled', 'reviewer:finished']);
+      expect(runs[1].resumed).toBeUndefined();
+      expect(runs[1].resumeFailed).toMatch(new RegExp(`^session ${runs[0].sessionId} could not be resumed \\(.+\\); a fresh session got the full context$`));
+      expect(runs[1].sessionId).not.toBe(runs[0].sessionId);
+      // The fresh session was asked with the whole story: the task and the gate failure.
+      const served = endpoint.runs();
+      expect(served).toHaveLength(3); // the failed resume never reached the model
+      expect(served[1].filter((r) => r.answer === 'tool').length).toBe(1);
+      expect(runs[1]).toMatchObject({ inputTokens: served[1].filter((r) => r.answer !== 'text').length * USAGE.input });
+    },
+    180_000,
   );
 
   it('a missing executable fails once as configuration_error naming it, not as a transient error retried six times', async () => {

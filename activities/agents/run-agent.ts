@@ -21,6 +21,7 @@
  * worker's secret-looking environment values, tokens, and the values of the repository's
  * `.slipway/.env`, `.env` and `.env.*` never reach workflow history.
  */
+import { stripVTControlCharacters } from 'node:util';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { AgentSpec, Feedback, StreamSpec } from '../../core/types';
@@ -38,6 +39,9 @@ import { agentProvider } from './registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
 import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from './structured';
 import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from './template';
+
+/** What each CLI says when the session to resume is gone (Claude Code, Codex, Pi, OpenCode; checked with the versions setup.sh pins). */
+const SESSION_MISSING = /No conversation found with session ID:?\s*\S+|no rollout found for thread id\s*\S+|No session found matching\s*\S+|Session not found/i;
 
 /** Characters of agent output kept in workflow history per run. */
 export const AGENT_OUTPUT_TAIL_CHARS = 6_000;
@@ -72,6 +76,8 @@ export interface AgentRunResult {
   /** `costUsd` is absent when the agent reports no cost (codex). */
   usage: TokenUsage;
   toolCalls: number;
+  /** The run was asked to resume a session the agent no longer has, and ran as a fresh session instead: why (redacted). */
+  resumeFailed?: string;
   /** Tail of the agent's text output (redacted). */
   output: string;
   /** The completion signal the output held, if any (ends the step's iteration loop). */
@@ -93,7 +99,7 @@ function redactedFailure(kind: Parameters<typeof failure>[0], message: string, s
 
 export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
   const { sandboxes } = deps;
-  return {
+  const activities = {
     async runAgent(input: AgentRunInput): Promise<AgentRunResult> {
       const { spec, role } = input;
       const name = `${role} agent (${spec.provider})`;
@@ -298,6 +304,14 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       if (!graceKilled && run.exitCode !== 0) {
         // The agent's own error reports say most; without them, its stderr, then its last words.
         const why = errors.length > 0 ? errors.join('\n') : run.stderr.trim() || output;
+        // The saved session is gone (another worker, a cleaned agent home, a private sandbox home):
+        // a fresh session with the full prompt (task, failure, history) instead of failing six times.
+        const missing = input.resumeSessionId ? SESSION_MISSING.exec(stripVTControlCharacters(`${errors.join('\n')}\n${run.stderr}\n${texts.join('\n')}`)) : null;
+        if (missing) {
+          Context.current().log.warn('agent session cannot be resumed; starting a fresh one', { role, provider: spec.provider, session: input.resumeSessionId });
+          const fresh = await activities.runAgent({ ...input, resumeSessionId: undefined });
+          return { ...fresh, resumeFailed: redact(`session ${input.resumeSessionId} could not be resumed (${missing[0]}); a fresh session got the full context`, secrets) };
+        }
         throw redactedFailure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${tail(why, 1_000)}`, secrets);
       }
 
@@ -337,6 +351,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, completionSignal, ended, verdict, plan, outputError, durationMs: run.durationMs };
     },
   };
+  return activities;
 }
 
 function missingExecutable(name: string, executable: string, role: AgentRole): string {
