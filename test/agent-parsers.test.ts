@@ -150,6 +150,12 @@ describe('claude-code parser', () => {
     expect(costOf(createClaudeCodeProvider().parseLine(result({}), 'stdout'))).toBe(0.024);
   });
 
+  it('reports each tool call its permission rules denied (permission_denials)', () => {
+    const denial = (tool: string) => ({ tool_name: tool, tool_use_id: 't', tool_input: {} });
+    const events = parse('claude-code', [JSON.stringify({ type: 'result', subtype: 'success', is_error: false, result: 'done', session_id: 's', permission_denials: [denial('Write'), denial('Bash'), { nonsense: 1 }] })]);
+    expect(events.filter((e) => e.type === 'denied')).toEqual([{ type: 'denied', tool: 'Write' }, { type: 'denied', tool: 'Bash' }, { type: 'denied', tool: 'unknown' }]);
+  });
+
   it('does not treat an agent talking about rate limits as a rate limit', () => {
     const events = parse('claude-code', [
       JSON.stringify({ type: 'assistant', message: { content: [{ type: 'text', text: 'I added a rate limit of 429 requests.' }] }, session_id: 's3' }),

@@ -182,7 +182,7 @@ function processesWith(marker: string): number[] {
 async function runObjective(
   id: string,
   provider: RealProvider,
-  opts: { agentKey?: string; command?: string; objective?: Record<string, unknown>; gate?: (home: string) => string } = {},
+  opts: { agentKey?: string; command?: string; objective?: Record<string, unknown>; gate?: (home: string) => string; builder?: Record<string, unknown> } = {},
 ) {
   const cli = CLIS[provider];
   const key = `sk-fake-${provider}-${randomBytes(16).toString('hex')}`;
@@ -205,7 +205,7 @@ async function runObjective(
     repository: repo,
     objective: 'write the files',
     gates: [{ name: 'fixed', command: `${opts.gate?.(home) ?? ''}test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }` }],
-    agents: { builder: { ...agent, ...cli.builder }, reviewer: agent },
+    agents: { builder: { ...agent, ...(opts.builder ?? cli.builder) }, reviewer: agent },
     streams: [{ id: 'files', task: 'Create the file. WRITE:hello.txt' }],
     ...opts.objective,
   });
@@ -298,6 +298,16 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
     },
     180_000,
   );
+
+  it('claude-code without a permission mode: its write is denied in print mode, so the run that changed nothing fails with that reason (not retried)', async () => {
+    const { endpoint, result } = await runObjective('denied-claude-code', 'claude-code', { builder: {}, objective: { on_exhausted: 'fail' } });
+    expect(result.outcome).toBe('failed');
+    expect(result.streams[0].failure).toMatchObject({
+      kind: 'configuration_error',
+      summary: expect.stringContaining('builder agent (claude-code) changed nothing: its permission rules denied 1 tool call (Write); set agents.builder.permission_mode'),
+    });
+    expect(endpoint.runs()).toHaveLength(1);
+  }, 120_000);
 
   it('a missing executable fails once as configuration_error naming it, not as a transient error retried six times', async () => {
     const { endpoint, result } = await runObjective('missing-exe', 'claude-code', { command: '/nonexistent/claude', objective: { on_exhausted: 'fail' } });

@@ -102,6 +102,10 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
       if (RATE_LIMIT_TEXT.test(message)) out.push(...limited(message, resetFromText(message)));
       out.push(...failed(message), ...authFailure(message));
     }
+    // Print mode cannot ask: a tool call its permission mode does not allow is refused, and the run goes on.
+    for (const denial of Array.isArray(event.permission_denials) ? event.permission_denials : []) {
+      out.push({ type: 'denied', tool: (isObject(denial) && str(denial.tool_name)) || 'unknown' });
+    }
     out.push(isError ? { type: 'result', text, isError: true } : { type: 'result', text });
     return out;
   };

@@ -60,6 +60,8 @@ export type AgentEvent =
   | { type: 'session_totals'; totals: SessionTotals }
   | { type: 'result'; text: string; isError?: boolean }
   | { type: 'error'; message: string }
+  /** The agent's own permission rules refused a tool call (Claude Code's `permission_denials`). */
+  | { type: 'denied'; tool: string }
   /** The agent cannot work as configured (not logged in, key rejected or missing): retrying cannot help. */
   | { type: 'config_error'; message: string }
   | { type: 'rate_limit'; resetAt?: string; message?: string };

@@ -193,6 +193,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       let sessionId: string | undefined;
       let sessionTotals: SessionTotals | undefined;
       let toolCalls = 0;
+      const denied: string[] = [];
       let completionSignal: string | undefined;
       let lines = 0;
       let lastOutputAt = Date.now();
@@ -223,6 +224,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
           case 'tool_call':
             toolCalls += 1;
             break;
+          case 'denied':
+            denied.push(event.tool);
+            break;
           case 'usage':
             usage.inputTokens += event.inputTokens;
             usage.outputTokens += event.outputTokens;
@@ -244,6 +248,12 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
             break;
         }
       };
+      // A builder is there to change the work: what it looked like before, to tell whether refused tool calls left it unchanged.
+      const workState = async () => {
+        const r = await sandboxes.exec({ root: input.sandboxPath }, { command: 'git rev-parse HEAD && git status --porcelain --untracked-files=all', shell: true, env, timeoutMs: 60_000, signal: cancelSignal });
+        return r.exitCode === 0 ? r.stdout : undefined;
+      };
+      const before = role === 'builder' ? await workState() : undefined;
       const idleMs = spec.idle_timeout_minutes * 60_000;
       const run = await withHeartbeat(async (signal, beat) => {
         const idleCheck = setInterval(
@@ -284,7 +294,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         }
       });
 
-      const output = redact(tail(texts.join('\n'), AGENT_OUTPUT_TAIL_CHARS), secrets);
+      let output = redact(tail(texts.join('\n'), AGENT_OUTPUT_TAIL_CHARS), secrets);
       if (cancelSignal.aborted) throw failure('agent_runtime_transient', `${name} was cancelled`);
       if (configError !== undefined) {
         throw redactedFailure('configuration_error', `${name} cannot work as configured: ${tail(configError, 500)}. ${provider.setupHint ?? ''}`.trim(), secrets);
@@ -313,6 +323,15 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
           return { ...fresh, resumeFailed: redact(`session ${input.resumeSessionId} could not be resumed (${missing[0]}); a fresh session got the full context`, secrets) };
         }
         throw redactedFailure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${tail(why, 1_000)}`, secrets);
+      }
+
+      if (denied.length > 0) {
+        const counts = [...new Set(denied)].map((tool) => `${tool}${denied.filter((t) => t === tool).length > 1 ? ` ×${denied.filter((t) => t === tool).length}` : ''}`).join(', ');
+        Context.current().log.warn('agent tool calls denied', { role, provider: spec.provider, denied: counts });
+        if (before !== undefined && (await workState()) === before) {
+          throw failure('configuration_error', `${name} changed nothing: its permission rules denied ${denied.length} tool call${denied.length > 1 ? 's' : ''} (${counts}); set agents.${role}.permission_mode to one that allows them (claude-code: acceptEdits, or bypassPermissions in a confined sandbox)`);
+        }
+        output = tail(`${output}\n[slipway] ${denied.length} tool call${denied.length > 1 ? 's were' : ' was'} denied by the agent's permission rules: ${counts}`, AGENT_OUTPUT_TAIL_CHARS);
       }
 
       let verdict: ReviewVerdict | undefined;
