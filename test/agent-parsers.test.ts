@@ -215,6 +215,17 @@ describe('codex parser', () => {
     ]);
   });
 
+  it('tells retry noise (which must not hold off the idle timeout) from progress', () => {
+    const codex = createCodexProvider();
+    expect(codex.isRetryNoise?.('{"type":"error","message":"Reconnecting... 2/5 (stream disconnected before completion)"}', 'stdout')).toBe(true);
+    expect(codex.isRetryNoise?.('Reconnecting... 3/5', 'stderr')).toBe(true);
+    expect(codex.isRetryNoise?.('{"type":"error","message":"unexpected status 500"}', 'stdout')).toBe(false);
+    expect(codex.isRetryNoise?.('{"type":"item.completed","item":{"type":"agent_message","text":"Reconnecting... is what I saw"}}', 'stdout')).toBe(false);
+    const claude = createClaudeCodeProvider();
+    expect(claude.isRetryNoise?.('{"type":"system","subtype":"api_retry","attempt":1,"error_status":529}', 'stdout')).toBe(true);
+    expect(claude.isRetryNoise?.('{"type":"system","subtype":"init","session_id":"s"}', 'stdout')).toBe(false);
+  });
+
   it('on a resumed thread, reports this run\'s usage: the thread totals minus those its previous run ended with', () => {
     const turn = JSON.stringify({ type: 'turn.completed', usage: { input_tokens: 4000, cached_input_tokens: 1000, output_tokens: 800 } });
     const resumed = createCodexProvider({ baseline: { inputTokens: 2000, cachedTokens: 600, outputTokens: 400 } }).parseLine(turn, 'stdout');

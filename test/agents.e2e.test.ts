@@ -350,6 +350,22 @@ describe('process control', () => {
     expect(await historyText(streamWorkflowId(id, 'greet'))).toMatch(/builder agent \(claude-code\) printed nothing for 3 s \(idle_timeout_minutes\) and was killed/);
   }, 90_000);
 
+  it('idle means no progress: an agent that only prints retry lines (codex "Reconnecting...") is killed after idle_timeout_minutes, and the retry succeeds', async () => {
+    const id = 'reconnect-codex';
+    const run = await start(
+      id,
+      { objective: 'reconnect', agents: { builder: fakeAgent('codex', { idle_timeout_minutes: 0.05 }) }, streams: [{ id: 'greet', task: 'Add greet' }] },
+      { 'builder:greet': [{ reconnectMs: 120_000 }, { files: { 'src/greet.js': GREET } }] },
+      { '.slipway/blueprints/build-review.yaml': FAST_BUILD_ONLY },
+    );
+    const result = await run.result();
+    expect(result.outcome).toBe('completed');
+    const calls = run.calls('builder:greet');
+    expect(calls).toHaveLength(2);
+    expect(alive(calls[0].pid)).toBe(false);
+    expect(await historyText(streamWorkflowId(id, 'greet'))).toMatch(/builder agent \(codex\) made no progress \(only \d+ retry lines\) for 3 s \(idle_timeout_minutes\) and was killed/);
+  }, 90_000);
+
   it('a worker that dies in the middle of an iteration loop: the run in flight is killed, and the next worker resumes at that run, not at run 1', async () => {
     const id = 'worker-loss';
     // Workers of our own on one task queue, so a second worker can take over from the first.

@@ -33,6 +33,8 @@ import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b/i;
 const RETRYING = /^\s*(Reconnecting|Retrying)\b/i;
+/** A top-level `error` event whose message is a retry: `{"type":"error","message":"Reconnecting... 2/5 ..."}`. */
+const RETRY_EVENT = /^\s*\{\s*"type"\s*:\s*"error"\s*,\s*"message"\s*:\s*"(Reconnecting|Retrying)\b/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b|^\S+\s+ERROR\s/i;
 const TOOL_ITEMS = new Set(['command_execution', 'file_change', 'mcp_tool_call', 'web_search']);
 
@@ -161,6 +163,7 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
 
   return {
     kind: 'codex',
+    isRetryNoise: (line, stream) => (stream === 'stderr' ? RETRYING.test(line) : RETRY_EVENT.test(line)),
     setupHint: 'Set OPENAI_API_KEY (or the env_key of the model provider in $CODEX_HOME/config.toml, or log in with `codex login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
     buildCommand(invocation) {
       const { spec } = invocation;

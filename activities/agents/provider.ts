@@ -71,6 +71,11 @@ export interface AgentProvider {
   /** What to set when the agent reports a configuration error (credentials), for the failure message. */
   readonly setupHint?: string;
   buildCommand(invocation: AgentInvocation): AgentCommand;
+  /**
+   * A line that is the CLI retrying (a lost connection, an overloaded API), not progress: it does not
+   * hold off `idle_timeout_minutes`, so an agent that only reconnects is ended like a silent one.
+   */
+  isRetryNoise?(line: string, stream: 'stdout' | 'stderr'): boolean;
   /** Parses one output line. Unknown or malformed lines yield no events (or a text event), never throw. */
   parseLine(line: string, stream: 'stdout' | 'stderr'): AgentEvent[];
 }

@@ -196,6 +196,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       const denied: string[] = [];
       let completionSignal: string | undefined;
       let lines = 0;
+      let retryLines = 0;
       let lastOutputAt = Date.now();
       let idleKilled = false;
       let graceKilled = false;
@@ -277,7 +278,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
               signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
               timeoutMs: spec.timeout_minutes * 60_000,
               onLine: (stream, line) => {
-                lastOutputAt = Date.now();
+                if (provider.isRetryNoise?.(line, stream)) retryLines += 1;
+                else lastOutputAt = Date.now();
                 lines += 1;
                 for (const event of provider.parseLine(line, stream)) onEvent(event);
                 beat({ lines, agentIteration });
@@ -304,7 +306,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         throw failure('configuration_error', missingExecutable(name, command.command, role));
       }
       if (idleKilled && !graceKilled) {
-        throw failure('agent_runtime_transient', `${name} printed nothing for ${formatMinutes(spec.idle_timeout_minutes)} (idle_timeout_minutes) and was killed`);
+        const what = retryLines > 0 ? `made no progress (only ${retryLines} retry line${retryLines > 1 ? 's' : ''})` : 'printed nothing';
+        throw failure('agent_runtime_transient', `${name} ${what} for ${formatMinutes(spec.idle_timeout_minutes)} (idle_timeout_minutes) and was killed`);
       }
       if (run.timedOut) throw failure('agent_runtime_transient', `${name} ran past its ${formatMinutes(spec.timeout_minutes)} limit (timeout_minutes) and was killed`);
       if (rateLimit) {
