@@ -412,6 +412,14 @@ describe('configuration errors (permanent: retrying cannot help)', () => {
     expect(configErrors('claude-code', [{ type: 'result', subtype: 'success', is_error: true, result: 'API Error: 500 Internal server error', session_id: 's' }])).toEqual([]);
   });
 
+  it('codex: its own command sandbox failing (the turn still "succeeds")', () => {
+    const item = { id: 'item_1', type: 'command_execution', command: 'bash -lc ls', aggregated_output: 'bwrap: execvp /tmp/codex-home/tmp/arg0/codex-linux-sandbox: No such file or directory\n', exit_code: 1, status: 'failed' };
+    const events = configErrors('codex', [{ type: 'item.started', item: { ...item, aggregated_output: '', status: 'in_progress' } }, { type: 'item.completed', item }, { type: 'item.completed', item: { ...item, id: 'item_2' } }]);
+    expect(events).toHaveLength(1);
+    expect(events[0]).toMatchObject({ message: expect.stringMatching(/codex's own command sandbox cannot run commands here \(bwrap: execvp .*codex-linux-sandbox\).*bypassPermissions/) });
+    expect(configErrors('codex', [{ type: 'item.completed', item: { ...item, aggregated_output: 'ls: cannot access x: No such file or directory' } }])).toEqual([]);
+  });
+
   it('codex: 401 and a missing env_key variable', () => {
     expect(configErrors('codex', [{ type: 'error', message: 'unexpected status 401 Unauthorized: invalid x-api-key, url: http://127.0.0.1:4100/v1/responses' }])).toHaveLength(1);
     expect(configErrors('codex', [{ type: 'turn.failed', error: { message: 'Missing environment variable: `OPENAI_API_KEY`.' } }])).toHaveLength(1);

@@ -36,6 +36,12 @@ const RETRYING = /^\s*(Reconnecting|Retrying)\b/i;
 /** A top-level `error` event whose message is a retry: `{"type":"error","message":"Reconnecting... 2/5 ..."}`. */
 const RETRY_EVENT = /^\s*\{\s*"type"\s*:\s*"error"\s*,\s*"message"\s*:\s*"(Reconnecting|Retrying)\b/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b|^\S+\s+ERROR\s/i;
+/**
+ * Codex's own command sandbox could not start (`bwrap: execvp codex-linux-sandbox`, e.g. with
+ * CODEX_HOME under the temp folder, or no user namespaces): every command fails, yet the turn
+ * "succeeds". Permanent for this setup.
+ */
+const OWN_SANDBOX_BROKEN = /bwrap: execvp [^\n]*codex-linux-sandbox|codex-linux-sandbox[^\n]*(No such file|not found|Permission denied)|bwrap: (setting up uid map|No permissions to creat|Creating new namespace failed)/i;
 const TOOL_ITEMS = new Set(['command_execution', 'file_change', 'mcp_tool_call', 'web_search']);
 
 /** `permission_mode` values accepted for codex and the flags they become. */
@@ -114,6 +120,7 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
     ? { input: baseline.inputTokens ?? 0, cached: baseline.cachedTokens ?? 0, output: baseline.outputTokens ?? 0 }
     : undefined;
   const seenItems = new Set<string>();
+  let sandboxBroken = false;
   const session = sessionReporter();
   const reportRateLimit = rateLimitReporter();
   const reportError = errorReporter();
@@ -150,6 +157,18 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
       if (event.type !== 'item.completed' || typeof it.text !== 'string') return [];
       lastAgentMessage = it.text;
       return [{ type: 'text', text: it.text }];
+    }
+    if (it.type === 'command_execution' && event.type === 'item.completed' && typeof it.aggregated_output === 'string') {
+      const broken = OWN_SANDBOX_BROKEN.exec(it.aggregated_output);
+      if (broken && !sandboxBroken) {
+        sandboxBroken = true;
+        const message = `codex's own command sandbox cannot run commands here (${broken[0]})`;
+        const out: AgentEvent[] = [...reportError(message), { type: 'config_error', message: `${message}; use permission_mode: bypassPermissions inside a sandbox Slipway confines, or keep CODEX_HOME out of the temp folder` }];
+        const id = str(it.id);
+        if (!id || !seenItems.has(id)) out.unshift(toolCall(it));
+        if (id) seenItems.add(id);
+        return out;
+      }
     }
     if (typeof it.type === 'string' && TOOL_ITEMS.has(it.type)) {
       const id = str(it.id);
