@@ -15,7 +15,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
@@ -182,7 +182,15 @@ function processesWith(marker: string): number[] {
 async function runObjective(
   id: string,
   provider: RealProvider,
-  opts: { agentKey?: string; command?: string; objective?: Record<string, unknown>; gate?: (home: string) => string; builder?: Record<string, unknown> } = {},
+  opts: {
+    agentKey?: string;
+    command?: string;
+    objective?: Record<string, unknown>;
+    gate?: (home: string) => string;
+    builder?: Record<string, unknown>;
+    /** Under bubblewrap with `network: false`: the sandbox's own namespace has only a loopback; the CLIs, agent home and endpoint are bound in. */
+    confined?: boolean;
+  } = {},
 ) {
   const cli = CLIS[provider];
   const key = `sk-fake-${provider}-${randomBytes(16).toString('hex')}`;
@@ -199,7 +207,14 @@ async function runObjective(
   const env = { HOME: home, SLIPWAY_TEST_MARKER: marker, ...cli.env(home, opts.agentKey ?? key) };
   writeFileSync(path.join(repo, '.slipway', '.env'), Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n') + '\n');
 
-  const command = opts.command ?? `unshare --net -- node ${OFFLINE} ${endpoint.socketPath} ${PORT} -- ${path.join(AGENT_BIN, cli.exe)}`;
+  let command = opts.command ?? `unshare --net -- node ${OFFLINE} ${endpoint.socketPath} ${PORT} -- ${path.join(AGENT_BIN, cli.exe)}`;
+  let sandbox: Record<string, unknown> | undefined;
+  if (opts.confined) {
+    // Only the worktree, the objective folder and these are there inside: the forwarder goes beside the endpoint.
+    copyFileSync(OFFLINE, path.join(endpointDir, 'offline.mjs'));
+    command = `node ${path.join(endpointDir, 'offline.mjs')} ${endpoint.socketPath} ${PORT} -- ${path.join(AGENT_BIN, cli.exe)}`;
+    sandbox = { confinement: 'bubblewrap', network: false, writable: [path.dirname(AGENT_BIN), endpointDir, home] };
+  }
   const agent = { provider, command, ...(cli.model ? { model: cli.model } : {}), completion_grace_seconds: 2 };
   const file = writeObjective({
     repository: repo,
@@ -207,6 +222,7 @@ async function runObjective(
     gates: [{ name: 'fixed', command: `${opts.gate?.(home) ?? ''}test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }` }],
     agents: { builder: { ...agent, ...(opts.builder ?? cli.builder) }, reviewer: agent },
     streams: [{ id: 'files', task: 'Create the file. WRITE:hello.txt' }],
+    ...(sandbox ? { sandbox } : {}),
     ...opts.objective,
   });
   const input = await loadObjectiveFile(file, { id });
@@ -308,6 +324,19 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
     });
     expect(endpoint.runs()).toHaveLength(1);
   }, 120_000);
+
+  it.concurrent.each(PROVIDERS)(
+    '%s under bubblewrap (network off, the agent home bound in): builds, resumes, reviews, merges',
+    async (provider) => {
+      const { endpoint, repo, result } = await runObjective(`bwrap-${provider}`, provider, { confined: true });
+      expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
+      expect(gitIn(repo, 'show', `${integrationBranch(`bwrap-${provider}`)}:fixed.txt`)).toBe('written by the agent for fixed.txt');
+      const runs = result.agentRuns ?? [];
+      expect(runs[1].resumed).toBe(runs[0].sessionId);
+      expect(endpoint.runs()).toHaveLength(3);
+    },
+    180_000,
+  );
 
   it('a missing executable fails once as configuration_error naming it, not as a transient error retried six times', async () => {
     const { endpoint, result } = await runObjective('missing-exe', 'claude-code', { command: '/nonexistent/claude', objective: { on_exhausted: 'fail' } });
