@@ -302,7 +302,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         throw redactedFailure('configuration_error', `${name} cannot work as configured: ${tail(configError, 500)}. ${provider.setupHint ?? ''}`.trim(), secrets);
       }
       // The launcher in front of the agent (unshare's PID namespace unconfined, bubblewrap confined) reports a missing executable itself.
-      if (run.exitCode !== 0 && new RegExp(`^(unshare: failed to execute|bwrap: execvp) ${escapeRegExp(command.command)}: No such file or directory`, 'm').test(run.stderr)) {
+      const launcherSays = [`unshare: failed to execute ${command.command}: No such file or directory`, `bwrap: execvp ${command.command}: No such file or directory`];
+      if (run.exitCode !== 0 && run.stderr.split('\n').some((l) => launcherSays.includes(l.trim()))) {
         throw failure('configuration_error', missingExecutable(name, command.command, role));
       }
       if (idleKilled && !graceKilled) {
@@ -329,7 +330,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       }
 
       if (denied.length > 0) {
-        const counts = [...new Set(denied)].map((tool) => `${tool}${denied.filter((t) => t === tool).length > 1 ? ` ×${denied.filter((t) => t === tool).length}` : ''}`).join(', ');
+        const perTool = new Map<string, number>();
+        for (const tool of denied) perTool.set(tool, (perTool.get(tool) ?? 0) + 1);
+        const counts = [...perTool].map(([tool, n]) => (n > 1 ? `${tool} ×${n}` : tool)).join(', ');
         Context.current().log.warn('agent tool calls denied', { role, provider: spec.provider, denied: counts });
         if (before !== undefined && (await workState()) === before) {
           throw failure('configuration_error', `${name} changed nothing: its permission rules denied ${denied.length} tool call${denied.length > 1 ? 's' : ''} (${counts}); set agents.${role}.permission_mode to one that allows them (claude-code: acceptEdits, or bypassPermissions in a confined sandbox)`);
@@ -379,8 +382,6 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
 function missingExecutable(name: string, executable: string, role: AgentRole): string {
   return `${name}: the executable "${executable}" was not found on the worker (ENOENT); install it on the worker's PATH or set agents.${role}.command`;
 }
-
-const escapeRegExp = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
 function formatMinutes(minutes: number): string {
   return minutes < 1 ? `${Math.round(minutes * 600) / 10} s` : `${minutes} min`;
