@@ -160,6 +160,17 @@ afterAll(async () => {
   await Promise.all([...endpoints.values()].map((e) => e.close()));
 });
 
+/** Files under `dir` (not following links, skipping git objects) whose content holds `text`. */
+function filesHolding(dir: string, text: string): string[] {
+  const found: string[] = [];
+  for (const entry of readdirSync(dir, { withFileTypes: true, recursive: true })) {
+    const file = path.join(entry.parentPath, entry.name);
+    if (!entry.isFile() || file.includes(`${path.sep}.git${path.sep}objects${path.sep}`)) continue;
+    if (readFileSync(file).includes(text)) found.push(file);
+  }
+  return found;
+}
+
 /** Processes whose environment holds `marker` (alive, not zombies). */
 function processesWith(marker: string): number[] {
   const found: number[] = [];
@@ -228,7 +239,7 @@ async function runObjective(
   const input = await loadObjectiveFile(file, { id });
   const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
   const result = (await handle.result()) as ObjectiveResult;
-  return { cli, key, marker, endpoint, repo, result };
+  return { cli, key, marker, endpoint, repo, objectiveDir: path.dirname(file), result };
 }
 
 describe('the real agent CLIs, offline against a fake model endpoint', () => {
@@ -236,7 +247,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
     '%s builds (a file on the stream branch), resumes its session in the gate fix loop, reviews, merges; usage per run matches the endpoint; the key stays out of history and git; no process is left',
     async (provider) => {
       const id = `real-${provider}`;
-      const { cli, key, marker, endpoint, repo, result } = await runObjective(id, provider);
+      const { cli, key, marker, endpoint, repo, objectiveDir, result } = await runObjective(id, provider);
       expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
 
       // The files the CLI wrote with its own tools are on the stream branch and merged.
@@ -276,6 +287,9 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       }
       const objects = execFileSync('sh', ['-c', 'git rev-list --all --objects | cut -d" " -f1 | git cat-file --batch'], { cwd: repo, maxBuffer: 64 * 1024 * 1024 });
       expect(objects.includes(key)).toBe(false);
+      // Nor in any file Slipway or the agent left in the repository (its worktrees, records, logs) or the objective's folder; `.slipway/.env` holds it by design.
+      const holders = [repo, objectiveDir].flatMap((dir) => filesHolding(dir, key));
+      expect(holders).toEqual([path.join(repo, '.slipway', '.env')]); // the scan does see .slipway/
 
       // Nothing of the runs is left running.
       expect(processesWith(marker)).toEqual([]);
