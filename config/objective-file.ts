@@ -124,7 +124,9 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
   // 3. Validate.
   const locate = yaml.locate;
   const problems: ObjectiveFileProblem[] = [];
-  const parsed = ObjectiveFileSchema.safeParse(raw, { reportInput: true });
+  // `--repo` stands in for a missing `repository:` (it is resolved and checked in step 4).
+  const withRepo = rawObject.repository === undefined && overrides.repository ? { ...rawObject, repository: overrides.repository } : raw;
+  const parsed = ObjectiveFileSchema.safeParse(withRepo, { reportInput: true });
   if (!parsed.success) {
     for (const issue of collectIssues(parsed.error.issues, rawObject)) {
       const segments = issuePath(issue);

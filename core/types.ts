@@ -204,6 +204,8 @@ export interface AgentRunRecord {
   sessionId?: string;
   /** The run resumed this agent session. */
   resumed?: string;
+  /** The session to resume was gone: the run started a fresh one with the full context (why). */
+  resumeFailed?: string;
   inputTokens: number;
   outputTokens: number;
   cachedTokens: number;

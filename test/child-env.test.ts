@@ -19,7 +19,7 @@ import { gitIn, tempDir } from './helpers/repo';
 const PROBE_SOURCE = `
 const fs = require('node:fs');
 const out = process.env.PROBE_OUT || require('node:path').join(process.env.SLIPWAY_OBJECTIVE_DIR, 'probe-' + (process.env.PROBE_NAME || 'x') + '.json');
-fs.writeFileSync(out, JSON.stringify({ PWD: process.env.PWD ?? null, OLDPWD: process.env.OLDPWD ?? null, INIT_CWD: process.env.INIT_CWD ?? null, cwd: process.cwd() }));
+fs.writeFileSync(out, JSON.stringify({ PWD: process.env.PWD ?? null, OLDPWD: process.env.OLDPWD ?? null, INIT_CWD: process.env.INIT_CWD ?? null, IS_SANDBOX: process.env.IS_SANDBOX ?? null, cwd: process.cwd() }));
 `;
 
 let saved: Record<string, string | undefined>;
@@ -29,7 +29,9 @@ let probe: string;
 beforeEach(() => {
   // The worker was started somewhere else entirely (the user's checkout, in the bug report).
   elsewhere = tempDir('slipway-user-checkout-');
-  saved = { PWD: process.env.PWD, OLDPWD: process.env.OLDPWD, INIT_CWD: process.env.INIT_CWD };
+  saved = { PWD: process.env.PWD, OLDPWD: process.env.OLDPWD, INIT_CWD: process.env.INIT_CWD, IS_SANDBOX: process.env.IS_SANDBOX };
+  // The worker's own IS_SANDBOX must not reach an unconfined agent (Claude Code would bypass its permissions as root).
+  process.env.IS_SANDBOX = '1';
   process.env.PWD = elsewhere;
   process.env.OLDPWD = elsewhere;
   process.env.INIT_CWD = elsewhere;
@@ -43,7 +45,7 @@ afterEach(() => {
   }
 });
 
-type Seen = { PWD: string | null; OLDPWD: string | null; INIT_CWD: string | null; cwd: string };
+type Seen = { PWD: string | null; OLDPWD: string | null; INIT_CWD: string | null; IS_SANDBOX: string | null; cwd: string };
 
 describe('runProcess', () => {
   it('gives the child PWD = its real cwd and drops OLDPWD and INIT_CWD, with the inherited environment', async () => {
@@ -93,7 +95,7 @@ describe('runProcess', () => {
 describe('agent runs (every provider goes through the sandbox exec path)', () => {
   const PROVIDERS: AgentProviderKind[] = ['script', 'claude-code', 'codex', 'opencode', 'pi'];
 
-  it.each(PROVIDERS)('%s: the agent process sees PWD = its sandbox', async (provider) => {
+  it.each(PROVIDERS)('%s: the agent process sees PWD = its sandbox, and no IS_SANDBOX (it is not confined)', async (provider) => {
     const repo = tempDir('slipway-repo-');
     gitIn(repo, 'init', '-q', '-b', 'main');
     const sandbox = path.join(repo, 'wt');
@@ -121,6 +123,7 @@ describe('agent runs (every provider goes through the sandbox exec path)', () =>
     expect(seen.PWD).toBe(realpathSync(sandbox));
     expect(seen.PWD).not.toBe(elsewhere);
     expect(seen.OLDPWD).toBeNull();
+    expect(seen.IS_SANDBOX).toBeNull();
   });
 });
 
@@ -141,7 +144,7 @@ describe('a wrapper that changes directory itself (bwrap --chdir)', () => {
 });
 
 describe('under bubblewrap', () => {
-  it('a confined script agent sees PWD = its sandbox, not the worker\'s', async () => {
+  it('a confined script agent sees PWD = its sandbox, not the worker\'s, and IS_SANDBOX=1', async () => {
     const repo = tempDir('slipway-repo-');
     gitIn(repo, 'init', '-q', '-b', 'main');
     writeFileSync(path.join(repo, 'README'), 'hi\n');
@@ -177,5 +180,6 @@ describe('under bubblewrap', () => {
     expect(seen.PWD).toBe(seen.cwd);
     expect(seen.OLDPWD).toBeNull();
     expect(seen.INIT_CWD).toBeNull();
+    expect(seen.IS_SANDBOX).toBe('1');
   });
 });

@@ -161,6 +161,14 @@ describe('loadObjectiveFile: valid files', () => {
     expect(input.baseBranch).toBe('main');
   });
 
+  it('takes the repository from the override alone when the file has no repository:, and still requires one of them', async () => {
+    const file = await writeObjective(replaceLine(2));
+    const input = await loadObjectiveFile(file, { repository: repo });
+    expect(input.repository).toBe(await fs.realpath(repo));
+    const err = await loadError(file);
+    expect(err.problems.map((p) => p.field)).toContain('repository');
+  });
+
   it('derives a valid id from a long or odd file name', async () => {
     const file = await writeObjective(VALID, `${'_Very Long Name '.repeat(8)}.objective.yml`);
     const input = await loadObjectiveFile(file, { now: new Date(Date.UTC(2024, 11, 31, 23, 59, 58)) });

@@ -15,17 +15,21 @@
  * in paperclipai/paperclip#5776 (`rate_limit_info.resetsAt`, epoch seconds) and the legacy
  * "Claude AI usage limit reached|<epoch>" result text.
  *
- * Usage and cost come ONLY from the final `result` event, which totals the whole run. The
- * `usage` on `assistant` lines is ignored: one API message is split over several assistant lines
- * that repeat the same usage, so summing them would double count.
+ * Usage and cost come ONLY from the final `result` event. The `usage` on `assistant` lines is
+ * ignored: one API message is split over several assistant lines that repeat the same usage, so
+ * summing them would double count. The result's `usage` totals this run, but its `total_cost_usd`
+ * (like `modelUsage`) is the running total of the SESSION: after `--resume` it includes the earlier
+ * runs. The run's cost is therefore the sum of `model_usage_since_last_result[*].costUSD` (CLI
+ * 2.1.x prints it; one result per print-mode process), else `total_cost_usd` minus the total the
+ * session's previous run ended with (`baseline`, session-usage.ts).
  * Token convention (shared by all providers): inputTokens counts every prompt token including
  * cache reads and cache writes; cachedTokens is the part read from the cache.
  */
-import { stdinCommand } from './command-line';
+import { permissionEntry, stdinCommand } from './command-line';
 import {
-  epochToIso, errorReporter, isObject, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str, usageEvent,
+  authFailure, epochToIso, errorReporter, isObject, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str, usageEvent,
 } from './parse-helpers';
-import type { AgentEvent, AgentProvider } from './provider';
+import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
 
 /** Legacy subscription limit text: "Claude AI usage limit reached|1753675200". */
 const USAGE_LIMIT_EPOCH = /usage limit reached\|(\d{9,13})/i;
@@ -33,13 +37,18 @@ const USAGE_LIMIT_EPOCH = /usage limit reached\|(\d{9,13})/i;
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|hit your limit|too many requests|\b429\b/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b/i;
 
+/** `--permission-mode` choices of Claude Code 2.1 (`claude --help`), plus `default` of older releases: anything else the CLI rejects on every attempt, so it is refused at load. */
+const PERMISSION_FLAGS: Record<string, string[]> = Object.fromEntries(
+  ['default', 'acceptEdits', 'auto', 'bypassPermissions', 'manual', 'dontAsk', 'plan'].map((mode) => [mode, ['--permission-mode', mode]]),
+);
+
 function resetFromText(text: string): string | undefined {
   const match = USAGE_LIMIT_EPOCH.exec(text);
   return match ? epochToIso(match[1]) : undefined;
 }
 
 /** One provider instance per agent run (see registry.ts): the parser remembers the session and rate limit it reported. */
-export function createClaudeCodeProvider(): AgentProvider {
+export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): AgentProvider {
   const session = sessionReporter();
   const limited = rateLimitReporter();
   /** Reports an error once: the synthetic assistant message and the result repeat the same text. */
@@ -66,41 +75,63 @@ export function createClaudeCodeProvider(): AgentProvider {
       out.push(...limited(text || 'rate limited', resetFromText(text)));
     } else if (error) {
       out.push(...failed(text || error));
+      out.push(...(error === 'authentication_failed' ? [{ type: 'config_error' as const, message: text || error }] : authFailure(text)));
     }
     return out;
   };
 
   const result = (event: Json): AgentEvent[] => {
     const out: AgentEvent[] = [];
-    if (isObject(event.usage) || typeof event.total_cost_usd === 'number') {
+    const total = typeof event.total_cost_usd === 'number' && Number.isFinite(event.total_cost_usd) ? event.total_cost_usd : undefined;
+    if (isObject(event.usage) || total !== undefined) {
       const usage = isObject(event.usage) ? event.usage : {};
       out.push(usageEvent({
         input: num(usage.input_tokens),
         cacheRead: num(usage.cache_read_input_tokens),
         cacheWrite: num(usage.cache_creation_input_tokens),
         output: num(usage.output_tokens),
-        cost: event.total_cost_usd,
+        cost: runCost(event, total),
       }));
     }
+    if (total !== undefined) out.push({ type: 'session_totals', totals: { costUsd: total } });
     const text = str(event.result) ?? '';
     const isError = event.is_error === true || (typeof event.subtype === 'string' && event.subtype.startsWith('error'));
     if (isError) {
       const errors = Array.isArray(event.errors) ? event.errors.filter((e): e is string => typeof e === 'string') : [];
       const message = text || errors.join('; ') || str(event.subtype) || 'Claude Code reported an error';
       if (RATE_LIMIT_TEXT.test(message)) out.push(...limited(message, resetFromText(message)));
-      out.push(...failed(message));
+      out.push(...failed(message), ...authFailure(message));
+    }
+    // Print mode cannot ask: a tool call its permission mode does not allow is refused, and the run goes on.
+    for (const denial of Array.isArray(event.permission_denials) ? event.permission_denials : []) {
+      out.push({ type: 'denied', tool: (isObject(denial) && str(denial.tool_name)) || 'unknown' });
     }
     out.push(isError ? { type: 'result', text, isError: true } : { type: 'result', text });
     return out;
   };
 
+  /** This run's cost: see the header. */
+  const runCost = (event: Json, total: number | undefined): number | undefined => {
+    const since = event.model_usage_since_last_result;
+    if (isObject(since)) {
+      const costs = Object.values(since).map((m) => (isObject(m) ? m.costUSD : undefined));
+      if (costs.length > 0 && costs.every((c) => typeof c === 'number' && Number.isFinite(c))) return (costs as number[]).reduce((a, b) => a + b, 0);
+    }
+    if (total === undefined) return undefined;
+    // Rounded to 1e-10 dollars: the difference of two totals should not read 0.012500000000000004.
+    return Math.max(0, Math.round((total - (baseline?.costUsd ?? 0)) * 1e10) / 1e10);
+  };
+
   return {
     kind: 'claude-code',
+    // `{"type":"system","subtype":"api_retry",...}`: Claude Code waiting to retry a failed API call.
+    isRetryNoise: (line, stream) => stream === 'stdout' && /^\s*\{\s*"type"\s*:\s*"system"\s*,\s*"subtype"\s*:\s*"api_retry"/.test(line),
+    setupHint: 'Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, or log in with `claude` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['--print', '--output-format', 'stream-json', '--verbose'];
       if (spec.model) args.push('--model', spec.model);
-      if (spec.permission_mode) args.push('--permission-mode', spec.permission_mode);
+      if (spec.permission_mode) args.push(...(permissionEntry('claude-code', PERMISSION_FLAGS, spec.permission_mode) ?? []));
       if (invocation.resumeSessionId) args.push('--resume', invocation.resumeSessionId);
       args.push(...spec.extra_args);
       return stdinCommand(invocation, 'claude', args);
@@ -119,6 +150,14 @@ export function createClaudeCodeProvider(): AgentProvider {
           case 'result':
             out.push(...result(event));
             break;
+          case 'system': {
+            // Claude Code retries a rejected key up to 10 times with backoff (minutes): the first rejection settles it.
+            const status = typeof event.error_status === 'number' ? event.error_status : undefined;
+            if (event.subtype === 'api_retry' && (event.error === 'authentication_failed' || status === 401 || status === 403)) {
+              out.push({ type: 'config_error', message: `the model API rejected the credentials (HTTP ${status ?? '?'}, ${str(event.error) ?? 'authentication_failed'})` });
+            }
+            break;
+          }
           case 'rate_limit_event': {
             const info = isObject(event.rate_limit_info) ? event.rate_limit_info : {};
             if (info.status === 'rejected') {

@@ -19,20 +19,29 @@
  * `resets_at` / `resets_in_seconds` from earendil-works/pi#4172.
  *
  * Usage comes from `turn.completed` (and `turn.failed` when it carries usage). Codex reports the
- * thread's running total there (openai/codex#17539), so each event is turned into the delta since
- * the previous one in this run. Limitation: on `resume` the first total also includes the earlier
- * runs of the thread; the stream carries no baseline to subtract. Codex reports no cost.
+ * thread's running total there (openai/codex#17539, also on `exec resume`, checked with codex
+ * 0.169), so each event is turned into the delta since the previous one: in this run, or for the
+ * first one after `resume`, since the total the thread's previous run ended with (`baseline`,
+ * session-usage.ts). Codex reports no cost.
  * input_tokens already includes cached_input_tokens, which matches the shared convention.
  */
 import { permissionEntry, stdinCommand } from './command-line';
 import {
-  durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
+  authFailure, durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
 } from './parse-helpers';
-import type { AgentEvent, AgentProvider } from './provider';
+import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b/i;
 const RETRYING = /^\s*(Reconnecting|Retrying)\b/i;
+/** A top-level `error` event whose message is a retry: `{"type":"error","message":"Reconnecting... 2/5 ..."}`. */
+const RETRY_EVENT = /^\s*\{\s*"type"\s*:\s*"error"\s*,\s*"message"\s*:\s*"(Reconnecting|Retrying)\b/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b|^\S+\s+ERROR\s/i;
+/**
+ * Codex's own command sandbox could not start (`bwrap: execvp codex-linux-sandbox`, e.g. with
+ * CODEX_HOME under the temp folder, or no user namespaces): every command fails, yet the turn
+ * "succeeds". Permanent for this setup.
+ */
+const OWN_SANDBOX_BROKEN = /bwrap: execvp [^\n]*codex-linux-sandbox|codex-linux-sandbox[^\n]*(No such file|not found|Permission denied)|bwrap: (setting up uid map|No permissions to creat|Creating new namespace failed)/i;
 const TOOL_ITEMS = new Set(['command_execution', 'file_change', 'mcp_tool_call', 'web_search']);
 
 /** `permission_mode` values accepted for codex and the flags they become. */
@@ -105,10 +114,13 @@ function toolCall(item: Json): AgentEvent {
 }
 
 /** One provider instance per agent run (see registry.ts): the parser keeps the thread id, tool items seen and the last usage total. */
-export function createCodexProvider(): AgentProvider {
+export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentProvider {
   let lastAgentMessage: string | undefined;
-  let lastTotals: Totals | undefined;
+  let lastTotals: Totals | undefined = baseline
+    ? { input: baseline.inputTokens ?? 0, cached: baseline.cachedTokens ?? 0, output: baseline.outputTokens ?? 0 }
+    : undefined;
   const seenItems = new Set<string>();
+  let sandboxBroken = false;
   const session = sessionReporter();
   const reportRateLimit = rateLimitReporter();
   const reportError = errorReporter();
@@ -119,6 +131,7 @@ export function createCodexProvider(): AgentProvider {
   const failure = (message: string): AgentEvent[] => [
     ...(RATE_LIMIT_TEXT.test(message) ? limited(message) : []),
     ...reportError(message),
+    ...authFailure(message),
   ];
 
   const usage = (raw: unknown): AgentEvent[] => {
@@ -126,12 +139,15 @@ export function createCodexProvider(): AgentProvider {
     const totals: Totals = { input: num(raw.input_tokens), cached: num(raw.cached_input_tokens), output: num(raw.output_tokens) };
     const base = lastTotals ?? { input: 0, cached: 0, output: 0 };
     lastTotals = totals;
-    return [{
-      type: 'usage',
-      inputTokens: Math.max(0, totals.input - base.input),
-      outputTokens: Math.max(0, totals.output - base.output),
-      cachedTokens: Math.max(0, totals.cached - base.cached),
-    }];
+    return [
+      {
+        type: 'usage',
+        inputTokens: Math.max(0, totals.input - base.input),
+        outputTokens: Math.max(0, totals.output - base.output),
+        cachedTokens: Math.max(0, totals.cached - base.cached),
+      },
+      { type: 'session_totals', totals: { inputTokens: totals.input, cachedTokens: totals.cached, outputTokens: totals.output } },
+    ];
   };
 
   const item = (event: Json): AgentEvent[] => {
@@ -141,6 +157,18 @@ export function createCodexProvider(): AgentProvider {
       if (event.type !== 'item.completed' || typeof it.text !== 'string') return [];
       lastAgentMessage = it.text;
       return [{ type: 'text', text: it.text }];
+    }
+    if (it.type === 'command_execution' && event.type === 'item.completed' && typeof it.aggregated_output === 'string') {
+      const broken = OWN_SANDBOX_BROKEN.exec(it.aggregated_output);
+      if (broken && !sandboxBroken) {
+        sandboxBroken = true;
+        const message = `codex's own command sandbox cannot run commands here (${broken[0]})`;
+        const out: AgentEvent[] = [...reportError(message), { type: 'config_error', message: `${message}; use permission_mode: bypassPermissions inside a sandbox Slipway confines, or keep CODEX_HOME out of the temp folder` }];
+        const id = str(it.id);
+        if (!id || !seenItems.has(id)) out.unshift(toolCall(it));
+        if (id) seenItems.add(id);
+        return out;
+      }
     }
     if (typeof it.type === 'string' && TOOL_ITEMS.has(it.type)) {
       const id = str(it.id);
@@ -154,6 +182,8 @@ export function createCodexProvider(): AgentProvider {
 
   return {
     kind: 'codex',
+    isRetryNoise: (line, stream) => (stream === 'stderr' ? RETRYING.test(line) : RETRY_EVENT.test(line)),
+    setupHint: 'Set OPENAI_API_KEY (or the env_key of the model provider in $CODEX_HOME/config.toml, or log in with `codex login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['exec', '--json'];

@@ -24,7 +24,7 @@
  * reason other than tool calls, or at `done` if that did not happen.
  */
 import { permissionEntry, stdinCommand } from './command-line';
-import { durationUnitMs, isObject, isoAfter, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent } from './parse-helpers';
+import { authFailure, durationUnitMs, isObject, isoAfter, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent } from './parse-helpers';
 import type { AgentEvent, AgentProvider } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|hit your limit|too many requests|\b429\b|resource[ _]exhausted/i;
@@ -109,12 +109,16 @@ export function createOpencodeProvider(): AgentProvider {
       const resetAt = opencodeResetAt(headers, message);
       out.push(rateLimitEvent(message, resetAt));
     }
-    out.push({ type: 'error', message: name !== 'Error' && !message.startsWith(name) ? `${name}: ${message}` : message });
+    const full = name !== 'Error' && !message.startsWith(name) ? `${name}: ${message}` : message;
+    out.push({ type: 'error', message: full });
+    if (status === 401 || status === 403 || /auth/i.test(name)) out.push({ type: 'config_error', message: full });
+    else out.push(...authFailure(full));
     return out;
   };
 
   return {
     kind: 'opencode',
+    setupHint: 'Set the API key of the model\'s provider (ANTHROPIC_API_KEY, OPENAI_API_KEY, ..., or log in with `opencode auth login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['run', '--format', 'json'];

@@ -76,6 +76,18 @@ export function durationUnitMs(unit: string): number {
   return 1_000;
 }
 
+/**
+ * Wording of a permanent credentials failure, in the agents' own error messages: a 401/403 from
+ * the model API, "Not logged in", a missing or invalid API key (Claude Code, Codex, Pi, OpenCode).
+ */
+const AUTH_FAILURE =
+  /\b(401|403)\b[^\n]*(unauthori[sz]ed|forbidden|authenticat|api[ _-]?key)|^(401|403)\b|authentication[_ ]failed|authentication_error|invalid[ _-]?(x-)?api[ _-]?key|not logged in|please run \/login|missing environment variable|no api key|api key (is )?(missing|not (set|found))/i;
+
+/** A configuration error for a message that says the credentials are missing or rejected; nothing otherwise. */
+export function authFailure(message: string): AgentEvent[] {
+  return AUTH_FAILURE.test(message) ? [{ type: 'config_error', message }] : [];
+}
+
 export function rateLimitEvent(message: string, resetAt?: string): AgentEvent {
   return resetAt ? { type: 'rate_limit', resetAt, message } : { type: 'rate_limit', message };
 }

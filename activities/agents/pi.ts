@@ -29,7 +29,7 @@
  */
 import { permissionEntry, stdinCommand } from './command-line';
 import {
-  durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent,
+  authFailure, durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent,
 } from './parse-helpers';
 import type { AgentEvent, AgentProvider } from './provider';
 
@@ -103,7 +103,8 @@ export function createPiProvider(): AgentProvider {
       }));
     }
     if (message.stopReason === 'error' || message.stopReason === 'aborted') {
-      out.push(...error(str(message.errorMessage) ?? `pi request ${message.stopReason}`));
+      const why = str(message.errorMessage) ?? `pi request ${message.stopReason}`;
+      out.push(...error(why), ...authFailure(why));
     }
     return out;
   };
@@ -122,6 +123,7 @@ export function createPiProvider(): AgentProvider {
 
   return {
     kind: 'pi',
+    setupHint: 'Set the API key of the model\'s provider (ANTHROPIC_API_KEY, OPENAI_API_KEY, ..., or the apiKey of a custom provider in $PI_CODING_AGENT_DIR/models.json) in the worker\'s environment or in <repository>/.slipway/.env',
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['-p', '--mode', 'json'];

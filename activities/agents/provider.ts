@@ -34,18 +34,48 @@ export interface TokenUsage {
   costUsd?: number;
 }
 
+/**
+ * What a session has used in total, as a CLI that reports running totals prints it (raw, before
+ * the token convention): Claude Code's `total_cost_usd`, Codex's thread token totals. Stored after a
+ * run (session-usage.ts) and given to the provider of the next run that resumes the session, which
+ * reports only the difference.
+ */
+export interface SessionTotals {
+  inputTokens?: number;
+  outputTokens?: number;
+  cachedTokens?: number;
+  costUsd?: number;
+}
+
+export interface ProviderOptions {
+  /** The resumed session's totals after its previous run. */
+  baseline?: SessionTotals;
+}
+
 export type AgentEvent =
   | { type: 'text'; text: string }
   | { type: 'tool_call'; name: string; input?: unknown }
   | ({ type: 'usage' } & TokenUsage)
   | { type: 'session'; sessionId: string }
+  | { type: 'session_totals'; totals: SessionTotals }
   | { type: 'result'; text: string; isError?: boolean }
   | { type: 'error'; message: string }
+  /** The agent's own permission rules refused a tool call (Claude Code's `permission_denials`). */
+  | { type: 'denied'; tool: string }
+  /** The agent cannot work as configured (not logged in, key rejected or missing): retrying cannot help. */
+  | { type: 'config_error'; message: string }
   | { type: 'rate_limit'; resetAt?: string; message?: string };
 
 export interface AgentProvider {
   readonly kind: AgentProviderKind;
+  /** What to set when the agent reports a configuration error (credentials), for the failure message. */
+  readonly setupHint?: string;
   buildCommand(invocation: AgentInvocation): AgentCommand;
+  /**
+   * A line that is the CLI retrying (a lost connection, an overloaded API), not progress: it does not
+   * hold off `idle_timeout_minutes`, so an agent that only reconnects is ended like a silent one.
+   */
+  isRetryNoise?(line: string, stream: 'stdout' | 'stderr'): boolean;
   /** Parses one output line. Unknown or malformed lines yield no events (or a text event), never throw. */
   parseLine(line: string, stream: 'stdout' | 'stderr'): AgentEvent[];
 }

@@ -9,10 +9,10 @@ import { createClaudeCodeProvider } from './claude-code';
 import { createCodexProvider } from './codex';
 import { createOpencodeProvider } from './opencode';
 import { createPiProvider } from './pi';
-import type { AgentProvider } from './provider';
+import type { AgentProvider, ProviderOptions } from './provider';
 import { scriptProvider } from './script';
 
-const factories: Record<AgentProviderKind, () => AgentProvider> = {
+const factories: Record<AgentProviderKind, (options: ProviderOptions) => AgentProvider> = {
   script: () => scriptProvider, // stateless
   'claude-code': createClaudeCodeProvider,
   codex: createCodexProvider,
@@ -20,8 +20,8 @@ const factories: Record<AgentProviderKind, () => AgentProvider> = {
   pi: createPiProvider,
 };
 
-export function agentProvider(kind: AgentProviderKind): AgentProvider {
+export function agentProvider(kind: AgentProviderKind, options: ProviderOptions = {}): AgentProvider {
   const factory = Object.hasOwn(factories, kind) ? factories[kind] : undefined;
   if (!factory) throw new Error(`unknown agent provider "${kind}"`);
-  return factory();
+  return factory(options);
 }

@@ -21,6 +21,7 @@
  * worker's secret-looking environment values, tokens, and the values of the repository's
  * `.slipway/.env`, `.env` and `.env.*` never reach workflow history.
  */
+import { stripVTControlCharacters } from 'node:util';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
 import type { AgentSpec, Feedback, StreamSpec } from '../../core/types';
@@ -33,10 +34,14 @@ import { redact, secretsFor, secretValuesWith } from '../redact';
 import type { SandboxProvider } from '../sandbox/provider';
 import { readProjectEnv } from './credentials';
 import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionRequest, feedbackSection, type PromptContext } from './prompt';
-import type { AgentEvent, TokenUsage } from './provider';
+import type { AgentEvent, SessionTotals, TokenUsage } from './provider';
 import { agentProvider } from './registry';
+import { readSessionTotals, writeSessionTotals } from './session-usage';
 import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from './structured';
 import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from './template';
+
+/** What each CLI says when the session to resume is gone (Claude Code, Codex, Pi, OpenCode; checked with the versions setup.sh pins). */
+const SESSION_MISSING = /No conversation found with session ID:?\s*\S+|no rollout found for thread id\s*\S+|No session found matching\s*\S+|Session not found/i;
 
 /** Characters of agent output kept in workflow history per run. */
 export const AGENT_OUTPUT_TAIL_CHARS = 6_000;
@@ -71,6 +76,8 @@ export interface AgentRunResult {
   /** `costUsd` is absent when the agent reports no cost (codex). */
   usage: TokenUsage;
   toolCalls: number;
+  /** The run was asked to resume a session the agent no longer has, and ran as a fresh session instead: why (redacted). */
+  resumeFailed?: string;
   /** Tail of the agent's text output (redacted). */
   output: string;
   /** The completion signal the output held, if any (ends the step's iteration loop). */
@@ -92,7 +99,7 @@ function redactedFailure(kind: Parameters<typeof failure>[0], message: string, s
 
 export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
   const { sandboxes } = deps;
-  return {
+  const activities = {
     async runAgent(input: AgentRunInput): Promise<AgentRunResult> {
       const { spec, role } = input;
       const name = `${role} agent (${spec.provider})`;
@@ -167,7 +174,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       if (input.outputError) prompt += `\n\n${correctionRequest(role, input.outputError)}`;
 
       // --- the command --------------------------------------------------------------------------
-      const provider = agentProvider(spec.provider);
+      // A resumed session's CLI may report session totals: the provider subtracts what it had before.
+      const baseline = input.resumeSessionId ? await readSessionTotals(spec.provider, input.resumeSessionId) : undefined;
+      const provider = agentProvider(spec.provider, { baseline });
       let command;
       try {
         command = provider.buildCommand({ role, spec, prompt, cwd: input.sandboxPath, resumeSessionId: input.resumeSessionId, env: {} });
@@ -180,10 +189,14 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       const texts: string[] = [];
       const errors: string[] = [];
       let rateLimit: Extract<AgentEvent, { type: 'rate_limit' }> | undefined;
+      let configError: string | undefined;
       let sessionId: string | undefined;
+      let sessionTotals: SessionTotals | undefined;
       let toolCalls = 0;
+      const denied: string[] = [];
       let completionSignal: string | undefined;
       let lines = 0;
+      let retryLines = 0;
       let lastOutputAt = Date.now();
       let idleKilled = false;
       let graceKilled = false;
@@ -206,8 +219,14 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
           case 'session':
             sessionId = event.sessionId;
             break;
+          case 'session_totals':
+            sessionTotals = event.totals;
+            break;
           case 'tool_call':
             toolCalls += 1;
+            break;
+          case 'denied':
+            denied.push(event.tool);
             break;
           case 'usage':
             usage.inputTokens += event.inputTokens;
@@ -221,8 +240,21 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
           case 'rate_limit':
             rateLimit ??= event;
             break;
+          case 'config_error':
+            // Permanent (credentials): end the run now instead of letting the CLI retry for minutes.
+            if (configError === undefined) {
+              configError = event.message;
+              stop.abort();
+            }
+            break;
         }
       };
+      // A builder is there to change the work: what it looked like before, to tell whether refused tool calls left it unchanged.
+      const workState = async () => {
+        const r = await sandboxes.exec({ root: input.sandboxPath }, { command: 'git rev-parse HEAD && git status --porcelain --untracked-files=all', shell: true, env, timeoutMs: 60_000, signal: cancelSignal });
+        return r.exitCode === 0 ? r.stdout : undefined;
+      };
+      const before = role === 'builder' ? await workState() : undefined;
       const idleMs = spec.idle_timeout_minutes * 60_000;
       const run = await withHeartbeat(async (signal, beat) => {
         const idleCheck = setInterval(
@@ -246,23 +278,37 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
               signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
               timeoutMs: spec.timeout_minutes * 60_000,
               onLine: (stream, line) => {
-                lastOutputAt = Date.now();
+                if (provider.isRetryNoise?.(line, stream)) retryLines += 1;
+                else lastOutputAt = Date.now();
                 lines += 1;
                 for (const event of provider.parseLine(line, stream)) onEvent(event);
                 beat({ lines, agentIteration });
               },
             },
           );
+        } catch (e) {
+          // The executable is missing on the worker: no retry can fix that.
+          if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw failure('configuration_error', missingExecutable(name, command.command, role));
+          throw e;
         } finally {
           clearInterval(idleCheck);
           if (graceTimer) clearTimeout(graceTimer);
         }
       });
 
-      const output = redact(tail(texts.join('\n'), AGENT_OUTPUT_TAIL_CHARS), secrets);
+      let output = redact(tail(texts.join('\n'), AGENT_OUTPUT_TAIL_CHARS), secrets);
       if (cancelSignal.aborted) throw failure('agent_runtime_transient', `${name} was cancelled`);
+      if (configError !== undefined) {
+        throw redactedFailure('configuration_error', `${name} cannot work as configured: ${tail(configError, 500)}. ${provider.setupHint ?? ''}`.trim(), secrets);
+      }
+      // The launcher in front of the agent (unshare's PID namespace unconfined, bubblewrap confined) reports a missing executable itself.
+      const launcherSays = [`unshare: failed to execute ${command.command}: No such file or directory`, `bwrap: execvp ${command.command}: No such file or directory`];
+      if (run.exitCode !== 0 && run.stderr.split('\n').some((l) => launcherSays.includes(l.trim()))) {
+        throw failure('configuration_error', missingExecutable(name, command.command, role));
+      }
       if (idleKilled && !graceKilled) {
-        throw failure('agent_runtime_transient', `${name} printed nothing for ${formatMinutes(spec.idle_timeout_minutes)} (idle_timeout_minutes) and was killed`);
+        const what = retryLines > 0 ? `made no progress (only ${retryLines} retry line${retryLines > 1 ? 's' : ''})` : 'printed nothing';
+        throw failure('agent_runtime_transient', `${name} ${what} for ${formatMinutes(spec.idle_timeout_minutes)} (idle_timeout_minutes) and was killed`);
       }
       if (run.timedOut) throw failure('agent_runtime_transient', `${name} ran past its ${formatMinutes(spec.timeout_minutes)} limit (timeout_minutes) and was killed`);
       if (rateLimit) {
@@ -272,7 +318,26 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       if (!graceKilled && run.exitCode !== 0) {
         // The agent's own error reports say most; without them, its stderr, then its last words.
         const why = errors.length > 0 ? errors.join('\n') : run.stderr.trim() || output;
+        // The saved session is gone (another worker, a cleaned agent home, a private sandbox home):
+        // a fresh session with the full prompt (task, failure, history) instead of failing six times.
+        const missing = input.resumeSessionId ? SESSION_MISSING.exec(stripVTControlCharacters(`${errors.join('\n')}\n${run.stderr}\n${texts.join('\n')}`)) : null;
+        if (missing) {
+          Context.current().log.warn('agent session cannot be resumed; starting a fresh one', { role, provider: spec.provider, session: input.resumeSessionId });
+          const fresh = await activities.runAgent({ ...input, resumeSessionId: undefined });
+          return { ...fresh, resumeFailed: redact(`session ${input.resumeSessionId} could not be resumed (${missing[0]}); a fresh session got the full context`, secrets) };
+        }
         throw redactedFailure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${tail(why, 1_000)}`, secrets);
+      }
+
+      if (denied.length > 0) {
+        const perTool = new Map<string, number>();
+        for (const tool of denied) perTool.set(tool, (perTool.get(tool) ?? 0) + 1);
+        const counts = [...perTool].map(([tool, n]) => (n > 1 ? `${tool} ×${n}` : tool)).join(', ');
+        Context.current().log.warn('agent tool calls denied', { role, provider: spec.provider, denied: counts });
+        if (before !== undefined && (await workState()) === before) {
+          throw failure('configuration_error', `${name} changed nothing: its permission rules denied ${denied.length} tool call${denied.length > 1 ? 's' : ''} (${counts}); set agents.${role}.permission_mode to one that allows them (claude-code: acceptEdits, or bypassPermissions in a confined sandbox)`);
+        }
+        output = tail(`${output}\n[slipway] ${denied.length} tool call${denied.length > 1 ? 's were' : ' was'} denied by the agent's permission rules: ${counts}`, AGENT_OUTPUT_TAIL_CHARS);
       }
 
       let verdict: ReviewVerdict | undefined;
@@ -293,6 +358,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         if (parsed.ok) plan = parsed.value.streams.map((s) => ({ ...s, task: redact(s.task, secrets) }));
         else outputError = redact(parsed.error, secrets);
       }
+      // Only a run that counts records its session's totals: the next resume subtracts them.
+      if (sessionId && sessionTotals) await writeSessionTotals(spec.provider, sessionId, sessionTotals);
       const ended = graceKilled ? 'grace_killed' : 'exited';
       Context.current().log.info('agent run finished', {
         role,
@@ -309,6 +376,11 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, completionSignal, ended, verdict, plan, outputError, durationMs: run.durationMs };
     },
   };
+  return activities;
+}
+
+function missingExecutable(name: string, executable: string, role: AgentRole): string {
+  return `${name}: the executable "${executable}" was not found on the worker (ENOENT); install it on the worker's PATH or set agents.${role}.command`;
 }
 
 function formatMinutes(minutes: number): string {

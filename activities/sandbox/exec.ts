@@ -34,6 +34,8 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
   if (!confinement) {
     const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
     const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
+    // IS_SANDBOX=1 lets Claude Code bypass its permissions as root: only where Slipway confines (below), never inherited from the worker.
+    if (req.env?.IS_SANDBOX === undefined) delete env.IS_SANDBOX;
     const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
     const [command, ...args] = [...unconfinedReaper(), ...inner];
     return runProcess({ ...commonOptions(req), cwd, command, args, env });
@@ -103,6 +105,8 @@ export async function confinedCommand(
   // The host's TMPDIR may not exist in the sandbox; /tmp is private and writable.
   if (req.env?.TMPDIR === undefined) env.TMPDIR = '/tmp';
   Object.assign(env, CONFINED_GIT_ENV);
+  // True here: bubblewrap confines the command (Claude Code needs it for bypassPermissions as root).
+  env.IS_SANDBOX = '1';
   const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
   const bwrapBase = bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement));
   // Network on: egress only, through pasta (egress.ts); without pasta, the host's network.

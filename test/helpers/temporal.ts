@@ -42,3 +42,25 @@ export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurre
     },
   };
 }
+
+/**
+ * A workflow's whole history as text, payloads decoded. Walks the objects itself: JSON.stringify
+ * would call protobufjs' toJSON, which turns payload bytes into base64 and hides their content.
+ */
+export async function historyText(client: Client, workflowId: string): Promise<string> {
+  const history = await client.workflow.getHandle(workflowId).fetchHistory();
+  const parts: string[] = [];
+  const seen = new Set<unknown>();
+  const walk = (value: unknown): void => {
+    if (value === null || value === undefined) return;
+    if (value instanceof Uint8Array) parts.push(Buffer.from(value).toString('utf8'));
+    else if (typeof value === 'string') parts.push(value);
+    else if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') parts.push(String(value));
+    else if (typeof value === 'object' && !seen.has(value)) {
+      seen.add(value);
+      for (const key of Object.keys(value)) walk((value as Record<string, unknown>)[key]);
+    }
+  };
+  walk(history);
+  return parts.join('\n');
+}
