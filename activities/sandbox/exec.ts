@@ -8,7 +8,7 @@ import { runProcess, type RunResult } from '../process';
 import { bwrapArgs, findExecutable, probeBwrap, requireBwrap, resolveExtraPaths, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
 import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree } from './sandbox-git';
 import { resolveInside } from './paths';
-import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, PASTA_MISSING_MESSAGE } from './egress';
+import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, loopbackResolver, PASTA_DNS_HOST_MISSING, PASTA_MISSING_MESSAGE, pastaHasDnsHost, sandboxResolvConf } from './egress';
 import { limitedCommand, type SandboxLimits } from './limits';
 import { randomBytes } from 'node:crypto';
 import { spawnSync } from 'node:child_process';
@@ -90,11 +90,13 @@ export async function confinedCommand(
   if (req.env?.TMPDIR === undefined) env.TMPDIR = '/tmp';
   Object.assign(env, CONFINED_GIT_ENV);
   const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
-  const bwrapBase = bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement));
   // Network on: egress only, through pasta (egress.ts); without pasta, the host's network.
   const tools = confinement.network ? egressTools() : undefined;
+  const resolver = tools ? dnsResolverFor(tools.pasta) : undefined;
+  if (resolver) layout.roBinds.push({ source: sandboxResolvConf(), dest: '/etc/resolv.conf' });
+  const bwrapBase = bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement));
   if (tools) bwrapBase.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
-  return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: cwd, ...(tools ? { egress: egressSetup(tools) } : {}) };
+  return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: cwd, ...(tools ? { egress: egressSetup(tools, resolver ? { resolver } : undefined) } : {}) };
 }
 
 /**
@@ -118,6 +120,19 @@ export function unconfinedReaper(): string[] {
   if (prefix.length === 0) console.warn('slipway: cannot give unconfined commands a PID namespace (setpriv and unshare from util-linux, and user namespaces, are needed): an agent may outlive a killed worker');
   reaperPrefix = prefix;
   return prefix;
+}
+
+let dnsWarned = false;
+/** The host's loopback resolver when pasta can forward to it; warns once when it cannot. */
+function dnsResolverFor(pasta: string): string | undefined {
+  const resolver = loopbackResolver();
+  if (!resolver) return undefined;
+  if (pastaHasDnsHost(pasta)) return resolver;
+  if (!dnsWarned) {
+    dnsWarned = true;
+    console.warn(`slipway: ${PASTA_DNS_HOST_MISSING(resolver)}`);
+  }
+  return undefined;
 }
 
 let egressWarned = false;
