@@ -5,8 +5,9 @@
  */
 import { promises as fs } from 'node:fs';
 import { runProcess, type RunResult } from '../process';
-import { bwrapArgs, findExecutable, probeBwrap, requireBwrap, resolveExtraPaths, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
-import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree } from './sandbox-git';
+import path from 'node:path';
+import { bwrapArgs, findExecutable, probeBwrap, requireBwrap, resolveExtraPaths, SANDBOX_WORKSPACE, toSandboxPath, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
+import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree, SANDBOX_GIT_MOUNT } from './sandbox-git';
 import { resolveInside } from './paths';
 import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, loopbackResolver, PASTA_DNS_HOST_MISSING, PASTA_MISSING_MESSAGE, pastaHasDnsHost, sandboxResolvConf } from './egress';
 import { limitedCommand, type SandboxLimits } from './limits';
@@ -80,23 +81,40 @@ export async function confinedCommand(
   const cwd = req.cwd ? await resolveInside(loc.worktree, req.cwd) : loc.worktree;
   if (!(await fs.stat(cwd).then((s) => s.isDirectory(), () => false))) throw new ExecCwdError(req.cwd ?? '.');
   const sg = await ensureSandboxGit(loc, target.branch);
+  // The trusted link is bound over `.git`; something else there (a folder, a link) was put by the sandbox.
+  const dotGit = await fs.lstat(path.join(loc.worktree, '.git')).catch(() => undefined);
+  if (dotGit && !dotGit.isFile()) throw new Error("the sandbox's .git was replaced by something that is not a file; it cannot run commands");
   const layout: ConfinementLayout = {
     worktree: loc.worktree,
-    binds: [{ source: sg.gitDir, dest: loc.commonDir }],
-    roBinds: sg.sharedObjects,
+    binds: [{ source: sg.gitDir, dest: SANDBOX_GIT_MOUNT }],
+    roBinds: [...sg.sharedObjects, { source: sg.gitLink, dest: `${SANDBOX_WORKSPACE}/.git` }],
   };
-  const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
+  // Host paths never reach the sandbox (ADR 0006): the worktree's are translated to
+  // /workspace, and what still names the repository or Slipway's data (an inherited PWD,
+  // INIT_CWD, npm_* of a worker started in the repository) means nothing inside and is dropped.
+  const roots = [target.root, loc.worktree];
+  const hidden = [target.repository, loc.repository, loc.commonDir, process.env.SLIPWAY_HOME].filter((p): p is string => !!p && p !== '/');
+  const env: NodeJS.ProcessEnv = {};
+  for (const [key, value] of Object.entries(req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env })) {
+    if (value === undefined || key === 'SLIPWAY_HOME' || key === 'OLDPWD') continue;
+    const translated = toSandboxPath(roots, value);
+    const names = (v: string) => hidden.some((h) => v.includes(h));
+    if (!names(translated)) env[key] = translated;
+    // A search path keeps its other entries (PATH with the repository's node_modules/.bin).
+    else if (key.endsWith('PATH')) env[key] = translated.split(':').filter((entry) => !names(entry)).join(':');
+  }
   // The host's TMPDIR may not exist in the sandbox; /tmp is private and writable.
   if (req.env?.TMPDIR === undefined) env.TMPDIR = '/tmp';
   Object.assign(env, CONFINED_GIT_ENV);
-  const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
+  const inner = (req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])]).map((a) => toSandboxPath(roots, a));
+  const inside = path.posix.join(SANDBOX_WORKSPACE, path.relative(loc.worktree, cwd).split(path.sep).join('/'));
   // Network on: egress only, through pasta (egress.ts); without pasta, the host's network.
   const tools = confinement.network ? egressTools() : undefined;
   const resolver = tools ? dnsResolverFor(tools.pasta) : undefined;
   if (resolver) layout.roBinds.push({ source: sandboxResolvConf(), dest: '/etc/resolv.conf' });
-  const bwrapBase = bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement));
+  const bwrapBase = bwrapArgs(layout, confinement, inside, await resolveExtraPaths(confinement));
   if (tools) bwrapBase.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
-  return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: cwd, ...(tools ? { egress: egressSetup(tools, resolver ? { resolver } : undefined) } : {}) };
+  return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: inside, ...(tools ? { egress: egressSetup(tools, resolver ? { resolver } : undefined) } : {}) };
 }
 
 /**

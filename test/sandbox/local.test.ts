@@ -241,11 +241,21 @@ describe('local sandboxes', () => {
     });
 
     it('never follows a .git link the agent rewrote', async () => {
+      const before = await fs.readFile(path.join(h.root, '.git'), 'utf8');
       const r = await run(`mkdir -p evil && printf '[core]\\n\\tfsmonitor = "touch ${homeProbe}; false"\\n' > evil/config && printf 'gitdir: evil\\n' > .git`);
-      expect(r.exitCode, r.stderr).toBe(0);
-      // Slipway's own git on the sandbox goes through its trusted record, never through `.git`.
-      await expect(confined.collect(h)).rejects.toThrow();
-      expect(await exists(homeProbe)).toBe(false);
+      // Inside, `.git` is Slipway's read-only link to the private git directory.
+      expect(r.exitCode).not.toBe(0);
+      expect(r.stderr).toMatch(/Read-only file system/);
+      // Rewritten on the host behind the sandbox's back, it is still never followed: Slipway's
+      // own git goes through its trusted record, and git inside sees the trusted link.
+      await fs.writeFile(path.join(h.root, '.git'), 'gitdir: evil\n');
+      try {
+        await confined.collect(h).catch(() => undefined);
+        expect((await run('git rev-parse --git-dir')).stdout.trim()).toMatch(/^\/run\/slipway\/git\/worktrees\//);
+        expect(await exists(homeProbe)).toBe(false);
+      } finally {
+        await fs.writeFile(path.join(h.root, '.git'), before);
+      }
     });
 
     it('network off: nothing; network on: egress only, the host\'s loopback and own address stay out of reach', async () => {
