@@ -189,7 +189,7 @@ export function combineConfinement(
 
 function stricterLimits(a: SandboxLimits | undefined, b: SandboxLimits | undefined): SandboxLimits {
   const out: SandboxLimits = {};
-  for (const key of ['pids', 'memoryBytes', 'cpus', 'fileSizeBytes', 'cpuSeconds'] as const) {
+  for (const key of ['pids', 'memoryBytes', 'cpus', 'fileSizeBytes', 'cpuSeconds', 'diskBytes'] as const) {
     const values = [a?.[key], b?.[key]].filter((v): v is number => v !== undefined);
     if (values.length > 0) out[key] = Math.min(...values);
   }
