@@ -94,11 +94,14 @@ export async function confinedCommand(
   // INIT_CWD, npm_* of a worker started in the repository) means nothing inside and is dropped.
   const roots = [target.root, loc.worktree];
   const hidden = [target.repository, loc.repository, loc.commonDir, process.env.SLIPWAY_HOME].filter((p): p is string => !!p && p !== '/');
+  const extra = await resolveExtraPaths(confinement);
+  // Bound at their host paths (the objective folder, agent CLIs): a value naming one stays usable.
+  const visible = [...(confinement.readable ?? []), ...extra.readable, ...(confinement.writable ?? []), ...extra.writable];
   const env: NodeJS.ProcessEnv = {};
   for (const [key, value] of Object.entries(req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env })) {
     if (value === undefined || key === 'SLIPWAY_HOME' || key === 'OLDPWD') continue;
     const translated = toSandboxPath(roots, value);
-    const names = (v: string) => hidden.some((h) => v.includes(h));
+    const names = (v: string) => hidden.some((h) => v.includes(h)) && !visible.some((p) => v === p || v.startsWith(`${p}/`));
     if (!names(translated)) env[key] = translated;
     // A search path keeps its other entries (PATH with the repository's node_modules/.bin).
     else if (key.endsWith('PATH')) env[key] = translated.split(':').filter((entry) => !names(entry)).join(':');
@@ -112,7 +115,7 @@ export async function confinedCommand(
   const tools = confinement.network ? egressTools() : undefined;
   const resolver = tools ? dnsResolverFor(tools.pasta) : undefined;
   if (resolver) layout.roBinds.push({ source: sandboxResolvConf(), dest: '/etc/resolv.conf' });
-  const bwrapBase = bwrapArgs(layout, confinement, inside, await resolveExtraPaths(confinement));
+  const bwrapBase = bwrapArgs(layout, confinement, inside, extra);
   if (tools) bwrapBase.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
   return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: inside, ...(tools ? { egress: egressSetup(tools, resolver ? { resolver } : undefined) } : {}) };
 }

@@ -17,7 +17,7 @@ beforeAll(async () => {
   h = await startServiceHarness();
   a = await h.account({ limit: 2 });
   b = await h.account({ limit: 2 });
-  await a.profile({ name: 'small', resources: { processes: 48, memory_mb: 128, file_size_mb: 4, cpu: 0.5 } });
+  await a.profile({ name: 'small', resources: { processes: 48, memory_mb: 128, file_size_mb: 4, cpu: 0.5, disk_mb: 16 } });
   await b.profile({ name: 'small', resources: { processes: 48 } });
   [sa, sb] = await Promise.all([a.api.create({ profile: 'small' }).then((s) => s.id), b.api.create({ profile: 'small' }).then((s) => s.id)]);
   await Promise.all([h.waitFor(a.api, sa, ['ready']), h.waitFor(b.api, sb, ['ready'])]);
@@ -48,5 +48,11 @@ describe('profile resources', () => {
     const [code, size] = filler.stdout.trim().split('\n');
     expect(code).not.toBe('0');
     expect(Number(size)).toBeLessThanOrEqual(4 * 1024 * 1024);
+
+    // Files under the size cap, many of them: the workspace's disk (disk_mb: 16) ends it.
+    const disk = await a.api.exec(sa, sh('i=0; while [ $i -lt 20 ] && head -c 3000000 /dev/zero > f$i; do i=$((i+1)); done; cat f* | wc -c; rm -f f* big.bin'));
+    expect(disk.stderr).toMatch(/No space left on device/);
+    expect(Number(disk.stdout.trim())).toBeLessThanOrEqual(16 * 1024 * 1024);
+    expect((await b.api.exec(sb, sh('head -c 20000000 /dev/zero > big && wc -c < big && rm big'))).stdout.trim()).toBe('20000000');
   });
 });
