@@ -2,6 +2,8 @@
  * A profile's resources are enforced, not recorded: a tenant's fork bomb, memory hog and disk
  * filler fail inside its sandbox, and another tenant keeps being served meanwhile.
  */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createProfile } from '../../activities/ledger/ledger';
 import { startServiceHarness, type ServiceHarness } from './harness';
@@ -54,5 +56,13 @@ describe('profile resources', () => {
     expect(disk.stderr).toMatch(/No space left on device/);
     expect(Number(disk.stdout.trim())).toBeLessThanOrEqual(16 * 1024 * 1024);
     expect((await b.api.exec(sb, sh('head -c 20000000 /dev/zero > big && wc -c < big && rm big'))).stdout.trim()).toBe('20000000');
+    const disks = path.join(h.repo, '.slipway', 'disks');
+    expect(await fs.readdir(disks, { recursive: true })).toEqual(expect.arrayContaining([expect.stringMatching(/\.img$/)]));
+
+    // Destroyed, it leaves no mount and no image behind.
+    await a.api.destroy(sa);
+    await h.waitFor(a.api, sa, ['terminated']);
+    expect(await fs.readFile('/proc/self/mountinfo', 'utf8')).not.toContain(h.repo);
+    expect((await fs.readdir(disks, { recursive: true })).filter((f) => f.endsWith('.img'))).toEqual([]);
   });
 });
