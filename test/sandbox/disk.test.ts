@@ -49,6 +49,35 @@ describe('workspace disk quota', () => {
     expect(() => parseProfileResources({ disk_mb: 1.5 })).toThrow(/^resources\.disk_mb: /);
   });
 
+  it('refuses a disk limit where it cannot be enforced (not root), naming the field, with nothing made', async () => {
+    // A worker that is not root: the same create in a child process as nobody, in a repository of its own.
+    const dir = tempDir('disk-nobody');
+    await fs.chmod(dir, 0o777);
+    const script = `
+      const { execFileSync } = require('node:child_process');
+      const fs = require('node:fs');
+      const path = require('node:path');
+      const { LocalSandboxProvider } = require(${JSON.stringify(path.resolve('activities/sandbox/local.ts'))});
+      const repo = path.join(${JSON.stringify(dir)}, 'repo');
+      execFileSync('git', ['init', '-q', '-b', 'main', repo]);
+      execFileSync('git', ['-C', repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '--allow-empty', '-m', 'first']);
+      new LocalSandboxProvider({ backgroundFill: false })
+        .create({ sandboxId: 't.x', repository: repo, group: 'obj', name: 'x', branch: 'slipway/obj/x', base: 'main',
+                  confinement: { kind: 'bubblewrap', network: false, limits: { diskBytes: ${QUOTA} } } })
+        .then(() => console.log(JSON.stringify({ created: true })),
+              (e) => console.log(JSON.stringify({ message: e.message, made: fs.existsSync(path.join(repo, '.slipway', 'worktrees')) || fs.existsSync(path.join(repo, '.slipway', 'sandboxes')) })));
+    `;
+    const out = execFileSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', path.resolve('node_modules/.bin/tsx'), '-e', script], {
+      encoding: 'utf8',
+      env: { ...process.env, HOME: dir },
+      cwd: dir,
+    });
+    const result = JSON.parse(out.trim().split('\n').pop()!);
+    expect(result.message).toMatch(/^disk_mb: .*Slipway does not run as root/);
+    expect(result.made).toBe(false);
+    await fs.rm(dir, { recursive: true, force: true });
+  });
+
   it('mounts the workspace as its own filesystem, the checkout and git working inside', async () => {
     expect(await isMountPoint(limited.root)).toBe(true);
     expect(await exists(image(limited))).toBe(true);
