@@ -35,6 +35,7 @@ import { commitIdentity, git, GIT_HARDENING, GIT_TIMEOUT_MS, gitEnv, gitMaybe } 
 import { killProcessGroup } from '../process';
 import { isInside } from './paths';
 import { SANDBOX_WORKSPACE } from './bubblewrap';
+import { readSandboxFile, writeSandboxFile } from './file-io';
 
 /** Where the repository's object folders appear inside a sandbox (read-only). */
 export const SHARED_OBJECTS_MOUNT = '/run/slipway/objects';
@@ -185,6 +186,12 @@ export async function ensureSandboxGit(loc: WorktreeLocation, branch: string | u
       await fs.rm(tmp, { recursive: true, force: true });
       if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
     });
+  }
+  // Made before fixed paths, the record names the host path (`git worktree list` inside would
+  // show it). The folder is the sandbox's: written by descriptor, following no link it made.
+  const recorded = await readSandboxFile(gitDir, `worktrees/${loc.adminId}/gitdir`, { maxBytes: 4096 }).catch(() => undefined);
+  if (recorded !== undefined && recorded.toString() !== `${SANDBOX_DOT_GIT}\n`) {
+    await writeSandboxFile(gitDir, `worktrees/${loc.adminId}/gitdir`, `${SANDBOX_DOT_GIT}\n`).catch(() => undefined);
   }
   // Outside the bound folder, so Slipway writes it without following anything the sandbox made;
   // a restore may change the id it names.

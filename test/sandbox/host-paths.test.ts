@@ -10,6 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BWRAP_MISSING_MESSAGE, findExecutable, SANDBOX_WORKSPACE, toSandboxPath } from '../../activities/sandbox/bubblewrap';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import { sandboxGitDir } from '../../activities/sandbox/sandbox-git';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
 import { gitIn, IDENTITY_ENV, makeRepo, sandboxRequest, tempDir } from './helpers';
 
@@ -82,6 +83,15 @@ describe('host paths stay outside a confined sandbox', () => {
     // The commit made inside comes back through collect, with the private paths unchanged.
     const { head } = await confined.collect(h);
     expect(gitIn(repo, 'log', '-1', '--format=%s', head)).toBe('from inside');
+  });
+
+  it('mends the record of a sandbox made before fixed paths, which named its host path', async () => {
+    const records = path.join(sandboxGitDir(repo, h.root), 'worktrees');
+    const [id] = await fs.readdir(records);
+    await fs.writeFile(path.join(records, id!, 'gitdir'), `${h.root}/.git\n`);
+    const r = await confined.exec(h, { command: 'git worktree list --porcelain', shell: true });
+    expect(r.stdout).toContain(`worktree ${SANDBOX_WORKSPACE}\n`);
+    expect(r.stdout).not.toContain(h.root);
   });
 
   it('keeps .git read-only: the tenant cannot point git at another directory', async () => {
