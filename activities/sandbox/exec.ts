@@ -78,7 +78,9 @@ export async function confinedCommand(
   const bwrap = requireBwrap(confinement.bwrapPath);
   await probeBwrap(bwrap);
   const loc = await locateWorktree(target.repository, target.root);
-  const cwd = req.cwd ? await resolveInside(loc.worktree, req.cwd) : loc.worktree;
+  // A cwd as the sandbox knows it (/workspace/src) means the same as the relative one.
+  const asked = req.cwd !== undefined && (req.cwd === SANDBOX_WORKSPACE || req.cwd.startsWith(`${SANDBOX_WORKSPACE}/`)) ? path.posix.relative(SANDBOX_WORKSPACE, req.cwd) || '.' : req.cwd;
+  const cwd = asked ? await resolveInside(loc.worktree, asked) : loc.worktree;
   if (!(await fs.stat(cwd).then((s) => s.isDirectory(), () => false))) throw new ExecCwdError(req.cwd ?? '.');
   const sg = await ensureSandboxGit(loc, target.branch);
   // The trusted link is bound over `.git`; something else there (a folder, a link) was put by the sandbox.

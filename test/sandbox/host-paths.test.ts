@@ -100,6 +100,13 @@ describe('host paths stay outside a confined sandbox', () => {
     expect(r.stderr).toMatch(/Read-only file system|Device or resource busy/);
   });
 
+  it('takes a cwd in the sandbox\'s own terms, and still refuses one outside it', async () => {
+    expect((await confined.exec(h, { command: 'pwd', cwd: `${SANDBOX_WORKSPACE}/sub` })).stdout).toBe(`${SANDBOX_WORKSPACE}/sub\n`);
+    expect((await confined.exec(h, { command: 'pwd', cwd: SANDBOX_WORKSPACE })).stdout).toBe(`${SANDBOX_WORKSPACE}\n`);
+    await expect(confined.exec(h, { command: 'pwd', cwd: `${SANDBOX_WORKSPACE}/../etc` })).rejects.toThrow(/refused/);
+    await expect(confined.exec(h, { command: 'pwd', cwd: h.root })).rejects.toThrow(/refused/);
+  });
+
   it('translates host paths only at path boundaries', () => {
     expect(toSandboxPath(['/r/w'], '/r/w')).toBe('/workspace');
     expect(toSandboxPath(['/r/w'], '--dir=/r/w/src:/r/w')).toBe('--dir=/workspace/src:/workspace');
