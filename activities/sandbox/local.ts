@@ -311,6 +311,8 @@ export class LocalSandboxProvider implements SandboxProvider {
     const setup = hasSetup(req.setup) ? req.setup : undefined;
     const source = await this.sourceFor(repo, baseCommit, { setup, copyIgnored });
     const confinement = combineConfinement(this.confinement, req.confinement);
+    // Sandboxes with a disk of their own are never taken from the pool (disk.ts): nothing to warm.
+    if (confinement?.limits?.diskBytes !== undefined) return { made: 0 };
     return fillPool(
       repo,
       poolSpecFor(baseCommit, source, { copyIgnored, setup, confinement, copyMethod: this.copyMethod }),
