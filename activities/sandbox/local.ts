@@ -437,13 +437,16 @@ export class LocalSandboxProvider implements SandboxProvider {
   }
 
   async restore(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
-    const restored = await restoreLocal(handle.root, options);
     const parsed = parseSandboxRoot(path.resolve(handle.root));
     const record = parsed ? await readRecord(recordPath(parsed.repository, parsed.group, parsed.name)) : undefined;
     const diskBytes = combineConfinement(this.confinement, record?.confinement)?.limits?.diskBytes;
-    if (parsed && diskBytes !== undefined && !(await isMountPoint(path.resolve(handle.root)))) {
+    const image = parsed && diskBytes !== undefined ? diskImagePath(parsed.repository, parsed.group, parsed.name) : undefined;
+    // A retry after a restore that died moving the files onto the disk: they are on it.
+    if (image) await ensureDiskMounted(image, path.resolve(handle.root));
+    const restored = await restoreLocal(handle.root, options);
+    if (image && !(await isMountPoint(path.resolve(handle.root)))) {
       // Restored as a plain folder; its files move onto a fresh disk of the sandbox's size.
-      await moveOntoNewDisk(diskImagePath(parsed.repository, parsed.group, parsed.name), path.resolve(handle.root), diskBytes);
+      await moveOntoNewDisk(image, path.resolve(handle.root), diskBytes!);
     }
     const target = await this.execTarget(handle.root);
     if (target.confinement && target.repository && !restored.alreadyRestored) {
