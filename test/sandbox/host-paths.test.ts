@@ -94,6 +94,16 @@ describe('host paths stay outside a confined sandbox', () => {
     expect(r.stdout).not.toContain(h.root);
   });
 
+  it('leaves no file it can read naming them: the private git directory, the workspace, /etc, /tmp', async () => {
+    await confined.exec(h, { command: 'git status >/dev/null; git gc -q >/dev/null 2>&1; true', shell: true });
+    // The repository's path is not under the worktree's, so it reaches the command untranslated.
+    // A canary proves the search reads the files: it is the one hit.
+    const canary = `canary-${process.pid}-${Date.now()}`;
+    await fs.writeFile(path.join(h.root, 'canary.txt'), canary);
+    const r = await confined.exec(h, { command: 'grep', args: ['-rIlsF', '-e', repo, '-e', home, '-e', canary, '/run/slipway', SANDBOX_WORKSPACE, '/etc', '/tmp'] });
+    expect(r.stdout).toBe(`${SANDBOX_WORKSPACE}/canary.txt\n`);
+  });
+
   it('keeps .git read-only: the tenant cannot point git at another directory', async () => {
     const r = await confined.exec(h, { command: 'echo "gitdir: /tmp" > .git; rm -f .git; mv .git x; cat .git', shell: true });
     expect(r.stdout).toMatch(/^gitdir: \/run\/slipway\/git\/worktrees\//);
