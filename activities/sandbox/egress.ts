@@ -25,7 +25,7 @@
  * with the worker even when the worker is killed with SIGKILL, and is killed when the command ends.
  */
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, promises as fs, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, promises as fs, readFileSync, writeFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -72,7 +72,8 @@ export function loopbackResolver(file = process.env.SLIPWAY_HOST_RESOLV_CONF || 
 let resolvFile: string | undefined;
 /** A resolv.conf naming SANDBOX_DNS, written once per process where no sandbox can write, bound read-only at /etc/resolv.conf. */
 export function sandboxResolvConf(): string {
-  if (resolvFile) return resolvFile;
+  // Made again when a /tmp cleaner took it.
+  if (resolvFile && existsSync(resolvFile)) return resolvFile;
   const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-dns-'));
   const file = path.join(dir, 'resolv.conf');
   writeFileSync(file, `# Slipway: the host's loopback resolver, forwarded by pasta for DNS only\nnameserver ${SANDBOX_DNS}\n`, { mode: 0o644 });
