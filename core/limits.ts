@@ -1,7 +1,8 @@
 /**
  * Limits as people write them (an objective's `sandbox.limits`, a service profile's `resources`),
  * and what they mean for the sandbox's commands, enforced by its confinement (cgroups for
- * processes, memory and CPU; RLIMIT_FSIZE for file size; ADR 0006).
+ * processes, memory and CPU; RLIMIT_FSIZE for file size; a loop-mounted image for the
+ * workspace's disk; ADR 0006).
  */
 import { z } from 'zod';
 import type { SandboxLimits } from './sandbox-service';
@@ -15,6 +16,8 @@ export const LimitsConfigSchema = z.strictObject({
   processes: z.number().int().min(8).max(1_000_000).optional(),
   /** Largest file a command may write. */
   file_size_mb: z.number().int().min(1).max(1_048_576).optional(),
+  /** The workspace's total size (its files, not the shared repository objects). */
+  disk_mb: z.number().int().min(16).max(16_777_216).optional(),
 });
 export type LimitsConfig = z.infer<typeof LimitsConfigSchema>;
 
@@ -28,6 +31,7 @@ export function limitsFromConfig(c: LimitsConfig): SandboxLimits | undefined {
     ...(memoryBytes !== undefined ? { memoryBytes } : {}),
     ...(c.cpu !== undefined ? { cpus: c.cpu } : {}),
     ...(c.file_size_mb !== undefined ? { fileSizeBytes: c.file_size_mb * MB } : {}),
+    ...(c.disk_mb !== undefined ? { diskBytes: c.disk_mb * MB } : {}),
   };
   return Object.keys(limits).length > 0 ? limits : undefined;
 }

@@ -125,6 +125,8 @@ export interface SandboxLimits {
   fileSizeBytes?: number;
   /** Total CPU seconds per process (RLIMIT_CPU; SIGXCPU, then SIGKILL). */
   cpuSeconds?: number;
+  /** The workspace's total size: its own ext4 image (activities/sandbox/disk.ts); ENOSPC beyond it. */
+  diskBytes?: number;
 }
 
 export interface GrantRequest {

@@ -13,7 +13,7 @@ import { AgentSchema, type AgentProviderKind } from '../core/objective-schema';
 import { createAgentActivities, type AgentRunInput } from '../activities/agents/run-agent';
 import { childEnv, runProcess } from '../activities/process';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
-import { BWRAP_MISSING_MESSAGE } from '../activities/sandbox/bubblewrap';
+import { SANDBOX_WORKSPACE, BWRAP_MISSING_MESSAGE } from '../activities/sandbox/bubblewrap';
 import { gitIn, tempDir } from './helpers/repo';
 
 const PROBE_SOURCE = `
@@ -176,7 +176,8 @@ describe('under bubblewrap', () => {
     const activities = createAgentActivities({ sandboxes });
     await new MockActivityEnvironment().run(activities.runAgent, input);
     const seen = JSON.parse(readFileSync(out, 'utf8')) as Seen;
-    expect(seen.PWD).toBe(realpathSync(handle.root));
+    // Confined, the sandbox sees itself at its fixed path, never its host path (ADR 0006).
+    expect(seen.PWD).toBe(SANDBOX_WORKSPACE);
     expect(seen.PWD).toBe(seen.cwd);
     expect(seen.OLDPWD).toBeNull();
     expect(seen.INIT_CWD).toBeNull();

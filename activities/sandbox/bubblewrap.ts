@@ -9,9 +9,10 @@
  *         --dev /dev --proc /proc                   private /dev and /proc (PID namespace)
  *         --tmpfs /tmp --tmpfs $HOME --tmpfs /var/tmp   private and empty
  *         --ro-bind <readable>...                   the objective folder (script agents, prompts)
- *         --bind <worktree> <worktree>              the sandbox itself, writable
- *         --bind <sandbox git dir> <repo common dir>    the sandbox's own git state (sandbox-git.ts)
- *         --ro-bind <repo objects> <shared objects>     the repository's objects, read-only
+ *         --bind <worktree> /workspace              the sandbox itself, writable, at a fixed path
+ *         --bind <sandbox git dir> /run/slipway/git the sandbox's own git state (sandbox-git.ts)
+ *         --ro-bind <repo objects> /run/slipway/objects/<n>  the repository's objects, read-only
+ *         --ro-bind <trusted link> /workspace/.git  `gitdir: /run/slipway/git/worktrees/<id>`
  *         --bind <writable>...  --tmpfs <hidden>...  explicit extras (agent state such as ~/.claude)
  *         --unshare-pid --unshare-ipc --unshare-uts [--unshare-net]
  *         --remount-ro /                            the root itself holds only mount points
@@ -21,7 +22,9 @@
  *
  * The root is an empty tmpfs: the user's checkout, other sandboxes, $SLIPWAY_HOME, the user's
  * home and the rest of the host are not there at all, so neither a read nor a remount can reach
- * them. Every path comes from trusted places (Slipway's records, the repository's own git
+ * them. Nor does it learn where they are: the sandbox's own paths are fixed, and host paths of
+ * the worktree in a command's cwd, arguments and environment are translated at the boundary
+ * (`toSandboxPath`). Every path comes from trusted places (Slipway's records, the repository's own git
  * directory), never from files inside the worktree, which the agent controls.
  */
 import { execFile } from 'node:child_process';
@@ -114,8 +117,31 @@ export function probeBwrap(bwrap: string): Promise<void> {
   return probe;
 }
 
+/** Where a confined sandbox sees its worktree, whatever its host path. */
+export const SANDBOX_WORKSPACE = '/workspace';
+
+/**
+ * A host path inside the worktree as the sandbox sees it (below SANDBOX_WORKSPACE); other
+ * strings unchanged. Every occurrence of the worktree's host path in `value` is translated, so an
+ * argument such as `--dir=<root>/src` or a prompt naming a file arrives in the sandbox's terms.
+ */
+export function toSandboxPath(worktrees: string[], value: string): string {
+  let out = value;
+  // Longest first: a worktree given both by a symlinked and by its real path.
+  for (const root of [...new Set(worktrees)].sort((a, b) => b.length - a.length)) {
+    if (!root || root === '/') continue;
+    out = out.replace(new RegExp(`${escapeRegExp(root)}(?=/|$|[^\\w.-])`, 'g'), SANDBOX_WORKSPACE);
+  }
+  return out;
+}
+
+function escapeRegExp(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+}
+
 /** What a confined command may see and write, all absolute real paths. */
 export interface ConfinementLayout {
+  /** The worktree on the host, mounted at SANDBOX_WORKSPACE. */
   worktree: string;
   /** Writable directories mounted at a path (source on the host -> where the sandbox sees it). */
   binds: Array<{ source: string; dest: string }>;
@@ -212,7 +238,7 @@ export function bwrapArgs(
   ];
   if (home && home !== '/' && !isInside(PRIVATE_TMP, home)) args.push('--tmpfs', home);
   for (const p of dedupe((extra.readable ?? []).map((p) => absolute(p, 'readable')))) args.push('--ro-bind', p, p);
-  args.push('--bind', layout.worktree, layout.worktree);
+  args.push('--bind', layout.worktree, SANDBOX_WORKSPACE);
   for (const b of layout.binds) args.push('--bind', b.source, b.dest);
   for (const b of layout.roBinds) args.push('--ro-bind', b.source, b.dest);
   for (const p of dedupe(extra.writable.map((p) => absolute(p, 'writable')))) args.push('--bind', p, p);

@@ -9,13 +9,26 @@
  * (`--no-map-gw`). So the Temporal server, the API, Postgres and anything else listening on the
  * host's 127.0.0.1 are out of reach, even though the sandbox can fetch packages and call model APIs.
  *
+ * DNS: a host whose resolver listens on its own loopback (systemd-resolved's 127.0.0.53, a local
+ * dnsmasq) would leave the sandbox without names, since its loopback is out of reach. Then
+ * pasta maps one fixed address, SANDBOX_DNS, to that resolver for DNS only
+ * (`--dns-forward SANDBOX_DNS --dns-host <resolver>`), and the sandbox's /etc/resolv.conf names
+ * SANDBOX_DNS. Every other port of the resolver's address, and all of the host's loopback, stay
+ * unreachable. pasta before `--dns-host` (Debian 12's 2023-03 build) forwards only to a
+ * non-loopback resolver and drops loopback ones under `--no-map-gw`; there Slipway warns once
+ * and the sandbox has no DNS rather than the host's loopback. A resolver on another address is
+ * reached like any host and needs nothing.
+ *
  * The dance: bwrap reports the sandbox's pid on an info fd and waits on a block fd; pasta attaches
  * to `/proc/<pid>/ns/net`; once the namespace has its default route, the block fd is released and
  * the command starts. pasta runs in the foreground under `setpriv --pdeathsig KILL`, so it dies
  * with the worker even when the worker is killed with SIGKILL, and is killed when the command ends.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { promises as fs } from 'node:fs';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, promises as fs, readFileSync, writeFileSync } from 'node:fs';
+import { isIP } from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
 import type { Readable, Writable } from 'node:stream';
 import { findExecutable } from './bubblewrap';
 import { killProcessGroup } from '../process';
@@ -33,11 +46,60 @@ export function findEgressTools(): { pasta: string; setpriv: string } | undefine
   return pasta && setpriv ? { pasta, setpriv } : undefined;
 }
 
-export function pastaArgs(sandboxPid: number): string[] {
+/** The address a sandbox asks for names when the host's resolver is on its loopback (link-local, never routed). */
+export const SANDBOX_DNS = '169.254.83.53';
+
+/**
+ * The host's resolver when it listens on loopback (so pasta must forward to it), else undefined.
+ * Read from /etc/resolv.conf, or from `$SLIPWAY_HOST_RESOLV_CONF` where the host keeps it elsewhere.
+ */
+export function loopbackResolver(file = process.env.SLIPWAY_HOST_RESOLV_CONF || '/etc/resolv.conf'): string | undefined {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch {
+    return undefined;
+  }
+  // pasta forwards to the first IPv4 resolver, as glibc asks the first one first.
+  for (const line of text.split('\n')) {
+    const m = line.match(/^\s*nameserver\s+([^\s%#]+)/);
+    if (!m || isIP(m[1]) !== 4) continue;
+    return m[1].startsWith('127.') ? m[1] : undefined;
+  }
+  return undefined;
+}
+
+let resolvFile: string | undefined;
+/** A resolv.conf naming SANDBOX_DNS, written once per process where no sandbox can write, bound read-only at /etc/resolv.conf. */
+export function sandboxResolvConf(): string {
+  // Made again when a /tmp cleaner took it.
+  if (resolvFile && existsSync(resolvFile)) return resolvFile;
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-dns-'));
+  const file = path.join(dir, 'resolv.conf');
+  writeFileSync(file, `# Slipway: the host's loopback resolver, forwarded by pasta for DNS only\nnameserver ${SANDBOX_DNS}\n`, { mode: 0o644 });
+  resolvFile = file;
+  return file;
+}
+
+let dnsHost: boolean | undefined;
+/** True when this pasta can forward DNS to a resolver of our choosing (`--dns-host`, passt 2024 and later). */
+export function pastaHasDnsHost(pasta: string): boolean {
+  if (dnsHost === undefined) {
+    const help = spawnSync(pasta, ['--help'], { encoding: 'utf8', timeout: 10_000 });
+    dnsHost = `${help.stdout ?? ''}${help.stderr ?? ''}`.includes('--dns-host');
+  }
+  return dnsHost;
+}
+
+export const PASTA_DNS_HOST_MISSING = (resolver: string) =>
+  `the host's resolver ${resolver} listens on loopback and this pasta cannot forward DNS to it (it lacks --dns-host); sandboxes with the network on have no DNS. Install a newer passt (2024 or later) or give the host a resolver on a non-loopback address`;
+
+export function pastaArgs(sandboxPid: number, dns?: { resolver: string }): string[] {
   return [
     '-f', '-q', '--config-net',
     '-t', 'none', '-u', 'none', '-T', 'none', '-U', 'none',
     '--no-map-gw',
+    ...(dns ? ['--dns-forward', SANDBOX_DNS, '--dns-host', dns.resolver] : []),
     // As root pasta would drop to nobody before opening the namespace, which it then may not.
     ...(process.getuid?.() === 0 ? ['--runas', '0:0'] : []),
     '--netns', `/proc/${sandboxPid}/ns/net`,
@@ -71,7 +133,7 @@ async function hasDefaultRoute(pid: number): Promise<boolean> {
  * `prepare` for runProcess: attaches pasta to the sandbox's namespace, then lets the command
  * start. Returns the cleanup through `stop` (called when the command exits).
  */
-export function egressSetup(tools: { pasta: string; setpriv: string }): { prepare: (child: ChildProcess) => Promise<void>; stop: () => Promise<void> } {
+export function egressSetup(tools: { pasta: string; setpriv: string }, dns?: { resolver: string }): { prepare: (child: ChildProcess) => Promise<void>; stop: () => Promise<void> } {
   let pasta: ChildProcess | undefined;
   let stopped = false;
   return {
@@ -80,7 +142,7 @@ export function egressSetup(tools: { pasta: string; setpriv: string }): { prepar
       const block = child.stdio[BLOCK_FD] as Writable;
       const pid = await readChildPid(info);
       if (stopped) return;
-      pasta = spawn(tools.setpriv, ['--pdeathsig', 'KILL', '--', tools.pasta, ...pastaArgs(pid)], { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
+      pasta = spawn(tools.setpriv, ['--pdeathsig', 'KILL', '--', tools.pasta, ...pastaArgs(pid, dns)], { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
       let stderr = '';
       pasta.stderr?.on('data', (d: Buffer) => (stderr = (stderr + d.toString()).slice(-2000)));
       const exited = new Promise<never>((_, reject) =>

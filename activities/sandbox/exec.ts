@@ -5,10 +5,11 @@
  */
 import { promises as fs } from 'node:fs';
 import { runProcess, type RunResult } from '../process';
-import { bwrapArgs, findExecutable, probeBwrap, requireBwrap, resolveExtraPaths, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
-import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree } from './sandbox-git';
+import path from 'node:path';
+import { bwrapArgs, findExecutable, probeBwrap, requireBwrap, resolveExtraPaths, SANDBOX_WORKSPACE, toSandboxPath, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
+import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree, SANDBOX_GIT_MOUNT } from './sandbox-git';
 import { resolveInside } from './paths';
-import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, PASTA_MISSING_MESSAGE } from './egress';
+import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, loopbackResolver, PASTA_DNS_HOST_MISSING, PASTA_MISSING_MESSAGE, pastaHasDnsHost, sandboxResolvConf } from './egress';
 import { limitedCommand, type SandboxLimits } from './limits';
 import { randomBytes } from 'node:crypto';
 import { spawnSync } from 'node:child_process';
@@ -93,30 +94,62 @@ export async function confinedCommand(
   const bwrap = requireBwrap(confinement.bwrapPath);
   await probeBwrap(bwrap);
   const loc = await locateWorktree(target.repository, target.root);
-  const cwd = req.cwd ? await resolveInside(loc.worktree, req.cwd) : loc.worktree;
+  // A cwd as the sandbox knows it (/workspace/src) means the same as the relative one.
+  const asked = req.cwd !== undefined && (req.cwd === SANDBOX_WORKSPACE || req.cwd.startsWith(`${SANDBOX_WORKSPACE}/`)) ? path.posix.relative(SANDBOX_WORKSPACE, req.cwd) || '.' : req.cwd;
+  const cwd = asked ? await resolveInside(loc.worktree, asked) : loc.worktree;
   if (!(await fs.stat(cwd).then((s) => s.isDirectory(), () => false))) throw new ExecCwdError(req.cwd ?? '.');
   const sg = await ensureSandboxGit(loc, target.branch);
+  // The trusted link is bound over `.git`; something else there (a folder, a link) was put by the sandbox.
+  const dotGit = await fs.lstat(path.join(loc.worktree, '.git')).catch(() => undefined);
+  if (dotGit && !dotGit.isFile()) throw new Error("the sandbox's .git was replaced by something that is not a file; it cannot run commands");
   const layout: ConfinementLayout = {
     worktree: loc.worktree,
-    binds: [{ source: sg.gitDir, dest: loc.commonDir }],
-    roBinds: sg.sharedObjects,
+    binds: [{ source: sg.gitDir, dest: SANDBOX_GIT_MOUNT }],
+    roBinds: [...sg.sharedObjects, { source: sg.gitLink, dest: `${SANDBOX_WORKSPACE}/.git` }],
   };
-  const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
+  // Host paths never reach the sandbox (ADR 0006): the worktree's are translated to
+  // /workspace, and what still names the repository or Slipway's data (an inherited PWD,
+  // INIT_CWD, npm_* of a worker started in the repository) means nothing inside and is dropped.
+  const roots = [target.root, loc.worktree];
+  const hidden = [target.repository, loc.repository, loc.commonDir, process.env.SLIPWAY_HOME].filter((p): p is string => !!p && p !== '/');
+  const extra = await resolveExtraPaths(confinement);
+  // Bound at their host paths (the objective folder, agent CLIs): a value naming one stays usable.
+  const visible = [...(confinement.readable ?? []), ...extra.readable, ...(confinement.writable ?? []), ...extra.writable];
+  const env: NodeJS.ProcessEnv = {};
+  for (const [key, value] of Object.entries(req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env })) {
+    if (value === undefined || key === 'SLIPWAY_HOME' || key === 'OLDPWD') continue;
+    const translated = toSandboxPath(roots, value);
+    const names = (v: string) => hidden.some((h) => v.includes(h)) && !visible.some((p) => v === p || v.startsWith(`${p}/`));
+    if (!names(translated)) env[key] = translated;
+    // A search path keeps its other entries (PATH with the repository's node_modules/.bin).
+    else if (key.endsWith('PATH')) env[key] = translated.split(':').filter((entry) => !names(entry)).join(':');
+  }
   // The host's TMPDIR may not exist in the sandbox; /tmp is private and writable.
   if (req.env?.TMPDIR === undefined) env.TMPDIR = '/tmp';
   Object.assign(env, CONFINED_GIT_ENV);
   // True here: bubblewrap confines the command (Claude Code needs it for bypassPermissions as root).
   env.IS_SANDBOX = '1';
-  const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
-  const bwrapBase = bwrapArgs(layout, confinement, cwd, await resolveExtraPaths(confinement));
+  const inner = (req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])]).map((a) => toSandboxPath(roots, a));
+  const inside = path.posix.join(SANDBOX_WORKSPACE, path.relative(loc.worktree, cwd).split(path.sep).join('/'));
   // Network on: egress only, through pasta (egress.ts); without pasta, the host's network.
   const tools = confinement.network ? egressTools() : undefined;
+  const resolver = tools ? dnsResolverFor(tools.pasta) : undefined;
+  if (resolver) layout.roBinds.push({ source: sandboxResolvConf(), dest: '/etc/resolv.conf' });
+  const bwrapBase = bwrapArgs(layout, confinement, inside, extra);
   if (tools) bwrapBase.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
   // The seccomp filter (seccomp.ts) comes in on the next free descriptor, for commands run through runProcess.
   const program = opts.seccomp && confinement.seccomp !== false ? seccompFilter() : undefined;
   const seccomp = program ? { fd: tools ? BLOCK_FD + 1 : 3, program } : undefined;
   if (seccomp) bwrapBase.unshift('--seccomp', String(seccomp.fd));
-  return { command: bwrap, args: [...bwrapBase, '--', ...inner], env, cwd: loc.worktree, pwd: cwd, ...(tools ? { egress: egressSetup(tools) } : {}), ...(seccomp ? { seccomp } : {}) };
+  return {
+    command: bwrap,
+    args: [...bwrapBase, '--', ...inner],
+    env,
+    cwd: loc.worktree,
+    pwd: inside,
+    ...(tools ? { egress: egressSetup(tools, resolver ? { resolver } : undefined) } : {}),
+    ...(seccomp ? { seccomp } : {}),
+  };
 }
 
 /**
@@ -140,6 +173,19 @@ export function unconfinedReaper(): string[] {
   if (prefix.length === 0) console.warn('slipway: cannot give unconfined commands a PID namespace (setpriv and unshare from util-linux, and user namespaces, are needed): an agent may outlive a killed worker');
   reaperPrefix = prefix;
   return prefix;
+}
+
+let dnsWarned = false;
+/** The host's loopback resolver when pasta can forward to it; warns once when it cannot. */
+function dnsResolverFor(pasta: string): string | undefined {
+  const resolver = loopbackResolver();
+  if (!resolver) return undefined;
+  if (pastaHasDnsHost(pasta)) return resolver;
+  if (!dnsWarned) {
+    dnsWarned = true;
+    console.warn(`slipway: ${PASTA_DNS_HOST_MISSING(resolver)}`);
+  }
+  return undefined;
 }
 
 let egressWarned = false;
@@ -178,7 +224,7 @@ export function combineConfinement(
 
 function stricterLimits(a: SandboxLimits | undefined, b: SandboxLimits | undefined): SandboxLimits {
   const out: SandboxLimits = {};
-  for (const key of ['pids', 'memoryBytes', 'cpus', 'fileSizeBytes', 'cpuSeconds'] as const) {
+  for (const key of ['pids', 'memoryBytes', 'cpus', 'fileSizeBytes', 'cpuSeconds', 'diskBytes'] as const) {
     const values = [a?.[key], b?.[key]].filter((v): v is number => v !== undefined);
     if (values.length > 0) out[key] = Math.min(...values);
   }

@@ -20,6 +20,7 @@ import { LocalSandboxProvider } from './local';
 import { sweepPool, type PoolSweepResult } from './pool';
 import { forgetObjective, forgetRepository, readRegistry, registryPath, type RegistryObjective, type TemporalHome } from './registry';
 import { removeOldTemplates } from './template';
+import { DISKS_DIR } from './disk';
 
 export const JANITOR_SCHEDULE_ID = 'slipway-janitor';
 export const JANITOR_WORKFLOW_ID = 'slipway-janitor';
@@ -176,6 +177,8 @@ async function sweepObjective(
     result.removedWorktrees.push(path.join(groupDir, name));
   }
   await fs.rm(path.join(repo, SLIPWAY_DIR, 'sandboxes', id), { recursive: true, force: true });
+  // Disk images whose sandbox is gone (destroy unmounts and deletes its own; a crash between the two leaves one).
+  await fs.rm(path.join(repo, DISKS_DIR, id), { recursive: true, force: true });
   await fs.rmdir(groupDir).catch(() => undefined);
 
   // 2. Stream branches: merged ones (or ones without work) go now, unmerged ones after the grace period.

@@ -65,7 +65,7 @@ export function validateLimits(limits: SandboxLimits): void {
   if (limits === null || typeof limits !== 'object' || Array.isArray(limits)) {
     throw new InvalidLimitsError('sandbox limits must be an object');
   }
-  const known = new Set(['pids', 'memoryBytes', 'cpus', 'fileSizeBytes', 'cpuSeconds']);
+  const known = new Set(['pids', 'memoryBytes', 'cpus', 'fileSizeBytes', 'cpuSeconds', 'diskBytes']);
   for (const key of Object.keys(limits)) {
     if (!known.has(key)) throw new InvalidLimitsError(`sandbox limits: unknown field "${key}" (known: ${[...known].join(', ')})`);
   }
@@ -80,6 +80,7 @@ export function validateLimits(limits: SandboxLimits): void {
   integer('memoryBytes');
   integer('fileSizeBytes');
   integer('cpuSeconds');
+  integer('diskBytes', 16 * 1024 * 1024);
   const cpus = limits.cpus;
   if (cpus !== undefined && (typeof cpus !== 'number' || !Number.isFinite(cpus) || cpus < MIN_CPUS)) {
     throw new InvalidLimitsError(`sandbox limits: cpus must be a number of CPUs of at least ${MIN_CPUS} (e.g. 0.5), got ${JSON.stringify(cpus)}`);

@@ -37,6 +37,7 @@ import { SANDBOX_BASE_ENV, type ExecRequest, type ProjectSetup, type SandboxCrea
 import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
 import { adminDirOf, removeLockedWorktree } from './worktree-admin';
+import { diskImagePath, ensureDiskMounted, isMountPoint, moveOntoNewDisk, mountNewDisk, releaseDisk, requireDiskQuota } from './disk';
 import { adoptSandboxGitWorktree, discardSandboxGit, importPack, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox-git';
 
 /** The environment of Slipway's own git commands inside a sandbox: nothing of the worker's. */
@@ -161,6 +162,10 @@ export class LocalSandboxProvider implements SandboxProvider {
     const existing = await findWorktree(worktrees, root);
     // Refuse early, with the install hint, rather than on the first command.
     if (req.confinement) requireBwrap(req.confinement.bwrapPath);
+    const diskBytes = combineConfinement(this.confinement, req.confinement)?.limits?.diskBytes;
+    // A disk limit this host cannot enforce is an error naming the field, before anything is made.
+    if (diskBytes !== undefined) await requireDiskQuota();
+    const image = diskImagePath(repo, req.group, req.name);
 
     if (existing && !existing.prunable) {
       if (record?.state !== 'creating') {
@@ -180,7 +185,8 @@ export class LocalSandboxProvider implements SandboxProvider {
 
     const copyIgnored = req.copyIgnored ?? this.copyIgnored;
     const setup = hasSetup(req.setup) ? req.setup : undefined;
-    const poolSize = req.warmPool ?? 0;
+    // Pool entries are moved into place by rename, which a mounted disk refuses (disk.ts).
+    const poolSize = diskBytes === undefined ? req.warmPool ?? 0 : 0;
     const confinement = combineConfinement(this.confinement, req.confinement);
     const base: Omit<SandboxRecord, 'state'> = {
       version: 1,
@@ -196,7 +202,7 @@ export class LocalSandboxProvider implements SandboxProvider {
     await writeRecord(recordFile, { ...base, state: 'creating' });
     const [, branchExisted, source] = await Promise.all([
       // Leftovers of a crashed attempt (a folder, git's record of it) go first.
-      existing || (await pathExists(root)) ? clearHalfMade(repo, root) : undefined,
+      existing || (await pathExists(root)) ? releaseDisk(image, root).then(() => clearHalfMade(repo, root)) : undefined,
       branchExists(repo, req.branch),
       copyIgnored || setup || poolSize > 0 ? this.sourceFor(repo, baseCommit, { setup, copyIgnored }) : undefined,
     ]);
@@ -231,6 +237,7 @@ export class LocalSandboxProvider implements SandboxProvider {
 
     // 2. Cold: a new worktree, ignored files from the template or the checkout, then setup.
     await fs.mkdir(path.dirname(root), { recursive: true });
+    if (diskBytes !== undefined) await mountNewDisk(image, root, diskBytes);
     // Added without a checkout: the checkout and the copy of ignored files then run side by side.
     if (branchExisted) {
       await git(repo, ['worktree', 'add', '-q', '--no-checkout', root, req.branch]);
@@ -304,6 +311,8 @@ export class LocalSandboxProvider implements SandboxProvider {
     const setup = hasSetup(req.setup) ? req.setup : undefined;
     const source = await this.sourceFor(repo, baseCommit, { setup, copyIgnored });
     const confinement = combineConfinement(this.confinement, req.confinement);
+    // Sandboxes with a disk of their own are never taken from the pool (disk.ts): nothing to warm.
+    if (confinement?.limits?.diskBytes !== undefined) return { made: 0 };
     return fillPool(
       repo,
       poolSpecFor(baseCommit, source, { copyIgnored, setup, confinement, copyMethod: this.copyMethod }),
@@ -365,6 +374,8 @@ export class LocalSandboxProvider implements SandboxProvider {
     const parsed = parseSandboxRoot(real);
     const record = parsed ? await readRecord(recordPath(parsed.repository, parsed.group, parsed.name)) : undefined;
     const confinement = combineConfinement(this.confinement, record?.confinement);
+    // After a reboot the image is there but no longer mounted: the files are on it.
+    if (parsed && confinement?.limits?.diskBytes !== undefined) await ensureDiskMounted(diskImagePath(parsed.repository, parsed.group, parsed.name), real);
     if (!confinement) return { root };
     if (!parsed) throw new Error(`confined commands need a Slipway sandbox root (<repo>/${WORKTREES_DIR}/<group>/<name>), got ${root}`);
     let branch = record?.branch;
@@ -392,6 +403,9 @@ export class LocalSandboxProvider implements SandboxProvider {
 
   async destroy({ repository, root }: { repository: string; root: string }): Promise<void> {
     const repo = await realpathOrSelf(repository);
+    const where = parseSandboxRoot(path.resolve(root));
+    // The disk first: a mount point cannot be moved aside. Its files go with the image.
+    if (where) await releaseDisk(diskImagePath(repo, where.group, where.name), path.resolve(root));
     // Moved aside, deleted by Slipway and pruned: `git worktree remove` would read the worktree's
     // own (sandbox-controlled) `.git` file and could run git in it.
     await removeLockedWorktree(repo, root);
@@ -415,11 +429,25 @@ export class LocalSandboxProvider implements SandboxProvider {
       const check = await execInWorktree(target, { command: 'git', args: [...GIT_HARDENING, 'write-tree'], env: SLIPWAY_GIT_ENV, inheritEnv: false, timeoutMs: GIT_TIMEOUT_MS });
       if (check.exitCode !== 0) throw new SnapshotError(`the index cannot be captured (unresolved merge?): ${check.stderr.trim()}`);
     }
-    return suspendLocal(handle.root, options);
+    const suspended = await suspendLocal(handle.root, options);
+    // The snapshot holds the files; the disk (unmounted with the worktree) is given back.
+    const parsed = parseSandboxRoot(path.resolve(handle.root));
+    if (parsed) await releaseDisk(diskImagePath(parsed.repository, parsed.group, parsed.name), path.resolve(handle.root));
+    return suspended;
   }
 
   async restore(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
+    const parsed = parseSandboxRoot(path.resolve(handle.root));
+    const record = parsed ? await readRecord(recordPath(parsed.repository, parsed.group, parsed.name)) : undefined;
+    const diskBytes = combineConfinement(this.confinement, record?.confinement)?.limits?.diskBytes;
+    const image = parsed && diskBytes !== undefined ? diskImagePath(parsed.repository, parsed.group, parsed.name) : undefined;
+    // A retry after a restore that died moving the files onto the disk: they are on it.
+    if (image) await ensureDiskMounted(image, path.resolve(handle.root));
     const restored = await restoreLocal(handle.root, options);
+    if (image && !(await isMountPoint(path.resolve(handle.root)))) {
+      // Restored as a plain folder; its files move onto a fresh disk of the sandbox's size.
+      await moveOntoNewDisk(image, path.resolve(handle.root), diskBytes!);
+    }
     const target = await this.execTarget(handle.root);
     if (target.confinement && target.repository && !restored.alreadyRestored) {
       // The sandbox's own git directory kept its commits, index and HEAD through the suspend;

@@ -2,17 +2,20 @@
  * A confined sandbox's own git state (ADR 0006).
  *
  * A local sandbox is a `git worktree` of the user's repository, but under confinement the agent
- * never sees the repository's git directory. In its place, at the same path, it sees a private
- * git directory that Slipway made for it:
+ * never sees the repository's git directory, nor learns where it is. It sees a private git
+ * directory that Slipway made for it, at a fixed path:
  *
- *   <repo>/.slipway/git/<admin id>/     bound at <common dir> inside the sandbox
+ *   <repo>/.slipway/git/<sandbox>/      bound at /run/slipway/git inside the sandbox
  *     objects/                          new objects, private; alternates -> the shared objects
  *     objects/info/alternates           /run/slipway/objects/<n>, the repository's object
  *                                       folders, bound read-only
  *     refs/heads/<branch>               the sandbox's branch (loose), its only writable ref
  *     packed-refs                       a read-only copy of the repository's branches and tags
  *     config, info/exclude              a minimal config (identity, format) and the excludes
- *     worktrees/<admin id>/             HEAD, index, commondir, gitdir of this worktree
+ *     worktrees/<admin id>/             HEAD, index, commondir, gitdir (/workspace/.git) of this worktree
+ *   <repo>/.slipway/git/<sandbox>.gitlink   `gitdir: /run/slipway/git/worktrees/<admin id>`, bound
+ *                                       read-only over the worktree's `.git`, so git inside
+ *                                       finds its private directory and no host path
  *
  * So an agent can write only its own objects and refs: deleting objects, moving `main` or the
  * integration branch, setting hooks, fsmonitor or any config changes only its private copy. Its
@@ -31,9 +34,15 @@ import { SLIPWAY_DIR } from '../../core/ids';
 import { commitIdentity, git, GIT_HARDENING, GIT_TIMEOUT_MS, gitEnv, gitMaybe } from '../git';
 import { killProcessGroup } from '../process';
 import { isInside } from './paths';
+import { SANDBOX_WORKSPACE } from './bubblewrap';
+import { readSandboxFile, writeSandboxFile } from './file-io';
 
 /** Where the repository's object folders appear inside a sandbox (read-only). */
 export const SHARED_OBJECTS_MOUNT = '/run/slipway/objects';
+/** Where the sandbox's private git directory appears inside it. */
+export const SANDBOX_GIT_MOUNT = '/run/slipway/git';
+/** The worktree's `.git` as the sandbox sees it (SANDBOX_WORKSPACE/.git). */
+const SANDBOX_DOT_GIT = `${SANDBOX_WORKSPACE}/.git`;
 /** Largest pack a sandbox may hand back in one collect (bytes). */
 export const MAX_COLLECT_PACK_BYTES = 2 * 1024 ** 3;
 
@@ -49,6 +58,8 @@ export interface WorktreeLocation {
 export interface SandboxGit extends WorktreeLocation {
   /** The sandbox's private git directory on the host. */
   gitDir: string;
+  /** The trusted `.git` link file, bound read-only over the worktree's `.git`. */
+  gitLink: string;
   /** The repository's object folders, and where each is mounted inside. */
   sharedObjects: Array<{ source: string; dest: string }>;
 }
@@ -170,13 +181,31 @@ export async function ensureSandboxGit(loc: WorktreeLocation, branch: string | u
     await fs.copyFile(path.join(loc.adminDir, 'HEAD'), path.join(tmp, 'HEAD'));
     await fs.copyFile(path.join(loc.adminDir, 'index'), path.join(tmp, 'index')).catch(() => undefined);
     await fs.writeFile(path.join(tmp, 'commondir'), '../..\n');
-    await fs.writeFile(path.join(tmp, 'gitdir'), `${path.join(loc.worktree, '.git')}\n`);
+    await fs.writeFile(path.join(tmp, 'gitdir'), `${SANDBOX_DOT_GIT}\n`);
     await fs.rename(tmp, admin).catch(async (e: NodeJS.ErrnoException) => {
       await fs.rm(tmp, { recursive: true, force: true });
       if (e.code !== 'ENOTEMPTY' && e.code !== 'EEXIST') throw e;
     });
   }
-  return { ...loc, gitDir, sharedObjects };
+  // Made before fixed paths, the record names the host path (`git worktree list` inside would
+  // show it). The folder is the sandbox's: written by descriptor, following no link it made.
+  const recorded = await readSandboxFile(gitDir, `worktrees/${loc.adminId}/gitdir`, { maxBytes: 4096 }).catch(() => undefined);
+  if (recorded !== undefined && recorded.toString() !== `${SANDBOX_DOT_GIT}\n`) {
+    await writeSandboxFile(gitDir, `worktrees/${loc.adminId}/gitdir`, `${SANDBOX_DOT_GIT}\n`).catch(() => undefined);
+  }
+  // Outside the bound folder, so Slipway writes it without following anything the sandbox made;
+  // a restore may change the id it names.
+  const gitLink = `${gitDir}.gitlink`;
+  await writeIfChanged(gitLink, `gitdir: ${SANDBOX_GIT_MOUNT}/worktrees/${loc.adminId}\n`);
+  return { ...loc, gitDir, gitLink, sharedObjects };
+}
+
+/** Writes a file Slipway owns (outside every sandbox) when its content differs, atomically. */
+async function writeIfChanged(file: string, content: string): Promise<void> {
+  if ((await fs.readFile(file, 'utf8').catch(() => undefined)) === content) return;
+  const tmp = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
+  await fs.writeFile(tmp, content, { flag: 'wx' });
+  await fs.rename(tmp, file);
 }
 
 /** A minimal config: the repository's format and identity, nothing that executes. */
@@ -204,6 +233,7 @@ export async function discardSandboxGit(repository: string, worktree: string): P
   const dir = sandboxGitDir(repository, worktree);
   if (!isInside(top, dir) || dir === top) return;
   await fs.rm(dir, { recursive: true, force: true });
+  await fs.rm(`${dir}.gitlink`, { force: true });
 }
 
 /**
@@ -215,7 +245,7 @@ export async function adoptSandboxGitWorktree(loc: WorktreeLocation): Promise<vo
   const ids = await fs.readdir(records).catch(() => [] as string[]);
   if (ids.includes(loc.adminId) || ids.length !== 1) return;
   await fs.rename(path.join(records, ids[0]), path.join(records, loc.adminId));
-  await fs.writeFile(path.join(records, loc.adminId, 'gitdir'), `${path.join(loc.worktree, '.git')}\n`);
+  await fs.writeFile(path.join(records, loc.adminId, 'gitdir'), `${SANDBOX_DOT_GIT}\n`);
 }
 
 /** Environment for git inside a confined sandbox: its files belong to a uid that is not the sandbox's. */

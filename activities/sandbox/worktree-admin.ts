@@ -8,6 +8,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { gitMaybe } from '../git';
+import { unmountDisk } from './disk';
 
 /** `<common>/worktrees/<id>` named by `<root>/.git`, or undefined. */
 export async function adminDirOf(root: string): Promise<string | undefined> {
@@ -38,6 +39,9 @@ export async function removeLockedWorktree(repo: string, root: string): Promise<
     (loc) => loc.adminDir,
     () => undefined,
   );
+  // A worktree on its own disk (disk.ts) is a mount point, which rename refuses: unmounted, it
+  // is an empty folder, and its files stay on the image the caller deletes.
+  await unmountDisk(root);
   const trash = path.join(repo, SLIPWAY_DIR, 'trash', `${path.basename(root)}.${process.pid}.${Date.now()}`);
   await fs.mkdir(path.dirname(trash), { recursive: true });
   try {

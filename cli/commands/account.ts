@@ -179,7 +179,7 @@ export function registerAccountCommands(program: Command): void {
     .requiredOption('--repo <path>', 'repository each sandbox is a worktree of (local provider)')
     .option('--base <ref>', 'branch or commit sandboxes start from', 'HEAD')
     .option('--platform <platform>', 'linux or macos', 'linux')
-    .option('--resources <json>', 'enforced under bubblewrap: {"cpu":2,"memory_mb":4096,"processes":256,"file_size_mb":1024} (memory_gb also accepted)', '{}')
+    .option('--resources <json>', 'enforced under bubblewrap: {"cpu":2,"memory_mb":4096,"processes":256,"file_size_mb":1024,"disk_mb":8192} (memory_gb also accepted)', '{}')
     .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positive('--idle-seconds'))
     .option('--provisioning-timeout-seconds <n>', 'pending longer than this fails (default 120)', positive('--provisioning-timeout-seconds'))
     .option('--default-deadline-minutes <n>', 'default deadline (default 60)', positive('--default-deadline-minutes'))

@@ -10,6 +10,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PathEscapeError } from '../../activities/sandbox/paths';
+import { SANDBOX_WORKSPACE } from '../../activities/sandbox/bubblewrap';
 import type { SandboxCreateRequest, SandboxHandle, SandboxProvider } from '../../activities/sandbox/provider';
 import { exists, gitIn, makeRepo, processesWith, tempDir, waitFor } from './helpers';
 
@@ -144,7 +145,9 @@ export function describeSandboxContract(
 
       it('runs in the sandbox root by default and in a relative cwd', async () => {
         const atRoot = await provider.exec(shared, { command: 'pwd -P', shell: true });
-        expect(atRoot.stdout.trim()).toBe(await fs.realpath(shared.root).catch(() => shared.root));
+        // A confined sandbox sees itself at a fixed path, never its host path (ADR 0006).
+        const confined = (provider as { confined?: boolean }).confined === true;
+        expect(atRoot.stdout.trim()).toBe(confined ? SANDBOX_WORKSPACE : await fs.realpath(shared.root).catch(() => shared.root));
         await provider.writeFile(shared, 'deep/er/file.txt', 'x');
         const inSub = await provider.exec(shared, { command: 'pwd -P && ls', shell: true, cwd: 'deep/er' });
         expect(inSub.stdout.trim().split('\n')).toEqual([path.join(atRoot.stdout.trim(), 'deep', 'er'), 'file.txt']);

@@ -6,6 +6,7 @@
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { diskImagePath, isMountPoint, mountNewDisk } from '../../activities/sandbox/disk';
 import { readRegistry, registerObjective, registryPath, updateRegistry } from '../../activities/sandbox/registry';
 import { temporalHomeOf } from '../../activities/sandbox/janitor';
 import { loadObjectiveFile } from '../../config/objective-file';
@@ -74,6 +75,11 @@ describe('janitor', () => {
     );
     expect((await ended.result()).outcome).toBe('partial');
     const ghost = path.join(repo, '.slipway/worktrees/ended-obj/ghost');
+    // On a disk of its own (disk_mb), and beside it the image of a sandbox whose folder is gone.
+    const ghostDisk = diskImagePath(repo, 'ended-obj', 'ghost');
+    await mountNewDisk(ghostDisk, ghost, 16 * 1024 * 1024);
+    const orphanDisk = diskImagePath(repo, 'ended-obj', 'orphan');
+    await fs.writeFile(orphanDisk, '');
     gitIn(repo, 'worktree', 'add', '-q', '-b', 'slipway/ended-obj/ghost', ghost, 'main');
     await fs.writeFile(path.join(ghost, 'ghost.txt'), 'left behind\n');
     gitIn(ghost, 'add', 'ghost.txt');
@@ -92,6 +98,8 @@ describe('janitor', () => {
     expect(byId['ended-obj'].removedBranches).toEqual(['slipway/ended-obj/good']);
     expect(byId['ended-obj'].keptBranches.map((k) => k.branch)).toEqual(['slipway/ended-obj/bad', 'slipway/ended-obj/ghost']);
     expect(existsSync(ghost)).toBe(false);
+    expect(await isMountPoint(ghost)).toBe(false);
+    expect(existsSync(ghostDisk) || existsSync(orphanDisk)).toBe(false);
     expect(branches(repo, 'ended-obj')).toEqual(['slipway/ended-obj/bad', 'slipway/ended-obj/ghost', 'slipway/ended-obj/integration']);
 
     // Second sweep without grace: the ended objective's stream branches go; its integration branch (the result) stays.

@@ -3,13 +3,14 @@
  * confinement (writes, git commit, network) and the user's checkout left untouched.
  */
 import { execFileSync } from 'node:child_process';
+import dgram from 'node:dgram';
 import { promises as fs } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
-import { findEgressTools, PASTA_MISSING_MESSAGE } from '../../activities/sandbox/egress';
+import { findEgressTools, PASTA_DNS_HOST_MISSING, PASTA_MISSING_MESSAGE, pastaArgs, pastaHasDnsHost, SANDBOX_DNS } from '../../activities/sandbox/egress';
 import { isInside } from '../../activities/sandbox/paths';
 import { collapse, intersect } from '../../activities/sandbox/copy-ignored';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
@@ -240,11 +241,21 @@ describe('local sandboxes', () => {
     });
 
     it('never follows a .git link the agent rewrote', async () => {
+      const before = await fs.readFile(path.join(h.root, '.git'), 'utf8');
       const r = await run(`mkdir -p evil && printf '[core]\\n\\tfsmonitor = "touch ${homeProbe}; false"\\n' > evil/config && printf 'gitdir: evil\\n' > .git`);
-      expect(r.exitCode, r.stderr).toBe(0);
-      // Slipway's own git on the sandbox goes through its trusted record, never through `.git`.
-      await expect(confined.collect(h)).rejects.toThrow();
-      expect(await exists(homeProbe)).toBe(false);
+      // Inside, `.git` is Slipway's read-only link to the private git directory.
+      expect(r.exitCode).not.toBe(0);
+      expect(r.stderr).toMatch(/Read-only file system/);
+      // Rewritten on the host behind the sandbox's back, it is still never followed: Slipway's
+      // own git goes through its trusted record, and git inside sees the trusted link.
+      await fs.writeFile(path.join(h.root, '.git'), 'gitdir: evil\n');
+      try {
+        await confined.collect(h).catch(() => undefined);
+        expect((await run('git rev-parse --git-dir')).stdout.trim()).toMatch(/^\/run\/slipway\/git\/worktrees\//);
+        expect(await exists(homeProbe)).toBe(false);
+      } finally {
+        await fs.writeFile(path.join(h.root, '.git'), before);
+      }
     });
 
     it('network off: nothing; network on: egress only, the host\'s loopback and own address stay out of reach', async () => {
@@ -277,6 +288,59 @@ describe('local sandboxes', () => {
       } finally {
         for (const s of [loopback, anyAddress, remote]) s.server.close();
         sh(parent, `ip link del ${ifname}a`);
+      }
+    });
+
+    it('network on with a loopback resolver: names resolve through pasta, DNS only; the rest of loopback stays out of reach', async () => {
+      if (!findEgressTools()) throw new Error(PASTA_MISSING_MESSAGE);
+      // A resolver on the host's loopback, as systemd-resolved's 127.0.0.53 is, answering every
+      // A query with one address; TCP listeners on the same address must stay unreachable.
+      const resolverAddress = `127.83.${process.pid % 250}.4`;
+      const dns = dgram.createSocket('udp4');
+      dns.on('message', (query, peer) => {
+        const end = query.indexOf(0, 12) + 5;
+        const answer = Buffer.from([0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 10, 9, 8, 7]);
+        const header = Buffer.from([query[0]!, query[1]!, 0x81, 0x80, 0, 1, 0, 1, 0, 0, 0, 0]);
+        dns.send(Buffer.concat([header, query.subarray(12, end), answer]), peer.port, peer.address);
+      });
+      await new Promise<void>((resolve) => dns.bind(53, resolverAddress, resolve));
+      const tcp = net.createServer((socket) => socket.end('HELLO\n'));
+      await new Promise<void>((resolve) => tcp.listen(53, resolverAddress, resolve));
+      const other = net.createServer((socket) => socket.end('HELLO\n'));
+      await new Promise<void>((resolve) => other.listen(0, resolverAddress, resolve));
+      const resolvConf = path.join(parent, 'host-resolv.conf');
+      await fs.writeFile(resolvConf, `# as systemd-resolved writes it\nnameserver ${resolverAddress}\noptions edns0\n`);
+      process.env.SLIPWAY_HOST_RESOLV_CONF = resolvConf;
+      const on = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: true } });
+      // SANDBOX_DNS is routed nowhere: a connection to it would hang until TCP gives up, so it is bounded.
+      const probe = (host: string, port: number) => `timeout 5 bash -c 'exec 3<>/dev/tcp/${host}/${port} && cat <&3' 2>&1 || echo REFUSED`;
+      const warn = vi.spyOn(console, 'warn');
+      try {
+        expect(pastaArgs(1, { resolver: resolverAddress })).toEqual(expect.arrayContaining(['--dns-forward', SANDBOX_DNS, '--dns-host', resolverAddress, '--no-map-gw']));
+        const r = await run('getent ahostsv4 api.example.test | head -1; cat /etc/resolv.conf', on);
+        if (pastaHasDnsHost(findEgressTools()!.pasta)) {
+          expect(r.exitCode, r.stderr).toBe(0);
+          expect(r.stdout).toMatch(/^10\.9\.8\.7\s/);
+          expect(r.stdout).toContain(`nameserver ${SANDBOX_DNS}`);
+          expect(r.stdout).not.toContain(resolverAddress);
+        } else {
+          // pasta before --dns-host (Debian 12) cannot forward to a loopback resolver: no DNS,
+          // said once, and never the host's loopback instead.
+          expect(r.stdout).not.toMatch(/^10\.9\.8\.7\s/);
+          expect(warn.mock.calls.flat().join('\n')).toContain(PASTA_DNS_HOST_MISSING(resolverAddress));
+        }
+        for (const [host, port] of [[resolverAddress, 53], [resolverAddress, (other.address() as net.AddressInfo).port], [SANDBOX_DNS, 53], [SANDBOX_DNS, (other.address() as net.AddressInfo).port]] as const) {
+          expect((await run(probe(host, port), on)).stdout, `${host}:${port}`).not.toContain('HELLO');
+        }
+        // Without a loopback resolver the sandbox keeps the host's resolv.conf.
+        await fs.writeFile(resolvConf, 'nameserver 192.0.2.53\n');
+        expect((await run('cat /etc/resolv.conf', on)).stdout).toBe(await fs.readFile('/etc/resolv.conf', 'utf8'));
+      } finally {
+        delete process.env.SLIPWAY_HOST_RESOLV_CONF;
+        warn.mockRestore();
+        dns.close();
+        tcp.close();
+        other.close();
       }
     });
 

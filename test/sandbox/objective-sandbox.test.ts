@@ -26,11 +26,12 @@ const hasBwrap = findExecutable('bwrap') !== undefined;
  * what happened in a file inside its worktree, and writes its helper.
  */
 const ESCAPING_AGENT = `
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 const stream = process.env.SLIPWAY_STREAM;
-const targets = JSON.parse(process.env.ESCAPE_TARGETS ?? '[]').concat([
+// From a file: the sandbox's environment never carries host paths of the repository (ADR 0006).
+const targets = JSON.parse(readFileSync(path.join(process.env.SLIPWAY_OBJECTIVE_DIR, 'escape-targets.json'), 'utf8')).concat([
   path.join(os.homedir(), '.slipway-escape-' + stream),
   path.join(process.env.SLIPWAY_OBJECTIVE_DIR, 'escaped-' + stream),
 ]);
@@ -98,7 +99,7 @@ describe('objective with sandbox: { confinement: bubblewrap, network: false }', 
       });
       const dir = path.dirname(file);
       writeFileSync(path.join(dir, 'agent.mjs'), ESCAPING_AGENT);
-      process.env.ESCAPE_TARGETS = JSON.stringify(escapeTargets);
+      writeFileSync(path.join(dir, 'escape-targets.json'), JSON.stringify(escapeTargets));
 
       const result = await run(file, repo, id);
 
@@ -126,7 +127,6 @@ describe('objective with sandbox: { confinement: bubblewrap, network: false }', 
       expect(pictureCheckout(repo)).toEqual(before);
       expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
     } finally {
-      delete process.env.ESCAPE_TARGETS;
       server.close();
     }
   });

@@ -2,6 +2,8 @@
  * A profile's resources are enforced, not recorded: a tenant's fork bomb, memory hog and disk
  * filler fail inside its sandbox, and another tenant keeps being served meanwhile.
  */
+import { promises as fs } from 'node:fs';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createProfile } from '../../activities/ledger/ledger';
 import { startServiceHarness, type ServiceHarness } from './harness';
@@ -17,7 +19,7 @@ beforeAll(async () => {
   h = await startServiceHarness();
   a = await h.account({ limit: 2 });
   b = await h.account({ limit: 2 });
-  await a.profile({ name: 'small', resources: { processes: 48, memory_mb: 128, file_size_mb: 4, cpu: 0.5 } });
+  await a.profile({ name: 'small', resources: { processes: 48, memory_mb: 128, file_size_mb: 4, cpu: 0.5, disk_mb: 16 } });
   await b.profile({ name: 'small', resources: { processes: 48 } });
   [sa, sb] = await Promise.all([a.api.create({ profile: 'small' }).then((s) => s.id), b.api.create({ profile: 'small' }).then((s) => s.id)]);
   await Promise.all([h.waitFor(a.api, sa, ['ready']), h.waitFor(b.api, sb, ['ready'])]);
@@ -48,5 +50,19 @@ describe('profile resources', () => {
     const [code, size] = filler.stdout.trim().split('\n');
     expect(code).not.toBe('0');
     expect(Number(size)).toBeLessThanOrEqual(4 * 1024 * 1024);
+
+    // Files under the size cap, many of them: the workspace's disk (disk_mb: 16) ends it.
+    const disk = await a.api.exec(sa, sh('i=0; while [ $i -lt 20 ] && head -c 3000000 /dev/zero > f$i; do i=$((i+1)); done; cat f* | wc -c; rm -f f* big.bin'));
+    expect(disk.stderr).toMatch(/No space left on device/);
+    expect(Number(disk.stdout.trim())).toBeLessThanOrEqual(16 * 1024 * 1024);
+    expect((await b.api.exec(sb, sh('head -c 20000000 /dev/zero > big && wc -c < big && rm big'))).stdout.trim()).toBe('20000000');
+    const disks = path.join(h.repo, '.slipway', 'disks');
+    expect(await fs.readdir(disks, { recursive: true })).toEqual(expect.arrayContaining([expect.stringMatching(/\.img$/)]));
+
+    // Destroyed, it leaves no mount and no image behind.
+    await a.api.destroy(sa);
+    await h.waitFor(a.api, sa, ['terminated']);
+    expect(await fs.readFile('/proc/self/mountinfo', 'utf8')).not.toContain(h.repo);
+    expect((await fs.readdir(disks, { recursive: true })).filter((f) => f.endsWith('.img'))).toEqual([]);
   });
 });
