@@ -100,6 +100,8 @@ export interface SandboxInput {
   base: string;
   /** Workflow that receives the ready signal. */
   ownerWorkflowId: string;
+  /** Signal the owner when the sandbox ended (an owner that continues as new needs it). */
+  notifyOwnerOnEnd?: boolean;
   /** The objective's sandbox settings; recorded with the sandbox, so every command in it honours them. */
   options?: SandboxOptions;
 }

@@ -24,6 +24,11 @@ import { failureMessage } from './failure-info';
 export const sandboxReadySignal = defineSignal<[SandboxInfo]>('sandboxReady');
 /** Sent by the owner when it no longer needs the sandbox. */
 export const releaseSandboxSignal = defineSignal<[]>('releaseSandbox');
+/**
+ * Sent by the sandbox to its owner when it ended (`notifyOwnerOnEnd`): an owner that continues
+ * as new no longer holds the child handle of the run that started it, so it learns of the end here.
+ */
+export const sandboxEndedSignal = defineSignal<[SandboxResult]>('sandboxEnded');
 export const sandboxStateQuery = defineQuery<{ state: SandboxState; info?: SandboxInfo; error?: string }>('sandboxState');
 
 export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResult> {
@@ -48,13 +53,21 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   });
   enter('pending', `creating ${input.provider} sandbox on branch \`${input.branch}\``);
 
+  /** Tells an owner that asked for it; best effort: the owner may be gone. */
+  const ended = async (result: SandboxResult): Promise<SandboxResult> => {
+    if (input.notifyOwnerOnEnd) {
+      await CancellationScope.nonCancellable(() => getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxEndedSignal, result)).catch(() => undefined);
+    }
+    return result;
+  };
+
   try {
     info = await acts.createSandbox(input);
   } catch (e) {
     error = failureMessage(e);
     enter('failed', `provisioning failed: ${error}`);
     log.warn('sandbox provisioning failed', { sandboxId: input.sandboxId, error });
-    return { sandboxId: input.sandboxId, state: 'failed', error };
+    return ended({ sandboxId: input.sandboxId, state: 'failed', error });
   }
   enter('ready', `\`${info.path}\` on branch \`${info.branch}\``);
   await getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxReadySignal, info);
@@ -70,5 +83,5 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
     await acts.destroySandbox({ repository: input.repository, path: info!.path });
   });
   enter('terminated', 'worktree removed; the branch is kept');
-  return { sandboxId: input.sandboxId, state: 'terminated' };
+  return ended({ sandboxId: input.sandboxId, state: 'terminated' });
 }
