@@ -43,13 +43,8 @@ export const ITERATION_CAPS = {
   maxOutputRetries: 10,
 } as const;
 
-/** An integer within [min, max]; past `max` the message names the cap and why it exists. */
-const capped = (min: number, max: number) =>
-  z
-    .number()
-    .int()
-    .min(min)
-    .max(max, { message: `at most ${max} allowed: the cap that keeps a stream's history bounded (docs/adr/0008-bounded-stream-history.md)` });
+/** An integer within [min, max] (the loader says "<field>: must be at most <max>, got <n>"). */
+const capped = (min: number, max: number) => z.number().int().min(min).max(max);
 
 /** A non-empty string of at most `max` characters; the message says how long it is. */
 const limitedText = (max: number, hint: string) =>
