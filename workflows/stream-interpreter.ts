@@ -413,9 +413,9 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
 
 /**
  * A run of the stream workflow continues as new once its history holds this many events, at the
- * next safe point. One decision list (at most one step: an agent step of `max_iterations` runs)
- * adds at most about 3,500 events (docs/adr/0008-bounded-stream-history.md), so no run passes
- * about 8,500 events, far below Temporal's hard limit of 51,200.
+ * next safe point. One decision list runs at most one step (an agent step of at most
+ * `max_iterations` runs: about 500 events at the caps, docs/adr/0008-bounded-stream-history.md),
+ * so no run passes about 5,500 events, far below Temporal's hard limit of 51,200.
  */
 export const CONTINUE_AS_NEW_AFTER_EVENTS = 5_000;
 /** Ledger entries a stream keeps (and carries across runs); the objective keeps them all. */
