@@ -11,9 +11,11 @@ import path from 'node:path';
 import { temporal } from '@temporalio/proto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
-import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
+import { existsSync } from 'node:fs';
+import { integrationBranch, objectiveWorkflowId, sandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
 import { ITERATION_CAPS } from '../core/objective-schema';
 import { objectiveWorkflow } from '../workflows/objective';
+import { streamStatusQuery } from '../workflows/stream';
 import { CONTINUE_AS_NEW_AFTER_EVENTS } from '../workflows/stream-interpreter';
 import { writeObjective } from './helpers/objective';
 import { gitIn, makeDemoRepo, tempDir } from './helpers/repo';
@@ -106,6 +108,13 @@ describe('bounded stream history', () => {
         ...Array(ITERATION_CAPS.maxOutputRetries).fill('invalid_output'),
         'finished',
       ]);
+
+      // The sandbox outlived the run that started it and was released by the last one.
+      const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'big'))).result();
+      expect(sandbox).toMatchObject({ state: 'terminated' });
+      const worktree = (await worker.client.workflow.getHandle(streamWorkflowId(id, 'big')).query(streamStatusQuery)).sandboxPath;
+      expect(worktree).toContain(id);
+      expect(existsSync(worktree!)).toBe(false);
 
       const runs = await runsOf(streamWorkflowId(id, 'big'));
       const sizes = runs.map((r) => `${r.events} events/${Math.round(r.bytes / 1024)} KiB`);
