@@ -17,6 +17,7 @@ import { ITERATION_CAPS } from '../core/objective-schema';
 import { objectiveWorkflow } from '../workflows/objective';
 import { streamStatusQuery } from '../workflows/stream';
 import { CONTINUE_AS_NEW_AFTER_EVENTS } from '../workflows/stream-interpreter';
+import { waitFor } from './helpers/cli';
 import { writeObjective } from './helpers/objective';
 import { gitIn, makeDemoRepo, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
@@ -136,4 +137,36 @@ describe('bounded stream history', () => {
     },
     15 * 60_000,
   );
+
+  it('a stream cancelled after it continued as new still releases its sandbox', async () => {
+    const repo = makeDemoRepo();
+    const id = 'cancel-carried';
+    // The gate always fails: one fix iteration (a second run), then the stream blocks for guidance.
+    const file = writeObjective({
+      objective: 'Block after a fix iteration',
+      repository: repo,
+      base_branch: 'main',
+      max_fix_iterations: 1,
+      on_exhausted: 'ask_human',
+      gates: [{ name: 'never', command: 'false' }],
+      agents: { builder: { provider: 'script', command: 'cat >/dev/null; date +%N > work.txt' } },
+      streams: [{ id: 'stuck', task: 'Never pass' }],
+    });
+    const input = await loadObjectiveFile(file, { repository: repo, id });
+    const objective = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+    const stream = worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck'));
+    const status = await waitFor(async () => {
+      const s = await stream.query(streamStatusQuery).catch(() => undefined);
+      return s?.phase === 'blocked' ? s : undefined;
+    }, 'the stream to block after its fix iteration');
+    expect(status.iteration).toBe(2);
+    expect((await runsOf(streamWorkflowId(id, 'stuck'))).length).toBe(2);
+    expect(existsSync(status.sandboxPath!)).toBe(true);
+
+    await objective.cancel();
+    const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
+    expect(sandbox).toMatchObject({ state: 'terminated' });
+    expect(existsSync(status.sandboxPath!)).toBe(false);
+    await expect(stream.result()).rejects.toThrow();
+  });
 });

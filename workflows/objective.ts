@@ -11,6 +11,7 @@ import {
   defineUpdate,
   getExternalWorkflowHandle,
   isCancellation,
+  ParentClosePolicy,
   setCurrentDetails,
   setHandler,
   startChild,
@@ -204,6 +205,9 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             sandbox: input.sandbox,
           },
         ],
+        // Cancelled, not terminated, when the objective ends early: a stream releases its sandbox
+        // on the way out (it outlives the stream's runs, ADR 0008).
+        parentClosePolicy: ParentClosePolicy.REQUEST_CANCEL,
         staticSummary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
         staticDetails: `Objective \`${input.id}\`, blueprint \`${streamBlueprint.id}\`, builds on \`${base === prepared.baseCommit ? input.baseBranch : prepared.integrationBranch}\`.`,
       });
