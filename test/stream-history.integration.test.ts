@@ -15,7 +15,7 @@ import { existsSync } from 'node:fs';
 import { integrationBranch, objectiveWorkflowId, sandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
 import { ITERATION_CAPS } from '../core/objective-schema';
 import { objectiveWorkflow } from '../workflows/objective';
-import { streamStatusQuery } from '../workflows/stream';
+import { streamStatusQuery, streamWorkflow } from '../workflows/stream';
 import { CONTINUE_AS_NEW_AFTER_EVENTS } from '../workflows/stream-interpreter';
 import { waitFor } from './helpers/cli';
 import { writeObjective } from './helpers/objective';
@@ -168,5 +168,53 @@ describe('bounded stream history', () => {
     expect(sandbox).toMatchObject({ state: 'terminated' });
     expect(existsSync(status.sandboxPath!)).toBe(false);
     await expect(stream.result()).rejects.toThrow();
+  });
+
+  it('a stream terminated after it continued as new: its sandbox notices and releases itself', async () => {
+    const repo = makeDemoRepo();
+    const id = 'terminated-carried';
+    const file = writeObjective({
+      objective: 'Block after a fix iteration',
+      repository: repo,
+      base_branch: 'main',
+      max_fix_iterations: 1,
+      on_exhausted: 'ask_human',
+      gates: [{ name: 'never', command: 'false' }],
+      agents: { builder: { provider: 'script', command: 'cat >/dev/null; date +%N > work.txt' } },
+      streams: [{ id: 'stuck', task: 'Never pass' }],
+    });
+    const input = await loadObjectiveFile(file, { repository: repo, id });
+    // The stream alone (its objective would cancel it, not terminate it), probing its owner every 200 ms.
+    const stream = await worker.client.workflow.start(streamWorkflow, {
+      taskQueue: worker.taskQueue,
+      workflowId: streamWorkflowId(id, 'stuck'),
+      args: [
+        {
+          objective: { id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
+          stream: input.streams[0]!,
+          base: input.baseBranch,
+          integrationBranch: integrationBranch(id),
+          gates: input.gates,
+          agents: input.agents,
+          blueprint: input.blueprint.refs['build-review']!,
+          maxFixIterations: input.maxFixIterations,
+          onExhausted: input.onExhausted,
+          parentWorkflowId: objectiveWorkflowId(id), // never started: the stream's feed signals are best effort
+          sandbox: input.sandbox,
+          sandboxOwnerProbeMs: 200,
+        },
+      ],
+    });
+    const status = await waitFor(async () => {
+      const s = await stream.query(streamStatusQuery).catch(() => undefined);
+      return s?.phase === 'blocked' ? s : undefined;
+    }, 'the stream to block after its fix iteration');
+    expect((await runsOf(streamWorkflowId(id, 'stuck'))).length).toBe(2);
+    expect(existsSync(status.sandboxPath!)).toBe(true);
+
+    await worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck')).terminate('test: the owner is gone');
+    const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
+    expect(sandbox).toMatchObject({ state: 'terminated' });
+    expect(existsSync(status.sandboxPath!)).toBe(false);
   });
 });

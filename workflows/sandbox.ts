@@ -29,6 +29,14 @@ export const releaseSandboxSignal = defineSignal<[]>('releaseSandbox');
  * as new no longer holds the child handle of the run that started it, so it learns of the end here.
  */
 export const sandboxEndedSignal = defineSignal<[SandboxResult]>('sandboxEnded');
+/**
+ * A no-op the sandbox sends its owner now and then when the owner may have abandoned it (an
+ * owner that continues as new): signalling a workflow that ended fails, so a terminated owner
+ * is noticed and the sandbox releases itself.
+ */
+export const ownerProbeSignal = defineSignal<[]>('sandboxOwnerProbe');
+/** How often a sandbox with `notifyOwnerOnEnd` checks that its owner still runs (`ownerProbeMs` overrides, for tests). */
+export const OWNER_PROBE_MS = 60 * 60_000;
 export const sandboxStateQuery = defineQuery<{ state: SandboxState; info?: SandboxInfo; error?: string }>('sandboxState');
 
 export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResult> {
@@ -73,7 +81,21 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   await getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxReadySignal, info);
 
   try {
-    await condition(() => released);
+    if (input.notifyOwnerOnEnd) {
+      // An hourly probe: a few events per hour, and a terminated owner's worktree does not linger.
+      while (!(await condition(() => released, input.ownerProbeMs ?? OWNER_PROBE_MS))) {
+        const alive = await getExternalWorkflowHandle(input.ownerWorkflowId)
+          .signal(ownerProbeSignal)
+          .then(
+            () => true,
+            () => false,
+          );
+        if (!alive) {
+          log.warn('the owner of the sandbox ended without releasing it; releasing it now', { sandboxId: input.sandboxId, owner: input.ownerWorkflowId });
+          break;
+        }
+      }
+    } else await condition(() => released);
   } catch (e) {
     if (!isCancellation(e)) throw e;
   }

@@ -58,7 +58,7 @@ import { gateActivities, gitActivities } from './activity-options';
 import { newAgentLoop, runAgentLoop, type AgentLoopState } from './agent-runs';
 import { retryFor } from './blueprint-walker';
 import { failureKindOf, failureMessage, rootCause } from './failure-info';
-import { releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
+import { ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 import {
   LEDGER_KEPT_BY_STREAM,
   agentStepOutcome,
@@ -148,6 +148,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   setHandler(sandboxEndedSignal, (result) => {
     sandboxEnded ??= result;
   });
+  setHandler(ownerProbeSignal, () => undefined);
   setHandler(
     guidanceUpdate,
     (message) => {
@@ -212,7 +213,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           base: input.base,
           ownerWorkflowId: workflowInfo().workflowId,
           options: input.sandbox,
-          ...(bounded ? { notifyOwnerOnEnd: true } : {}),
+          ...(bounded ? { notifyOwnerOnEnd: true, ...(input.sandboxOwnerProbeMs ? { ownerProbeMs: input.sandboxOwnerProbeMs } : {}) } : {}),
         },
       ],
       // A bounded stream continues as new, which closes the run that started the sandbox: the
