@@ -152,11 +152,20 @@ function alive(pid: number): boolean {
 }
 
 /**
- * A workflow's whole history as text, payloads decoded. Walks the objects itself: JSON.stringify
- * would call protobufjs' toJSON, which turns payload bytes into base64 and hides their content.
+ * A workflow's whole history as text, payloads decoded, every run of it (a stream continues as
+ * new per fix iteration: the chain is followed back to the first run). Walks the objects itself:
+ * JSON.stringify would call protobufjs' toJSON, which turns payload bytes into base64 and hides
+ * their content.
  */
 async function historyText(workflowId: string): Promise<string> {
-  const history = await worker.client.workflow.getHandle(workflowId).fetchHistory();
+  const histories = [];
+  let runId: string | undefined = (await worker.client.workflow.getHandle(workflowId).describe()).runId;
+  while (runId) {
+    const run = await worker.client.workflow.getHandle(workflowId, runId).fetchHistory();
+    histories.unshift(run);
+    runId = run.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId || undefined;
+  }
+  const history = histories;
   const parts: string[] = [];
   const seen = new Set<unknown>();
   const walk = (value: unknown): void => {
