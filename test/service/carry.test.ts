@@ -1,6 +1,6 @@
 /**
- * Continue-as-new of the service sandbox workflow never drops a terminate request that arrives
- * while it switches runs (issue 10). The race is made deterministic, not timed: the
+ * Continue-as-new of the service sandbox workflow never drops a terminate request or a wake that
+ * arrives while it switches runs (issue 10). The race is made deterministic, not timed: the
  * workflow task that ends with the switch is held open by the ledger write just before it (its
  * row locked by the test), the request is sent while it waits, then the lock is released.
  * Real Temporal, real Postgres, real sandboxes.
@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultProviderFor, type ProviderFor } from '../../activities/service/providers';
 import { getProfileByName, insertSandboxWithinLimit, newSandboxId, policyFromProfile } from '../../activities/ledger/ledger';
 import { serviceSandboxWorkflowId } from '../../core/sandbox-service';
-import { serviceSandboxWorkflow, terminateSandboxSignal } from '../../workflows/service-sandbox';
+import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../../workflows/service-sandbox';
 import { startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
 
 /** A gate the test opens: resolves `opened` and lets `wait` through. */
@@ -93,9 +93,12 @@ async function atTheSwitch(id: string, during: () => Promise<void>): Promise<voi
     if (rows[0]!.n > 0) break;
     await new Promise((r) => setTimeout(r, 20));
   }
-  await during();
-  released.open();
-  await holding;
+  try {
+    await during();
+  } finally {
+    released.open();
+    await holding;
+  }
 }
 
 describe('continue-as-new with a request in flight', () => {
@@ -117,5 +120,39 @@ describe('continue-as-new with a request in flight', () => {
       ['compute', 1, 'idle_offload'],
       ['snapshot_storage', 1, 'explicit_delete'],
     ]);
+  });
+
+  it('a wake sent at the switch restores the sandbox: the update answers ready', async () => {
+    const a = await h.account();
+    const id = await sandboxThatCarriesAfterSuspending(a);
+    const handle = h.host.client.workflow.getHandle(serviceSandboxWorkflowId(id));
+    const updateId = `wake-${id}`;
+    let woke: Promise<string> | undefined;
+    await atTheSwitch(id, async () => {
+      woke = handle.executeUpdate(wakeSandboxUpdate, { updateId });
+      // Wait until the server admitted it (it cannot be delivered while the workflow task is open);
+      // until the request arrives the server does not know the id.
+      for (;;) {
+        const admitted = await h.host.client.workflowService
+          .pollWorkflowExecutionUpdate({
+            namespace: h.host.client.options.namespace,
+            updateRef: { workflowExecution: { workflowId: serviceSandboxWorkflowId(id) }, updateId },
+            waitPolicy: { lifecycleStage: temporal.api.enums.v1.UpdateWorkflowExecutionLifecycleStage.UPDATE_WORKFLOW_EXECUTION_LIFECYCLE_STAGE_ADMITTED },
+          })
+          .then(
+            () => true,
+            (e: { code?: number }) => {
+              if (e.code !== 5) throw e; // NOT_FOUND: not arrived yet
+              return false;
+            },
+          );
+        if (admitted) break;
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    });
+    expect(await woke).toBe('ready');
+    expect((await a.api.get(id)).status).toBe('ready');
+    await a.api.destroy(id);
+    await h.waitFor(a.api, id, ['terminated']);
   });
 });
