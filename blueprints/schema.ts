@@ -5,6 +5,7 @@
 import { z } from 'zod';
 import { AGENT_ROLES } from '../core/states';
 import { RETRY_PROFILE_NAMES } from '../core/retry-profiles';
+import { ITERATION_CAPS } from '../core/objective-schema';
 
 export const EXHAUSTION_MODES = ['ask_human', 'escalate', 'fail'] as const;
 export type ExhaustionMode = (typeof EXHAUSTION_MODES)[number];
@@ -46,7 +47,7 @@ const stepBase = {
   next: stepId.optional(),
   /** The step to go back to on failure (a fix loop), bounded by max_fix_iterations. */
   on_fail: stepId.optional(),
-  max_fix_iterations: z.number().int().min(0).max(50).optional(),
+  max_fix_iterations: z.number().int().min(0).max(ITERATION_CAPS.maxFixIterations).optional(),
   retry: RetrySchema.optional(),
   /** An optional step is skipped when it has nothing to do (a planner when streams are given). */
   optional: z.boolean().optional(),
@@ -94,7 +95,7 @@ export const BlueprintSchema = z.strictObject({
     })
     .default({ profile: 'balanced' }),
   /** Default bound for fix loops of steps that set none. */
-  max_fix_iterations: z.number().int().min(0).max(50).default(3),
+  max_fix_iterations: z.number().int().min(0).max(ITERATION_CAPS.maxFixIterations).default(3),
   /** What happens when recovery is exhausted, unless a step says otherwise. */
   on_exhausted: z.enum(EXHAUSTION_MODES).default('ask_human'),
   /** First step; defaults to the first in the list. */

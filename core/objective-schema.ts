@@ -30,6 +30,25 @@ export const TEXT_LIMITS = {
 
 const count = (n: number) => n.toLocaleString('en-US');
 
+/**
+ * Bounds of the loops a stream runs. The stream workflow continues as new once per fix
+ * iteration, so one run holds at most one step's agent loop (`maxIterations` runs, plus
+ * `maxOutputRetries`): these caps keep every run far below Temporal's history limits, and the
+ * whole stream's agent runs ((maxFixIterations + 1) x maxIterations per agent step) within what
+ * the objective gathers. Worst case in docs/adr/0010-bounded-stream-history.md; a test drives it.
+ */
+export const ITERATION_CAPS = {
+  /** Agent runs per step (`agents.<role>.max_iterations`). */
+  maxIterations: 20,
+  /** Fix-loop rounds per step (`max_fix_iterations`, also in blueprints). */
+  maxFixIterations: 10,
+  /** New runs for an unusable structured answer (`agents.<role>.max_output_retries`). */
+  maxOutputRetries: 10,
+} as const;
+
+/** An integer within [min, max] (the loader says "<field>: must be at most <max>, got <n>"). */
+const capped = (min: number, max: number) => z.number().int().min(min).max(max);
+
 /** A non-empty string of at most `max` characters; the message says how long it is. */
 const limitedText = (max: number, hint: string) =>
   z
@@ -79,7 +98,7 @@ const agentFields = {
   /** No output (stdout or stderr) for this long: the process group is killed; the run is `agent_runtime_transient`. */
   idle_timeout_minutes: z.number().positive().max(24 * 60),
   /** Agent runs per step; the loop ends early when the output holds a completion signal. */
-  max_iterations: z.number().int().min(1).max(100),
+  max_iterations: capped(1, ITERATION_CAPS.maxIterations),
   completion_signals: z.array(z.string().min(1)).min(1),
   /** After a completion signal: how long the process may take to exit before its process group is killed. */
   completion_grace_seconds: z.number().min(0).max(600),
@@ -90,7 +109,7 @@ const agentFields = {
   /** Values of the template's own `{{KEY}}` arguments. */
   args: z.record(z.string().regex(TEMPLATE_KEY_PATTERN, 'must be a template key: letters, digits and "_", not starting with a digit'), z.string()),
   /** New runs allowed when a reviewer's or planner's structured answer is invalid (each told why). */
-  max_output_retries: z.number().int().min(0).max(10),
+  max_output_retries: capped(0, ITERATION_CAPS.maxOutputRetries),
 };
 
 const onePrompt = (a: { prompt?: string; prompt_file?: string }) => a.prompt === undefined || a.prompt_file === undefined;
@@ -181,7 +200,7 @@ export const ObjectiveFileSchema = z
     blueprint: z.string().min(1).default('standard'),
     max_parallel_streams: z.number().int().positive().max(64).default(3),
     /** Overrides the blueprints' fix-loop bound for steps that set none. */
-    max_fix_iterations: z.number().int().min(0).max(50).optional(),
+    max_fix_iterations: capped(0, ITERATION_CAPS.maxFixIterations).optional(),
     /** Overrides the blueprints' exhaustion mode (ask_human, escalate, fail) for steps that set none. */
     on_exhausted: z.enum(['ask_human', 'escalate', 'fail']).optional(),
     /** Ask for `slipway approve` even when the streams come from this file. */

@@ -159,6 +159,8 @@ export interface CarriedSandboxState {
   deadlineRemainingMs: number;
   /** Epoch ms when the current ready or suspended period began. */
   periodStartMs: number;
+  /** A terminate request, exit report or wake that arrived during the switch: the next run takes it first. */
+  pending?: { terminate?: TerminateReason; exit?: SandboxExitReport; wake?: boolean };
 }
 
 /** How the workflow refers to a provider's sandbox: paths and names, no secrets. */

@@ -131,6 +131,10 @@ export interface SandboxInput {
   base: string;
   /** Workflow that receives the ready signal. */
   ownerWorkflowId: string;
+  /** Signal the owner when the sandbox ended (an owner that continues as new needs it); probe that it still runs. */
+  notifyOwnerOnEnd?: boolean;
+  /** How often to probe the owner (default hourly; tests set it short). */
+  ownerProbeMs?: number;
   /** The objective's sandbox settings; recorded with the sandbox, so every command in it honours them. */
   options?: SandboxOptions;
 }
@@ -232,6 +236,8 @@ export interface StreamInput {
   parentWorkflowId: string;
   /** The objective's sandbox settings, handed to the stream's sandbox. */
   sandbox?: SandboxOptions;
+  /** Tests: how often the stream's sandbox checks that the stream still runs (default hourly). */
+  sandboxOwnerProbeMs?: number;
 }
 
 export interface MergeRequest {

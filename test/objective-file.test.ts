@@ -5,6 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { loadObjectiveFile, ObjectiveFileError, type ObjectiveFileProblem } from '../config/objective-file';
 import { ID_PATTERN } from '../core/ids';
+import { ITERATION_CAPS } from '../core/objective-schema';
 import { SHIPPED_BLUEPRINTS_DIR } from '../blueprints/loader';
 
 function git(dir: string, ...args: string[]): string {
@@ -192,6 +193,13 @@ describe('loadObjectiveFile: errors', () => {
     const p = expectProblem(err, file, 3, 'max_parallel_streams', /expected a number, got "three"/);
     expect(p.column).toBe(23);
     expect(err.message).toBe(`${file}:3:23: max_parallel_streams: expected a number, got "three"`);
+  });
+
+  it('iteration caps name the field and the cap (bounded stream history)', async () => {
+    const file = await writeObjective(replaceLine(3, `max_fix_iterations: ${ITERATION_CAPS.maxFixIterations + 1}`, 'gates:').replace('    command: ./build.sh', `    command: ./build.sh\n    max_iterations: ${ITERATION_CAPS.maxIterations + 1}`));
+    const err = await loadError(file);
+    expectProblem(err, file, 3, 'max_fix_iterations', new RegExp(`^must be at most ${ITERATION_CAPS.maxFixIterations}, got ${ITERATION_CAPS.maxFixIterations + 1}$`));
+    expectProblem(err, file, 11, 'agents.builder.max_iterations', new RegExp(`^must be at most ${ITERATION_CAPS.maxIterations}, got ${ITERATION_CAPS.maxIterations + 1}$`));
   });
 
   it('unknown top-level key is named', async () => {

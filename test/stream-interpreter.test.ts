@@ -11,6 +11,8 @@ import { BlueprintSchema, type Blueprint, type BlueprintInput } from '../bluepri
 import type { AgentSpec, Guidance } from '../core/types';
 import {
   agentStepOutcome,
+  continueAsNewBefore,
+  CONTINUE_AS_NEW_AFTER_EVENTS,
   decide,
   gateStepOutcome,
   initialState,
@@ -413,5 +415,72 @@ describe('purity', () => {
       expect(allowed, `import from ${i.from}`).toBe(true);
     }
     expect(source).not.toMatch(/Date\.now\(\)|new Date\(|Math\.random/);
+  });
+});
+
+describe('continue-as-new points (bounded stream history)', () => {
+  const gateFailure = fail('quality_gate_failure', 'gate "test" exited with 1');
+  const rec = (result: 'retrying' | 'recovered' | 'guidance_applied' | 'waiting' | 'blocked'): StreamDecision => ({
+    type: 'record',
+    entry: { step: 'gates', kind: 'quality_gate_failure', action: 'fix_loop', attempt: 1, maxAttempts: 3, summary: 's', result },
+    text: 't',
+  });
+  const enterBuild: StreamDecision = { type: 'enter_step', step: 'build', iteration: 2, phase: 'building', details: 'd' };
+  const fresh = { stepsRun: 1, historyLength: 100, suggested: false };
+  it.each([
+    { name: 'a fix loop starts', decisions: [rec('retrying'), enterBuild], run: fresh, want: true },
+    { name: 'guidance applied', decisions: [rec('guidance_applied'), enterBuild], run: fresh, want: true },
+    { name: 'a step passed after recovery (same iteration)', decisions: [rec('recovered'), enterBuild], run: fresh, want: false },
+    { name: 'a rate-limit wait', decisions: [rec('waiting'), { type: 'wait_for_rate_limit', waitMs: 1000 } as StreamDecision], run: fresh, want: false },
+    { name: 'nothing run yet in this run', decisions: [rec('retrying'), enterBuild], run: { ...fresh, stepsRun: 0 }, want: false },
+    { name: 'the history reached the bound', decisions: [enterBuild], run: { ...fresh, historyLength: CONTINUE_AS_NEW_AFTER_EVENTS }, want: true },
+    { name: 'just below the bound', decisions: [enterBuild], run: { ...fresh, historyLength: CONTINUE_AS_NEW_AFTER_EVENTS - 1 }, want: false },
+    { name: 'Temporal suggests it', decisions: [enterBuild], run: { ...fresh, suggested: true }, want: true },
+    { name: 'the stream ends: nothing to carry', decisions: [rec('blocked'), { type: 'finish', result: { status: 'failed' }, text: 'x' } as StreamDecision], run: { ...fresh, suggested: true }, want: false },
+  ])('$name -> $want', ({ decisions, run, want }) => {
+    expect(continueAsNewBefore(decisions, run)).toBe(want);
+  });
+
+  it('carrying the state and pending decisions through JSON at every such point changes nothing, one run per fix iteration', () => {
+    const cfg = config({ agents: { builder: agent, reviewer: agent }, maxFixIterations: 4 });
+    // Gates fail four times, pass on the fifth build; the reviewer then approves and the merge lands.
+    const replies: Reply[] = [ok, gateFailure, ok, gateFailure, ok, gateFailure, ok, gateFailure, ok, ok, ok, merged()];
+    const whole = drive(cfg, replies);
+
+    // The same replies, but a new "run" whenever the shell would continue as new: state and
+    // decisions go through JSON, as through Temporal's payload converter.
+    let state = initialState();
+    let event: StreamInterpreterEvent = { type: 'start' };
+    let carried: StreamDecision[] | undefined;
+    const trace: string[] = [];
+    const queue = [...replies];
+    let runs = 1;
+    let stepsRun = 0;
+    for (;;) {
+      let decisions: StreamDecision[];
+      if (carried) {
+        decisions = carried;
+        carried = undefined;
+      } else {
+        const decided = decide(cfg, state, event);
+        state = decided.state;
+        decisions = decided.decisions;
+        if (continueAsNewBefore(decisions, { stepsRun, historyLength: 0, suggested: false })) {
+          ({ state, decisions: carried } = JSON.parse(JSON.stringify({ state, decisions })) as { state: StreamInterpreterState; decisions: StreamDecision[] });
+          runs += 1;
+          stepsRun = 0;
+          continue;
+        }
+      }
+      trace.push(...decisions.map(line));
+      const last = decisions.at(-1)!;
+      if (last.type === 'finish') break;
+      expect(last.type).toBe('run_step');
+      stepsRun += 1;
+      event = { type: 'step_finished', outcome: queue.shift() as StepOutcome, now: NOW };
+    }
+    expect(trace).toEqual(whole.trace);
+    expect(whole.ending).toMatchObject({ status: 'merged' });
+    expect(runs).toBe(5); // the first run and one per fix iteration
   });
 });

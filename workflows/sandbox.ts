@@ -24,6 +24,19 @@ import { failureMessage } from './failure-info';
 export const sandboxReadySignal = defineSignal<[SandboxInfo]>('sandboxReady');
 /** Sent by the owner when it no longer needs the sandbox. */
 export const releaseSandboxSignal = defineSignal<[]>('releaseSandbox');
+/**
+ * Sent by the sandbox to its owner when it ended (`notifyOwnerOnEnd`): an owner that continues
+ * as new no longer holds the child handle of the run that started it, so it learns of the end here.
+ */
+export const sandboxEndedSignal = defineSignal<[SandboxResult]>('sandboxEnded');
+/**
+ * A no-op the sandbox sends its owner now and then when the owner may have abandoned it (an
+ * owner that continues as new): signalling a workflow that ended fails, so a terminated owner
+ * is noticed and the sandbox releases itself.
+ */
+export const ownerProbeSignal = defineSignal<[]>('sandboxOwnerProbe');
+/** How often a sandbox with `notifyOwnerOnEnd` checks that its owner still runs (`ownerProbeMs` overrides, for tests). */
+export const OWNER_PROBE_MS = 60 * 60_000;
 export const sandboxStateQuery = defineQuery<{ state: SandboxState; info?: SandboxInfo; error?: string }>('sandboxState');
 
 export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResult> {
@@ -48,19 +61,41 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   });
   enter('pending', `creating ${input.provider} sandbox on branch \`${input.branch}\``);
 
+  /** Tells an owner that asked for it; best effort: the owner may be gone. */
+  const ended = async (result: SandboxResult): Promise<SandboxResult> => {
+    if (input.notifyOwnerOnEnd) {
+      await CancellationScope.nonCancellable(() => getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxEndedSignal, result)).catch(() => undefined);
+    }
+    return result;
+  };
+
   try {
     info = await acts.createSandbox(input);
   } catch (e) {
     error = failureMessage(e);
     enter('failed', `provisioning failed: ${error}`);
     log.warn('sandbox provisioning failed', { sandboxId: input.sandboxId, error });
-    return { sandboxId: input.sandboxId, state: 'failed', error };
+    return ended({ sandboxId: input.sandboxId, state: 'failed', error });
   }
   enter('ready', `\`${info.path}\` on branch \`${info.branch}\``);
   await getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxReadySignal, info);
 
   try {
-    await condition(() => released);
+    if (input.notifyOwnerOnEnd) {
+      // An hourly probe: a few events per hour, and a terminated owner's worktree does not linger.
+      while (!(await condition(() => released, input.ownerProbeMs ?? OWNER_PROBE_MS))) {
+        const alive = await getExternalWorkflowHandle(input.ownerWorkflowId)
+          .signal(ownerProbeSignal)
+          .then(
+            () => true,
+            () => false,
+          );
+        if (!alive) {
+          log.warn('the owner of the sandbox ended without releasing it; releasing it now', { sandboxId: input.sandboxId, owner: input.ownerWorkflowId });
+          break;
+        }
+      }
+    } else await condition(() => released);
   } catch (e) {
     if (!isCancellation(e)) throw e;
   }
@@ -70,5 +105,5 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
     await acts.destroySandbox({ repository: input.repository, path: info!.path });
   });
   enter('terminated', 'worktree removed; the branch is kept');
-  return { sandboxId: input.sandboxId, state: 'terminated' };
+  return ended({ sandboxId: input.sandboxId, state: 'terminated' });
 }

@@ -29,6 +29,7 @@ import {
   defineSignal,
   defineUpdate,
   log,
+  patched,
   proxyActivities,
   proxyLocalActivities,
   setCurrentDetails,
@@ -98,9 +99,9 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
   /** The deadline budget left at `periodStartMs`; it is spent only while not suspended. */
   let deadlineRemainingMs = carried?.deadlineRemainingMs ?? input.deadlineMs;
   let periodStartMs = carried?.periodStartMs ?? input.createdAtMs;
-  let terminateRequest: TerminateReason | undefined;
-  let exit: SandboxExitReport | undefined;
-  let wakeRequested = false;
+  let terminateRequest: TerminateReason | undefined = carried?.pending?.terminate;
+  let exit: SandboxExitReport | undefined = carried?.state === 'ready' ? carried.pending?.exit : undefined;
+  let wakeRequested = carried?.pending?.wake ?? false;
   let endReason: EndReason | undefined;
   let error: string | undefined;
 
@@ -248,8 +249,20 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
         storageSeq: life.storageSeq,
         deadlineRemainingMs,
         periodStartMs,
+        ...(terminateRequest !== undefined || exit !== undefined || wakeRequested
+          ? { pending: { ...(terminateRequest !== undefined ? { terminate: terminateRequest } : {}), ...(exit ? { exit } : {}), ...(wakeRequested ? { wake: true } : {}) } }
+          : {}),
       },
     });
+  /**
+   * Whether to hand over now. Handlers finish first (an update must not be cut off); a
+   * terminate, exit or wake that arrived meanwhile is handled by this run before any switch
+   * (patch `sandbox-carry-pending`: runs that switched with one pending dropped it).
+   */
+  const handOver = async (pending: () => boolean): Promise<boolean> => {
+    await condition(allHandlersFinished);
+    return !pending() || !patched('sandbox-carry-pending');
+  };
 
   // --- the live loop: ready <-> suspended ------------------------------------------------------
   let nextIdleCheckMs = Date.now() + policy.idleTimeoutMs;
@@ -290,8 +303,8 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
         break;
       }
       if (shouldCarry()) {
-        await condition(allHandlersFinished);
-        return carry();
+        if (await handOver(() => terminateRequest !== undefined || exit !== undefined)) return carry();
+        continue;
       }
       if (now < nextIdleCheckMs) continue;
 
@@ -343,8 +356,8 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
       break;
     }
     if (!wakeRequested) {
-      await condition(allHandlersFinished);
-      return carry();
+      if (await handOver(() => terminateRequest !== undefined || wakeRequested)) return carry();
+      continue;
     }
     const woke = next({ trigger: 'wake' });
     enter(woke, 'woken by activity: restoring the snapshot');

@@ -408,3 +408,32 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
     }
   }
 }
+
+// --- bounded history: where a stream continues as new ---------------------------------------------
+
+/**
+ * A run of the stream workflow continues as new once its history holds this many events, at the
+ * next safe point. One decision list runs at most one step (an agent step of at most
+ * `max_iterations` runs: about 500 events at the caps, docs/adr/0010-bounded-stream-history.md),
+ * so no run passes about 5,500 events, far below Temporal's hard limit of 51,200.
+ */
+export const CONTINUE_AS_NEW_AFTER_EVENTS = 5_000;
+/** Ledger entries a stream keeps (and carries across runs); the objective keeps them all. */
+export const LEDGER_KEPT_BY_STREAM = 20;
+
+/**
+ * Whether the stream continues as new before carrying out `decisions` (a safe point: every
+ * earlier decision is done, none of these is started, so the new run carries them out).
+ * Once per fix iteration: when the decisions send the work round a recovery loop (a `retrying`
+ * or `guidance_applied` ledger entry) after this run ran at least one step; or whenever the
+ * run's history grew past the bound or Temporal suggests it.
+ */
+export function continueAsNewBefore(
+  decisions: readonly StreamDecision[],
+  run: { stepsRun: number; historyLength: number; suggested: boolean; maxEvents?: number },
+): boolean {
+  if (run.stepsRun === 0) return false; // a run must make progress before it hands over
+  if (decisions.length === 0 || decisions.some((d) => d.type === 'finish')) return false; // ending: nothing to carry
+  if (run.suggested || run.historyLength >= (run.maxEvents ?? CONTINUE_AS_NEW_AFTER_EVENTS)) return true;
+  return decisions.some((d) => d.type === 'record' && (d.entry.result === 'retrying' || d.entry.result === 'guidance_applied'));
+}

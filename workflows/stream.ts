@@ -13,8 +13,11 @@
 import {
   ApplicationFailure,
   CancellationScope,
+  ContinueAsNew,
   ParentClosePolicy,
+  allHandlersFinished,
   condition,
+  continueAsNew,
   defineQuery,
   defineSignal,
   defineUpdate,
@@ -44,6 +47,7 @@ import {
   type MergeDecision,
   type MergeRequest,
   type SandboxInfo,
+  type SandboxResult,
   type StreamEvent,
   type StreamInput,
   type StreamResult,
@@ -55,9 +59,11 @@ import { newAgentLoop, runAgentLoop, type AgentLoopState } from './agent-runs';
 import { retryFor } from './blueprint-walker';
 import { FEED_BATCH_LIMIT, FEED_FLUSH_DELAY_MS, flushNow } from './feed';
 import { failureKindOf, failureMessage, rootCause } from './failure-info';
-import { releaseSandboxSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
+import { ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 import {
+  LEDGER_KEPT_BY_STREAM,
   agentStepOutcome,
+  continueAsNewBefore,
   decide,
   gateStepOutcome,
   initialState,
@@ -68,7 +74,33 @@ import {
   type StepOutcome,
   type StreamDecision,
   type StreamInterpreterEvent,
+  type StreamInterpreterState,
 } from './stream-interpreter';
+
+/**
+ * What a stream carries into its next run when it continues as new (patch
+ * `stream-continue-as-new`, docs/adr/0010-bounded-stream-history.md). Bounded: the interpreter's
+ * state and the decisions it has not carried out yet, the last ledger entries (the objective
+ * keeps the whole ledger and every agent run: the stream sends each one as it happens), and
+ * whatever a signal or update left pending during the switch.
+ */
+export interface StreamCarried {
+  /** This run's number (the first run is 1). */
+  run: number;
+  sandbox: SandboxInfo;
+  /** The sandbox workflow already ended (it tells its owner by signal). */
+  sandboxEnded?: SandboxResult;
+  status: Omit<StreamStatus, 'agentRuns'>;
+  interpreter: StreamInterpreterState;
+  decisions: StreamDecision[];
+  agentLoops: Record<string, AgentLoopState>;
+  sessionId?: string;
+  /** A merge decision or guidance that arrived and was not taken yet. */
+  decision?: MergeDecision;
+  guidance?: Guidance;
+}
+
+export type StreamRunInput = StreamInput & { carried?: StreamCarried };
 
 /** Sent by a stream to its objective when its work passed gates and review. */
 export const streamMergeReadySignal = defineSignal<[MergeRequest]>('streamMergeReady');
@@ -95,13 +127,21 @@ function toStepFailure(err: unknown): StepFailure {
   return { kind: failureKindOf(err), summary, details: summary, resetAt: details?.resetAt };
 }
 
-export async function streamWorkflow(input: StreamInput): Promise<StreamResult> {
-  const { objective, stream } = input;
+export async function streamWorkflow(input: StreamRunInput): Promise<StreamResult> {
+  const { objective, stream, carried } = input;
+  // Runs started before this change keep 0.1.0's command sequence: one run, the sandbox a child
+  // cancelled with the stream. Newer ones continue as new once per fix iteration.
+  const bounded = carried !== undefined || patched('stream-continue-as-new');
   const branch = streamBranch(objective.id, stream.id);
-  const status: StreamStatus = { streamId: stream.id, phase: 'provisioning', iteration: 0, branch, ledger: [], usage: emptyTotals() };
-  let sandbox: SandboxInfo | undefined;
-  let decision: MergeDecision | undefined;
-  let guidance: Guidance | undefined;
+  const status: StreamStatus = carried
+    ? { ...carried.status, ledger: [...carried.status.ledger] }
+    : { streamId: stream.id, phase: 'provisioning', iteration: 0, branch, ledger: [], usage: emptyTotals() };
+  let sandbox: SandboxInfo | undefined = carried?.sandbox;
+  let decision: MergeDecision | undefined = carried?.decision;
+  let guidance: Guidance | undefined = carried?.guidance;
+  let sandboxEnded: SandboxResult | undefined = carried?.sandboxEnded;
+  /** Set once this run hands over to the next: the sandbox stays, nothing is finished. */
+  let carrying = false;
   const parent = getExternalWorkflowHandle(input.parentWorkflowId);
 
   setHandler(streamStatusQuery, () => status);
@@ -111,6 +151,10 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
   setHandler(mergeDecisionSignal, (d) => {
     decision = d;
   });
+  setHandler(sandboxEndedSignal, (result) => {
+    sandboxEnded ??= result;
+  });
+  setHandler(ownerProbeSignal, () => undefined);
   setHandler(
     guidanceUpdate,
     (message) => {
@@ -132,6 +176,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     { key: SlipwayKind, value: 'stream' },
     { key: SlipwayObjective, value: objective.id },
     { key: SlipwayStream, value: stream.id },
+    ...(carried ? [{ key: SlipwayPhase, value: status.phase }] : []),
   ]);
 
   /**
@@ -189,30 +234,51 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
   };
 
   // --- sandbox ---------------------------------------------------------------------------------
-  await enter('provisioning', `starting a sandbox for \`${branch}\``);
   const sandboxId = streamSandboxId(objective.id, stream.id);
-  const sandboxHandle = await startChild(sandboxWorkflow, {
-    workflowId: sandboxWorkflowId(sandboxId),
-    args: [{ sandboxId, provider: 'local', repository: objective.repository, objectiveId: objective.id, name: stream.id, branch, base: input.base, ownerWorkflowId: workflowInfo().workflowId, options: input.sandbox }],
-    parentClosePolicy: ParentClosePolicy.REQUEST_CANCEL,
-    staticSummary: `Sandbox for stream ${stream.id} of ${objective.id}`,
-    staticDetails: `Local git worktree on branch \`${branch}\`, started from \`${input.base}\`.`,
-  });
-  let sandboxEnded = false;
-  const sandboxResult = sandboxHandle.result().finally(() => {
-    sandboxEnded = true;
-  });
+  if (!carried) {
+    await enter('provisioning', `starting a sandbox for \`${branch}\``);
+    const sandboxHandle = await startChild(sandboxWorkflow, {
+      workflowId: sandboxWorkflowId(sandboxId),
+      args: [
+        {
+          sandboxId,
+          provider: 'local',
+          repository: objective.repository,
+          objectiveId: objective.id,
+          name: stream.id,
+          branch,
+          base: input.base,
+          ownerWorkflowId: workflowInfo().workflowId,
+          options: input.sandbox,
+          ...(bounded ? { notifyOwnerOnEnd: true, ...(input.sandboxOwnerProbeMs ? { ownerProbeMs: input.sandboxOwnerProbeMs } : {}) } : {}),
+        },
+      ],
+      // A bounded stream continues as new, which closes the run that started the sandbox: the
+      // sandbox must outlive it. Every run releases it on the way out (also when cancelled).
+      parentClosePolicy: bounded ? ParentClosePolicy.ABANDON : ParentClosePolicy.REQUEST_CANCEL,
+      staticSummary: `Sandbox for stream ${stream.id} of ${objective.id}`,
+      staticDetails: `Local git worktree on branch \`${branch}\`, started from \`${input.base}\`.`,
+    });
+    void sandboxHandle.result().then(
+      (result) => {
+        sandboxEnded ??= result;
+      },
+      (err) => {
+        sandboxEnded ??= { sandboxId, state: 'failed', error: failureMessage(err) };
+      },
+    );
+  }
   const release = () =>
     CancellationScope.nonCancellable(async () => {
       if (sandboxEnded) return;
-      await getExternalWorkflowHandle(sandboxHandle.workflowId).signal(releaseSandboxSignal);
-      await sandboxResult;
+      await getExternalWorkflowHandle(sandboxWorkflowId(sandboxId)).signal(releaseSandboxSignal);
+      await condition(() => sandboxEnded !== undefined);
     });
 
   try {
-    await condition(() => sandbox !== undefined || sandboxEnded);
+    await condition(() => sandbox !== undefined || sandboxEnded !== undefined);
     if (!sandbox) {
-      const ended = await sandboxResult;
+      const ended = sandboxEnded!;
       const summary = `sandbox could not be created: ${ended.error ?? 'unknown error'}`;
       await record({ step: 'sandbox', kind: 'sandbox_failure', action: FAILURE_KINDS.sandbox_failure.action, attempt: 1, maxAttempts: 1, summary, result: 'failed' }, `sandbox_failure: ${summary}`);
       return await finish({ status: 'failed', failure: { kind: 'sandbox_failure', summary } }, summary);
@@ -220,11 +286,11 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     status.sandboxPath = sandbox.path;
     return await interpret(sandbox);
   } catch (err) {
-    if (isCancellation(err)) throw err;
+    if (isCancellation(err) || err instanceof ContinueAsNew) throw err;
     const summary = failureMessage(err);
     return await finish({ status: 'failed', failure: { kind: failureKindOf(err), summary } }, summary);
   } finally {
-    await release();
+    if (!carrying) await release();
   }
 
 
@@ -233,9 +299,9 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
     const config = interpreterConfig(input);
     const bp = input.blueprint;
     const git = gitActivities();
-    let sessionId: string | undefined;
+    let sessionId: string | undefined = carried?.sessionId;
     // A step re-entered after a rate-limit wait or guidance continues its iteration loop where it stopped.
-    const agentLoops: Record<string, AgentLoopState> = {};
+    const agentLoops: Record<string, AgentLoopState> = { ...carried?.agentLoops };
 
     const history = () => status.ledger.map((e) => `${e.step}: ${e.kind} -> ${e.action} (${e.attempt}/${e.maxAttempts}) ${e.result}: ${e.summary}`);
     const addUsage = (run: AgentRunResult) => addRunUsage(status.usage, { ...run.usage, cachedTokens: run.usage.cachedTokens ?? 0 });
@@ -318,13 +384,49 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
       return received;
     };
 
-    let state = initialState();
+    /** Hands the stream over to a new run that carries out `decisions` first. */
+    const continueWith = async (state: StreamInterpreterState, decisions: StreamDecision[]): Promise<never> => {
+      // Handlers first: a signal or update taken during the switch is carried, never dropped.
+      await condition(allHandlersFinished);
+      carrying = true;
+      const { agentRuns: _runs, ...kept } = status;
+      return continueAsNew<typeof streamWorkflow>({
+        ...input,
+        carried: {
+          run: (carried?.run ?? 1) + 1,
+          sandbox: box,
+          ...(sandboxEnded ? { sandboxEnded } : {}),
+          status: { ...kept, ledger: status.ledger.slice(-LEDGER_KEPT_BY_STREAM) },
+          interpreter: state,
+          decisions,
+          agentLoops,
+          ...(sessionId ? { sessionId } : {}),
+          ...(decision ? { decision } : {}),
+          ...(guidance ? { guidance } : {}),
+        },
+      });
+    };
+
+    let state = carried?.interpreter ?? initialState();
+    let carriedDecisions = carried?.decisions;
     let event: StreamInterpreterEvent = { type: 'start' };
+    let stepsRun = 0;
     for (;;) {
-      const decided = decide(config, state, event);
-      state = decided.state;
+      let decisions: StreamDecision[];
+      if (carriedDecisions) {
+        decisions = carriedDecisions;
+        carriedDecisions = undefined;
+      } else {
+        const decided = decide(config, state, event);
+        state = decided.state;
+        decisions = decided.decisions;
+        const info = workflowInfo();
+        if (bounded && continueAsNewBefore(decisions, { stepsRun, historyLength: info.historyLength, suggested: info.continueAsNewSuggested })) {
+          return await continueWith(state, decisions);
+        }
+      }
       let next: StreamInterpreterEvent | undefined;
-      for (const d of decided.decisions) {
+      for (const d of decisions) {
         switch (d.type) {
           case 'enter_step':
             status.step = d.step;
@@ -335,6 +437,7 @@ export async function streamWorkflow(input: StreamInput): Promise<StreamResult> 
             await record(d.entry, d.text);
             break;
           case 'run_step': {
+            stepsRun += 1;
             const outcome = await runStep(d.step, d.feedback);
             next = { type: 'step_finished', outcome, now: Date.now() };
             break;

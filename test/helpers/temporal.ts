@@ -48,7 +48,15 @@ export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurre
  * would call protobufjs' toJSON, which turns payload bytes into base64 and hides their content.
  */
 export async function historyText(client: Client, workflowId: string): Promise<string> {
-  const history = await client.workflow.getHandle(workflowId).fetchHistory();
+  // Every run of the workflow: a stream continues as new per fix iteration, so the chain is
+  // followed back to the first run.
+  const history = [];
+  let runId: string | undefined = (await client.workflow.getHandle(workflowId).describe()).runId;
+  while (runId) {
+    const run = await client.workflow.getHandle(workflowId, runId).fetchHistory();
+    history.unshift(run);
+    runId = run.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId || undefined;
+  }
   const parts: string[] = [];
   const seen = new Set<unknown>();
   const walk = (value: unknown): void => {

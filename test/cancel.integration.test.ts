@@ -1,0 +1,82 @@
+/**
+ * `slipway cancel`: an objective with one stream merged and one blocked for guidance is
+ * cancelled; its streams and sandboxes are cleaned up, the merged work stays on the integration
+ * branch, and the objective ends with outcome `cancelled` (not failed, not a cancelled workflow
+ * with its worktrees left on disk).
+ */
+import { existsSync, promises as fs } from 'node:fs';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { loadObjectiveFile } from '../config/objective-file';
+import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
+import { objectiveStatusQuery, objectiveWorkflow } from '../workflows/objective';
+import { slipway, waitFor } from './helpers/cli';
+import { PLAN_BUILDER, helperFiles, writeObjective } from './helpers/objective';
+import { gitIn, makeDemoRepo, pictureCheckout, tempDir } from './helpers/repo';
+import { startTestWorker, type TestWorker } from './helpers/temporal';
+
+let worker: TestWorker;
+let home: string;
+beforeAll(async () => {
+  home = tempDir('slipway-home-');
+  process.env.SLIPWAY_HOME = home;
+  worker = await startTestWorker();
+});
+afterAll(async () => {
+  await worker?.stop();
+  await fs.rm(home, { recursive: true, force: true });
+});
+
+const worktrees = (repo: string) => gitIn(repo, 'worktree', 'list', '--porcelain').split('\n').filter((l) => l.startsWith('worktree ')).map((l) => l.slice(9));
+
+describe('slipway cancel', () => {
+  it('stops the streams, cleans up their sandboxes and ends cancelled with the merged work kept', async () => {
+    const repo = makeDemoRepo();
+    const before = pictureCheckout(repo);
+    const id = 'cancel-me';
+    const file = writeObjective(
+      {
+        repository: repo,
+        objective: 'one merges, one blocks',
+        agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+        max_fix_iterations: 0,
+        on_exhausted: 'ask_human',
+        gates: [{ name: 'test', command: 'node --test' }],
+        streams: [
+          { id: 'good', task: 'x' },
+          { id: 'stuck', task: 'y' },
+        ],
+      },
+      { good: [{ files: helperFiles('good') }], stuck: [{ files: helperFiles('stuck', '(x) => x', 'assert.strictEqual(1, 2)') }] },
+    );
+    const input = await loadObjectiveFile(file, { id });
+    const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+    await waitFor(async () => {
+      const s = await handle.query(objectiveStatusQuery);
+      const phase = (sid: string) => s.streams.find((v) => v.id === sid)?.phase;
+      return phase('good') === 'merged' && phase('stuck') === 'blocked';
+    }, 'good to merge and stuck to block', 120_000);
+    expect(existsSync(path.join(repo, '.slipway/worktrees', id, 'stuck'))).toBe(true);
+
+    const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: worker.taskQueue, SLIPWAY_HOME: home };
+    const cancelled = await slipway(['cancel', id], env);
+    expect(cancelled.code, cancelled.stderr).toBe(0);
+    expect(cancelled.stdout).toContain(`${id}: cancelled; 1/2 streams merged (kept on ${integrationBranch(id)})`);
+
+    const result = await handle.result();
+    expect(result.outcome).toBe('cancelled');
+    expect(result.phase).toBe('done');
+    expect(result.mergeOrder).toEqual(['good']);
+    expect(gitIn(repo, 'cat-file', '-t', `${integrationBranch(id)}:src/good.js`)).toBe('blob');
+    // Every sandbox and the merger worktree are gone; the stream workflows have ended.
+    expect(worktrees(repo)).toEqual([repo]);
+    const stuck = await worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck')).describe();
+    expect(stuck.status.name).not.toBe('RUNNING');
+    expect(pictureCheckout(repo)).toEqual(before);
+
+    // Cancelling an objective that has ended is refused with exit 2.
+    const again = await slipway(['cancel', id], env);
+    expect(again.code).toBe(2);
+    expect(again.stderr).toContain(`objective "${id}" is not running`);
+  });
+});

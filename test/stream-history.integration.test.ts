@@ -1,0 +1,220 @@
+/**
+ * Bounded history (issue 10, docs/adr/0010-bounded-stream-history.md): the largest stream the
+ * objective schema allows, on the real Temporal server with real git and zero-work script agents.
+ * The builder at `max_iterations`' cap (it never prints a completion signal, so every build runs
+ * all its iterations), the reviewer spending every output retry, `max_fix_iterations` at its cap, and a gate that fails until the
+ * last fix iteration. Every run of the stream workflow is read back from the server and its event
+ * count and encoded size are checked against the bound; the stream still ends merged.
+ */
+import { writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { temporal } from '@temporalio/proto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadObjectiveFile } from '../config/objective-file';
+import { existsSync } from 'node:fs';
+import { integrationBranch, objectiveWorkflowId, sandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
+import { ITERATION_CAPS } from '../core/objective-schema';
+import { objectiveWorkflow } from '../workflows/objective';
+import { streamStatusQuery, streamWorkflow } from '../workflows/stream';
+import { CONTINUE_AS_NEW_AFTER_EVENTS } from '../workflows/stream-interpreter';
+import { waitFor } from './helpers/cli';
+import { writeObjective } from './helpers/objective';
+import { gitIn, makeDemoRepo, tempDir } from './helpers/repo';
+import { startTestWorker, type TestWorker } from './helpers/temporal';
+
+/** The bound every run must stay under (Temporal's hard limit is 51,200 events, 50 MB). */
+const MAX_EVENTS_PER_RUN = 10_000;
+const MAX_BYTES_PER_RUN = 2 * 1024 * 1024;
+
+let worker: TestWorker;
+beforeAll(async () => {
+  worker = await startTestWorker({ agentConcurrency: 4 });
+});
+afterAll(async () => {
+  await worker?.stop();
+});
+
+interface RunSize {
+  runId: string;
+  events: number;
+  bytes: number;
+  closedAs: string;
+}
+
+/** Every run of a workflow id, oldest first, from the server's histories (following the continue-as-new chain back). */
+async function runsOf(workflowId: string): Promise<RunSize[]> {
+  const runs: RunSize[] = [];
+  let runId: string | undefined = (await worker.client.workflow.getHandle(workflowId).describe()).runId;
+  while (runId) {
+    const history: temporal.api.history.v1.IHistory = await worker.client.workflow.getHandle(workflowId, runId).fetchHistory();
+    const events: temporal.api.history.v1.IHistoryEvent[] = history.events ?? [];
+    const last = events.at(-1)!;
+    runs.unshift({
+      runId,
+      events: events.length,
+      bytes: temporal.api.history.v1.History.encode(history).finish().length,
+      closedAs: String(last.eventType),
+    });
+    runId = events[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId || undefined;
+  }
+  return runs;
+}
+
+describe('bounded stream history', () => {
+  it(
+    `the largest allowed stream (max_iterations ${ITERATION_CAPS.maxIterations}, max_fix_iterations ${ITERATION_CAPS.maxFixIterations}, max_output_retries ${ITERATION_CAPS.maxOutputRetries}) stays under ${MAX_EVENTS_PER_RUN} events per run and ends merged`,
+    async () => {
+      const repo = makeDemoRepo();
+      const id = 'largest-stream';
+      const last = ITERATION_CAPS.maxFixIterations + 1; // the first build and one per fix iteration
+      const agents = tempDir('slipway-zero-agents-');
+      // Zero work: the builder records its fix iteration (the gate reads it); the reviewer (one
+      // run per step) answers unusably until its output retries are spent, then approves.
+      writeFileSync(path.join(agents, 'builder.sh'), 'cat >/dev/null; echo "$SLIPWAY_ITERATION" > iteration.txt\n');
+      const counter = path.join(agents, 'reviews');
+      writeFileSync(
+        path.join(agents, 'reviewer.sh'),
+        `cat >/dev/null; n=$(($(cat ${counter} 2>/dev/null || echo 0) + 1)); echo $n > ${counter}\n` +
+          `if [ $n -le ${ITERATION_CAPS.maxOutputRetries} ]; then echo 'no verdict'; else echo '<review>{"verdict": "approve", "summary": "ok"}</review>'; fi\n`,
+      );
+      const file = writeObjective({
+        objective: 'The largest stream the schema allows',
+        repository: repo,
+        base_branch: 'main',
+        max_fix_iterations: ITERATION_CAPS.maxFixIterations,
+        on_exhausted: 'fail',
+        gates: [{ name: 'last-iteration', command: `test "$(cat iteration.txt)" -ge ${last}` }],
+        agents: {
+          builder: { provider: 'script', command: `sh ${path.join(agents, 'builder.sh')}`, max_iterations: ITERATION_CAPS.maxIterations },
+          reviewer: { provider: 'script', command: `sh ${path.join(agents, 'reviewer.sh')}`, max_output_retries: ITERATION_CAPS.maxOutputRetries },
+        },
+        streams: [{ id: 'big', task: 'Record the iteration' }],
+      });
+      const input = await loadObjectiveFile(file, { repository: repo, id });
+      const started = Date.now();
+      const result = await worker.client.workflow.execute(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+      const seconds = (Date.now() - started) / 1000;
+
+      expect(result.outcome).toBe('completed');
+      const stream = result.streams.find((s) => s.id === 'big')!;
+      expect(stream).toMatchObject({ phase: 'merged', iterations: last });
+      expect(gitIn(repo, 'show', `${integrationBranch(id)}:iteration.txt`)).toBe(String(last));
+      // Every fix iteration went round the loop; the objective kept the whole ledger.
+      const ledger = result.ledger.filter((e) => e.stream === 'big').map((e) => e.result);
+      expect(ledger.filter((r) => r === 'retrying')).toHaveLength(ITERATION_CAPS.maxFixIterations);
+      expect(ledger.at(-1)).toBe('recovered');
+      const builderRuns = (result.agentRuns ?? []).filter((r) => r.stream === 'big' && r.role === 'builder');
+      expect(builderRuns).toHaveLength(last * ITERATION_CAPS.maxIterations);
+      expect((result.agentRuns ?? []).filter((r) => r.role === 'reviewer').map((r) => r.result)).toEqual([
+        ...Array(ITERATION_CAPS.maxOutputRetries).fill('invalid_output'),
+        'finished',
+      ]);
+
+      // The sandbox outlived the run that started it and was released by the last one.
+      const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'big'))).result();
+      expect(sandbox).toMatchObject({ state: 'terminated' });
+      const worktree = (await worker.client.workflow.getHandle(streamWorkflowId(id, 'big')).query(streamStatusQuery)).sandboxPath;
+      expect(worktree).toContain(id);
+      expect(existsSync(worktree!)).toBe(false);
+
+      const runs = await runsOf(streamWorkflowId(id, 'big'));
+      const sizes = runs.map((r) => `${r.events} events/${Math.round(r.bytes / 1024)} KiB`);
+      console.log(`largest stream: ${seconds.toFixed(1)} s, ${runs.length} runs, total ${runs.reduce((n, r) => n + r.events, 0)} events; per run: ${sizes.join(', ')}`);
+      // One run per fix iteration (plus the first), each closed by continue-as-new but the last.
+      expect(runs).toHaveLength(last);
+      expect(runs.slice(0, -1).every((r) => r.closedAs === String(temporal.api.enums.v1.EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW))).toBe(true);
+      expect(runs.at(-1)!.closedAs).toBe(String(temporal.api.enums.v1.EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED));
+      for (const run of runs) {
+        expect(run.events, `run ${run.runId}`).toBeLessThan(MAX_EVENTS_PER_RUN);
+        expect(run.bytes, `run ${run.runId}`).toBeLessThan(MAX_BYTES_PER_RUN);
+      }
+      // No run grows with the stream's past in events; in bytes only by the ledger lines the
+      // builder is shown (at most LEDGER_KEPT_BY_STREAM of them, a few hundred bytes each per run).
+      expect(runs.at(-2)!.events).toBe(runs[1]!.events);
+      const perRunGrowth = (runs.at(-2)!.bytes - runs[1]!.bytes) / (runs.length - 3);
+      expect(perRunGrowth).toBeLessThan(ITERATION_CAPS.maxIterations * 300);
+      expect(Math.max(...runs.map((r) => r.events))).toBeLessThan(CONTINUE_AS_NEW_AFTER_EVENTS);
+    },
+    15 * 60_000,
+  );
+
+  it('a stream cancelled after it continued as new still releases its sandbox', async () => {
+    const repo = makeDemoRepo();
+    const id = 'cancel-carried';
+    // The gate always fails: one fix iteration (a second run), then the stream blocks for guidance.
+    const file = writeObjective({
+      objective: 'Block after a fix iteration',
+      repository: repo,
+      base_branch: 'main',
+      max_fix_iterations: 1,
+      on_exhausted: 'ask_human',
+      gates: [{ name: 'never', command: 'false' }],
+      agents: { builder: { provider: 'script', command: 'cat >/dev/null; date +%N > work.txt' } },
+      streams: [{ id: 'stuck', task: 'Never pass' }],
+    });
+    const input = await loadObjectiveFile(file, { repository: repo, id });
+    const objective = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+    const stream = worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck'));
+    const status = await waitFor(async () => {
+      const s = await stream.query(streamStatusQuery).catch(() => undefined);
+      return s?.phase === 'blocked' ? s : undefined;
+    }, 'the stream to block after its fix iteration');
+    expect(status.iteration).toBe(2);
+    expect((await runsOf(streamWorkflowId(id, 'stuck'))).length).toBe(2);
+    expect(existsSync(status.sandboxPath!)).toBe(true);
+
+    await objective.cancel();
+    const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
+    expect(sandbox).toMatchObject({ state: 'terminated' });
+    expect(existsSync(status.sandboxPath!)).toBe(false);
+    await expect(stream.result()).rejects.toThrow();
+  });
+
+  it('a stream terminated after it continued as new: its sandbox notices and releases itself', async () => {
+    const repo = makeDemoRepo();
+    const id = 'terminated-carried';
+    const file = writeObjective({
+      objective: 'Block after a fix iteration',
+      repository: repo,
+      base_branch: 'main',
+      max_fix_iterations: 1,
+      on_exhausted: 'ask_human',
+      gates: [{ name: 'never', command: 'false' }],
+      agents: { builder: { provider: 'script', command: 'cat >/dev/null; date +%N > work.txt' } },
+      streams: [{ id: 'stuck', task: 'Never pass' }],
+    });
+    const input = await loadObjectiveFile(file, { repository: repo, id });
+    // The stream alone (its objective would cancel it, not terminate it), probing its owner every 200 ms.
+    const stream = await worker.client.workflow.start(streamWorkflow, {
+      taskQueue: worker.taskQueue,
+      workflowId: streamWorkflowId(id, 'stuck'),
+      args: [
+        {
+          objective: { id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
+          stream: input.streams[0]!,
+          base: input.baseBranch,
+          integrationBranch: integrationBranch(id),
+          gates: input.gates,
+          agents: input.agents,
+          blueprint: input.blueprint.refs['build-review']!,
+          maxFixIterations: input.maxFixIterations,
+          onExhausted: input.onExhausted,
+          parentWorkflowId: objectiveWorkflowId(id), // never started: the stream's feed signals are best effort
+          sandbox: input.sandbox,
+          sandboxOwnerProbeMs: 200,
+        },
+      ],
+    });
+    const status = await waitFor(async () => {
+      const s = await stream.query(streamStatusQuery).catch(() => undefined);
+      return s?.phase === 'blocked' ? s : undefined;
+    }, 'the stream to block after its fix iteration');
+    expect((await runsOf(streamWorkflowId(id, 'stuck'))).length).toBe(2);
+    expect(existsSync(status.sandboxPath!)).toBe(true);
+
+    await worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck')).terminate('test: the owner is gone');
+    const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
+    expect(sandbox).toMatchObject({ state: 'terminated' });
+    expect(existsSync(status.sandboxPath!)).toBe(false);
+  });
+});
