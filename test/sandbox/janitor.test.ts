@@ -120,13 +120,14 @@ describe('janitor', () => {
     expect(branches(repo, 'live-obj')).toEqual(['slipway/live-obj/integration', 'slipway/live-obj/stuck']);
     expect(Object.keys((await readRegistry(registryPath())).repositories[repo].objectives)).toEqual(['live-obj']);
 
-    // Once it has ended (terminated here), its leftovers go too.
-    await live.terminate('test over');
-    await waitFor(async () => !existsSync(liveWorktree), 'the stream sandbox to be released');
+    // Once it has ended (cancelled here: it cleans up its own worktrees), its leftover branches go too.
+    await live.cancel();
+    expect((await live.result()).outcome).toBe('cancelled');
+    expect(existsSync(liveWorktree)).toBe(false);
     const third = await sweep(repo, 0);
     const live3 = third.repositories[0].objectives.find((o) => o.id === 'live-obj')!;
-    expect(live3.liveness).toMatchObject({ state: 'ended', status: 'terminated' });
-    expect(live3.removedWorktrees).toEqual([path.join(repo, '.slipway/worktrees/live-obj/_merge')]);
+    expect(live3.liveness).toMatchObject({ state: 'ended', status: 'completed' });
+    expect(live3.removedWorktrees).toEqual([]);
     expect(live3.removedBranches).toEqual(['slipway/live-obj/stuck']);
     expect(branches(repo, 'live-obj')).toEqual(['slipway/live-obj/integration']);
     expect(worktrees(repo)).toEqual([repo]);
