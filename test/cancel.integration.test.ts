@@ -79,4 +79,41 @@ describe('slipway cancel', () => {
     expect(again.code).toBe(2);
     expect(again.stderr).toContain(`objective "${id}" is not running`);
   });
+
+  it('a stream that ends before it hears its merge decision does not fail the objective', async () => {
+    const repo = makeDemoRepo();
+    const id = 'gone-before-decision';
+    const sync = tempDir('slipway-sync-');
+    // The first merge's post-merge gate holds until the test says go.
+    const hold = `if [ ! -f ${sync}/held ]; then touch ${sync}/held; while [ ! -f ${sync}/go ]; do sleep 0.1; done; fi`;
+    const file = writeObjective(
+      {
+        repository: repo,
+        objective: 'two streams',
+        agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+        gates: [{ name: 'test', command: 'node --test' }],
+        post_merge_gates: [{ name: 'hold', command: hold }],
+        streams: [
+          { id: 'a', task: 'x' },
+          { id: 'b', task: 'y' },
+        ],
+      },
+      { a: [{ files: helperFiles('a') }], b: [{ files: helperFiles('b') }] },
+    );
+    const input = await loadObjectiveFile(file, { id });
+    const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+    await waitFor(async () => existsSync(path.join(sync, 'held')), 'the first merge to reach its post-merge gate', 120_000);
+    const merging = (await handle.query(objectiveStatusQuery)).streams.find((v) => v.phase === 'merging')!.id;
+    // That stream is cancelled by hand while the queue merges it.
+    const stream = worker.client.workflow.getHandle(streamWorkflowId(id, merging));
+    await stream.cancel();
+    await waitFor(async () => (await stream.describe()).status.name !== 'RUNNING', 'the stream to end', 60_000);
+    await fs.writeFile(path.join(sync, 'go'), '');
+
+    const result = await handle.result();
+    expect(result.error).toBeUndefined();
+    expect(result.outcome).not.toBe('failed');
+    expect([...result.mergeOrder].sort()).toEqual(['a', 'b']);
+    expect(gitIn(repo, 'cat-file', '-t', `${integrationBranch(id)}:src/b.js`)).toBe('blob');
+  });
 });

@@ -400,6 +400,10 @@ describe('rate-limit waits (shared with the planner)', () => {
     { resetAt: new Date(NOW + 42_000).toISOString(), want: 42_000 },
     { resetAt: new Date(NOW + 200).toISOString(), want: 1_000 },
     { resetAt: new Date(NOW - 5_000).toISOString(), want: 1_000 },
+    // Agent output is untrusted: a far-away reset is capped, garbage gets the default (it gave NaN).
+    { resetAt: new Date(NOW + 30 * 24 * 3600_000).toISOString(), want: 6 * 3600_000 },
+    { resetAt: '9999-12-31T23:59:59Z', want: 6 * 3600_000 },
+    { resetAt: 'soon', want: 60_000 },
   ])('reset at $resetAt -> $want ms', ({ resetAt, want }) => {
     expect(rateLimitWaitMs(resetAt, NOW)).toBe(want);
   });

@@ -354,7 +354,14 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           if (action.decision.status === 'merged') view(request.streamId)!.mergeCommit = action.decision.commit;
         }
         say('merge-queue', action.feed);
-        await getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId)).signal(mergeDecisionSignal, action.decision);
+        try {
+          await getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId)).signal(mergeDecisionSignal, action.decision);
+        } catch (err) {
+          // The stream ended meanwhile (cancelled or terminated by hand): its result says how; the
+          // decision has no one to tell, and the other streams go on.
+          if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
+          say('merge-queue', `stream ${request.streamId} ended before it heard the decision: ${failureMessage(err)}`);
+        }
         return;
       }
     }

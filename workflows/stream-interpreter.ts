@@ -24,9 +24,17 @@ export const MAX_RATE_LIMIT_WAITS = 10;
 /** Wait when a rate limit gives no reset time. */
 export const DEFAULT_RATE_LIMIT_WAIT_MS = 60_000;
 
-/** How long to sit out a rate limit: until the provider's reset time (at least a second), else the default. */
+/** The longest single rate-limit wait: a reset time comes from agent output, which is untrusted. */
+export const MAX_RATE_LIMIT_WAIT_MS = 6 * 3600_000;
+
+/**
+ * How long to sit out a rate limit: until the provider's reset time (at least a second, at most
+ * MAX_RATE_LIMIT_WAIT_MS), else (no reset time, or one that is not a date) the default.
+ */
 export function rateLimitWaitMs(resetAt: string | undefined, now: number): number {
-  return resetAt ? Math.max(1_000, Date.parse(resetAt) - now) : DEFAULT_RATE_LIMIT_WAIT_MS;
+  const reset = resetAt ? Date.parse(resetAt) : Number.NaN;
+  if (!Number.isFinite(reset)) return DEFAULT_RATE_LIMIT_WAIT_MS;
+  return Math.min(MAX_RATE_LIMIT_WAIT_MS, Math.max(1_000, reset - now));
 }
 
 /** What the interpreter needs to know of the stream's input. */

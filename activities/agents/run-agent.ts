@@ -97,6 +97,9 @@ function redactedFailure(kind: Parameters<typeof failure>[0], message: string, s
   return failure(kind, redact(message, secrets), details);
 }
 
+/** How long a stopped agent has between SIGTERM and SIGKILL. */
+export const AGENT_KILL_GRACE_MS = 5_000;
+
 export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
   const { sandboxes } = deps;
   const activities = {
@@ -277,6 +280,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
               env: { ...env, ...command.env },
               signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
               timeoutMs: spec.timeout_minutes * 60_000,
+              // Stopped (timeout, idle, cancellation, lingering): SIGTERM first, so the agent can
+              // save its session and exit; SIGKILL for what is left after the grace period.
+              killGraceMs: AGENT_KILL_GRACE_MS,
               onLine: (stream, line) => {
                 if (provider.isRetryNoise?.(line, stream)) retryLines += 1;
                 else lastOutputAt = Date.now();
