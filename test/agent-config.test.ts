@@ -197,7 +197,7 @@ describe('.slipway/config.yaml agent defaults', () => {
     );
     const template = path.join(dir, 'prompts', 'build.md');
     const msgs = await problems(file);
-    expect(msgs).toContain(`${template}:3:5: {{TIKET}} has no value; give it in "args", or use a built-in: SOURCE_BRANCH, TARGET_BRANCH, OBJECTIVE, OBJECTIVE_ID, STREAM, TASK, ITERATION, MAX_ITERATIONS, FIX_ITERATION, GATE_OUTPUT, REVIEW_FEEDBACK, LEDGER, GUIDANCE, FEEDBACK`);
+    expect(msgs).toContain(`${template}:3:5: {{TIKET}} has no value; give it in "args", or use a built-in: SOURCE_BRANCH, TARGET_BRANCH, OBJECTIVE, OBJECTIVE_ID, STREAM, TASK, ITERATION, MAX_ITERATIONS, FIX_ITERATION, GATE_OUTPUT, REVIEW_FEEDBACK, LEDGER, GUIDANCE, FEEDBACK, REBUILD`);
     expect(msgs).toContain(`${template}:3:36: empty !\`command\` expansion`);
     expect(msgs.some((m) => m.startsWith(`${file}:7:`) && m.includes('agents.builder.args.EXTRA: unknown key "EXTRA": the prompt never uses {{EXTRA}}'))).toBe(true);
     expect(msgs.some((m) => m.includes('agents.builder.args.TASK: "TASK" is a built-in argument; choose another name'))).toBe(true);

@@ -345,6 +345,20 @@ describe('stream interpreter', () => {
     expect(builds[2].feedback).toEqual({ kind: 'quality_gate_failure', summary: 'gate failed', details: 'gate failed details', guidance: 'use Y\ndo X' });
   });
 
+  it('after a conflict rebuild, every later review (not the builder) sees the conflict and the earlier change', () => {
+    const cfg = config({ agents: { builder: agent, reviewer: agent } });
+    const reviewRejected = fail('review_rejection', 'overwrote the other change');
+    const run = drive(cfg, [ok, ok, ok, fail('merge_conflict', 'conflict in a.js'), { reset: 'OLD DIFF' }, ok, ok, reviewRejected, ok, ok, ok, merged()]);
+    const runs = run.decisions.filter((d): d is Extract<StreamDecision, { type: 'run_step' }> => d.type === 'run_step');
+    const reviews = runs.filter((d) => d.step.id === 'review');
+    expect(reviews).toHaveLength(3);
+    expect(reviews[0].rebuilt).toBeUndefined();
+    // Kept after a later failure of another kind (the review's own rejection) replaced the feedback.
+    for (const review of reviews.slice(1)) expect(review.rebuilt).toBe('conflict in a.js details\n\nYour previous change (now to be re-applied on top of slipway/o/integration):\nOLD DIFF');
+    expect(runs.filter((d) => d.step.id !== 'review').every((d) => d.rebuilt === undefined)).toBe(true);
+    expect(run.ending?.status).toBe('merged');
+  });
+
   it('ledger entries carry the action of the failure kind and readable feed texts', () => {
     const run = drive(config(), [ok, fail('quality_gate_failure', 'gate "test" exited with 1')]);
     const rec = run.decisions.find((d) => d.type === 'record');

@@ -107,6 +107,12 @@ export interface StreamInterpreterState {
   mergeCommit?: string;
   /** Why the merge queue found nothing to merge. */
   unchanged?: string;
+  /**
+   * Set when the stream was rebuilt on the integration branch after a merge conflict: the
+   * conflict and the stream's earlier change. Every later review sees it, so a rebuild that
+   * just overwrites the other stream's lines is judged with both intents in view.
+   */
+  rebuilt?: string;
   /** The step is re-entered after a rate-limit wait: the same run, not a new builder iteration. */
   resumingAfterWait: boolean;
   awaiting: Awaiting;
@@ -127,7 +133,7 @@ export type StreamDecision =
   /** Show the step as current (phase, details, feed line) with this builder iteration. */
   | { type: 'enter_step'; step: string; iteration: number; phase: StreamPhase; details: string }
   /** Run the step's activities (agent loop, gates, merge hand-off) and report its outcome. */
-  | { type: 'run_step'; step: RunnableStep; feedback?: Feedback }
+  | { type: 'run_step'; step: RunnableStep; feedback?: Feedback; rebuilt?: string }
   | { type: 'record'; entry: LedgerDraft; text: string }
   | { type: 'wait_for_rate_limit'; waitMs: number; resetAt?: string }
   /** Reset the sandbox onto the integration branch and report the previous diff. */
@@ -253,7 +259,7 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
         if (step.optional) return { ok: true };
         return { ok: false, failure: { kind: 'configuration_error', summary: `step "${step.id}" needs a ${step.role} agent; none is configured`, details: '' } };
       }
-      out.push({ type: 'run_step', step, feedback: s.feedback });
+      out.push({ type: 'run_step', step, feedback: s.feedback, ...(step.role === 'reviewer' && s.rebuilt ? { rebuilt: s.rebuilt } : {}) });
       s.awaiting = { type: 'step_finished' };
       return undefined;
     }
@@ -370,6 +376,7 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
       `${failure.kind} -> ${failure.kind === 'merge_conflict' ? `rebuild on ${config.integrationBranch}` : 'restart the stream'} (${count}/${limit})`,
     );
     s.feedback = { kind: failure.kind, summary: failure.summary, details };
+    if (failure.kind === 'merge_conflict') s.rebuilt = details;
     s.recovering = { step: step.id, kind: failure.kind };
     enter(restartAt);
   };

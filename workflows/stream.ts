@@ -306,7 +306,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     const history = () => status.ledger.map((e) => `${e.step}: ${e.kind} -> ${e.action} (${e.attempt}/${e.maxAttempts}) ${e.result}: ${e.summary}`);
     const addUsage = (run: AgentRunResult) => addRunUsage(status.usage, { ...run.usage, cachedTokens: run.usage.cachedTokens ?? 0 });
 
-    const runAgentStep = async (step: Extract<Step, { type: 'agent' }>, feedback: Feedback | undefined): Promise<StepOutcome> => {
+    const runAgentStep = async (step: Extract<Step, { type: 'agent' }>, feedback: Feedback | undefined, rebuilt: string | undefined): Promise<StepOutcome> => {
       const spec = input.agents[step.role]!;
       const loop = (agentLoops[step.id] ??= newAgentLoop());
       try {
@@ -322,6 +322,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             targetBranch: input.integrationBranch,
             iteration: Math.max(status.iteration, 1),
             feedback: feedback ? { ...feedback, history: history() } : undefined,
+            ...(rebuilt ? { rebuilt } : {}),
             resumeSessionId: step.role === 'builder' ? sessionId : undefined,
           },
           step: step.id,
@@ -349,8 +350,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       }
     };
 
-    const runStep = async (step: RunnableStep, feedback: Feedback | undefined): Promise<StepOutcome> => {
-      if (step.type === 'agent') return runAgentStep(step, feedback);
+    const runStep = async (step: RunnableStep, feedback: Feedback | undefined, rebuilt?: string): Promise<StepOutcome> => {
+      if (step.type === 'agent') return runAgentStep(step, feedback, rebuilt);
       if (step.action === 'run_quality_gates') {
         const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
         try {
@@ -438,7 +439,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             break;
           case 'run_step': {
             stepsRun += 1;
-            const outcome = await runStep(d.step, d.feedback);
+            const outcome = await runStep(d.step, d.feedback, d.rebuilt);
             next = { type: 'step_finished', outcome, now: Date.now() };
             break;
           }

@@ -22,6 +22,20 @@ export interface PromptContext {
   sourceBranch: string;
   targetBranch: string;
   feedback?: Feedback;
+  /** Reviewer runs after a merge-conflict rebuild: the conflict and the stream's earlier change. */
+  rebuilt?: string;
+}
+
+/** What a reviewer of a rebuilt stream is told: both intents, and that overwriting one is a rejection. */
+export function rebuildSection(ctx: PromptContext): string[] {
+  if (!ctx.rebuilt) return [];
+  return [
+    `This change was rebuilt on top of ${ctx.targetBranch} after it conflicted with work already merged there.`,
+    `Both intents must survive: the merged work (see \`git log -p ${ctx.targetBranch}\` for the conflicting files) and this stream's task.`,
+    'Reject the change if it drops, reverts or overwrites the merged work instead of combining both.',
+    '',
+    ctx.rebuilt,
+  ];
 }
 
 /** The tag and shape of a role's structured answer (reviewer, planner). */
@@ -74,6 +88,7 @@ export function buildPrompt(ctx: PromptContext): string {
     if (ctx.feedback) lines.push('', `The previous plan was rejected: ${ctx.feedback.summary}`, ctx.feedback.details);
   } else if (ctx.role === 'reviewer') {
     lines.push('', 'Review the change on this branch against the task.', ANSWER_FORMATS.reviewer!.instruction);
+    if (ctx.rebuilt) lines.push('', ...rebuildSection(ctx));
   } else {
     lines.push(...completionInstruction(ctx));
   }
@@ -99,6 +114,7 @@ export function builtinValues(ctx: PromptContext): Record<BuiltinTemplateKey, st
     LEDGER: f?.history?.join('\n') ?? '',
     GUIDANCE: f?.guidance ?? '',
     FEEDBACK: f ? [`${f.kind}: ${f.summary}`, f.details].filter(Boolean).join('\n\n') : '',
+    REBUILD: rebuildSection(ctx).join('\n'),
   };
 }
 
@@ -128,5 +144,6 @@ export function contextEnv(ctx: PromptContext): Record<string, string> {
     SLIPWAY_FEEDBACK_KIND: ctx.feedback?.kind ?? '',
     SLIPWAY_FEEDBACK: ctx.feedback ? `${ctx.feedback.summary}\n${ctx.feedback.details}` : '',
     SLIPWAY_GUIDANCE: ctx.feedback?.guidance ?? '',
+    SLIPWAY_REBUILD: rebuildSection(ctx).join('\n'),
   };
 }

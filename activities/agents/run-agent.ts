@@ -33,7 +33,7 @@ import { tail } from '../process';
 import { redact, secretsFor, secretValuesWith } from '../redact';
 import type { SandboxProvider } from '../sandbox/provider';
 import { readProjectEnv } from './credentials';
-import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionRequest, feedbackSection, type PromptContext } from './prompt';
+import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionRequest, feedbackSection, rebuildSection, type PromptContext } from './prompt';
 import type { AgentEvent, SessionTotals, TokenUsage } from './provider';
 import { agentProvider } from './registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
@@ -65,6 +65,8 @@ export interface AgentRunInput {
   /** This run within the step's iteration loop (1..spec.max_iterations); default 1. */
   agentIteration?: number;
   feedback?: Feedback;
+  /** Reviewer runs after a merge-conflict rebuild: the conflict and the stream's earlier change. */
+  rebuilt?: string;
   resumeSessionId?: string;
   /** The previous run's structured answer could not be used: why. The agent is asked again. */
   outputError?: string;
@@ -130,6 +132,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         sourceBranch: input.stream.branch,
         targetBranch: input.targetBranch,
         feedback: input.feedback,
+        ...(input.rebuilt ? { rebuilt: input.rebuilt } : {}),
       };
       const env: Record<string, string> = {
         ...(await commitIdentityEnv(input.sandboxPath)),
@@ -168,6 +171,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         // A template that never asks for the failure still gets it: a fix loop must not lose why it runs.
         const keys = new Set(templateKeys(template).map((k) => k.key as BuiltinTemplateKey));
         if (input.feedback && !FEEDBACK_KEYS.some((k) => keys.has(k))) prompt += `\n\n${feedbackSection(ctx).join('\n')}`;
+        // Likewise a reviewer of a rebuilt stream is always told both intents must survive.
+        if (input.rebuilt && !keys.has('REBUILD')) prompt += `\n\n${rebuildSection(ctx).join('\n')}`;
         // The answer's shape is Slipway's contract; say it unless the template already does.
         const format = ANSWER_FORMATS[role];
         if (format && !prompt.includes(`<${format.tag}>`)) prompt += `\n\n${format.instruction}`;

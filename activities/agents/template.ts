@@ -34,6 +34,7 @@ export const BUILTIN_TEMPLATE_KEYS = {
   LEDGER: "the stream's recovery ledger so far, one line per entry",
   GUIDANCE: "a human's guidance sent with `slipway mail send`",
   FEEDBACK: 'any failure sent back to this agent (kind, summary, details): gates, review, merge conflict, rejected plan',
+  REBUILD: 'for a reviewer of a stream rebuilt after a merge conflict: the conflict, the earlier change, and that both intents must survive',
 } as const;
 export type BuiltinTemplateKey = keyof typeof BUILTIN_TEMPLATE_KEYS;
 export const BUILTIN_KEYS = Object.keys(BUILTIN_TEMPLATE_KEYS) as BuiltinTemplateKey[];
