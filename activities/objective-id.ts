@@ -9,7 +9,7 @@ import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { BRANCH_PREFIX } from '../core/ids';
-import { rawGit } from './git';
+import { rawGit } from '../lib/git';
 
 export const OBJECTIVE_CLAIM_PREFIX = 'refs/slipway-objectives';
 const claimRef = (objectiveId: string) => `${OBJECTIVE_CLAIM_PREFIX}/${objectiveId}`;

@@ -5,7 +5,7 @@
  */
 import path from 'node:path';
 import { z } from 'zod';
-import { BlueprintSchema } from './schema';
+import { BlueprintSchema } from '../core/blueprint-schema';
 
 export const BLUEPRINT_JSON_SCHEMA_FILE = path.join(__dirname, 'blueprint.schema.json');
 
@@ -16,7 +16,7 @@ export function blueprintJsonSchema(): Record<string, unknown> {
   return {
     $schema,
     title: 'Slipway blueprint',
-    description: 'A state machine of steps that a Slipway workflow interprets. Generated from blueprints/schema.ts; do not edit.',
+    description: 'A state machine of steps that a Slipway workflow interprets. Generated from core/blueprint-schema.ts; do not edit.',
     ...rest,
   };
 }

@@ -26,9 +26,9 @@ import {
   type PathSegment,
   type Position,
   type YamlWithPositions,
-} from '../config/yaml-positions';
+} from '../lib/yaml-positions';
 import type { ResolvedBlueprints } from '../core/types';
-import { BlueprintSchema, type Blueprint, type BlueprintLevel } from './schema';
+import { BlueprintSchema, type Blueprint, type BlueprintLevel } from '../core/blueprint-schema';
 import {
   DISPATCH_STREAMS_BLUEPRINT,
   didYouMean,

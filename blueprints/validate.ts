@@ -19,7 +19,7 @@ import {
   type Blueprint,
   type BlueprintLevel,
   type StepType,
-} from './schema';
+} from '../core/blueprint-schema';
 
 export type BlueprintPath = (string | number)[];
 

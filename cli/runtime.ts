@@ -4,7 +4,7 @@
  */
 import { NativeConnection } from '@temporalio/worker';
 import type { Client } from '@temporalio/client';
-import { slipwaySettings, type SlipwaySettings } from '../workers/settings';
+import { slipwaySettings, type SlipwaySettings } from '../lib/settings';
 import { connectClient, resolveTemporal, type TemporalTarget } from '../workers/temporal';
 import { createSlipwayWorkers, type SlipwayWorkers } from '../workers/worker';
 import { installRuntimeLogging } from '../workers/logging';

@@ -24,9 +24,9 @@ import { z } from 'zod';
 import { AgentOverridesSchema, AgentSchema, type AgentOverrides } from '../core/objective-schema';
 import { AGENT_ROLES, type AgentRole } from '../core/states';
 import type { AgentSpec, AgentSpecs } from '../core/types';
-import { agentProvider } from '../activities/agents/registry';
-import { ANSWER_FORMATS } from '../activities/agents/prompt';
-import { BUILTIN_KEYS, checkTemplate } from '../activities/agents/template';
+import { agentProvider } from '../agents/registry';
+import { ANSWER_FORMATS } from '../agents/prompt';
+import { BUILTIN_KEYS, checkTemplate } from '../agents/template';
 import {
   describeIssue,
   describeNode,
@@ -37,7 +37,7 @@ import {
   parseYamlWithPositions,
   type PathSegment,
   type Position,
-} from './yaml-positions';
+} from '../lib/yaml-positions';
 
 export const PROJECT_CONFIG_FILE = path.join('.slipway', 'config.yaml');
 

@@ -21,8 +21,8 @@ import { resolveObjectiveBlueprint } from './resolve-blueprint';
 import { BlueprintUseError } from '../blueprints/loader';
 import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, type AgentSource } from './agent-config';
 import { checkRepositoryTrust, trustProblem } from './trust';
-import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../activities/git';
-import { sandboxOptionsFromConfig } from '../activities/sandbox/options';
+import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../lib/git';
+import { sandboxOptionsFromConfig } from './sandbox-options';
 import {
   describeIssue,
   describeNode,
@@ -35,7 +35,7 @@ import {
   sortByPosition,
   type Issue,
   type PathSegment,
-} from './yaml-positions';
+} from '../lib/yaml-positions';
 
 export { formatFieldPath };
 

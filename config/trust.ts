@@ -10,11 +10,11 @@
  * (or a new one) needs trust again. Objective files named on the command line need no trust (the
  * user chose them), nor do repositories without such files.
  */
-import { withFileLock } from '../activities/file-lock';
-import { writeJsonAtomic } from '../activities/atomic-write';
+import { slipwayHome } from '../lib/settings';
+import { withFileLock } from '../lib/file-lock';
+import { writeJsonAtomic } from '../lib/atomic-write';
 import { createHash } from 'node:crypto';
 import { constants, promises as fs } from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { quote } from 'shell-quote';
 import { parse as parseYaml } from 'yaml';
@@ -43,11 +43,6 @@ export type TrustStatus =
   | { state: 'trusted'; fingerprint: ConfigFingerprint }
   | { state: 'untrusted'; fingerprint: ConfigFingerprint }
   | { state: 'changed'; fingerprint: ConfigFingerprint; record: TrustRecord };
-
-/** `$SLIPWAY_HOME` (else `$XDG_DATA_HOME/slipway`, else `~/.local/share/slipway`), as workers/settings.ts. */
-export function slipwayHome(env: NodeJS.ProcessEnv = process.env): string {
-  return env.SLIPWAY_HOME || path.join(env.XDG_DATA_HOME || path.join(os.homedir(), '.local', 'share'), 'slipway');
-}
 
 export function trustFile(env: NodeJS.ProcessEnv = process.env): string {
   return path.join(slipwayHome(env), TRUST_FILE);

@@ -6,7 +6,7 @@ import type { SandboxLimits } from './sandbox-service';
 import type { AgentSpec, GateSpec, StreamSpec } from './objective-schema';
 import type { FailureKind } from './failures';
 import type { AgentRole, LedgerResult, ObjectiveOutcome, ObjectivePhase, SandboxState, StreamPhase } from './states';
-import type { Blueprint, ExhaustionMode } from '../blueprints/schema';
+import type { Blueprint, ExhaustionMode } from './blueprint-schema';
 
 export type { AgentSpec, GateSpec, StreamSpec, Blueprint, ExhaustionMode };
 

@@ -1,6 +1,6 @@
 /**
  * Writes blueprints/blueprint.schema.json from the zod schema. Run after changing
- * blueprints/schema.ts:  npx tsx scripts/blueprint-json-schema.ts
+ * core/blueprint-schema.ts:  npx tsx scripts/blueprint-json-schema.ts
  * (test/blueprints.test.ts fails while the committed file is out of date.)
  */
 import { writeFileSync } from 'node:fs';

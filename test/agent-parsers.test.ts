@@ -6,12 +6,12 @@ import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'nod
 import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
-import { createClaudeCodeProvider } from '../activities/agents/claude-code';
-import { codexResetAt, createCodexProvider } from '../activities/agents/codex';
-import { createOpencodeProvider, opencodeResetAt } from '../activities/agents/opencode';
-import { createPiProvider, piResetAt } from '../activities/agents/pi';
-import type { AgentEvent, AgentInvocation, AgentProvider } from '../activities/agents/provider';
-import { agentProvider } from '../activities/agents/registry';
+import { createClaudeCodeProvider } from '../agents/claude-code';
+import { codexResetAt, createCodexProvider } from '../agents/codex';
+import { createOpencodeProvider, opencodeResetAt } from '../agents/opencode';
+import { createPiProvider, piResetAt } from '../agents/pi';
+import type { AgentEvent, AgentInvocation, AgentProvider } from '../agents/provider';
+import { agentProvider } from '../agents/registry';
 import { runProcess } from '../activities/process';
 import { AgentSchema, type AgentProviderKind } from '../core/objective-schema';
 

@@ -18,7 +18,7 @@ import {
 } from '../blueprints/loader';
 import { validateBlueprint, validateBlueprintUse, findRefCycles } from '../blueprints/validate';
 import { BLUEPRINT_JSON_SCHEMA_FILE, blueprintJsonSchemaText } from '../blueprints/json-schema';
-import type { Blueprint } from '../blueprints/schema';
+import type { Blueprint } from '../core/blueprint-schema';
 
 const BAD_DIR = path.join(__dirname, 'fixtures', 'blueprints', 'bad');
 const STANDARD = path.join(SHIPPED_BLUEPRINTS_DIR, 'standard.yaml');

@@ -7,7 +7,7 @@ import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { ensureSlipwayExcluded } from '../activities/git';
+import { ensureSlipwayExcluded } from '../lib/git';
 import { SLIPWAY_STATE } from '../core/ids';
 import { PROJECT_ROOT } from './helpers/repo';
 

@@ -5,12 +5,12 @@
  * and the stream graph's bounds (core/stream-graph.ts).
  */
 import { describe, expect, it } from 'vitest';
-import type { Step } from '../blueprints/schema';
+import type { Step } from '../core/blueprint-schema';
 import { MAX_STREAMS, streamGraphIssues } from '../core/stream-graph';
 import type { StreamPhase } from '../core/states';
 import type { ObjectiveInput, ObjectiveStatus, ObjectiveStreamView, StreamEvent } from '../core/types';
 import { ObjectiveFileSchema } from '../core/objective-schema';
-import { PlanSchema } from '../activities/agents/structured';
+import { PlanSchema } from '../agents/structured';
 import { dispatch, streamStart, type DispatchDecision, type DispatchState } from '../workflows/dispatch';
 import { appendFeed, applyStreamEvent, emptyFeed, FEED_LIMIT, feedAfter, flushNow, objectiveDetails } from '../workflows/feed';
 import { CARRIED_AGENT_RUNS, CARRIED_FEED_LINES, CARRIED_LEDGER_ENTRIES, DEFAULT_CONTINUE_AS_NEW_AFTER, shouldContinueAsNew, trimCarry } from '../workflows/objective-rollover';

@@ -1,7 +1,7 @@
 /** What agents are told after a merge-conflict rebuild: the reviewer sees both intents. */
 import { describe, expect, it } from 'vitest';
-import { buildPrompt, builtinValues, contextEnv, type PromptContext } from '../activities/agents/prompt';
-import { BUILTIN_KEYS } from '../activities/agents/template';
+import { buildPrompt, builtinValues, contextEnv, type PromptContext } from '../agents/prompt';
+import { BUILTIN_KEYS } from '../agents/template';
 
 const base: PromptContext = {
   role: 'reviewer',

@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { BlueprintSchema, type Blueprint, type BlueprintInput } from '../blueprints/schema';
+import { BlueprintSchema, type Blueprint, type BlueprintInput } from '../core/blueprint-schema';
 import type { AgentSpec, Guidance } from '../core/types';
 import {
   agentStepOutcome,
@@ -429,7 +429,7 @@ describe('purity', () => {
     const imports = [...source.matchAll(/^import (type )?.*? from '([^']+)';$/gms)].map((m) => ({ typeOnly: Boolean(m[1]), from: m[2] }));
     expect(imports.length).toBeGreaterThan(0);
     for (const i of imports) {
-      const allowed = i.from.startsWith('../core/') || i.from === './blueprint-walker' || (i.typeOnly && i.from === '../blueprints/schema');
+      const allowed = i.from.startsWith('../core/') || i.from === './blueprint-walker' || (i.typeOnly && i.from === '../core/blueprint-schema');
       expect(allowed, `import from ${i.from}`).toBe(true);
     }
     expect(source).not.toMatch(/Date\.now\(\)|new Date\(|Math\.random/);

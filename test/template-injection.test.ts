@@ -11,7 +11,7 @@ import path from 'node:path';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { describe, expect, it } from 'vitest';
 import { createAgentActivities, type AgentRunInput } from '../activities/agents/run-agent';
-import { checkTemplate, parseTemplate, renderTemplate, TemplateError } from '../activities/agents/template';
+import { checkTemplate, parseTemplate, renderTemplate, TemplateError } from '../agents/template';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
 import { ObjectiveFileError, loadObjectiveFile } from '../config/objective-file';
 import { AgentSchema } from '../core/objective-schema';

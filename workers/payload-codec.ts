@@ -29,9 +29,9 @@ import { readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { METADATA_ENCODING_KEY, ValueError, type DataConverter, type Payload, type PayloadCodec } from '@temporalio/common';
 import protobuf from 'protobufjs';
-import { parseDotenv } from '../activities/agents/credentials';
+import { parseDotenv } from '../agents/credentials';
 import { registerSecrets } from '../activities/redact';
-import { slipwayHome } from '../config/trust';
+import { slipwayHome } from '../lib/settings';
 
 export const ENCODING_ENCRYPTED = 'binary/encrypted';
 export const METADATA_KEY_ID = 'encryption-key-id';

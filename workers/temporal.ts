@@ -7,7 +7,7 @@ import type { DataConverter } from '@temporalio/common';
 import { SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
 import { isPortOpen, startDevServer, waitForTemporal, type DevServer } from './dev-server';
 import { slipwayDataConverter } from './payload-codec';
-import type { SlipwaySettings } from './settings';
+import type { SlipwaySettings } from '../lib/settings';
 
 export interface TemporalTarget {
   address: string;

@@ -3,7 +3,7 @@
  * retry attempts. Shared by the objective and stream workflows.
  */
 import { RETRY_PROFILES } from '../core/retry-profiles';
-import type { Blueprint, ExhaustionMode, Step } from '../blueprints/schema';
+import type { Blueprint, ExhaustionMode, Step } from '../core/blueprint-schema';
 
 export interface WalkOverrides {
   maxFixIterations?: number;

@@ -29,7 +29,7 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
-import type { Blueprint, Step } from '../blueprints/schema';
+import type { Blueprint, Step } from '../core/blueprint-schema';
 import { FINAL_STREAM_PHASES } from '../core/states';
 import { streamWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';

@@ -8,7 +8,7 @@
  * loop, waits for the human's decision and records what this returns. Bundled into workflow
  * code: types and pure helpers only.
  */
-import type { Step } from '../blueprints/schema';
+import type { Step } from '../core/blueprint-schema';
 import { FAILURE_KINDS } from '../core/failures';
 import { formatIssuePath, streamGraphIssues } from '../core/stream-graph';
 import type { AgentRunInput } from '../activities';

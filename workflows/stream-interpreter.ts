@@ -12,7 +12,7 @@
  * No side effects, no clock, no Temporal: the state is plain data (times come in on events).
  * Bundled into workflow code: import only types and pure tables here.
  */
-import type { Blueprint, ExhaustionMode, Step } from '../blueprints/schema';
+import type { Blueprint, ExhaustionMode, Step } from '../core/blueprint-schema';
 import { FAILURE_KINDS, FIX_LOOP_KINDS, type FailureKind } from '../core/failures';
 import { mailboxName } from '../core/ids';
 import type { LedgerResult, StreamPhase } from '../core/states';

@@ -31,7 +31,7 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
-import type { Step } from '../blueprints/schema';
+import type { Step } from '../core/blueprint-schema';
 import { FAILURE_KINDS } from '../core/failures';
 import { sandboxWorkflowId, streamBranch, streamSandboxId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';

@@ -27,18 +27,18 @@ import { ApplicationFailure } from '@temporalio/common';
 import type { AgentSpec, Feedback, StreamSpec } from '../../core/types';
 import type { AgentRole } from '../../core/states';
 import { failure } from '../failures';
-import { commitIdentityEnv } from '../git';
+import { commitIdentityEnv } from '../../lib/git';
 import { withHeartbeat } from '../heartbeat';
 import { tail } from '../process';
 import { redact, secretsFor, secretValuesWith } from '../redact';
 import type { SandboxProvider } from '../sandbox/provider';
-import { readProjectEnv } from './credentials';
-import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionRequest, feedbackSection, rebuildSection, type PromptContext } from './prompt';
-import type { AgentEvent, SessionTotals, TokenUsage } from './provider';
-import { agentProvider } from './registry';
+import { readProjectEnv } from '../../agents/credentials';
+import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionRequest, feedbackSection, rebuildSection, type PromptContext } from '../../agents/prompt';
+import type { AgentEvent, SessionTotals, TokenUsage } from '../../agents/provider';
+import { agentProvider } from '../../agents/registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
-import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from './structured';
-import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from './template';
+import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from '../../agents/structured';
+import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from '../../agents/template';
 
 /** What each CLI says when the session to resume is gone (Claude Code, Codex, Pi, OpenCode; checked with the versions setup.sh pins). */
 const SESSION_MISSING = /No conversation found with session ID:?\s*\S+|no rollout found for thread id\s*\S+|No session found matching\s*\S+|Session not found/i;

@@ -11,9 +11,9 @@
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import type { AgentProviderKind } from '../../core/objective-schema';
-import { slipwaySettings } from '../../workers/settings';
-import { writeJsonAtomic } from '../atomic-write';
-import type { SessionTotals } from './provider';
+import { slipwaySettings } from '../../lib/settings';
+import { writeJsonAtomic } from '../../lib/atomic-write';
+import type { SessionTotals } from '../../agents/provider';
 
 const SAFE_ID = /^[A-Za-z0-9._-]{1,200}$/;
 

@@ -6,7 +6,7 @@
 import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
-import { withFileLock } from '../file-lock';
+import { withFileLock } from '../../lib/file-lock';
 import { migrate } from './migrate';
 import { connectLedgerSocket, ledgerSocketPath } from './socket';
 

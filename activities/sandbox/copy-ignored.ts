@@ -11,7 +11,7 @@
  * edit in its worktree change the user's file. Symlinks are copied as symlinks, verbatim.
  * Files already present in the worktree (tracked there) are left as they are.
  */
-import { rawGit } from '../git';
+import { rawGit } from '../../lib/git';
 import { execFile, spawn } from 'node:child_process';
 import { constants, promises as fs } from 'node:fs';
 import path from 'node:path';

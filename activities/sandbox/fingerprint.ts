@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import { rawGit } from '../git';
+import { rawGit } from '../../lib/git';
 import { WORKTREE_INCLUDE_FILE } from './copy-ignored';
 import type { ProjectSetup } from './provider';
 

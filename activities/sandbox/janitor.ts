@@ -15,7 +15,7 @@ import path from 'node:path';
 import { Context } from '@temporalio/activity';
 import { WorkflowNotFoundError, type Client } from '@temporalio/client';
 import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId, SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
-import { expireTrash, gitMaybe, isAncestor, listWorktrees, rawGit, trashBranch } from '../git';
+import { expireTrash, gitMaybe, isAncestor, listWorktrees, rawGit, trashBranch } from '../../lib/git';
 import { LocalSandboxProvider } from './local';
 import { sweepPool, type PoolSweepResult } from './pool';
 import { forgetObjective, forgetRepository, readRegistry, registryPath, type RegistryObjective, type TemporalHome } from './registry';
@@ -27,7 +27,7 @@ export const JANITOR_WORKFLOW_ID = 'slipway-janitor';
 export const JANITOR_INTERVAL_MS = 5 * 60_000;
 /** Default: unmerged stream branches of an ended objective stay a day, for `slipway worktree review|merge`. */
 export const DEFAULT_KEEP_UNMERGED_MS = 24 * 3600_000;
-/** Branches the janitor removed stay in the trash refs this long (activities/git.ts `trashBranch`). */
+/** Branches the janitor removed stay in the trash refs this long (lib/git.ts `trashBranch`). */
 export const DEFAULT_KEEP_TRASH_MS = 14 * 24 * 3600_000;
 /** Warm-pool entries nobody claimed for this long are removed (their base has most likely moved on). */
 export const POOL_ENTRY_MAX_AGE_MS = 7 * 24 * 3600_000;

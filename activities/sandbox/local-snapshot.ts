@@ -20,13 +20,13 @@
  * modes other than git's 644/755, empty directories, nested repositories' contents.
  */
 import { removeLockedWorktree } from './worktree-admin';
-import { writeJsonAtomic } from '../atomic-write';
+import { writeJsonAtomic } from '../../lib/atomic-write';
 import { execFile } from 'node:child_process';
 import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
-import { git, gitMaybe, GitError, rawGit, SLIPWAY_GIT_IDENTITY } from '../git';
+import { git, gitMaybe, GitError, rawGit, SLIPWAY_GIT_IDENTITY } from '../../lib/git';
 import { collapse, copyIgnoredFiles, listIgnoredToCopy } from './copy-ignored';
 import { locateWorktree, objectFolders, trustedWorktreeArgs, type WorktreeLocation } from './sandbox-git';
 

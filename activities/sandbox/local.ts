@@ -18,11 +18,11 @@
  * ignored files come from the prepared template (template.ts) when it fits, else from the
  * checkout; then project setup (setup.ts) runs, under the sandbox's confinement.
  */
-import { writeJsonAtomic } from '../atomic-write';
+import { writeJsonAtomic } from '../../lib/atomic-write';
 import { promises as fs, constants } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
-import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit, GIT_HARDENING, GIT_TIMEOUT_MS } from '../git';
+import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit, GIT_HARDENING, GIT_TIMEOUT_MS } from '../../lib/git';
 import type { RunResult } from '../process';
 import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';

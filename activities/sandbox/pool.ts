@@ -20,13 +20,13 @@
  * moved on), or their fingerprint differs at the same base (a lockfile or the setup changed); a
  * fill removes them before topping the pool up.
  */
-import { writeJsonAtomic } from '../atomic-write';
+import { writeJsonAtomic } from '../../lib/atomic-write';
 import { randomBytes } from 'node:crypto';
 import { constants, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { git, gitMaybe, isAncestor, rawGit } from '../git';
+import { git, gitMaybe, isAncestor, rawGit } from '../../lib/git';
 import type { BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
 import { populateWorktree } from './populate';

@@ -4,7 +4,7 @@
  * ignored entry that the commit also tracks something at or under (a `dist/` tracked on the
  * branch, say) is copied after the checkout, merging, so tracked files always win.
  */
-import { git, rawGit } from '../git';
+import { git, rawGit } from '../../lib/git';
 import { copyIgnoredFiles, listIgnoredToCopy, type CopyIgnoredResult, type CopyMethod } from './copy-ignored';
 
 const strip = (entry: string) => (entry.endsWith('/') ? entry.slice(0, -1) : entry);

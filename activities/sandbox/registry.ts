@@ -1,7 +1,7 @@
 /**
  * The repositories Slipway has worked in, and the objectives it ran in each: what the janitor
  * sweeps. One small JSON file, `$SLIPWAY_HOME/repositories.json` (the data folder of
- * workers/settings.ts), written when an objective starts preparing and pruned by the janitor:
+ * lib/settings.ts), written when an objective starts preparing and pruned by the janitor:
  *
  *   { "version": 1,
  *     "repositories": { "/abs/repo": { "addedAt": "...",
@@ -14,11 +14,11 @@
  * Writers take `repositories.json.lock` (O_EXCL; a lock older than 30 s is broken) and replace
  * the file by rename, so concurrent workers on one machine never lose an entry.
  */
-import { withFileLock } from '../file-lock';
-import { writeJsonAtomic } from '../atomic-write';
+import { withFileLock } from '../../lib/file-lock';
+import { writeJsonAtomic } from '../../lib/atomic-write';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import { slipwaySettings } from '../../workers/settings';
+import { slipwaySettings } from '../../lib/settings';
 
 /** Where an objective's workflows live: a Temporal cluster (its id) and namespace. */
 export interface TemporalHome {

@@ -31,7 +31,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { commitIdentity, git, GIT_HARDENING, GIT_TIMEOUT_MS, gitEnv, gitMaybe } from '../git';
+import { commitIdentity, git, GIT_HARDENING, GIT_TIMEOUT_MS, gitEnv, gitMaybe } from '../../lib/git';
 import { killProcessGroup } from '../process';
 import { isInside } from './paths';
 import { SANDBOX_WORKSPACE } from './bubblewrap';

@@ -11,12 +11,12 @@
  * Stale when a lockfile changed (at the base, or in the checkout the ignored files came from)
  * or the setup commands changed. `slipway snapshot create|check|update` drive it.
  */
-import { writeJsonAtomic } from '../atomic-write';
+import { writeJsonAtomic } from '../../lib/atomic-write';
 import { randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { ensureSlipwayExcluded, git, resolveCommit } from '../git';
+import { ensureSlipwayExcluded, git, resolveCommit } from '../../lib/git';
 import type { BubblewrapConfinement } from './bubblewrap';
 import { execInWorktree } from './exec';
 import { populateWorktree } from './populate';

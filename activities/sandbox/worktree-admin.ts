@@ -7,7 +7,7 @@ import { locateWorktree } from './sandbox-git';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { gitMaybe } from '../git';
+import { gitMaybe } from '../../lib/git';
 import { unmountDisk } from './disk';
 
 /** `<common>/worktrees/<id>` named by `<root>/.git`, or undefined. */

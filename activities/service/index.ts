@@ -4,7 +4,7 @@
  * reaper's tick. Secrets (grant tokens) are minted and written here, inside the activity, and
  * never returned to the workflow.
  */
-import { writeJsonAtomic } from '../atomic-write';
+import { writeJsonAtomic } from '../../lib/atomic-write';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Context } from '@temporalio/activity';
@@ -25,7 +25,7 @@ import {
 } from '../../core/sandbox-service';
 import { failure } from '../failures';
 import { withHeartbeat } from '../heartbeat';
-import { git } from '../git';
+import { git } from '../../lib/git';
 import { localSandboxRoot } from '../sandbox/local';
 import type { SandboxHandle } from '../sandbox/provider';
 import type { Db } from '../ledger/db';

@@ -9,7 +9,7 @@ import type { Command } from 'commander';
 import { openLedger, type Db } from '../../activities/ledger/db';
 import * as ledger from '../../activities/ledger/ledger';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS } from '../../core/sandbox-service';
-import { slipwaySettings } from '../../workers/settings';
+import { slipwaySettings } from '../../lib/settings';
 import { CliError, EXIT } from '../exit-codes';
 
 async function withLedger<T>(fn: (db: Db) => Promise<T>): Promise<T> {

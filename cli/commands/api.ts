@@ -7,7 +7,7 @@ import type { Command } from 'commander';
 import path from 'node:path';
 import { openLedger, type Db } from '../../activities/ledger/db';
 import { ledgerSocketPath, serveLedgerSocket } from '../../activities/ledger/socket';
-import { slipwaySettings } from '../../workers/settings';
+import { slipwaySettings } from '../../lib/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { installRuntimeLogging } from '../../workers/logging';
 import { slipwayDataConverter } from '../../workers/payload-codec';

@@ -4,7 +4,7 @@
  */
 import type { Command } from 'commander';
 import { EncryptionCodec, payloadKeyringFromEnv, PAYLOAD_KEY_ENV } from '../../workers/payload-codec';
-import { slipwaySettings } from '../../workers/settings';
+import { slipwaySettings } from '../../lib/settings';
 import { startCodecServer } from '../../workers/codec-server';
 import { CliError, EXIT } from '../exit-codes';
 

@@ -2,7 +2,7 @@
 import type { DataConverter } from '@temporalio/common';
 import { NativeConnection } from '@temporalio/worker';
 import { isPortOpen, startDevServer, superviseDevServer, type DevServer } from '../../workers/dev-server';
-import { slipwaySettings } from '../../workers/settings';
+import { slipwaySettings } from '../../lib/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { createSlipwayWorkers } from '../../workers/worker';
 import { installRuntimeLogging } from '../../workers/logging';

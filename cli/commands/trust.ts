@@ -5,7 +5,7 @@
  */
 import path from 'node:path';
 import type { Command } from 'commander';
-import { isGitRepository, repositoryRoot } from '../../activities/git';
+import { isGitRepository, repositoryRoot } from '../../lib/git';
 import { checkRepositoryTrust, trustFile, trustRepository, untrustRepository } from '../../config/trust';
 import { CliError, EXIT } from '../exit-codes';
 

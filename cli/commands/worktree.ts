@@ -14,7 +14,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
 import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId } from '../../core/ids';
-import { currentBranch, git, gitMaybe, gitWithIdentity, listWorktrees, rawGit, repositoryRoot, resolveCommit, trashBranch } from '../../activities/git';
+import { currentBranch, git, gitMaybe, gitWithIdentity, listWorktrees, rawGit, repositoryRoot, resolveCommit, trashBranch } from '../../lib/git';
 import { locateWorktree, trustedWorktreeArgs } from '../../activities/sandbox/sandbox-git';
 import { LocalSandboxProvider, localSandboxRoot, readSandboxRecord, sandboxRecordPath } from '../../activities/sandbox/local';
 import { readRegistry } from '../../activities/sandbox/registry';

@@ -3,9 +3,9 @@
  * interpret. Pure (zod only), so workflows may import its types.
  */
 import { z } from 'zod';
-import { AGENT_ROLES } from '../core/states';
-import { RETRY_PROFILE_NAMES } from '../core/retry-profiles';
-import { ITERATION_CAPS } from '../core/objective-schema';
+import { AGENT_ROLES } from './states';
+import { RETRY_PROFILE_NAMES } from './retry-profiles';
+import { ITERATION_CAPS } from './objective-schema';
 
 export const EXHAUSTION_MODES = ['ask_human', 'escalate', 'fail'] as const;
 export type ExhaustionMode = (typeof EXHAUSTION_MODES)[number];

@@ -13,7 +13,7 @@
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { parse as dotenvParse } from 'dotenv';
-import { SLIPWAY_DIR } from '../../core/ids';
+import { SLIPWAY_DIR } from '../core/ids';
 
 export const PROJECT_ENV_FILE = path.join(SLIPWAY_DIR, '.env');
 

@@ -4,7 +4,7 @@
  * the text of the current step), so an instance must never be shared between runs.
  * Adding a provider: see docs/adding-an-agent-provider.md.
  */
-import type { AgentProviderKind } from '../../core/objective-schema';
+import type { AgentProviderKind } from '../core/objective-schema';
 import { createClaudeCodeProvider } from './claude-code';
 import { createCodexProvider } from './codex';
 import { createOpencodeProvider } from './opencode';

@@ -2,9 +2,9 @@
  * The agent provider contract: build a headless command line, parse output lines into events.
  * Each agent kind (script, claude-code, codex, opencode, pi) implements it in its own file.
  */
-import type { AgentProviderKind } from '../../core/objective-schema';
-import type { AgentSpec } from '../../core/types';
-import type { AgentRole } from '../../core/states';
+import type { AgentProviderKind } from '../core/objective-schema';
+import type { AgentSpec } from '../core/types';
+import type { AgentRole } from '../core/states';
 
 export interface AgentInvocation {
   role: AgentRole;

@@ -3,8 +3,8 @@
  * `prompt_file`), the values of the built-in template keys, and the pieces Slipway adds to any
  * prompt (failure feedback, the structured answer format, a correction request).
  */
-import type { Feedback } from '../../core/types';
-import type { AgentRole } from '../../core/states';
+import type { Feedback } from '../core/types';
+import type { AgentRole } from '../core/states';
 import type { BuiltinTemplateKey } from './template';
 
 export interface PromptContext {

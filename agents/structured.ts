@@ -3,8 +3,8 @@
  * block is parsed as JSON and validated with zod.
  */
 import { z } from 'zod';
-import { StreamSchema } from '../../core/objective-schema';
-import { streamGraphIssues } from '../../core/stream-graph';
+import { StreamSchema } from '../core/objective-schema';
+import { streamGraphIssues } from '../core/stream-graph';
 
 export const ReviewVerdictSchema = z.object({
   verdict: z.enum(['approve', 'reject']),

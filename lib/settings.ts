@@ -24,14 +24,18 @@ const int = (value: string | undefined, fallback: number, name: string): number 
   return n;
 };
 
+/** `$SLIPWAY_HOME`, else `$XDG_DATA_HOME/slipway`, else `~/.local/share/slipway`: Slipway's data folder. */
+export function slipwayHome(env: NodeJS.ProcessEnv = process.env): string {
+  return env.SLIPWAY_HOME || path.join(env.XDG_DATA_HOME || path.join(os.homedir(), '.local', 'share'), 'slipway');
+}
+
 export function slipwaySettings(env: NodeJS.ProcessEnv = process.env): SlipwaySettings {
-  const dataHome = env.XDG_DATA_HOME || path.join(os.homedir(), '.local', 'share');
   return {
     temporalAddress: env.TEMPORAL_ADDRESS || undefined,
     namespace: env.TEMPORAL_NAMESPACE || 'default',
     embeddedPort: int(env.SLIPWAY_TEMPORAL_PORT, 7233, 'SLIPWAY_TEMPORAL_PORT'),
     uiPort: int(env.SLIPWAY_UI_PORT, 8233, 'SLIPWAY_UI_PORT'),
-    dataDir: env.SLIPWAY_HOME || path.join(dataHome, 'slipway'),
+    dataDir: slipwayHome(env),
     taskQueue: env.SLIPWAY_TASK_QUEUE || DEFAULT_TASK_QUEUE,
     agentConcurrency: int(env.SLIPWAY_AGENT_CONCURRENCY, 2, 'SLIPWAY_AGENT_CONCURRENCY'),
     activityConcurrency: int(env.SLIPWAY_ACTIVITY_CONCURRENCY, 4, 'SLIPWAY_ACTIVITY_CONCURRENCY'),
