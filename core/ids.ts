@@ -14,7 +14,10 @@ export const DEFAULT_TASK_QUEUE = 'slipway';
 
 export const objectiveWorkflowId = (objectiveId: string) => `objective:${objectiveId}`;
 export const streamWorkflowId = (objectiveId: string, streamId: string) => `stream:${objectiveId}:${streamId}`;
+/** The stream sandbox workflow's id in 0.1.0 histories (the service's sandboxes use the same prefix). */
 export const sandboxWorkflowId = (sandboxId: string) => `sandbox:${sandboxId}`;
+/** A stream's sandbox workflow (workflows/sandbox.ts); distinct from the service's `sandbox:<id>`. */
+export const streamSandboxWorkflowId = (sandboxId: string) => `stream-sandbox:${sandboxId}`;
 
 /** A stream's sandbox id: unique per objective and stream. */
 export const streamSandboxId = (objectiveId: string, streamId: string) => `${objectiveId}.${streamId}`;

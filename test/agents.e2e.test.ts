@@ -14,7 +14,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
 import { trustRepository } from '../config/trust';
-import { integrationBranch, objectiveWorkflowId, sandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamSandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
 import type { AgentProviderKind } from '../core/objective-schema';
 import type { ObjectiveResult, ObjectiveStatus } from '../core/types';
 import { objectiveStatusQuery, objectiveWorkflow, planDecisionUpdate } from '../workflows/objective';
@@ -562,7 +562,7 @@ describe('usage and secrets', () => {
     const ids = started.flatMap(({ id, streams }) => [
       objectiveWorkflowId(id),
       ...streams.map((s) => streamWorkflowId(id, s)),
-      ...streams.map((s) => sandboxWorkflowId(streamSandboxId(id, s))),
+      ...streams.map((s) => streamSandboxWorkflowId(streamSandboxId(id, s))),
     ]);
     let redactedSeen = 0;
     for (const workflowId of ids) {

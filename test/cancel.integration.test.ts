@@ -4,6 +4,7 @@
  * branch, and the objective ends with outcome `cancelled` (not failed, not a cancelled workflow
  * with its worktrees left on disk).
  */
+import { execFileSync } from 'node:child_process';
 import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
@@ -115,5 +116,38 @@ describe('slipway cancel', () => {
     expect(result.outcome).not.toBe('failed');
     expect([...result.mergeOrder].sort()).toEqual(['a', 'b']);
     expect(gitIn(repo, 'cat-file', '-t', `${integrationBranch(id)}:src/b.js`)).toBe('blob');
+  });
+
+  it('a sandbox that cannot be cleaned up leaves a merged stream merged and the objective completed', async () => {
+    const repo = makeDemoRepo();
+    const id = 'cleanup-fails';
+    const sync = tempDir('slipway-sync-');
+    const hold = `if [ ! -f ${sync}/held ]; then touch ${sync}/held; while [ ! -f ${sync}/go ]; do sleep 0.1; done; fi`;
+    const file = writeObjective(
+      {
+        repository: repo,
+        objective: 'one stream',
+        agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+        gates: [{ name: 'test', command: 'node --test' }],
+        post_merge_gates: [{ name: 'hold', command: hold }],
+        streams: [{ id: 'a', task: 'x' }],
+      },
+      { a: [{ files: helperFiles('a') }] },
+    );
+    const input = await loadObjectiveFile(file, { id });
+    const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+    await waitFor(async () => existsSync(path.join(sync, 'held')), 'the merge to reach its post-merge gate', 120_000);
+    // The stream's worktree can no longer be moved or removed (immutable, even for root).
+    const worktree = path.join(repo, '.slipway/worktrees', id, 'a');
+    execFileSync('chattr', ['+i', worktree]);
+    try {
+      await fs.writeFile(path.join(sync, 'go'), '');
+      const result = await handle.result();
+      expect(result.outcome).toBe('completed');
+      expect(result.streams.find((v) => v.id === 'a')?.phase).toBe('merged');
+      expect(result.error).toBeUndefined();
+    } finally {
+      execFileSync('chattr', ['-i', worktree]);
+    }
   });
 });

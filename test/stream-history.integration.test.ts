@@ -12,7 +12,7 @@ import { temporal } from '@temporalio/proto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
 import { existsSync } from 'node:fs';
-import { integrationBranch, objectiveWorkflowId, sandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamSandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
 import { ITERATION_CAPS } from '../core/objective-schema';
 import { objectiveWorkflow } from '../workflows/objective';
 import { streamStatusQuery, streamWorkflow } from '../workflows/stream';
@@ -111,7 +111,7 @@ describe('bounded stream history', () => {
       ]);
 
       // The sandbox outlived the run that started it and was released by the last one.
-      const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'big'))).result();
+      const sandbox = await worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'big'))).result();
       expect(sandbox).toMatchObject({ state: 'terminated' });
       const worktree = (await worker.client.workflow.getHandle(streamWorkflowId(id, 'big')).query(streamStatusQuery)).sandboxPath;
       expect(worktree).toContain(id);
@@ -164,7 +164,7 @@ describe('bounded stream history', () => {
     expect(existsSync(status.sandboxPath!)).toBe(true);
 
     await objective.cancel();
-    const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
+    const sandbox = await worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
     expect(sandbox).toMatchObject({ state: 'terminated' });
     expect(existsSync(status.sandboxPath!)).toBe(false);
     await expect(stream.result()).rejects.toThrow();
@@ -213,7 +213,7 @@ describe('bounded stream history', () => {
     expect(existsSync(status.sandboxPath!)).toBe(true);
 
     await worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck')).terminate('test: the owner is gone');
-    const sandbox = await worker.client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
+    const sandbox = await worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
     expect(sandbox).toMatchObject({ state: 'terminated' });
     expect(existsSync(status.sandboxPath!)).toBe(false);
   });

@@ -13,8 +13,8 @@
 import {
   ApplicationFailure,
   CancellationScope,
-  ContinueAsNew,
   ParentClosePolicy,
+  TemporalFailure,
   allHandlersFinished,
   condition,
   continueAsNew,
@@ -23,6 +23,7 @@ import {
   defineUpdate,
   getExternalWorkflowHandle,
   isCancellation,
+  log,
   patched,
   setCurrentDetails,
   setHandler,
@@ -33,7 +34,7 @@ import {
 } from '@temporalio/workflow';
 import type { Step } from '../core/blueprint-schema';
 import { FAILURE_KINDS } from '../core/failures';
-import { sandboxWorkflowId, streamBranch, streamSandboxId } from '../core/ids';
+import { sandboxWorkflowId, streamBranch, streamSandboxId, streamSandboxWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
 import type { StreamPhase } from '../core/states';
 import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
@@ -98,6 +99,8 @@ export interface StreamCarried {
   /** A merge decision or guidance that arrived and was not taken yet. */
   decision?: MergeDecision;
   guidance?: Guidance;
+  /** The sandbox workflow's id, as the first run chose it (absent: the 0.1.0 `sandbox:` id). */
+  sandboxWorkflowId?: string;
 }
 
 export type StreamRunInput = StreamInput & { carried?: StreamCarried };
@@ -119,6 +122,11 @@ export { failureKindOf, failureMessage } from './failure-info';
 
 /** Stream events go to the objective in batches (`streamEventsSignal`) instead of one signal each. */
 const BATCHED_STREAM_EVENTS = 'batched-stream-events';
+/**
+ * The stream's sandbox workflow is `stream-sandbox:<objective>.<stream>`; 0.1.0 named it
+ * `sandbox:...`, the prefix of the service's sandbox workflows.
+ */
+const STREAM_SANDBOX_ID = 'stream-sandbox-workflow-id';
 
 function toStepFailure(err: unknown): StepFailure {
   const cause = rootCause(err);
@@ -235,10 +243,11 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
 
   // --- sandbox ---------------------------------------------------------------------------------
   const sandboxId = streamSandboxId(objective.id, stream.id);
+  const boxWorkflowId = carried ? (carried.sandboxWorkflowId ?? sandboxWorkflowId(sandboxId)) : patched(STREAM_SANDBOX_ID) ? streamSandboxWorkflowId(sandboxId) : sandboxWorkflowId(sandboxId);
   if (!carried) {
     await enter('provisioning', `starting a sandbox for \`${branch}\``);
     const sandboxHandle = await startChild(sandboxWorkflow, {
-      workflowId: sandboxWorkflowId(sandboxId),
+      workflowId: boxWorkflowId,
       args: [
         {
           sandboxId,
@@ -271,7 +280,15 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   const release = () =>
     CancellationScope.nonCancellable(async () => {
       if (sandboxEnded) return;
-      await getExternalWorkflowHandle(sandboxWorkflowId(sandboxId)).signal(releaseSandboxSignal);
+      try {
+        await getExternalWorkflowHandle(boxWorkflowId).signal(releaseSandboxSignal);
+      } catch (err) {
+        // The sandbox workflow is gone (ended by hand): nothing to release, and the stream's
+        // outcome stays what it was; a cleanup problem never changes it.
+        if (!(err instanceof TemporalFailure)) throw err;
+        log.warn('could not release the sandbox', { sandbox: boxWorkflowId, error: failureMessage(err) });
+        return;
+      }
       await condition(() => sandboxEnded !== undefined);
     });
 
@@ -286,7 +303,9 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     status.sandboxPath = sandbox.path;
     return await interpret(sandbox);
   } catch (err) {
-    if (isCancellation(err) || err instanceof ContinueAsNew) throw err;
+    // Only Temporal failures end the stream as failed: a bug fails the workflow task instead,
+    // and a fixed deploy resumes the run.
+    if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
     const summary = failureMessage(err);
     return await finish({ status: 'failed', failure: { kind: failureKindOf(err), summary } }, summary);
   } finally {
@@ -404,6 +423,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           ...(sessionId ? { sessionId } : {}),
           ...(decision ? { decision } : {}),
           ...(guidance ? { guidance } : {}),
+          sandboxWorkflowId: boxWorkflowId,
         },
       });
     };

@@ -12,7 +12,7 @@ import { Client, Connection } from '@temporalio/client';
 import { afterAll, afterEach, describe, expect, inject, it } from 'vitest';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { loadObjectiveFile } from '../../config/objective-file';
-import { integrationBranch, objectiveWorkflowId, sandboxWorkflowId, streamSandboxId } from '../../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamSandboxWorkflowId, streamSandboxId } from '../../core/ids';
 import type { ObjectiveResult } from '../../core/types';
 import { objectiveWorkflow } from '../../workflows/objective';
 import { sandboxStateQuery } from '../../workflows/sandbox';
@@ -109,7 +109,7 @@ describe('rediscovery after a worker is killed', () => {
     // Both sandbox workflows hold their worktrees (ready) before the worker is killed: a worktree
     // is listed as soon as git adds it, while its create is still running.
     await waitFor(async () => {
-      const states = await Promise.all(['a', 'b'].map((stream) => client.workflow.getHandle(sandboxWorkflowId(streamSandboxId(id, stream))).query(sandboxStateQuery).catch(() => undefined)));
+      const states = await Promise.all(['a', 'b'].map((stream) => client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, stream))).query(sandboxStateQuery).catch(() => undefined)));
       return states.every((st) => st?.state === 'ready') ? true : undefined;
     }, 'both sandboxes ready', 60_000);
     const fresh = new LocalSandboxProvider();
@@ -122,7 +122,7 @@ describe('rediscovery after a worker is killed', () => {
       const stream = path.basename(s.root);
       expect(s.sandboxId).toBe(streamSandboxId(id, stream));
       expect(s.branch).toBe(`slipway/${id}/${stream}`);
-      const state = await client.workflow.getHandle(sandboxWorkflowId(s.sandboxId!)).query(sandboxStateQuery);
+      const state = await client.workflow.getHandle(streamSandboxWorkflowId(s.sandboxId!)).query(sandboxStateQuery);
       expect(state.state).toBe('ready');
       expect(state.info?.path).toBe(s.root);
       expect(state.info?.branch).toBe(s.branch);
