@@ -58,7 +58,7 @@ export function buildOpenApiDocument() {
       description:
         'Account-scoped sandboxes: create with a profile, exec and edit files in a tight loop, destroy. ' +
         'Idle sandboxes suspend themselves (snapshot stored, compute released) and wake on the next exec or file call. ' +
-        'Every billable interval is recorded in the sandbox_sessions ledger.',
+        'Every billable interval is recorded in the sandbox_sessions table.',
     },
     servers: [{ url: '/' }],
     security: [{ bearer: [] }],

@@ -2,7 +2,7 @@
  * The sandbox service's operations, account-scoped: what REST routes and MCP tools call.
  *
  * Control plane (create, delete, wake) goes through the sandbox workflow; data plane (exec,
- * files) goes straight to the provider after one ledger statement that admits the call, so a
+ * files) goes straight to the provider after one billing statement that admits the call, so a
  * tight exec loop costs a database round trip, not a workflow round trip. A call that finds
  * the sandbox suspended wakes it (a workflow update) before it is served.
  */
@@ -19,8 +19,8 @@ import {
   type ServiceSandboxInput,
 } from '../core/sandbox-service';
 import type { SandboxState } from '../core/states';
-import type { Db, Queryable } from '../activities/ledger/db';
-import * as ledger from '../activities/ledger/ledger';
+import type { Db, Queryable } from '../activities/billing/db';
+import * as billing from '../activities/billing/records';
 import { SANDBOX_BASE_ENV, type ProviderFor } from '../activities/service/providers';
 import type { ServiceMetrics } from '../activities/service/metrics';
 import { PathEscapeError, resolveInside } from '../activities/sandbox/paths';
@@ -100,13 +100,13 @@ export const DEFAULT_EXEC_CONCURRENCY = 8;
 /** The files API never touches git's or Slipway's state inside a sandbox (hooks, config, grants). */
 const FILES_API = { reservedNames: RESERVED_NAMES };
 
-export type Principal = ledger.Principal;
+export type Principal = billing.Principal;
 
 const iso = (d: Date | null) => (d ? d.toISOString() : null);
 const LIVE_WAKE_STATES: SandboxState[] = ['suspending', 'suspended', 'restoring'];
 
 export class SandboxService {
-  private readonly profiles = new Map<string, ledger.ProfileRow>();
+  private readonly profiles = new Map<string, billing.ProfileRow>();
   private readonly execsRunning = new Map<string, number>();
 
   constructor(private readonly deps: SandboxServiceDeps) {}
@@ -118,24 +118,24 @@ export class SandboxService {
   async authenticate(token: string | undefined): Promise<Principal> {
     if (!token) throw new ApiError(401, 'unauthorized', 'missing bearer token (Authorization: Bearer <token>)');
     // Looked up on every request (one indexed statement), never cached: a revoked token or a
-    // disabled account is refused from the next request on, whichever process changed the ledger.
-    const principal = await ledger.authenticate(this.deps.db, token);
+    // disabled account is refused from the next request on, whichever process changed the billing database.
+    const principal = await billing.authenticate(this.deps.db, token);
     if (!principal) throw new ApiError(401, 'unauthorized', 'invalid, expired or revoked token');
     if (!principal.sandboxesEnabled) throw new ApiError(403, 'sandboxes_disabled', 'sandboxes are not enabled for this account');
     return principal;
   }
 
-  private async profile(id: string): Promise<ledger.ProfileRow> {
+  private async profile(id: string): Promise<billing.ProfileRow> {
     let p = this.profiles.get(id);
     if (!p) {
-      p = await ledger.getProfile(this.deps.db, id);
+      p = await billing.getProfile(this.deps.db, id);
       if (!p) throw new ApiError(500, 'internal', `profile ${id} is missing`);
       this.profiles.set(id, p);
     }
     return p;
   }
 
-  async view(row: ledger.SandboxRow): Promise<SandboxView> {
+  async view(row: billing.SandboxRow): Promise<SandboxView> {
     const profile = await this.profile(row.profile_id);
     return {
       id: row.id,
@@ -167,8 +167,8 @@ export class SandboxService {
     if (key === undefined) return { view: await this.create(principal, body), replayed: false };
     const scope = { accountId: principal.accountId, scope: 'create', key };
     const requestHash = hashRequest(body);
-    const id = ledger.newSandboxId();
-    const prior = await ledger.claimIdempotencyKey(this.deps.db, { ...scope, requestHash, sandboxId: id });
+    const id = billing.newSandboxId();
+    const prior = await billing.claimIdempotencyKey(this.deps.db, { ...scope, requestHash, sandboxId: id });
     if (prior) {
       if (prior.request_hash !== requestHash) throw idempotencyKeyReused();
       const view = prior.sandbox_id ? await this.get(principal, prior.sandbox_id).catch(() => undefined) : undefined;
@@ -178,30 +178,30 @@ export class SandboxService {
     try {
       return { view: await this.create(principal, body, id), replayed: false };
     } catch (e) {
-      await ledger.releaseIdempotencyKey(this.deps.db, scope);
+      await billing.releaseIdempotencyKey(this.deps.db, scope);
       throw e;
     }
   }
 
   async create(principal: Principal, body: CreateSandboxBody, presetId?: string): Promise<SandboxView> {
     const { db, logger } = this.deps;
-    const profile = await ledger.getProfileByName(db, principal.accountId, body.profile);
+    const profile = await billing.getProfileByName(db, principal.accountId, body.profile);
     if (!profile) throw new ApiError(422, 'unknown_profile', `no profile "${body.profile}" in this account`);
     this.requireConfined(profile);
     const deadlineMinutes = body.deadline_minutes ?? profile.default_deadline_minutes;
     if (deadlineMinutes > profile.max_deadline_minutes) {
       throw new ApiError(422, 'deadline_too_long', `deadline_minutes may be at most ${profile.max_deadline_minutes} for profile "${profile.name}"`);
     }
-    const foreign = await ledger.foreignProjects(db, principal.accountId, body.grants.map((g) => g.project_id));
+    const foreign = await billing.foreignProjects(db, principal.accountId, body.grants.map((g) => g.project_id));
     if (foreign.length > 0) {
       throw new ApiError(422, 'grant_not_allowed', `grants must name projects of this account; not: ${foreign.join(', ')}`, foreign.map((id) => ({ path: 'grants', message: `project ${id} is not this account's` })));
     }
-    const policy = ledger.policyFromProfile(profile);
-    const id = presetId ?? ledger.newSandboxId();
+    const policy = billing.policyFromProfile(profile);
+    const id = presetId ?? billing.newSandboxId();
     const createdAtMs = Date.now();
     const deadlineMs = Math.round(deadlineMinutes * 60_000);
     const grants = body.grants.map((g) => ({ projectId: g.project_id, scopes: g.scopes }));
-    const outcome = await ledger.insertSandboxWithinLimit(db, {
+    const outcome = await billing.insertSandboxWithinLimit(db, {
       id,
       accountId: principal.accountId,
       profileId: profile.id,
@@ -227,7 +227,7 @@ export class SandboxService {
       });
     } catch (e) {
       if (!(e instanceof WorkflowExecutionAlreadyStartedError)) {
-        await ledger.recordTransition(db, { sandboxId: id, status: 'failed', fields: { endReason: 'provisioning_failed', error: `could not start the sandbox workflow: ${(e as Error).message}`, terminatedAtMs: Date.now() } });
+        await billing.recordTransition(db, { sandboxId: id, status: 'failed', fields: { endReason: 'provisioning_failed', error: `could not start the sandbox workflow: ${(e as Error).message}`, terminatedAtMs: Date.now() } });
         logger.error({ sandboxId: id, err: e }, 'could not start the sandbox workflow');
         throw new ApiError(503, 'unavailable', 'the sandbox could not be started; try again', undefined, 5);
       }
@@ -240,15 +240,15 @@ export class SandboxService {
   }
 
   /** Unconfined tenants own the host: refused unless the operator started the server allowing them. */
-  private requireConfined(profile: ledger.ProfileRow): void {
+  private requireConfined(profile: billing.ProfileRow): void {
     if (profile.confinement === 'none' && !this.deps.allowUnconfined) {
       const message = `profile "${profile.name}" has confinement "none", which this server refuses: its commands would run on the host; use a bubblewrap profile (the operator may allow unconfined profiles with \`slipway api --allow-unconfined\`)`;
       throw new ApiError(422, 'unconfined_refused', message, [{ path: 'profile.confinement', message: 'must be "bubblewrap" on this server' }]);
     }
   }
 
-  private async row(principal: Principal, id: string): Promise<ledger.SandboxRow> {
-    const row = SANDBOX_ID_PATTERN.test(id) ? await ledger.getSandbox(this.deps.db, principal.accountId, id) : undefined;
+  private async row(principal: Principal, id: string): Promise<billing.SandboxRow> {
+    const row = SANDBOX_ID_PATTERN.test(id) ? await billing.getSandbox(this.deps.db, principal.accountId, id) : undefined;
     if (!row) throw new ApiError(404, 'not_found', `no sandbox ${id}`);
     return row;
   }
@@ -258,7 +258,7 @@ export class SandboxService {
     const until = Date.now() + waitReadyMs;
     if (row.status === 'pending' && waitReadyMs > 0) {
       // The long-poll waits on the sandbox's workflow (an update that returns once it is no longer
-      // pending), not on the database; the reads below only catch the ledger up with it.
+      // pending), not on the database; the reads below only catch the billing database up with it.
       let timer: NodeJS.Timeout | undefined;
       await Promise.race([
         this.deps.client.workflow.getHandle(serviceSandboxWorkflowId(id)).executeUpdate(wakeSandboxUpdate).catch(() => undefined),
@@ -278,7 +278,7 @@ export class SandboxService {
   }
 
   async list(principal: Principal, opts: { status?: SandboxState; limit: number }): Promise<SandboxView[]> {
-    const rows = await ledger.listSandboxes(this.deps.db, principal.accountId, { status: opts.status ? [opts.status] : undefined, limit: opts.limit });
+    const rows = await billing.listSandboxes(this.deps.db, principal.accountId, { status: opts.status ? [opts.status] : undefined, limit: opts.limit });
     return Promise.all(rows.map((r) => this.view(r)));
   }
 
@@ -306,23 +306,23 @@ export class SandboxService {
    * Admits one call on a sandbox: ready -> stamped and returned; suspended (or on its way) ->
    * woken first. Returns a release function that ends the call's keep-alive.
    */
-  private async admit(principal: Principal, id: string): Promise<{ row: ledger.SandboxRow; provider: SandboxProvider; release: () => void; profile: ledger.ProfileRow }> {
+  private async admit(principal: Principal, id: string): Promise<{ row: billing.SandboxRow; provider: SandboxProvider; release: () => void; profile: billing.ProfileRow }> {
     const { db } = this.deps;
     // Malformed ids never reach the database (a NUL byte is a Postgres error, not a 404).
     if (!SANDBOX_ID_PATTERN.test(id)) throw new ApiError(404, 'not_found', `no sandbox ${id}`);
     for (let attempt = 0; attempt < 3; attempt++) {
-      const admitted = await ledger.admitActivity(db, principal.accountId, id);
+      const admitted = await billing.admitActivity(db, principal.accountId, id);
       if (admitted.admitted) {
         const row = admitted.sandbox;
         const profile = await this.profile(row.profile_id);
         // A sandbox made while unconfined profiles were allowed is not served once they are not.
         this.requireConfined(profile);
-        const policy = ledger.policyFromProfile(profile);
+        const policy = billing.policyFromProfile(profile);
         // A call running longer than a third of the idle threshold keeps stamping, so a long
         // build is never suspended under itself; if this process dies, the stamps stop.
         const every = Math.max(250, Math.min(policy.idleTimeoutMs / 3, 30_000));
         const started = Date.now();
-        const timer = setInterval(() => void ledger.touchSandbox(db, id).catch(() => undefined), every);
+        const timer = setInterval(() => void billing.touchSandbox(db, id).catch(() => undefined), every);
         timer.unref();
         return {
           row,
@@ -330,7 +330,7 @@ export class SandboxService {
           provider: this.deps.providerFor(policy),
           release: () => {
             clearInterval(timer);
-            if (Date.now() - started > Math.min(1000, policy.idleTimeoutMs / 10)) void ledger.touchSandbox(db, id).catch(() => undefined);
+            if (Date.now() - started > Math.min(1000, policy.idleTimeoutMs / 10)) void billing.touchSandbox(db, id).catch(() => undefined);
           },
         };
       }
@@ -343,7 +343,7 @@ export class SandboxService {
         woken = await this.deps.client.workflow.getHandle(serviceSandboxWorkflowId(id)).executeUpdate(wakeSandboxUpdate);
       } catch (e) {
         // The workflow ended between our read and the update (deleted, capped): report its end.
-        const now = await ledger.getSandbox(db, principal.accountId, id);
+        const now = await billing.getSandbox(db, principal.accountId, id);
         if (now && (now.status === 'terminated' || now.status === 'failed' || now.status === 'terminating')) {
           throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${now.status}`);
         }
@@ -399,7 +399,7 @@ export class SandboxService {
     if (!SANDBOX_ID_PATTERN.test(id)) return { result: await this.exec(principal, id, body, signal), replayed: false };
     const scope = { accountId: principal.accountId, scope: `exec:${id}`, key };
     const requestHash = hashRequest(body);
-    const prior = await ledger.claimIdempotencyKey(this.deps.db, { ...scope, requestHash, sandboxId: id });
+    const prior = await billing.claimIdempotencyKey(this.deps.db, { ...scope, requestHash, sandboxId: id });
     if (prior) {
       if (prior.request_hash !== requestHash) throw idempotencyKeyReused();
       if (prior.response === null || prior.response === undefined) {
@@ -409,10 +409,10 @@ export class SandboxService {
     }
     try {
       const result = await this.exec(principal, id, body, signal);
-      await ledger.finishIdempotent(this.deps.db, scope, result);
+      await billing.finishIdempotent(this.deps.db, scope, result);
       return { result, replayed: false };
     } catch (e) {
-      await ledger.releaseIdempotencyKey(this.deps.db, scope);
+      await billing.releaseIdempotencyKey(this.deps.db, scope);
       throw e;
     }
   }
@@ -512,7 +512,7 @@ export class SandboxService {
 
   async introspectGrant(token: string | undefined) {
     if (!token) throw new ApiError(401, 'unauthorized', 'missing bearer token');
-    const grant = await ledger.introspectGrant(this.deps.db, token);
+    const grant = await billing.introspectGrant(this.deps.db, token);
     if (!grant) throw new ApiError(401, 'unauthorized', 'invalid, expired or revoked grant token');
     return { grant_id: grant.grantId, sandbox_id: grant.sandboxId, project_id: grant.projectId, scopes: grant.scopes, expires_at: grant.expiresAt.toISOString() };
   }

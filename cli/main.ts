@@ -17,7 +17,7 @@ import { registerApiCommands } from './commands/api';
 import { registerCodecServerCommand } from './commands/codec-server';
 import { registerSandboxCommands } from './commands/sandbox';
 import { registerSchedulesCommands } from './commands/schedules';
-import { registerSnapshotCommands } from './commands/snapshot';
+import { registerTemplateCommands } from './commands/template';
 import { registerTrustCommand } from './commands/trust';
 import { registerWorktreeCommands } from './commands/worktree';
 
@@ -116,7 +116,7 @@ export function buildProgram(): Command {
   registerAccountCommands(program);
   // Local sandboxes: the janitor's schedule, the prepared template, one stream's work.
   registerSchedulesCommands(program, setExit);
-  registerSnapshotCommands(program, setExit);
+  registerTemplateCommands(program, setExit);
   registerWorktreeCommands(program, setExit);
   // A repository's own config (.slipway/config.yaml, blueprints) is used only once trusted.
   registerTrustCommand(program, setExit);

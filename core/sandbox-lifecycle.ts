@@ -13,7 +13,7 @@
  * The machine also numbers the billing sessions (`computeSeq`, `storageSeq`), so the session a
  * transition closes is always the one the previous transition opened. The workflow
  * (workflows/service-sandbox.ts) keeps the I/O: it runs the activities and timers, writes the
- * billing actions to the ledger with its own timestamps, and sets search attributes.
+ * billing actions to the billing database with its own timestamps, and sets search attributes.
  *
  * Pure and bundle-safe: no clock, no I/O, no Temporal; imports only core vocabulary.
  */
@@ -30,7 +30,7 @@ export const LIFECYCLE_TRIGGERS = {
   deadline: 'the deadline budget ran out (workflow timer)',
   absolute_cap: 'the absolute lifetime cap passed (workflow timer)',
   abnormal_exit: 'the sandbox died outside Slipway (sandboxExited signal)',
-  idle: 'idle check: no call for the idle timeout, claimed in the ledger',
+  idle: 'idle check: no call for the idle timeout, claimed in the billing database',
   suspend_stored: 'the snapshot is stored and the directory freed',
   suspend_failed: 'the suspend was refused or failed',
   wake: 'a call needs the sandbox (wakeSandbox update)',
@@ -57,7 +57,7 @@ export type LifecycleOwner = keyof typeof LIFECYCLE_OWNERS;
 export const EVENT_REASON = 'event' as const;
 type RowReason = EndReason | typeof EVENT_REASON;
 
-/** What a row does to billing: at most one session closes and at most one opens (the ledger's contract). */
+/** What a row does to billing: at most one session closes and at most one opens (the billing database's contract). */
 export interface BillingRule {
   close?: { kind: SessionKind; reason: RowReason };
   open?: { kind: SessionKind };

@@ -1,6 +1,6 @@
 /**
  * The sandbox service's shared vocabulary: ids, reasons, session kinds, the policy a sandbox
- * runs under, and the workflow's input. Defined once; the API, the ledger, the workflow and
+ * runs under, and the workflow's input. Defined once; the API, the billing database, the workflow and
  * the CLI import from here. Everything in this file is safe to keep in workflow history:
  * no token, no grant secret, only ids and hashes.
  */
@@ -10,7 +10,7 @@ export const SANDBOX_ID_PREFIX = 'sbx_';
 /** `sbx_` + 20 characters of lowercase base32: path-safe, branch-safe, workflow-id-safe. */
 export const SANDBOX_ID_PATTERN = /^sbx_[a-z2-7]{20}$/;
 
-/** The service's task queue: only service workers (which hold the ledger) poll it. */
+/** The service's task queue: only service workers (which hold the billing database) poll it. */
 export const sandboxServiceTaskQueue = (mainTaskQueue: string) => `${mainTaskQueue}-sandboxes`;
 export const serviceSandboxWorkflowId = (sandboxId: string) => `sandbox:${sandboxId}`;
 export const REAPER_SCHEDULE_ID = 'slipway-sandbox-reaper';

@@ -180,7 +180,7 @@ describe('reasons', () => {
 });
 
 describe('sessions over whole lives', () => {
-  /** A seeded walk over legal triggers, with a ledger that checks every close against the open session. */
+  /** A seeded walk over legal triggers, with a billing database that checks every close against the open session. */
   function walk(seed: number) {
     let x = seed;
     const rand = (n: number) => {

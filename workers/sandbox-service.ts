@@ -1,5 +1,5 @@
 /**
- * The sandbox service host: what `slipway api` runs. One process holds the ledger, a worker
+ * The sandbox service host: what `slipway api` runs. One process holds the billing database, a worker
  * on the service task queue (sandbox and reaper workflows, their activities), the provider
  * watcher, the reaper's Temporal Schedule, and the HTTP API (REST, MCP, metrics).
  *
@@ -12,9 +12,9 @@ import { NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@tem
 import type { FastifyInstance } from 'fastify';
 import pino, { type Logger } from 'pino';
 import { REAPER_SCHEDULE_ID, reaperWorkflowId, sandboxServiceTaskQueue } from '../core/sandbox-service';
-import type { Db } from '../activities/ledger/db';
-import { migrate } from '../activities/ledger/migrate';
-import { listProfiles } from '../activities/ledger/ledger';
+import type { Db } from '../activities/billing/db';
+import { migrate } from '../activities/billing/migrate';
+import { listProfiles } from '../activities/billing/records';
 import { createSandboxServiceActivities } from '../activities/service';
 import { createServiceMetrics, type ServiceMetrics } from '../activities/service/metrics';
 import { defaultProviderFor, type ProviderFor } from '../activities/service/providers';

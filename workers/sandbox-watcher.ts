@@ -8,7 +8,7 @@ import type { Client } from '@temporalio/client';
 import { WorkflowNotFoundError } from '@temporalio/client';
 import type { Logger } from 'pino';
 import { ABNORMAL_END_REASONS, serviceSandboxWorkflowId, type AbnormalEndReason } from '../core/sandbox-service';
-import type { Queryable } from '../activities/ledger/db';
+import type { Queryable } from '../activities/billing/db';
 import type { ProviderFor } from '../activities/service/providers';
 import { sandboxExitedSignal } from '../workflows/service-sandbox';
 

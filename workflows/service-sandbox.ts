@@ -9,14 +9,14 @@
  *
  * Every state change goes through the lifecycle table (core/sandbox-lifecycle.ts), which refuses
  * illegal transitions and says what each one does to billing; this shell runs the activities and
- * timers, writes those billing actions to the ledger and sets search attributes.
+ * timers, writes those billing actions to the billing database and sets search attributes.
  *
  * Timers own the idle check, the deadline (a budget that only runs while not suspended) and
- * the absolute cap. Every transition is written to the ledger by a local activity whose
+ * the absolute cap. Every transition is written to the billing database by a local activity whose
  * session rows are keyed by (sandbox, kind, seq), so a retry never bills twice.
  *
  * Activity on the sandbox (exec, file calls) never passes through here: the API stamps
- * `last_activity_at` in the ledger, and the idle check claims the sandbox there atomically.
+ * `last_activity_at` in the billing database, and the idle check claims the sandbox there atomically.
  * Only a call that finds the sandbox suspended comes here, through the `wakeSandbox` update.
  */
 import {
@@ -53,7 +53,7 @@ import {
 import type { SandboxState } from '../core/states';
 import { advance, isTerminal, resumeLifecycle, startLifecycle, terminateEvent, type Lifecycle, type LifecycleEvent, type Transition } from '../core/sandbox-lifecycle';
 import type { SandboxServiceActivities } from '../activities/service';
-import type { LedgerTransition } from '../activities/ledger/ledger';
+import type { BillingTransition } from '../activities/billing/records';
 
 export const terminateSandboxSignal = defineSignal<[{ reason: TerminateReason }]>('terminateSandbox');
 /** From the provider watcher: the sandbox died outside Slipway. */
@@ -62,9 +62,9 @@ export const sandboxExitedSignal = defineSignal<[SandboxExitReport]>('sandboxExi
 export const wakeSandboxUpdate = defineUpdate<SandboxState, []>('wakeSandbox');
 export const serviceSandboxStatusQuery = defineQuery<ServiceSandboxStatus>('serviceSandboxStatus');
 
-const ledger = proxyLocalActivities<SandboxServiceActivities>({
+const billing = proxyLocalActivities<SandboxServiceActivities>({
   startToCloseTimeout: '30 seconds',
-  // The ledger must hear about every transition: keep trying while the database is away.
+  // The billing database must hear about every transition: keep trying while the database is away.
   retry: { initialInterval: '200 milliseconds', backoffCoefficient: 2, maximumInterval: '30 seconds' },
 });
 
@@ -105,7 +105,7 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
   let endReason: EndReason | undefined;
   let error: string | undefined;
 
-  const record = (t: Omit<LedgerTransition, 'sandboxId'>) => ledger.recordSandboxTransition({ sandboxId, ...t });
+  const record = (t: Omit<BillingTransition, 'sandboxId'>) => billing.recordSandboxTransition({ sandboxId, ...t });
   /** The table's answer for `event` from the current state; throws (a workflow task failure) if illegal. */
   const next = (event: LifecycleEvent): Transition => advance(life, event);
   /** Announces the current state (search attribute, details). */
@@ -113,17 +113,17 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
     upsertSearchAttributes([{ key: SlipwaySandboxState, value: life.state }]);
     setCurrentDetails(`**${life.state}** — ${details}`);
   };
-  /** Takes a transition: from here on, queries, handlers and the ledger's next writes see its state. */
+  /** Takes a transition: from here on, queries, handlers and the billing database's next writes see its state. */
   const enter = (t: Transition, details: string) => {
     life = t.lifecycle;
     show(details);
   };
-  /** A transition's billing actions as the ledger's session close and open, at `atMs` (a close may end earlier). */
+  /** A transition's billing actions as the billing database's session close and open, at `atMs` (a close may end earlier). */
   const sessions = (
     t: Transition,
     atMs: number,
     extra: { closeAtMs?: number; provisioningKind?: ProvisioningKind } = {},
-  ): Pick<LedgerTransition, 'close' | 'open'> => {
+  ): Pick<BillingTransition, 'close' | 'open'> => {
     const { close, open } = t.billing;
     return {
       ...(close ? { close: { kind: close.kind, seq: close.seq, endedAtMs: extra.closeAtMs ?? atMs, reason: close.reason } } : {}),
@@ -308,8 +308,8 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
       }
       if (now < nextIdleCheckMs) continue;
 
-      // Idle check: the ledger decides, atomically against concurrent calls.
-      const claim = await ledger.claimIdleSandbox({ sandboxId, idleMs: policy.idleTimeoutMs });
+      // Idle check: the billing database decides, atomically against concurrent calls.
+      const claim = await billing.claimIdleSandbox({ sandboxId, idleMs: policy.idleTimeoutMs });
       if (!claim.claimed) {
         nextIdleCheckMs = Date.now() + Math.max(50, policy.idleTimeoutMs - claim.idleForMs);
         continue;
@@ -377,7 +377,7 @@ export async function serviceSandboxWorkflow(input: ServiceSandboxInput): Promis
         fields: { deadlineAtMs: at + deadlineRemainingMs, deadlineRemainingMs: null, suspendedAtMs: null, snapshotRef: null, touch: true },
         ...sessions(back, at),
       });
-      if (input.grants.length > 0) await ledger.capSandboxGrants({ sandboxId, notAfterMs: at + deadlineRemainingMs });
+      if (input.grants.length > 0) await billing.capSandboxGrants({ sandboxId, notAfterMs: at + deadlineRemainingMs });
       nextIdleCheckMs = at + policy.idleTimeoutMs;
       enter(back, `restored in ${restored.durationMs} ms`);
       periods += 1;

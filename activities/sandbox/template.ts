@@ -1,5 +1,5 @@
 /**
- * The prepared template ("snapshot") of a repository: one worktree, detached at a base commit,
+ * The prepared template of a repository: one worktree, detached at a base commit,
  * with the checkout's ignored files copied in and project setup done. New sandboxes and warm-pool
  * entries whose base has the same lockfiles and whose setup commands are the same copy their
  * ignored files from it (reflinks where the filesystem has them) and only verify, instead of
@@ -9,7 +9,7 @@
  *   <repo>/.slipway/templates/<id>/      template worktrees (locked, so `git worktree prune` keeps them)
  *
  * Stale when a lockfile changed (at the base, or in the checkout the ignored files came from)
- * or the setup commands changed. `slipway snapshot create|check|update` drive it.
+ * or the setup commands changed. `slipway template create|check|update` drive it.
  */
 import { writeJsonAtomic } from '../../lib/atomic-write';
 import { randomBytes } from 'node:crypto';
@@ -93,7 +93,7 @@ export interface TemplateCheck {
 /** Is the template stale? Lockfiles (at its base ref now, and in the checkout) and, when given, setup commands. */
 export async function checkTemplate(repo: string, opts: { base?: string; setup?: ProjectSetup } = {}): Promise<TemplateCheck> {
   const manifest = await readTemplate(repo);
-  if (!manifest) return { state: 'missing', reasons: ['no template: run `slipway snapshot create`'] };
+  if (!manifest) return { state: 'missing', reasons: ['no template: run `slipway template create`'] };
   const reasons: string[] = [];
   if (!(await exists(path.join(manifest.root, '.git')))) reasons.push(`the template worktree ${manifest.root} is gone`);
   const baseRef = opts.base ?? manifest.baseRef;

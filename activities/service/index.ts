@@ -1,5 +1,5 @@
 /**
- * Activities of the sandbox service: ledger writes (run as local activities: fast, idempotent),
+ * Activities of the sandbox service: billing writes (run as local activities: fast, idempotent),
  * provisioning with warm-pool claims and grant tokens, suspend/restore, destroy, and the
  * reaper's tick. Secrets (grant tokens) are minted and written here, inside the activity, and
  * never returned to the workflow.
@@ -28,8 +28,8 @@ import { withHeartbeat } from '../heartbeat';
 import { git } from '../../lib/git';
 import { localSandboxRoot } from '../sandbox/local';
 import type { SandboxHandle } from '../sandbox/provider';
-import type { Db } from '../ledger/db';
-import * as ledger from '../ledger/ledger';
+import type { Db } from '../billing/db';
+import * as billing from '../billing/records';
 import type { ProviderFor } from './providers';
 import type { ServiceMetrics } from './metrics';
 
@@ -77,7 +77,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
   const writeGrants = async (handle: SandboxHandleRef, input: ProvisionInput) => {
     if (input.grants.length === 0) return;
     const notAfter = Math.min(input.grantsNotAfterMs, Date.now() + input.grantTtlMs);
-    const minted = await ledger.mintGrants(db, input.sandboxId, input.accountId, input.grants, notAfter);
+    const minted = await billing.mintGrants(db, input.sandboxId, input.accountId, input.grants, notAfter);
     const file = path.join(handle.root, GRANTS_FILE);
     await fs.mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
     const body = {
@@ -89,7 +89,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
 
   const claimWarm = async (input: ProvisionInput): Promise<SandboxHandleRef | undefined> => {
     if (input.policy.warmReplicas <= 0) return undefined;
-    const warm = await ledger.claimWarm(db, input.policy.profileId, input.sandboxId);
+    const warm = await billing.claimWarm(db, input.policy.profileId, input.sandboxId);
     if (!warm) return undefined;
     // Name the branch after the sandbox (cheap: a ref rename) so `git branch` tells the story.
     const branch = serviceSandboxBranch(input.sandboxId);
@@ -99,10 +99,10 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
   };
 
   const replenish = async (policy: SandboxPolicy, accountId: string): Promise<number> => {
-    const free = await ledger.countFreeWarm(db, policy.profileId);
+    const free = await billing.countFreeWarm(db, policy.profileId);
     let made = 0;
     for (let i = free; i < policy.warmReplicas; i++) {
-      const id = ledger.newId('warm');
+      const id = billing.newId('warm');
       const provider = providerFor(policy);
       const handle = await provider.create({
         sandboxId: id,
@@ -112,7 +112,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
         branch: `slipway/warm/${id}`,
         base: policy.baseRef,
       });
-      await ledger.addWarm(db, { id, profile_id: policy.profileId, repository: policy.repository, root: handle.root, branch: handle.branch });
+      await billing.addWarm(db, { id, profile_id: policy.profileId, repository: policy.repository, root: handle.root, branch: handle.branch });
       made++;
     }
     void accountId;
@@ -120,20 +120,20 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
   };
 
   return {
-    // --- ledger (local activities) ---------------------------------------------------------
+    // --- billing (local activities) ---------------------------------------------------------
 
-    async recordSandboxTransition(t: ledger.LedgerTransition): Promise<void> {
-      await ledger.recordTransition(db, t);
+    async recordSandboxTransition(t: billing.BillingTransition): Promise<void> {
+      await billing.recordTransition(db, t);
       deps.metrics?.transition(t.status);
     },
 
     async claimIdleSandbox(input: { sandboxId: string; idleMs: number }) {
-      return ledger.claimIdle(db, input.sandboxId, input.idleMs);
+      return billing.claimIdle(db, input.sandboxId, input.idleMs);
     },
 
     /** Moves grant expiry to the sandbox's current deadline (it moved after a suspension). */
     async capSandboxGrants(input: { sandboxId: string; notAfterMs: number }): Promise<void> {
-      await ledger.capGrants(db, input.sandboxId, input.notAfterMs);
+      await billing.capGrants(db, input.sandboxId, input.notAfterMs);
     },
 
     // --- provider work ----------------------------------------------------------------------
@@ -208,7 +208,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
       const repository = input.handle?.repository ?? input.policy.repository;
       await provider.destroy({ repository, root });
       await provider.deleteSnapshot?.({ root });
-      await ledger.revokeGrants(db, input.sandboxId);
+      await billing.revokeGrants(db, input.sandboxId);
     },
 
     // --- reaper ------------------------------------------------------------------------------
@@ -245,14 +245,14 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
           if (row.age_ms < grace) continue; // the API may be between its insert and the workflow start
           const at = Date.now();
           const reason: EndReason = 'orphaned';
-          await ledger.closeOrphanSessions(db, row.id, at, reason);
-          await ledger.recordTransition(db, {
+          await billing.closeOrphanSessions(db, row.id, at, reason);
+          await billing.recordTransition(db, {
             sandboxId: row.id,
             status: row.status === 'pending' ? 'failed' : 'terminated',
             fields: { terminatedAtMs: at, endReason: reason, error: 'the sandbox workflow is not running' },
             audit: { event: 'reaper_closed_orphan' },
           });
-          await ledger.revokeGrants(db, row.id);
+          await billing.revokeGrants(db, row.id);
           result.closedOrphans.push(row.id);
           continue;
         }
@@ -261,20 +261,20 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
           result.signalled.push({ sandboxId: row.id, reason: row.reason });
         }
       }
-      // Leftovers: service worktrees whose sandbox has ended (or never existed in the ledger).
-      const profiles = await ledger.listProfiles(db);
+      // Leftovers: service worktrees whose sandbox has ended (or never existed in the billing database).
+      const profiles = await billing.listProfiles(db);
       const seen = new Set<string>();
       for (const profile of profiles) {
         const key = `${profile.provider}:${profile.repository}`;
         if (seen.has(key)) continue;
         seen.add(key);
-        const provider = providerFor(ledger.policyFromProfile(profile));
+        const provider = providerFor(billing.policyFromProfile(profile));
         const listed = await provider.list(profile.repository).catch(() => []);
         const prefix = path.join(profile.repository, '.slipway', 'worktrees', serviceSandboxGroup(''));
         for (const entry of listed) {
           const id = path.basename(entry.root);
           if (!entry.root.startsWith(prefix) || !SANDBOX_ID_PATTERN.test(id)) continue;
-          const row = await ledger.getSandboxById(db, id);
+          const row = await billing.getSandboxById(db, id);
           if (row && row.status !== 'terminated' && row.status !== 'failed') continue;
           if (!row && Date.now() - ((await fs.stat(entry.root).catch(() => undefined))?.mtimeMs ?? 0) < grace) continue;
           await provider.destroy({ repository: profile.repository, root: entry.root });
@@ -282,15 +282,15 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
         }
       }
       for (const profile of profiles) {
-        if (profile.warm_replicas > 0) result.warmed += await replenish(ledger.policyFromProfile(profile), profile.account_id);
+        if (profile.warm_replicas > 0) result.warmed += await replenish(billing.policyFromProfile(profile), profile.account_id);
       }
       return result;
     },
 
     async replenishWarmPool(input: { profileId: string }): Promise<number> {
-      const profile = await ledger.getProfile(db, input.profileId);
+      const profile = await billing.getProfile(db, input.profileId);
       if (!profile) return 0;
-      return replenish(ledger.policyFromProfile(profile), profile.account_id);
+      return replenish(billing.policyFromProfile(profile), profile.account_id);
     },
   };
 }

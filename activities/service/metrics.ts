@@ -1,10 +1,10 @@
 /**
  * Prometheus metrics of the sandbox service: provisioning time, exec duration, suspend and
- * restore times, and active sandboxes per account and state (read from the ledger at scrape
+ * restore times, and active sandboxes per account and state (read from the billing database at scrape
  * time, so every API replica reports the same truth).
  */
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
-import type { Queryable } from '../ledger/db';
+import type { Queryable } from '../billing/db';
 
 const SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120];
 

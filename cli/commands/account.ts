@@ -1,22 +1,22 @@
 /**
- * Operator verbs on the ledger: accounts, API tokens, projects, profiles, and monthly usage.
- * They open the ledger directly (DATABASE_URL, else the embedded PGlite under SLIPWAY_HOME, or
- * through `slipway api`'s ledger socket while that holds it).
+ * Operator verbs on the billing database: accounts, API tokens, projects, profiles, and monthly usage.
+ * They open the billing database directly (DATABASE_URL, else the embedded PGlite under SLIPWAY_HOME, or
+ * through `slipway api`'s billing socket while that holds it).
  */
 import { parseProfileResources } from '../../core/limits';
 import path from 'node:path';
 import type { Command } from 'commander';
-import { openLedger, type Db } from '../../activities/ledger/db';
-import * as ledger from '../../activities/ledger/ledger';
+import { openBillingDb, type Db } from '../../activities/billing/db';
+import * as billing from '../../activities/billing/records';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS } from '../../core/sandbox-service';
 import { slipwaySettings } from '../../lib/settings';
 import { CliError, EXIT } from '../exit-codes';
 
-async function withLedger<T>(fn: (db: Db) => Promise<T>): Promise<T> {
+async function withBillingDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
   let db: Db;
   try {
-    // While `slipway api` holds the embedded ledger, the verbs run through its ledger socket.
-    db = await openLedger({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: slipwaySettings().dataDir, viaHolder: true });
+    // While `slipway api` holds the embedded billing database, the verbs run through its billing socket.
+    db = await openBillingDb({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: slipwaySettings().dataDir, viaHolder: true });
   } catch (e) {
     throw new CliError((e as Error).message, EXIT.runFailed);
   }
@@ -39,8 +39,8 @@ const count = (name: string) => (v: string) => {
   return n;
 };
 
-async function requireAccount(db: Db, id: string): Promise<ledger.Account> {
-  const account = await ledger.getAccount(db, id);
+async function requireAccount(db: Db, id: string): Promise<billing.Account> {
+  const account = await billing.getAccount(db, id);
   if (!account) throw new CliError(`no account "${id}" (create it with \`slipway account create ${id}\`)`);
   return account;
 }
@@ -79,19 +79,19 @@ function dbInputError(e: unknown): never {
 }
 
 export function registerAccountCommands(program: Command): void {
-  const account = program.command('account').description('sandbox service accounts (ledger)');
+  const account = program.command('account').description('sandbox service accounts (billing database)');
   account
     .command('create')
-    .argument('<id>', `account id: ${ledger.ACCOUNT_ID_PATTERN.source}`)
+    .argument('<id>', `account id: ${billing.ACCOUNT_ID_PATTERN.source}`)
     .option('--name <name>', 'display name')
     .option('--concurrency <n>', 'live sandboxes at once (default 1)', count('--concurrency'))
     .option('--monthly-minutes <n>', 'soft monthly cap, for dashboards', count('--monthly-minutes'))
     .option('--disabled', 'create with sandboxes turned off')
     .description('create an account')
     .action(async (id: string, opts) => {
-      if (!ledger.ACCOUNT_ID_PATTERN.test(id)) throw new CliError(`account id must match ${ledger.ACCOUNT_ID_PATTERN.source}`);
-      await withLedger(async (db) => {
-        const a = await ledger
+      if (!billing.ACCOUNT_ID_PATTERN.test(id)) throw new CliError(`account id must match ${billing.ACCOUNT_ID_PATTERN.source}`);
+      await withBillingDb(async (db) => {
+        const a = await billing
           .createAccount(db, { id, name: opts.name, concurrentLimit: opts.concurrency, monthlyMinutes: opts.monthlyMinutes, sandboxesEnabled: !opts.disabled })
           .catch(dbInputError);
         out(`account ${a.id} created (concurrency ${a.concurrent_limit}${a.sandboxes_enabled ? '' : ', sandboxes disabled'})`);
@@ -107,9 +107,9 @@ export function registerAccountCommands(program: Command): void {
     .description("change an account's limits or feature flag")
     .action(async (id: string, opts) => {
       if (opts.enable && opts.disable) throw new CliError('--enable and --disable cannot be given together');
-      await withLedger(async (db) => {
+      await withBillingDb(async (db) => {
         await requireAccount(db, id);
-        const a = await ledger.updateAccount(db, id, {
+        const a = await billing.updateAccount(db, id, {
           concurrentLimit: opts.concurrency,
           monthlyMinutes: opts.monthlyMinutes,
           sandboxesEnabled: opts.enable ? true : opts.disable ? false : undefined,
@@ -123,8 +123,8 @@ export function registerAccountCommands(program: Command): void {
     .option('--json', 'print JSON')
     .description('list accounts')
     .action(async (opts) => {
-      await withLedger(async (db) => {
-        const { rows } = await db.query<ledger.Account>('SELECT * FROM accounts ORDER BY id');
+      await withBillingDb(async (db) => {
+        const { rows } = await db.query<billing.Account>('SELECT * FROM accounts ORDER BY id');
         if (opts.json) out(JSON.stringify(rows));
         else for (const a of rows) out(`${a.id.padEnd(24)} concurrency ${a.concurrent_limit}  ${a.sandboxes_enabled ? 'enabled' : 'disabled'}`);
       });
@@ -138,9 +138,9 @@ export function registerAccountCommands(program: Command): void {
     .option('--expires-days <n>', 'expire after this many days', positive('--expires-days'))
     .description('create a token and print it (the only time it is shown)')
     .action(async (opts) => {
-      await withLedger(async (db) => {
+      await withBillingDb(async (db) => {
         await requireAccount(db, opts.account);
-        const t = await ledger.createApiToken(db, opts.account, { name: opts.name, expiresAtMs: opts.expiresDays ? Date.now() + opts.expiresDays * 86_400_000 : undefined });
+        const t = await billing.createApiToken(db, opts.account, { name: opts.name, expiresAtMs: opts.expiresDays ? Date.now() + opts.expiresDays * 86_400_000 : undefined });
         process.stderr.write(`token ${t.id} for account ${opts.account}; store it now, it is not shown again\n`);
         out(t.token);
       });
@@ -151,8 +151,8 @@ export function registerAccountCommands(program: Command): void {
     .argument('<token-id>', 'the tok_... id printed at creation')
     .description('revoke a token')
     .action(async (tokenId: string, opts) => {
-      await withLedger(async (db) => {
-        if (!(await ledger.revokeApiToken(db, opts.account, tokenId))) throw new CliError(`no live token ${tokenId} in account ${opts.account}`);
+      await withBillingDb(async (db) => {
+        if (!(await billing.revokeApiToken(db, opts.account, tokenId))) throw new CliError(`no live token ${tokenId} in account ${opts.account}`);
         out(`token ${tokenId} revoked`);
       });
     });
@@ -165,9 +165,9 @@ export function registerAccountCommands(program: Command): void {
     .requiredOption('--account <id>', 'account')
     .description('create a project and print its id')
     .action(async (name: string, opts) => {
-      await withLedger(async (db) => {
+      await withBillingDb(async (db) => {
         await requireAccount(db, opts.account);
-        out((await ledger.createProject(db, opts.account, name).catch(dbInputError)).id);
+        out((await billing.createProject(db, opts.account, name).catch(dbInputError)).id);
       });
     });
 
@@ -209,9 +209,9 @@ export function registerAccountCommands(program: Command): void {
       if (opts.confinement === 'none' && !opts.allowUnconfined) {
         throw new CliError('--confinement none would run tenants\' commands on the host as the API server\'s user; pass --allow-unconfined as well for a single-tenant setup (and start `slipway api --allow-unconfined`)');
       }
-      await withLedger(async (db) => {
+      await withBillingDb(async (db) => {
         await requireAccount(db, opts.account);
-        const p = await ledger
+        const p = await billing
           .createProfile(db, opts.account, {
             name,
             repository: path.resolve(opts.repo),
@@ -238,8 +238,8 @@ export function registerAccountCommands(program: Command): void {
     .option('--json', 'print JSON')
     .description('list profiles')
     .action(async (opts) => {
-      await withLedger(async (db) => {
-        const rows = await ledger.listProfiles(db, opts.account);
+      await withBillingDb(async (db) => {
+        const rows = await billing.listProfiles(db, opts.account);
         if (opts.json) out(JSON.stringify(rows));
         else for (const p of rows) out(`${p.account_id.padEnd(20)} ${p.name.padEnd(24)} ${p.provider}/${p.platform}  ${p.repository}`);
       });
@@ -250,16 +250,16 @@ export function registerAccountCommands(program: Command): void {
     .requiredOption('--account <id>', 'account')
     .requiredOption('--month <yyyy-mm>', 'calendar month (UTC), e.g. 2026-11')
     .option('--json', 'print JSON')
-    .description("billable minutes from the sandbox_sessions ledger (one SQL query)")
+    .description("billable minutes from the sandbox_sessions table (one SQL query)")
     .action(async (opts) => {
       try {
-        ledger.monthRange(opts.month);
+        billing.monthRange(opts.month);
       } catch (e) {
         throw new CliError((e as Error).message);
       }
-      await withLedger(async (db) => {
+      await withBillingDb(async (db) => {
         const acct = await requireAccount(db, opts.account);
-        const lines = await ledger.monthlyUsage(db, opts.account, opts.month);
+        const lines = await billing.monthlyUsage(db, opts.account, opts.month);
         const compute = lines.filter((l) => l.kind === 'compute').reduce((s, l) => s + l.minutes, 0);
         if (opts.json) {
           out(JSON.stringify({ account: opts.account, month: opts.month, lines, compute_minutes: compute, monthly_minutes_cap: acct.monthly_minutes }));

@@ -1,12 +1,12 @@
 /**
  * `slipway api`: the sandbox service (REST, MCP over HTTP, metrics) with its worker, watcher
- * and reaper schedule, on the embedded Temporal and ledger unless TEMPORAL_ADDRESS and
+ * and reaper schedule, on the embedded Temporal and billing unless TEMPORAL_ADDRESS and
  * DATABASE_URL say otherwise. `slipway mcp`: the MCP tools over stdio, as a client of the API.
  */
 import type { Command } from 'commander';
 import path from 'node:path';
-import { openLedger, type Db } from '../../activities/ledger/db';
-import { ledgerSocketPath, serveLedgerSocket } from '../../activities/ledger/socket';
+import { BILLING_DIR, openBillingDb, type Db } from '../../activities/billing/db';
+import { billingSocketPath, serveBillingSocket } from '../../activities/billing/socket';
 import { slipwaySettings } from '../../lib/settings';
 import { resolveTemporal } from '../../workers/temporal';
 import { installRuntimeLogging } from '../../workers/logging';
@@ -52,17 +52,17 @@ export async function apiCommand(opts: {
   if (target.server) log(`started the embedded Temporal server at ${target.address} (Web UI ${target.uiUrl})`);
   let db: Db;
   try {
-    db = await openLedger({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: settings.dataDir });
+    db = await openBillingDb({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: settings.dataDir });
   } catch (e) {
     await target.server?.stop();
     throw new CliError((e as Error).message, EXIT.runFailed);
   }
-  // The operator's CLI reaches the embedded ledger through this process while it runs (socket.ts).
-  let ledgerSocket: { close(): Promise<void> } | undefined;
+  // The operator's CLI reaches the embedded billing database through this process while it runs (socket.ts).
+  let billingSocket: { close(): Promise<void> } | undefined;
   if (db.engine === 'pglite') {
-    const socketPath = ledgerSocketPath(path.join(settings.dataDir, 'ledger'));
-    ledgerSocket = await serveLedgerSocket(db, socketPath).catch((e: Error) => {
-      log(`WARNING: ${e.message}; \`slipway account\`, \`token\` and \`profile\` cannot reach the ledger while this runs`);
+    const socketPath = billingSocketPath(path.join(settings.dataDir, BILLING_DIR));
+    billingSocket = await serveBillingSocket(db, socketPath).catch((e: Error) => {
+      log(`WARNING: ${e.message}; \`slipway account\`, \`token\` and \`profile\` cannot reach the billing database while this runs`);
       return undefined;
     });
   }
@@ -85,15 +85,15 @@ export async function apiCommand(opts: {
     ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
     ...(opts.rate !== undefined ? { requestsPerSecond: opts.rate } : {}),
   });
-  if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); ledger: ${db.engine}`);
-  else log(`sandbox service worker on task queue ${host.serviceTaskQueue} (no HTTP); ledger: ${db.engine}`);
+  if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); billing database: ${db.engine}`);
+  else log(`sandbox service worker on task queue ${host.serviceTaskQueue} (no HTTP); billing database: ${db.engine}`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', () => resolve());
     process.once('SIGTERM', () => resolve());
   });
   log('shutting down');
   await host.close();
-  await ledgerSocket?.close();
+  await billingSocket?.close();
   await db.close();
   await target.server?.stop();
   return EXIT.ok;

@@ -12,9 +12,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createActivities } from '../../activities';
-import { openLedger } from '../../activities/ledger/db';
-import { createAccount, createApiToken, hashToken } from '../../activities/ledger/ledger';
-import { connectLedgerSocket, ledgerSocketPath, serveLedgerSocket } from '../../activities/ledger/socket';
+import { openBillingDb } from '../../activities/billing/db';
+import { createAccount, createApiToken, hashToken } from '../../activities/billing/records';
+import { connectBillingSocket, billingSocketPath, serveBillingSocket } from '../../activities/billing/socket';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { DENIED_SYSCALLS } from '../../activities/sandbox/seccomp';
@@ -55,7 +55,7 @@ describe('a hostile agent in a confined stream sandbox', () => {
     gitIn(repo, 'branch', INTEGRATION, 'main');
     home = path.join(parent, 'slipway-home');
     await fs.mkdir(home);
-    await fs.writeFile(path.join(home, 'ledger.db'), 'LEDGER-SECRET');
+    await fs.writeFile(path.join(home, 'billing.db'), 'BILLING-SECRET');
     await fs.mkdir(path.join(repo, '.slipway'), { recursive: true });
     await fs.writeFile(path.join(repo, '.slipway', '.env'), 'API_KEY=ENV-SECRET\n');
     process.env.SLIPWAY_HOME = home;
@@ -150,7 +150,7 @@ describe('a hostile agent in a confined stream sandbox', () => {
   it('sees nothing of the host: no shadow file, no $SLIPWAY_HOME, no other sandbox, no checkout, no home', async () => {
     const targets = [
       '/etc/shadow',
-      path.join(home, 'ledger.db'),
+      path.join(home, 'billing.db'),
       path.join(neighbour.root, 'grants.json'),
       path.join(repo, 'README.md'),
       path.join(repo, '.slipway', '.env'),
@@ -159,7 +159,7 @@ describe('a hostile agent in a confined stream sandbox', () => {
       '/proc/1/root/etc/hostname',
     ];
     const r = await run(targets.map((t) => `cat '${t}' 2>/dev/null`).join('; ') + '; ls /proc/1/root/ 2>/dev/null | head -3; true');
-    for (const secret of ['LEDGER-SECRET', 'GRANT-SECRET', 'ENV-SECRET', 'hello', 'root:']) expect(r.stdout).not.toContain(secret);
+    for (const secret of ['BILLING-SECRET', 'GRANT-SECRET', 'ENV-SECRET', 'hello', 'root:']) expect(r.stdout).not.toContain(secret);
     // The home folder is a private, empty tmpfs; the sandboxes' folder holds this sandbox only.
     const listing = await run(`ls -A '${os.homedir()}' | wc -l; ls -A '${path.dirname(h.root)}'`);
     expect(listing.stdout.split('\n')[0]).toBe('0');
@@ -187,25 +187,25 @@ describe('a hostile agent in a confined stream sandbox', () => {
     expect(r.stdout).not.toContain('hello');
   });
 
-  it("cannot reach the embedded ledger, its socket or another account's tokens", async () => {
-    // A real embedded ledger with a token, served on its socket as `slipway api` serves it.
-    const ledgerDir = path.join(home, 'ledger');
-    const db = await openLedger({ dataDir: home });
-    const served = await serveLedgerSocket(db, ledgerSocketPath(ledgerDir));
+  it("cannot reach the embedded billing database, its socket or another account's tokens", async () => {
+    // A real embedded billing database with a token, served on its socket as `slipway api` serves it.
+    const billingDir = path.join(home, 'billing');
+    const db = await openBillingDb({ dataDir: home });
+    const served = await serveBillingSocket(db, billingSocketPath(billingDir));
     try {
       await createAccount(db, { id: 'other-tenant' });
       const { token } = await createApiToken(db, 'other-tenant', { name: 'secret' });
       const hash = hashToken(token);
       // The socket answers on the host (so the attempts below could succeed if it were reachable).
-      const fromHost = await connectLedgerSocket(ledgerSocketPath(ledgerDir)).query<{ token_hash: string }>('SELECT token_hash FROM api_tokens');
+      const fromHost = await connectBillingSocket(billingSocketPath(billingDir)).query<{ token_hash: string }>('SELECT token_hash FROM api_tokens');
       expect(fromHost.rows.map((r) => r.token_hash)).toContain(hash);
-      const socket = ledgerSocketPath(ledgerDir);
+      const socket = billingSocketPath(billingDir);
       // A client as the CLI would make it, run from inside the sandbox.
       await fs.writeFile(
         path.join(h.root, 'probe.js'),
         `const s = require('net').connect(${JSON.stringify(socket)}); s.on('connect', () => { console.log('CONNECTED'); s.end(); }); s.on('error', (e) => console.log('refused', e.code));`,
       );
-      const r = await run(`ls -la '${ledgerDir}' 2>&1; cat '${ledgerDir}'/* 2>/dev/null | grep -c '${hash}'; node probe.js 2>&1; grep -rl '${hash}' /tmp /run /var/tmp 2>/dev/null; rm -f probe.js; true`);
+      const r = await run(`ls -la '${billingDir}' 2>&1; cat '${billingDir}'/* 2>/dev/null | grep -c '${hash}'; node probe.js 2>&1; grep -rl '${hash}' /tmp /run /var/tmp 2>/dev/null; rm -f probe.js; true`);
       expect(r.stdout).toContain('refused ENOENT');
       expect(r.stdout).not.toContain('CONNECTED');
       expect(r.stdout).not.toContain(hash.slice(0, 16));

@@ -1,5 +1,5 @@
 /**
- * `slipway worktree list|review|merge|discard` and `slipway snapshot create|check|update`, through
+ * `slipway worktree list|review|merge|discard` and `slipway template create|check|update`, through
  * the real CLI on real repositories. Merging into the user's branch is refused (exit 2, nothing
  * changed) unless the checkout is clean.
  */
@@ -188,7 +188,7 @@ describe('slipway worktree', () => {
   });
 });
 
-describe('slipway snapshot', () => {
+describe('slipway template', () => {
   let repo: string;
   const setupArgs = ['--setup', 'echo built >> .built', '--verify', 'test -f .built', '--verify', 'test -f node_modules/dep.js'];
 
@@ -203,17 +203,17 @@ describe('slipway snapshot', () => {
   });
 
   it('creates, checks, reports staleness (lockfile, setup commands) and updates the template', async () => {
-    const missing = await slipway(['snapshot', 'check'], env(), repo);
+    const missing = await slipway(['template', 'check'], env(), repo);
     expect(missing.code).toBe(1);
     expect(missing.stdout).toContain('missing');
 
-    const created = await slipway(['snapshot', 'create', ...setupArgs], env(), repo);
+    const created = await slipway(['template', 'create', ...setupArgs], env(), repo);
     expect(created.code, created.stderr).toBe(0);
     const manifest = (await readTemplate(repo))!;
     expect(await fs.readFile(path.join(manifest.root, '.built'), 'utf8')).toBe('built\n');
     expect(await exists(path.join(manifest.root, 'node_modules/dep.js'))).toBe(true);
-    expect((await slipway(['snapshot', 'check'], env(), repo)).code).toBe(0);
-    const again = await slipway(['snapshot', 'create', ...setupArgs], env(), repo);
+    expect((await slipway(['template', 'check'], env(), repo)).code).toBe(0);
+    const again = await slipway(['template', 'create', ...setupArgs], env(), repo);
     expect(again.code).toBe(0);
     expect(again.stdout).toContain('a fresh template exists');
 
@@ -227,28 +227,31 @@ describe('slipway snapshot', () => {
     expect(await fs.readFile(path.join(h.root, '.built'), 'utf8')).toBe('built\n');
     await provider.destroy({ repository: repo, root: h.root });
 
-    const otherSetup = await slipway(['snapshot', 'check', '--setup', 'npm ci', '--json'], env(), repo);
+    const otherSetup = await slipway(['template', 'check', '--setup', 'npm ci', '--json'], env(), repo);
     expect(otherSetup.code).toBe(1);
     expect(JSON.parse(otherSetup.stdout)).toMatchObject({ state: 'stale', reasons: ['project_setup commands changed'] });
 
     await fs.writeFile(path.join(repo, 'package-lock.json'), '{"v":2}\n');
     gitIn(repo, 'commit', '-qam', 'bump deps');
-    const stale = await slipway(['snapshot', 'check'], env(), repo);
+    const stale = await slipway(['template', 'check'], env(), repo);
     expect(stale.code).toBe(1);
     expect(stale.stdout).toContain('lockfile package-lock.json changed');
-    const refused = await slipway(['snapshot', 'create', ...setupArgs], env(), repo);
+    const refused = await slipway(['template', 'create', ...setupArgs], env(), repo);
     expect(refused.code).toBe(1);
-    expect(refused.stderr).toContain('slipway snapshot update');
+    expect(refused.stderr).toContain('slipway template update');
 
-    const updated = await slipway(['snapshot', 'update'], env(), repo);
+    const updated = await slipway(['template', 'update'], env(), repo);
     expect(updated.code, updated.stderr).toBe(0);
     expect(updated.stdout).toContain('lockfile package-lock.json changed');
     const now = (await readTemplate(repo))!;
     expect(now.id).not.toBe(manifest.id);
     expect(now.setup?.commands).toEqual(['echo built >> .built']); // the recorded setup
     expect(await exists(manifest.root)).toBe(false); // the old template is gone
-    expect((await slipway(['snapshot', 'check'], env(), repo)).code).toBe(0);
-    const noop = await slipway(['snapshot', 'update'], env(), repo);
+    // The old name still works, and says it is the old name.
+    const legacy = await slipway(['snapshot', 'check'], env(), repo);
+    expect(legacy.code).toBe(0);
+    expect(legacy.stderr).toContain('`slipway snapshot` is now `slipway template`');
+    const noop = await slipway(['template', 'update'], env(), repo);
     expect(noop.stdout).toContain('already fresh');
     // Templates are locked worktrees of their own, never listed as sandboxes.
     expect(await provider.list(repo)).toEqual([]);

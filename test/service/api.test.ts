@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createSandboxServiceActivities } from '../../activities/service';
 import { defaultProviderFor } from '../../activities/service/providers';
 import { ApiClientError } from '../../api/client';
-import { createApiToken, revokeApiToken } from '../../activities/ledger/ledger';
+import { createApiToken, revokeApiToken } from '../../activities/billing/records';
 import { MCP_TOOLS } from '../../api/mcp';
 import { OPENAPI_FILE, renderOpenApi } from '../../api/write-openapi';
 import { GRANTS_FILE, serviceSandboxWorkflowId } from '../../core/sandbox-service';
@@ -117,7 +117,8 @@ describe('exec and files', () => {
     expect(run.exit_code).toBe(0);
     const [stdin, greeting, cwd, secretCount] = run.stdout.trim().split('\n');
     expect([stdin, greeting, secretCount]).toEqual(['in', 'hi', '0']);
-    expect(cwd!.endsWith(`${sandboxId}/src`)).toBe(true);
+    // Confined (the service default): the sandbox sees its own tree at /workspace, never a host path.
+    expect(cwd).toBe('/workspace/src');
     const fail = await a.api.exec(sandboxId, { command: 'sh', args: ['-c', 'echo oops >&2; exit 3'] });
     expect(fail).toMatchObject({ exit_code: 3, stderr: 'oops\n' });
     const slow = await a.api.exec(sandboxId, { command: 'sleep', args: ['5'], timeout_seconds: 0.3 });
@@ -255,7 +256,7 @@ describe('documents and metrics', () => {
   });
 });
 
-describe('ledger activities', () => {
+describe('billing activities', () => {
   it('writes a transition once when the activity is retried', async () => {
     const acts = createSandboxServiceActivities({ db: h.database.db, providerFor: defaultProviderFor() });
     const { rows } = await h.database.db.query<{ n: number }>('SELECT count(*)::int AS n FROM sandbox_sessions WHERE sandbox_id = $1', [sandboxId]);

@@ -1,14 +1,14 @@
 /**
  * Continue-as-new of the service sandbox workflow never drops a terminate request or a wake that
  * arrives while it switches runs (issue 10). The race is made deterministic, not timed: the
- * workflow task that ends with the switch is held open by the ledger write just before it (its
+ * workflow task that ends with the switch is held open by the billing database write just before it (its
  * row locked by the test), the request is sent while it waits, then the lock is released.
  * Real Temporal, real Postgres, real sandboxes.
  */
 import { temporal } from '@temporalio/proto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { defaultProviderFor, type ProviderFor } from '../../activities/service/providers';
-import { getProfileByName, insertSandboxWithinLimit, newSandboxId, policyFromProfile } from '../../activities/ledger/ledger';
+import { getProfileByName, insertSandboxWithinLimit, newSandboxId, policyFromProfile } from '../../activities/billing/records';
 import { serviceSandboxWorkflowId } from '../../core/sandbox-service';
 import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../../workflows/service-sandbox';
 import { startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
@@ -70,7 +70,7 @@ async function sandboxThatCarriesAfterSuspending(a: TestAccount): Promise<string
 
 /**
  * Runs `during` while the workflow task that ends with the switch is held open: the suspension
- * is let through with the sandbox's row locked, so the ledger write of `suspended` (a local
+ * is let through with the sandbox's row locked, so the billing database write of `suspended` (a local
  * activity, right before the switch) waits on the lock; once it visibly waits, `during` sends
  * its request, then the lock goes.
  */
@@ -87,7 +87,7 @@ async function atTheSwitch(id: string, during: () => Promise<void>): Promise<voi
   });
   await locked.wait();
   suspendMayEnd.open();
-  // The ledger write waits on the lock: the switch's workflow task is in flight.
+  // The billing database write waits on the lock: the switch's workflow task is in flight.
   for (;;) {
     const { rows } = await h.database.db.query<{ n: number }>(`SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'UPDATE sandboxes SET%'`);
     if (rows[0]!.n > 0) break;

@@ -1,7 +1,7 @@
 /**
- * The service's CLI verbs as a user runs them (real processes): ledger administration against
+ * The service's CLI verbs as a user runs them (real processes): billing administration against
  * the test Postgres, `slipway sandbox ...` against the API over HTTP, `slipway mcp` over
- * stdio, `slipway usage`, and the embedded PGlite ledger with its single-process lock.
+ * stdio, `slipway usage`, and the embedded PGlite billing with its single-process lock.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -10,8 +10,8 @@ import path from 'node:path';
 import { Client as McpClient } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { openPglite, processIdentity } from '../../activities/ledger/db';
-import { connectLedgerSocket, ledgerSocketPath } from '../../activities/ledger/socket';
+import { openPglite, processIdentity } from '../../activities/billing/db';
+import { connectBillingSocket, billingSocketPath } from '../../activities/billing/socket';
 import { SandboxApiClient } from '../../api/client';
 import { codeOf, startServiceHarness, type ServiceHarness } from './harness';
 import { tempDir } from './repo';
@@ -175,13 +175,13 @@ describe('slipway account set --disable', () => {
   });
 });
 
-describe('embedded ledger (PGlite)', () => {
+describe('embedded billing database (PGlite)', () => {
   it('needs no server, and refuses a second process while one holds it', async () => {
     const home = tempDir('cli-home');
     const env = { SLIPWAY_HOME: home };
     expect(await slipway(['account', 'create', 'embedded'], env)).toMatchObject({ code: 0 });
     expect((await slipway(['account', 'list'], env)).stdout).toContain('embedded');
-    const held = await openPglite(path.join(home, 'ledger'));
+    const held = await openPglite(path.join(home, 'billing'));
     try {
       const refused = await slipway(['account', 'list'], env);
       expect(refused.code).toBe(1);
@@ -221,8 +221,8 @@ function startApi(env: NodeJS.ProcessEnv): Promise<{ child: ChildProcess; url: s
 
 const exited = (child: ChildProcess) => new Promise<void>((resolve) => (child.exitCode !== null || child.signalCode !== null ? resolve() : child.once('exit', () => resolve())));
 
-describe('embedded ledger (PGlite) while `slipway api` runs', () => {
-  it('serves the CLI through its ledger socket: a revoked token gets 401 and a disabled account ends its sandboxes at once; a SIGKILLed API starts again at once', async () => {
+describe('embedded billing database (PGlite) while `slipway api` runs', () => {
+  it('serves the CLI through its billing socket: a revoked token gets 401 and a disabled account ends its sandboxes at once; a SIGKILLed API starts again at once', async () => {
     const home = tempDir('emb-api');
     const env = { SLIPWAY_HOME: home, TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `emb-${randomBytes(4).toString('hex')}` };
     expect(await slipway(['account', 'create', 'emb', '--concurrency', '2'], env)).toMatchObject({ code: 0 });
@@ -234,11 +234,11 @@ describe('embedded ledger (PGlite) while `slipway api` runs', () => {
     try {
       expect((await new SandboxApiClient(api.url, first).list()).length).toBe(0);
       // The socket is the operator's only.
-      const socket = ledgerSocketPath(path.join(home, 'ledger'));
+      const socket = billingSocketPath(path.join(home, 'billing'));
       expect(statSync(socket).mode & 0o777).toBe(0o600);
       expect(statSync(path.dirname(socket)).mode & 0o777).toBe(0o700);
 
-      // Issue a token, make a profile, revoke a token: all while the API holds the ledger.
+      // Issue a token, make a profile, revoke a token: all while the API holds the billing database.
       const second = await slipway(['token', 'create', '--account', 'emb', '--name', 'second'], env);
       expect(second, second.stderr).toMatchObject({ code: 0 });
       const secondApi = new SandboxApiClient(api.url, second.stdout.trim());
@@ -257,13 +257,13 @@ describe('embedded ledger (PGlite) while `slipway api` runs', () => {
       expect(disabled, disabled.stderr).toMatchObject({ code: 0 });
       expect(disabled.stdout).toContain('ending 1 live sandbox(es) of emb now');
       expect(await codeOf(secondApi.list())).toBe('403 sandboxes_disabled');
-      const ledgerDb = connectLedgerSocket(socket);
+      const billingDb = connectBillingSocket(socket);
       const ended = async () => {
-        const { rows } = await ledgerDb.query<{ status: string; end_reason: string | null }>('SELECT status, end_reason FROM sandboxes WHERE id = $1', [id]);
+        const { rows } = await billingDb.query<{ status: string; end_reason: string | null }>('SELECT status, end_reason FROM sandboxes WHERE id = $1', [id]);
         return rows[0]!.status === 'terminated';
       };
       expect(await until(ended)).toBe(true);
-      const sessions = await ledgerDb.query<{ kind: string; end_reason: string; ended_at: Date | null }>('SELECT kind, end_reason, ended_at FROM sandbox_sessions WHERE sandbox_id = $1', [id]);
+      const sessions = await billingDb.query<{ kind: string; end_reason: string; ended_at: Date | null }>('SELECT kind, end_reason, ended_at FROM sandbox_sessions WHERE sandbox_id = $1', [id]);
       expect(sessions.rows.map((r) => [r.kind, r.end_reason])).toEqual([['compute', 'account_disabled']]);
       expect(sessions.rows[0]!.ended_at).toBeInstanceOf(Date);
 
@@ -279,7 +279,7 @@ describe('embedded ledger (PGlite) while `slipway api` runs', () => {
 
       api.child.kill('SIGTERM');
       await exited(api.child);
-      // Stopped cleanly: the ledger is free again for the CLI alone.
+      // Stopped cleanly: the billing database is free again for the CLI alone.
       expect((await slipway(['account', 'list'], env)).stdout).toContain('emb');
     } finally {
       for (const c of children) c.kill('SIGKILL');
@@ -288,7 +288,7 @@ describe('embedded ledger (PGlite) while `slipway api` runs', () => {
 
   it('restarts at once even when the killed holder has not been reaped yet (a zombie), or its pid was reused', async () => {
     const home = tempDir('emb-zombie');
-    const dir = path.join(home, 'ledger');
+    const dir = path.join(home, 'billing');
     const db = await openPglite(dir);
     await db.close();
     // A holder that died but is still a zombie: its parent (`exec sleep`) never waits for it.
@@ -318,9 +318,9 @@ describe('embedded ledger (PGlite) while `slipway api` runs', () => {
   });
 });
 
-/** The ids of the tokens in an embedded ledger nobody holds. */
+/** The ids of the tokens in an embedded billing database nobody holds. */
 async function openTokenIds(home: string): Promise<string[]> {
-  const db = await openPglite(path.join(home, 'ledger'));
+  const db = await openPglite(path.join(home, 'billing'));
   try {
     return (await db.query<{ id: string }>('SELECT id FROM api_tokens ORDER BY created_at')).rows.map((r) => r.id);
   } finally {

@@ -8,7 +8,7 @@
 import { promises as fs, existsSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createProfile } from '../../activities/ledger/ledger';
+import { createProfile } from '../../activities/billing/records';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
 import { openSandboxFile, readSandboxFile } from '../../activities/sandbox/file-io';
 import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';

@@ -1,8 +1,8 @@
 /** A fresh, migrated database per test file, on the run's real Postgres (or PGlite). */
 import { randomBytes } from 'node:crypto';
 import { inject } from 'vitest';
-import { openPglite, openPostgres, type Db } from '../../activities/ledger/db';
-import { migrate } from '../../activities/ledger/migrate';
+import { openPglite, openPostgres, type Db } from '../../activities/billing/db';
+import { migrate } from '../../activities/billing/migrate';
 
 export interface TestDatabase {
   db: Db;

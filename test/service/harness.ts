@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { Writable } from 'node:stream';
 import pino from 'pino';
 import { inject } from 'vitest';
-import { createAccount, createApiToken, createProfile, createProject, listSessions, type ProfileSpec } from '../../activities/ledger/ledger';
+import { createAccount, createApiToken, createProfile, createProject, listSessions, type ProfileSpec } from '../../activities/billing/records';
 import { defaultProviderFor, type ProviderFor } from '../../activities/service/providers';
 import { SandboxApiClient } from '../../api/client';
 import type { SandboxView } from '../../api/schemas';

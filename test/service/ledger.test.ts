@@ -1,5 +1,5 @@
 /**
- * The ledger on real Postgres and on the embedded PGlite: migrations, the concurrency limit
+ * The billing database on real Postgres and on the embedded PGlite: migrations, the concurrency limit
  * under parallel creates, idempotent transition writes, the append-only rule and the monthly
  * usage query.
  */
@@ -7,8 +7,8 @@ import { mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectLedgerSocket, ledgerSocketPath, serveLedgerSocket } from '../../activities/ledger/socket';
-import { loadMigrations, migrate } from '../../activities/ledger/migrate';
+import { connectBillingSocket, billingSocketPath, serveBillingSocket } from '../../activities/billing/socket';
+import { loadMigrations, migrate } from '../../activities/billing/migrate';
 import {
   authenticate,
   claimIdle,
@@ -23,7 +23,7 @@ import {
   newSandboxId,
   recordTransition,
   type NewSandbox,
-} from '../../activities/ledger/ledger';
+} from '../../activities/billing/records';
 import { freshPglite, freshPostgres, type TestDatabase } from './db';
 
 const engines: Array<[string, () => Promise<TestDatabase>]> = [
@@ -31,7 +31,7 @@ const engines: Array<[string, () => Promise<TestDatabase>]> = [
   ['pglite', freshPglite],
 ];
 
-describe.each(engines)('ledger on %s', (_engine, open) => {
+describe.each(engines)('billing on %s', (_engine, open) => {
   let t: TestDatabase;
   let profileId: string;
   beforeAll(async () => {
@@ -176,12 +176,12 @@ describe.each(engines)('ledger on %s', (_engine, open) => {
   });
 });
 
-describe('ledger socket', () => {
+describe('billing socket', () => {
   it('refuses a socket path the kernel cannot hold, naming SLIPWAY_HOME, and starts nothing', async () => {
     const t = await freshPglite();
     try {
       const long = path.join(os.tmpdir(), 'x'.repeat(120), 'slipway.sock');
-      await expect(serveLedgerSocket(t.db, long)).rejects.toThrow(/longer than 107 bytes; choose a shorter SLIPWAY_HOME/);
+      await expect(serveBillingSocket(t.db, long)).rejects.toThrow(/longer than 107 bytes; choose a shorter SLIPWAY_HOME/);
     } finally {
       await t.drop();
     }
@@ -190,15 +190,15 @@ describe('ledger socket', () => {
   it('keeps dates, numbers and SQLSTATE codes across the socket, and offers no transactions', async () => {
     const t = await freshPglite();
     const dir = mkdtempSync(path.join(os.tmpdir(), 'lsock-'));
-    const served = await serveLedgerSocket(t.db, ledgerSocketPath(dir));
+    const served = await serveBillingSocket(t.db, billingSocketPath(dir));
     try {
-      const remote = connectLedgerSocket(ledgerSocketPath(dir));
+      const remote = connectBillingSocket(billingSocketPath(dir));
       await createAccount(remote, { id: 'via-socket' });
       const { rows } = await remote.query<{ created_at: Date; concurrent_limit: number }>(`SELECT created_at, concurrent_limit FROM accounts WHERE id = 'via-socket'`);
       expect(rows[0]!.created_at).toBeInstanceOf(Date);
       expect(rows[0]!.concurrent_limit).toBe(1);
       await expect(createAccount(remote, { id: 'via-socket' })).rejects.toMatchObject({ code: '23505' });
-      await expect(remote.transaction(async () => 1)).rejects.toThrow(/not available through the ledger socket/);
+      await expect(remote.transaction(async () => 1)).rejects.toThrow(/not available through the billing database socket/);
     } finally {
       await served.close();
       await t.drop();

@@ -1,6 +1,6 @@
 /**
  * The lifecycle table, edge by edge, on real Postgres, real Temporal and real HTTP, with short
- * thresholds: ledger rows exactly as the proposal's billing rules say.
+ * thresholds: billing rows exactly as the proposal's billing rules say.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -10,7 +10,7 @@ import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { defaultProviderFor } from '../../activities/service/providers';
 import { serviceSandboxWorkflowId } from '../../core/sandbox-service';
-import { getProfileByName, insertSandboxWithinLimit, newSandboxId, policyFromProfile } from '../../activities/ledger/ledger';
+import { getProfileByName, insertSandboxWithinLimit, newSandboxId, policyFromProfile } from '../../activities/billing/records';
 import { serviceSandboxStatusQuery, serviceSandboxWorkflow } from '../../workflows/service-sandbox';
 import { startServiceHarness, slowCreates, type ServiceHarness, type TestAccount } from './harness';
 import { makeServiceRepo, tempDir } from './repo';
@@ -116,7 +116,7 @@ describe('long-poll while pending', () => {
     } finally {
       db.query = query;
     }
-    // A read before, one after the workflow answered (and a few while the ledger catches up);
+    // A read before, one after the workflow answered (and a few while the billing database catches up);
     // polling every 20 ms to 1 s over 8 s would be a dozen or more.
     expect(reads).toBeLessThanOrEqual(5);
     await a.api.destroy(id);
@@ -317,7 +317,7 @@ describe('deadline, cap and abnormal death', () => {
     expect(session!.ended_at!.getTime()).toBeLessThanOrEqual(Date.parse(done.terminated_at!));
     const { rows } = await h.database.db.query(`SELECT event FROM audit_events WHERE sandbox_id = $1 AND event = 'abnormal_exit'`, [id]);
     expect(rows).toHaveLength(1);
-    // The API says terminated once the ledger does; the workflow completes right after: wait for it.
+    // The API says terminated once the billing database does; the workflow completes right after: wait for it.
     await h.host.client.workflow.getHandle(serviceSandboxWorkflowId(id)).result();
     const description = await h.host.client.workflow.getHandle(serviceSandboxWorkflowId(id)).describe();
     expect(description.status.name).toBe('COMPLETED');

@@ -5,7 +5,7 @@
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createProfile } from '../../activities/ledger/ledger';
+import { createProfile } from '../../activities/billing/records';
 import { startServiceHarness, type ServiceHarness } from './harness';
 
 let h: ServiceHarness;

@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync } from 'node:fs';
-import { newSandboxId, recordTransition } from '../../activities/ledger/ledger';
+import { newSandboxId, recordTransition } from '../../activities/billing/records';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { serviceSandboxBranch, serviceSandboxGroup } from '../../core/sandbox-service';
 import { startServiceHarness, type ServiceHarness } from './harness';
@@ -49,7 +49,7 @@ describe('sandbox reaper on a schedule', () => {
     await a.profile({ name: 'p' });
     const { id } = await a.api.create({ profile: 'p', deadline_minutes: 60 });
     await a.api.get(id, 30);
-    // The timer is an hour away; the ledger says the deadline passed (a clock jump, a lost timer).
+    // The timer is an hour away; the billing database says the deadline passed (a clock jump, a lost timer).
     await h.database.db.query(`UPDATE sandboxes SET deadline_at = now() - interval '1 second' WHERE id = $1`, [id]);
     // The reaper's tick (not the hour-away timer) ends it: waited on as a condition.
     const done = await h.waitFor(a.api, id, ['terminated'], 10_000);

@@ -1,5 +1,5 @@
 /**
- * `slipway snapshot create|check|update`: the prepared template new sandboxes and the warm pool
+ * `slipway template create|check|update`: the prepared template new sandboxes and the warm pool
  * start from (activities/sandbox/template.ts). A local operation on the repository, like git
  * itself: no workflow involved.
  *
@@ -19,7 +19,7 @@ import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-fi
 import { CliError, EXIT } from '../exit-codes';
 import { resolveRepo } from './worktree';
 
-export interface SnapshotOptions {
+export interface TemplateOptions {
   repo?: string;
   base?: string;
   objective?: string;
@@ -41,7 +41,7 @@ interface Wanted {
   explicitSetup: boolean;
 }
 
-async function wanted(opts: SnapshotOptions): Promise<Wanted> {
+async function wanted(opts: TemplateOptions): Promise<Wanted> {
   if (opts.objective) {
     let input;
     try {
@@ -65,7 +65,7 @@ function badConfinement(value: string): never {
   throw new CliError(`--confinement must be none or bubblewrap, got "${value}"`);
 }
 
-const print = (opts: SnapshotOptions, json: unknown, text: string) => process.stdout.write(opts.json ? `${JSON.stringify(json)}\n` : `${text}\n`);
+const print = (opts: TemplateOptions, json: unknown, text: string) => process.stdout.write(opts.json ? `${JSON.stringify(json)}\n` : `${text}\n`);
 const progress = (line: string) => process.stderr.write(`  ${line}\n`);
 
 function describe(m: TemplateManifest): string {
@@ -87,7 +87,7 @@ async function build(w: Wanted, base: string, previous?: TemplateManifest): Prom
   }
 }
 
-export async function snapshotCreateCommand(opts: SnapshotOptions): Promise<number> {
+export async function templateCreateCommand(opts: TemplateOptions): Promise<number> {
   const w = await wanted(opts);
   const existing = await readTemplate(w.repo);
   if (existing) {
@@ -96,25 +96,25 @@ export async function snapshotCreateCommand(opts: SnapshotOptions): Promise<numb
       print(opts, { state: 'fresh', created: false, template: existing }, `a fresh template exists: ${describe(existing)}`);
       return EXIT.ok;
     }
-    throw new CliError(`a template exists but is stale (${check.reasons.join('; ')}); rebuild it with \`slipway snapshot update\``, EXIT.runFailed);
+    throw new CliError(`a template exists but is stale (${check.reasons.join('; ')}); rebuild it with \`slipway template update\``, EXIT.runFailed);
   }
   const manifest = await build(w, w.base ?? 'HEAD');
   print(opts, { state: 'fresh', created: true, template: manifest }, `created ${describe(manifest)}`);
   return EXIT.ok;
 }
 
-export async function snapshotCheckCommand(opts: SnapshotOptions): Promise<number> {
+export async function templateCheckCommand(opts: TemplateOptions): Promise<number> {
   const w = await wanted(opts);
   const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
   const text =
     check.state === 'fresh'
       ? `fresh: ${describe(check.manifest!)}`
-      : `${check.state}:\n${check.reasons.map((r) => `  - ${r}`).join('\n')}\nrun \`slipway snapshot ${check.state === 'missing' ? 'create' : 'update'}\``;
+      : `${check.state}:\n${check.reasons.map((r) => `  - ${r}`).join('\n')}\nrun \`slipway template ${check.state === 'missing' ? 'create' : 'update'}\``;
   print(opts, { state: check.state, reasons: check.reasons, template: check.manifest }, text);
   return check.state === 'fresh' ? EXIT.ok : EXIT.runFailed;
 }
 
-export async function snapshotUpdateCommand(opts: SnapshotOptions): Promise<number> {
+export async function templateUpdateCommand(opts: TemplateOptions): Promise<number> {
   const w = await wanted(opts);
   const previous = await readTemplate(w.repo);
   const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
@@ -133,24 +133,42 @@ export async function snapshotUpdateCommand(opts: SnapshotOptions): Promise<numb
 
 const collect = (value: string, previous: string[] = []) => [...previous, value];
 
-/** `slipway snapshot ...` */
-export function registerSnapshotCommands(program: Command, setExit: (code: number) => void): void {
-  const snapshot = program
-    .command('snapshot')
-    .description('the prepared template (ignored files copied, project setup done) new sandboxes and the warm pool start from');
-  const common = (cmd: Command) =>
-    cmd
-      .option('--repo <path>', 'repository (default: the one in the current directory)')
-      .option('--base <ref>', 'branch or commit to build from (default: HEAD, or the template\'s)')
-      .option('--objective <file>', "take project_setup and confinement from this objective file's sandbox: section")
-      .option('--setup <command>', 'a project setup command (repeatable)', collect)
-      .option('--verify <command>', 'a verify command (repeatable)', collect)
-      .option('--confinement <kind>', 'none or bubblewrap, for the setup commands')
-      .option('--no-network', 'under bubblewrap: no network for the setup commands')
-      .option('--json', 'print JSON');
-  common(snapshot.command('create').description('build the template (no-op when a fresh one exists)')).action(async (opts) => setExit(await snapshotCreateCommand(opts)));
-  common(snapshot.command('check').description('is the template stale? exit 0 fresh, 1 stale or missing')).action(async (opts) => setExit(await snapshotCheckCommand(opts)));
-  common(snapshot.command('update').description('rebuild the template when stale (or --force)'))
-    .option('--force', 'rebuild even when fresh')
-    .action(async (opts) => setExit(await snapshotUpdateCommand(opts)));
+/**
+ * `slipway template ...`; `slipway snapshot ...` is its old name (hidden): "snapshot" now means
+ * only a suspended sandbox's stored state.
+ */
+export function registerTemplateCommands(program: Command, setExit: (code: number) => void): void {
+  for (const name of ['template', 'snapshot'] as const) {
+    const legacy = name === 'snapshot';
+    const group = program
+      .command(name, legacy ? { hidden: true } : {})
+      .description('the prepared template (ignored files copied, project setup done) new sandboxes and the warm pool start from');
+    const warn = () => {
+      if (legacy) process.stderr.write('note: `slipway snapshot` is now `slipway template`\n');
+    };
+    const common = (cmd: Command) =>
+      cmd
+        .option('--repo <path>', 'repository (default: the one in the current directory)')
+        .option('--base <ref>', 'branch or commit to build from (default: HEAD, or the template\'s)')
+        .option('--objective <file>', "take project_setup and confinement from this objective file's sandbox: section")
+        .option('--setup <command>', 'a project setup command (repeatable)', collect)
+        .option('--verify <command>', 'a verify command (repeatable)', collect)
+        .option('--confinement <kind>', 'none or bubblewrap, for the setup commands')
+        .option('--no-network', 'under bubblewrap: no network for the setup commands')
+        .option('--json', 'print JSON');
+    common(group.command('create').description('build the template (no-op when a fresh one exists)')).action(async (opts) => {
+      warn();
+      setExit(await templateCreateCommand(opts));
+    });
+    common(group.command('check').description('is the template stale? exit 0 fresh, 1 stale or missing')).action(async (opts) => {
+      warn();
+      setExit(await templateCheckCommand(opts));
+    });
+    common(group.command('update').description('rebuild the template when stale (or --force)'))
+      .option('--force', 'rebuild even when fresh')
+      .action(async (opts) => {
+        warn();
+        setExit(await templateUpdateCommand(opts));
+      });
+  }
 }

@@ -1,5 +1,5 @@
 /**
- * The sandbox service's ledger: accounts, tokens, projects, profiles, sandboxes and the
+ * The sandbox service's billing database: accounts, tokens, projects, profiles, sandboxes and the
  * append-only billing sessions, as typed functions over SQL. Used by the API (account-scoped
  * reads, creates under the concurrency limit, the exec hot path) and by the workflow's
  * activities (state transitions and session rows, each idempotent).
@@ -427,7 +427,7 @@ export interface TransitionFields {
   touch?: boolean;
 }
 
-export interface LedgerTransition {
+export interface BillingTransition {
   sandboxId: string;
   status: SandboxState;
   fields?: TransitionFields;
@@ -457,7 +457,7 @@ const FIELD_COLUMNS: Record<Exclude<keyof TransitionFields, 'touch'>, { column: 
  * a close only touches a row still open, and row fields are set to values, never incremented.
  * A terminal row is never moved back to a live state.
  */
-export async function recordTransition(db: Db, t: LedgerTransition): Promise<void> {
+export async function recordTransition(db: Db, t: BillingTransition): Promise<void> {
   await db.transaction(async (tx) => {
     const sets = ['status = $2'];
     const params: unknown[] = [t.sandboxId, t.status];
@@ -475,7 +475,7 @@ export async function recordTransition(db: Db, t: LedgerTransition): Promise<voi
       params,
     );
     const row = rows[0] ?? (await tx.query<{ account_id: string; platform: string }>('SELECT account_id, platform FROM sandboxes WHERE id = $1', [t.sandboxId])).rows[0];
-    if (!row) throw new Error(`no sandbox ${t.sandboxId} in the ledger`);
+    if (!row) throw new Error(`no sandbox ${t.sandboxId} in the billing database`);
     if (t.close) await closeSession(tx, t.sandboxId, t.close);
     if (t.open) await openSession(tx, { sandboxId: t.sandboxId, accountId: row.account_id, platform: row.platform, ...t.open });
     if (t.audit && rows[0]) {
@@ -546,7 +546,7 @@ export interface UsageLine {
 }
 
 /**
- * A session never closed (a lost ledger write) must not bill forever: each kind's interval is
+ * A session never closed (a lost billing write) must not bill forever: each kind's interval is
  * clamped to the longest a sandbox can live, the absolute cap.
  */
 export const SESSION_CLAMP_MINUTES: Record<SessionKind, number> = {

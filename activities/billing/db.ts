@@ -1,14 +1,14 @@
 /**
  * One small database interface over two engines: real Postgres (`pg`, via DATABASE_URL) and
  * the embedded default, PGlite (Postgres compiled to WebAssembly, in this process, data in a
- * folder). Both speak the same SQL, so the ledger and its migrations are written once.
+ * folder). Both speak the same SQL, so the billing database and its migrations are written once.
  */
-import { chmodSync, existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, promises as fs, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import pg from 'pg';
 import { withFileLock } from '../../lib/file-lock';
 import { migrate } from './migrate';
-import { connectLedgerSocket, ledgerSocketPath } from './socket';
+import { connectBillingSocket, billingSocketPath } from './socket';
 
 export interface QueryResult<T> {
   rows: T[];
@@ -68,14 +68,14 @@ export function openPostgres(url: string, opts: { max?: number } = {}): Db {
   };
 }
 
-export class LedgerInUseError extends Error {
+export class BillingDbInUseError extends Error {
   constructor(
     readonly dir: string,
     readonly pid: number,
     hint = 'stop it first, or set DATABASE_URL to share a Postgres server',
   ) {
-    super(`the embedded ledger in ${dir} is in use by process ${pid} (\`slipway api\`?); ${hint}`);
-    this.name = 'LedgerInUseError';
+    super(`the embedded billing database in ${dir} is in use by process ${pid} (\`slipway api\`?); ${hint}`);
+    this.name = 'BillingDbInUseError';
   }
 }
 
@@ -126,7 +126,7 @@ export function liveHolder(line: string): number | undefined {
  */
 async function lockPglite(dataDir: string): Promise<() => void> {
   mkdirSync(dataDir, { recursive: true, mode: 0o700 });
-  // The ledger holds token hashes and the holder's socket: the operator's only.
+  // The billing database holds token hashes and the holder's socket: the operator's only.
   chmodSync(dataDir, 0o700);
   const lock = path.join(dataDir, LOCK_FILE);
   const me = processIdentity(process.pid);
@@ -139,7 +139,7 @@ async function lockPglite(dataDir: string): Promise<() => void> {
       /* no holder */
     }
     const holder = current ? liveHolder(current) : undefined;
-    if (holder !== undefined && holder !== process.pid) throw new LedgerInUseError(dataDir, holder);
+    if (holder !== undefined && holder !== process.pid) throw new BillingDbInUseError(dataDir, holder);
     writeFileSync(lock, `${line}\n`, { mode: 0o600 });
   });
   return () => {
@@ -187,26 +187,34 @@ export async function openPglite(dataDir?: string): Promise<Db> {
   };
 }
 
+/** The embedded billing database's folder under the Slipway data folder. */
+export const BILLING_DIR = 'billing';
+
 /**
- * The ledger database for this process: DATABASE_URL when set, else the embedded PGlite under
+ * The billing database for this process: DATABASE_URL when set, else the embedded PGlite under
  * the Slipway data folder.
  */
 export async function openDatabase(opts: { databaseUrl?: string; dataDir: string }): Promise<Db> {
   if (opts.databaseUrl) return openPostgres(opts.databaseUrl);
-  return openPglite(path.join(opts.dataDir, 'ledger'));
+  const dir = path.join(opts.dataDir, BILLING_DIR);
+  // Before 0.2 the folder was `ledger/` (a word now kept for the recovery ledger): moved once.
+  await fs.rename(path.join(opts.dataDir, 'ledger'), dir).catch((e: NodeJS.ErrnoException) => {
+    if (e.code !== 'ENOENT' && e.code !== 'EEXIST' && e.code !== 'ENOTEMPTY') throw e;
+  });
+  return openPglite(dir);
 }
 
 /**
- * The ledger from the environment (DATABASE_URL, else PGlite under SLIPWAY_HOME), migrated.
- * `viaHolder`: when another process holds the embedded ledger (`slipway api`), statements go
- * through that process's ledger socket instead (socket.ts; it migrated the ledger it serves).
+ * The billing database from the environment (DATABASE_URL, else PGlite under SLIPWAY_HOME), migrated.
+ * `viaHolder`: when another process holds the embedded billing database (`slipway api`), statements go
+ * through that process's billing socket instead (socket.ts; it migrated the billing database it serves).
  */
-export async function openLedger(opts: { databaseUrl?: string; dataDir: string; viaHolder?: boolean }): Promise<Db> {
+export async function openBillingDb(opts: { databaseUrl?: string; dataDir: string; viaHolder?: boolean }): Promise<Db> {
   let db: Db;
   try {
     db = await openDatabase(opts);
   } catch (e) {
-    if (!(e instanceof LedgerInUseError) || !opts.viaHolder) throw e;
+    if (!(e instanceof BillingDbInUseError) || !opts.viaHolder) throw e;
     return connectToHolder(e);
   }
   try {
@@ -218,12 +226,12 @@ export async function openLedger(opts: { databaseUrl?: string; dataDir: string; 
   return db;
 }
 
-async function connectToHolder(inUse: LedgerInUseError): Promise<Db> {
-  const remote = connectLedgerSocket(ledgerSocketPath(inUse.dir));
+async function connectToHolder(inUse: BillingDbInUseError): Promise<Db> {
+  const remote = connectBillingSocket(billingSocketPath(inUse.dir));
   try {
     await remote.query('SELECT 1');
   } catch (e) {
-    throw new LedgerInUseError(inUse.dir, inUse.pid, `it does not answer on its ledger socket (${(e as Error).message}); stop it first, or set DATABASE_URL to share a Postgres server`);
+    throw new BillingDbInUseError(inUse.dir, inUse.pid, `it does not answer on its billing socket (${(e as Error).message}); stop it first, or set DATABASE_URL to share a Postgres server`);
   }
   return remote;
 }

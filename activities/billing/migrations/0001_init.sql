@@ -1,6 +1,6 @@
--- Slipway sandbox service ledger, version 1.
+-- Slipway sandbox service billing, version 1.
 -- Accounts own tokens, projects, profiles and sandboxes. sandbox_sessions is the append-only
--- billing ledger: one row per billable interval (compute while ready, snapshot storage while
+-- billing database: one row per billable interval (compute while ready, snapshot storage while
 -- suspended), opened once and closed once.
 
 CREATE TABLE accounts (
@@ -101,7 +101,7 @@ CREATE TABLE sandbox_sessions (
   sandbox_id         text NOT NULL REFERENCES sandboxes (id),
   kind               text NOT NULL CHECK (kind IN ('compute', 'snapshot_storage')),
   -- The nth session of this kind for the sandbox, chosen by the workflow: the idempotency key
-  -- that makes a retried ledger write find its row instead of adding a second one.
+  -- that makes a retried billing write find its row instead of adding a second one.
   seq                integer NOT NULL CHECK (seq >= 1),
   platform           text NOT NULL,
   provisioning_kind  text,

@@ -1,10 +1,10 @@
 /**
- * The embedded ledger shared by its holder. PGlite lives inside one process (`slipway api`), so
+ * The embedded billing database shared by its holder. PGlite lives inside one process (`slipway api`), so
  * while that runs the operator's CLI (`slipway token revoke`, `account set --disable`, ...)
  * reaches the same database through the holder: one statement per request over HTTP on a Unix
- * socket in the ledger folder (folder 0700, socket 0600: the operator's user only; no sandbox
+ * socket in the billing database folder (folder 0700, socket 0600: the operator's user only; no sandbox
  * sees `$SLIPWAY_HOME` at all, ADR 0006). Rows travel with V8's serializer, so dates and numbers
- * arrive as the ledger code expects, and database errors keep their SQLSTATE code and detail.
+ * arrive as the billing database code expects, and database errors keep their SQLSTATE code and detail.
  *
  * Statements run one by one between the holder's own queries; there are no transactions over the
  * socket (the operator verbs need none), so a client can never leave the holder inside one.
@@ -15,8 +15,8 @@ import path from 'node:path';
 import v8 from 'node:v8';
 import type { Db, QueryResult } from './db';
 
-/** Where the holder of the embedded ledger in `ledgerDir` listens. */
-export const ledgerSocketPath = (ledgerDir: string): string => path.join(ledgerDir, 'slipway.sock');
+/** Where the holder of the embedded billing database in `billingDir` listens. */
+export const billingSocketPath = (billingDir: string): string => path.join(billingDir, 'slipway.sock');
 /** sun_path is 108 bytes with its NUL. */
 export const MAX_SOCKET_PATH_BYTES = 107;
 const MAX_REQUEST_BYTES = 16 * 1024 * 1024;
@@ -29,20 +29,20 @@ interface QueryRequest {
 }
 type QueryResponse = { ok: QueryResult<unknown> } | { error: { message: string; code?: string; detail?: string } };
 
-export class LedgerSocketError extends Error {
+export class BillingSocketError extends Error {
   constructor(message: string) {
     super(message);
-    this.name = 'LedgerSocketError';
+    this.name = 'BillingSocketError';
   }
 }
 
 /**
  * Serves `db` on `socketPath`, replacing a socket left by a holder that died (the caller holds
- * the ledger lock, so nothing else can be listening there).
+ * the billing database lock, so nothing else can be listening there).
  */
-export async function serveLedgerSocket(db: Db, socketPath: string): Promise<{ close(): Promise<void> }> {
+export async function serveBillingSocket(db: Db, socketPath: string): Promise<{ close(): Promise<void> }> {
   if (Buffer.byteLength(socketPath) > MAX_SOCKET_PATH_BYTES) {
-    throw new LedgerSocketError(`the ledger socket path ${socketPath} is longer than ${MAX_SOCKET_PATH_BYTES} bytes; choose a shorter SLIPWAY_HOME`);
+    throw new BillingSocketError(`the billing database socket path ${socketPath} is longer than ${MAX_SOCKET_PATH_BYTES} bytes; choose a shorter SLIPWAY_HOME`);
   }
   await fs.rm(socketPath, { force: true });
   const server = http.createServer((req, res) => {
@@ -99,8 +99,8 @@ export async function serveLedgerSocket(db: Db, socketPath: string): Promise<{ c
   };
 }
 
-/** A Db whose statements run in the process that holds the embedded ledger. */
-export function connectLedgerSocket(socketPath: string): Db {
+/** A Db whose statements run in the process that holds the embedded billing database. */
+export function connectBillingSocket(socketPath: string): Db {
   const send = (q: QueryRequest): Promise<QueryResult<never>> =>
     new Promise((resolve, reject) => {
       const req = http.request({ socketPath, path: '/query', method: 'POST', headers: { 'content-type': 'application/x-v8-serialized' } }, (res) => {
@@ -112,14 +112,14 @@ export function connectLedgerSocket(socketPath: string): Db {
           try {
             body = v8.deserialize(Buffer.concat(chunks)) as QueryResponse;
           } catch {
-            return reject(new LedgerSocketError(`the ledger's holder answered ${res.statusCode} with an unreadable body`));
+            return reject(new BillingSocketError(`the billing database's holder answered ${res.statusCode} with an unreadable body`));
           }
           if ('ok' in body) return resolve(body.ok as QueryResult<never>);
           // Shaped like pg's errors, so callers read the SQLSTATE as they do for a direct connection.
           reject(Object.assign(new Error(body.error.message), { code: body.error.code, detail: body.error.detail }));
         });
       });
-      req.on('error', (e: NodeJS.ErrnoException) => reject(new LedgerSocketError(`cannot reach the ledger's holder at ${socketPath}: ${e.code ?? e.message}`)));
+      req.on('error', (e: NodeJS.ErrnoException) => reject(new BillingSocketError(`cannot reach the billing database's holder at ${socketPath}: ${e.code ?? e.message}`)));
       req.end(v8.serialize(q));
     });
   return {
@@ -128,7 +128,7 @@ export function connectLedgerSocket(socketPath: string): Db {
     exec: async (sql) => {
       await send({ sql, exec: true });
     },
-    transaction: () => Promise.reject(new LedgerSocketError('transactions are not available through the ledger socket; stop `slipway api` first')),
+    transaction: () => Promise.reject(new BillingSocketError('transactions are not available through the billing database socket; stop `slipway api` first')),
     close: async () => undefined,
   };
 }
