@@ -49,6 +49,7 @@ export const SLIPWAY_STATE = [
   'git/', // confined sandboxes' private git folders
   'snapshots/', // suspended sandboxes
   'trash/', // worktrees being removed
+  'disks/', // workspace disk images (disk_mb)
   'templates/', // prepared templates
   'template.json', // the template manifest
   '.env', // agent credentials: never committed

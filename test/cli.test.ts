@@ -86,9 +86,14 @@ describe('slipway against a running server', () => {
     const repo = makeDemoRepo();
     const first = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-dup', '--follow', '--json'], serverEnv);
     expect(first.code).toBe(0);
+    // In the same repository the id is claimed (ADR 0008)...
     const second = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-dup'], serverEnv);
     expect(second.code).toBe(2);
-    expect(second.stderr).toMatch(/objective "cli-dup" already exists/);
+    expect(second.stderr).toMatch(/objective id "cli-dup" was used before .*refs\/slipway-objectives\/cli-dup/);
+    // ...and in another one, Temporal refuses the workflow id.
+    const elsewhere = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', makeDemoRepo(), '--id', 'cli-dup'], serverEnv);
+    expect(elsewhere.code).toBe(2);
+    expect(elsewhere.stderr).toMatch(/objective "cli-dup" already exists/);
   });
 
   it('worker shuts down gracefully on SIGTERM and SIGINT', async () => {

@@ -406,7 +406,9 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
 
     /** Hands the stream over to a new run that carries out `decisions` first. */
     const continueWith = async (state: StreamInterpreterState, decisions: StreamDecision[]): Promise<never> => {
-      // Handlers first: a signal or update taken during the switch is carried, never dropped.
+      // Buffered feed events go first (the new run starts with an empty buffer), then handlers:
+      // a signal or update taken during the switch is carried, never dropped.
+      await flushEvents();
       await condition(allHandlersFinished);
       carrying = true;
       const { agentRuns: _runs, ...kept } = status;
