@@ -358,13 +358,16 @@ steps:
 describe('sandbox failures', () => {
   it('a sandbox that cannot be created fails its stream as sandbox_failure after retries; the others go on', async () => {
     const repo = makeDemoRepo();
-    // A branch below the stream's branch name makes `git worktree add -b slipway/<id>/blocked` fail.
-    gitIn(repo, 'branch', 'slipway/sandbox-fail/blocked/x');
+    // One stream at a time, `ok` first. While it runs, a branch below `blocked`'s branch name is
+    // made, so `git worktree add -b slipway/<id>/blocked` fails when its turn comes. (Made before
+    // the start, the objective would be refused: its id's branches must not exist, ADR 0008.)
     const { handle } = await start(
-      { repository: repo, objective: 'one sandbox cannot be made', agents: { builder }, streams: [{ id: 'blocked', task: 'x' }, { id: 'ok', task: 'y' }] },
+      { repository: repo, objective: 'one sandbox cannot be made', agents: { builder }, max_parallel_streams: 1, streams: [{ id: 'ok', task: 'y' }, { id: 'blocked', task: 'x' }] },
       { ok: [{ files: helperFiles('ok') }] },
       'sandbox-fail',
     );
+    await waitFor(async () => ((await handle.query(objectiveStatusQuery)).streams.find((v) => v.id === 'ok')?.phase ?? 'waiting') !== 'waiting', 'the first stream to start', 60_000);
+    gitIn(repo, 'branch', 'slipway/sandbox-fail/blocked/x', 'main');
     const result = (await handle.result()) as ObjectiveResult;
     expect(result.outcome).toBe('partial');
     expect(result.streams.find((s) => s.id === 'blocked')).toMatchObject({ phase: 'failed', failure: { kind: 'sandbox_failure' } });
