@@ -52,7 +52,7 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
     setCurrentDetails(`**${next}** — ${details}`);
   };
   upsertSearchAttributes([
-    { key: SlipwayKind, value: 'sandbox' },
+    { key: SlipwayKind, value: 'stream-sandbox' },
     { key: SlipwayObjective, value: input.objectiveId },
   ]);
   setHandler(sandboxStateQuery, () => ({ state, info, error }));
