@@ -9,7 +9,8 @@ import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
-import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamSandboxId, streamSandboxWorkflowId, streamWorkflowId } from '../core/ids';
+import { sandboxWorkflow } from '../workflows/sandbox';
 import { objectiveStatusQuery, objectiveWorkflow } from '../workflows/objective';
 import { slipway, waitFor } from './helpers/cli';
 import { PLAN_BUILDER, helperFiles, writeObjective } from './helpers/objective';
@@ -149,5 +150,18 @@ describe('slipway cancel', () => {
     } finally {
       execFileSync('chattr', ['-i', worktree]);
     }
+  });
+
+  it('a stream sandbox whose owner is gone by the time it is ready removes its worktree instead of leaking it', async () => {
+    const repo = makeDemoRepo();
+    const sandboxId = streamSandboxId('ownerless', 'lost');
+    const result = await worker.client.workflow.execute(sandboxWorkflow, {
+      taskQueue: worker.taskQueue,
+      workflowId: streamSandboxWorkflowId(sandboxId),
+      args: [{ sandboxId, provider: 'local', repository: repo, objectiveId: 'ownerless', name: 'lost', branch: 'slipway/ownerless/lost', base: 'main', ownerWorkflowId: 'stream:ownerless:never-started' }],
+    });
+    expect(result).toMatchObject({ state: 'terminated' });
+    expect(existsSync(path.join(repo, '.slipway/worktrees/ownerless/lost'))).toBe(false);
+    expect(worktrees(repo)).toEqual([repo]);
   });
 });

@@ -4,6 +4,7 @@
  */
 import {
   CancellationScope,
+  TemporalFailure,
   condition,
   defineQuery,
   defineSignal,
@@ -72,15 +73,18 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   try {
     info = await acts.createSandbox(input);
   } catch (e) {
+    // Activity failures and cancellation end the sandbox as failed; a bug fails the workflow task.
+    if (!(e instanceof TemporalFailure)) throw e;
     error = failureMessage(e);
     enter('failed', `provisioning failed: ${error}`);
     log.warn('sandbox provisioning failed', { sandboxId: input.sandboxId, error });
     return ended({ sandboxId: input.sandboxId, state: 'failed', error });
   }
   enter('ready', `\`${info.path}\` on branch \`${info.branch}\``);
-  await getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxReadySignal, info);
 
   try {
+    // An owner that is gone (or cancelled) by now never releases the sandbox: it is cleaned up at once.
+    await getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxReadySignal, info);
     if (input.notifyOwnerOnEnd) {
       // An hourly probe: a few events per hour, and a terminated owner's worktree does not linger.
       while (!(await condition(() => released, input.ownerProbeMs ?? OWNER_PROBE_MS))) {
@@ -97,7 +101,8 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
       }
     } else await condition(() => released);
   } catch (e) {
-    if (!isCancellation(e)) throw e;
+    if (!(e instanceof TemporalFailure)) throw e;
+    if (!isCancellation(e)) log.warn('the owner of the sandbox is gone; releasing it now', { sandboxId: input.sandboxId, error: failureMessage(e) });
   }
   // Cleanup must run even when the owner was cancelled.
   await CancellationScope.nonCancellable(async () => {
