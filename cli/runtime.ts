@@ -3,7 +3,8 @@
  * embedded server itself, an in-process worker that lives as long as the command.
  */
 import { NativeConnection } from '@temporalio/worker';
-import type { Client } from '@temporalio/client';
+import { WorkflowNotFoundError, type Client } from '@temporalio/client';
+import { objectiveWorkflowId } from '../core/ids';
 import { slipwaySettings, type SlipwaySettings } from '../lib/settings';
 import { connectClient, resolveTemporal, type TemporalTarget } from '../workers/temporal';
 import { createSlipwayWorkers, type SlipwayWorkers } from '../workers/worker';
@@ -72,4 +73,18 @@ export async function hasWorkflowPollers(client: Client, namespace: string, task
     taskQueueType: 1, // TASK_QUEUE_TYPE_WORKFLOW
   });
   return (response.pollers ?? []).length > 0;
+}
+
+/**
+ * An objective's workflow handle and description; an unknown id is bad input (exit 2) naming it.
+ * One place for `status`, `watch`, `cancel` and the human loop.
+ */
+export async function describeObjective(client: Client, objectiveId: string) {
+  const handle = client.workflow.getHandle(objectiveWorkflowId(objectiveId));
+  try {
+    return { handle, description: await handle.describe() };
+  } catch (e) {
+    if (e instanceof WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`, EXIT.badInput);
+    throw e;
+  }
 }

@@ -8,19 +8,10 @@ import { describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import { freePort } from '../workers/dev-server';
 import { slipway } from './helpers/cli';
-import { gitIn, tempDir } from './helpers/repo';
-
-function makeRepo(): string {
-  const repo = tempDir('slipway-input-repo-');
-  gitIn(repo, 'init', '-q', '-b', 'main');
-  writeFileSync(path.join(repo, 'README.md'), '# r\n');
-  gitIn(repo, 'add', '.');
-  gitIn(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'init');
-  return repo;
-}
+import { makeTinyRepo, tempDir } from './helpers/repo';
 
 describe('slipway run: input limits and encoding', () => {
-  const repo = makeRepo();
+  const repo = makeTinyRepo();
   const good = {
     objective: 'x',
     repository: repo,

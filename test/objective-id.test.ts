@@ -10,20 +10,11 @@ import { stringify } from 'yaml';
 import { claimObjectiveId, objectiveIdInUse } from '../activities/objective-id';
 import { freePort } from '../workers/dev-server';
 import { slipway } from './helpers/cli';
-import { gitIn, tempDir } from './helpers/repo';
-
-function makeRepo(): string {
-  const repo = tempDir('slipway-id-repo-');
-  gitIn(repo, 'init', '-q', '-b', 'main');
-  writeFileSync(path.join(repo, 'README.md'), '# r\n');
-  gitIn(repo, 'add', '.');
-  gitIn(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'init');
-  return repo;
-}
+import { gitIn, makeTinyRepo, tempDir } from './helpers/repo';
 
 describe('objective id claims', () => {
   it('claims once per run: the same run again is fine, another run or leftover branches are refused', async () => {
-    const repo = makeRepo();
+    const repo = makeTinyRepo();
     expect(await objectiveIdInUse(repo, 'one')).toBeUndefined();
     await claimObjectiveId(repo, 'one', 'objective:one run-a');
     await claimObjectiveId(repo, 'one', 'objective:one run-a'); // a retried activity
@@ -38,7 +29,7 @@ describe('objective id claims', () => {
   });
 
   it('`slipway run --id` with an id used before: exit 2, says what is in the way, nothing started', async () => {
-    const repo = makeRepo();
+    const repo = makeTinyRepo();
     gitIn(repo, 'branch', 'slipway/again/integration', 'main');
     gitIn(repo, 'branch', 'slipway/again/a', 'main');
     const file = path.join(tempDir('slipway-id-'), 'objective.yaml');

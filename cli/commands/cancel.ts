@@ -3,23 +3,15 @@
  * waits for their sandboxes to be cleaned up, removes its merger worktree and ends with outcome
  * `cancelled`; what was merged before stays on the integration branch.
  */
-import { WorkflowNotFoundError } from '@temporalio/client';
 import { objectiveWorkflowId } from '../../core/ids';
 import type { ObjectiveResult } from '../../core/types';
 import { CliError, EXIT } from '../exit-codes';
-import { openRuntime } from '../runtime';
+import { describeObjective, openRuntime } from '../runtime';
 
 export async function cancelCommand(objectiveId: string, opts: { wait?: boolean; json?: boolean }): Promise<number> {
   const runtime = await openRuntime({ startIfMissing: false });
   try {
-    const handle = runtime.client.workflow.getHandle(objectiveWorkflowId(objectiveId));
-    let description;
-    try {
-      description = await handle.describe();
-    } catch (e) {
-      if (e instanceof WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`);
-      throw e;
-    }
+    const { handle, description } = await describeObjective(runtime.client, objectiveId);
     if (description.status.name !== 'RUNNING') throw new CliError(`objective "${objectiveId}" is not running (${description.status.name.toLowerCase()})`);
     await handle.cancel();
     if (opts.wait === false) {

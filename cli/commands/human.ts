@@ -6,17 +6,11 @@ import type { LedgerEntry, ObjectiveStatus } from '../../core/types';
 import { objectiveStatusQuery, planDecisionUpdate } from '../../workflows/objective';
 import { guidanceUpdate } from '../../workflows/stream';
 import { CliError, EXIT } from '../exit-codes';
-import { openRuntime } from '../runtime';
+import { describeObjective, openRuntime } from '../runtime';
 
 async function objectiveStatus(client: Client, objectiveId: string): Promise<ObjectiveStatus> {
-  const handle = client.workflow.getHandle(objectiveWorkflowId(objectiveId));
-  try {
-    const description = await handle.describe();
-    if (description.status.name !== 'RUNNING') throw new CliError(`objective "${objectiveId}" is not running (${description.status.name.toLowerCase()})`);
-  } catch (e) {
-    if (e instanceof WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`);
-    throw e;
-  }
+  const { handle, description } = await describeObjective(client, objectiveId);
+  if (description.status.name !== 'RUNNING') throw new CliError(`objective "${objectiveId}" is not running (${description.status.name.toLowerCase()})`);
   return handle.query(objectiveStatusQuery);
 }
 

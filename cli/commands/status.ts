@@ -1,23 +1,15 @@
-import { WorkflowNotFoundError, type WorkflowHandle } from '@temporalio/client';
-import { objectiveWorkflowId } from '../../core/ids';
+import type { WorkflowHandle } from '@temporalio/client';
 import type { ObjectiveResult, ObjectiveStatus } from '../../core/types';
 import { objectiveStatusQuery } from '../../workflows/objective';
-import { CliError, EXIT } from '../exit-codes';
-import { openRuntime } from '../runtime';
+import { EXIT } from '../exit-codes';
+import { describeObjective, openRuntime } from '../runtime';
 import { formatTotals } from '../../core/usage';
 import { agentRunLines, plannerLines, renderResult, streamUsage } from './run';
 
 export async function statusCommand(objectiveId: string, opts: { json?: boolean }): Promise<number> {
   const runtime = await openRuntime({ startIfMissing: false });
   try {
-    const handle = runtime.client.workflow.getHandle(objectiveWorkflowId(objectiveId));
-    let description;
-    try {
-      description = await handle.describe();
-    } catch (e) {
-      if (e instanceof WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`, EXIT.badInput);
-      throw e;
-    }
+    const { handle, description } = await describeObjective(runtime.client, objectiveId);
     const state = description.status.name;
     let status: ObjectiveStatus | ObjectiveResult | undefined;
     let error: string | undefined;

@@ -1,15 +1,14 @@
 /** `slipway watch`: the live feed of an objective, following it to the end, across worker restarts. */
-import { WorkflowNotFoundError, type Client, type WorkflowHandle } from '@temporalio/client';
+import type { Client, WorkflowHandle } from '@temporalio/client';
 import { defaultPayloadConverter, tsToDate } from '@temporalio/common';
 import { decodeFromPayloadsAtIndex } from '@temporalio/common/lib/internal-non-workflow';
-import { objectiveWorkflowId } from '../../core/ids';
 import { SlipwayPhase } from '../../core/search-attributes';
 import type { FeedEvent, ObjectiveResult, StreamEvent } from '../../core/types';
 import { objectiveFeedQuery } from '../../workflows/objective';
 import { streamEventSignal, streamEventsSignal } from '../../workflows/stream';
 import { closedFailure } from './status';
 import { CliError, EXIT } from '../exit-codes';
-import { openRuntime } from '../runtime';
+import { describeObjective, openRuntime } from '../runtime';
 import { streamForAgent } from './human';
 import { formatFeedEvent } from '../follow';
 
@@ -26,14 +25,7 @@ export async function watchCommand(opts: { objective?: string; stream?: string; 
       }
       if (!objectiveId) throw new CliError('no running objective; pass --objective <id>');
     }
-    const handle = client.workflow.getHandle(objectiveWorkflowId(objectiveId));
-    let description;
-    try {
-      description = await handle.describe();
-    } catch (e) {
-      if (e instanceof WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`);
-      throw e;
-    }
+    const { handle, description } = await describeObjective(client, objectiveId);
     const wanted = (e: FeedEvent, streamIds: string[]) => {
       if (opts.stream && e.source !== opts.stream) return false;
       if (opts.agent) {

@@ -1,7 +1,7 @@
 /** Real git repositories in temporary folders, and a byte-for-byte picture of a user's checkout. */
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync, lstatSync, readlinkSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, lstatSync, readlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -68,4 +68,14 @@ export function dirtyTheCheckout(repo: string): void {
     'echo "unstaged edit" >> README.md',
     'echo "scratch" > notes.txt',
   ].join(' && ')], { cwd: repo });
+}
+
+/** A repository with one commit on `main` and nothing else. */
+export function makeTinyRepo(): string {
+  const repo = tempDir('slipway-tiny-repo-');
+  gitIn(repo, 'init', '-q', '-b', 'main');
+  writeFileSync(path.join(repo, 'README.md'), '# r\n');
+  gitIn(repo, 'add', '.');
+  gitIn(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'init');
+  return repo;
 }
