@@ -64,7 +64,8 @@ async function main() {
       await new Promise((r) => setTimeout(r, 1_500)); // visibility is eventually consistent
       for await (const wf of client.workflow.list({ query: `SlipwayObjective = "${scenario.name}"` })) {
         const history = await client.workflow.getHandle(wf.workflowId, wf.runId).fetchHistory();
-        writeFileSync(path.join(dir, `${wf.workflowId.replace(/[^a-zA-Z0-9._-]/g, '_')}.json`), historyToJSON(history));
+        // One file per run: a workflow that continued as new has several.
+        writeFileSync(path.join(dir, `${wf.workflowId.replace(/[^a-zA-Z0-9._-]/g, '_')}.${wf.runId.slice(0, 8)}.json`), historyToJSON(history));
       }
       console.log(`${scenario.name}: ${result.outcome}`);
     }
