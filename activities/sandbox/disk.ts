@@ -43,8 +43,9 @@ export function diskImagePath(repository: string, group: string, name: string): 
 let tools: Promise<{ mkfs: string; mount: string; umount: string }> | undefined;
 /** The tools, or DiskQuotaUnavailableError saying what is missing (checked once per process). */
 export function requireDiskQuota(): Promise<{ mkfs: string; mount: string; umount: string }> {
+  // Asked every time (cheap): the tools are found once, but a process may drop root later.
+  if (process.getuid?.() !== 0) return Promise.reject(new DiskQuotaUnavailableError('Slipway does not run as root here'));
   tools ??= (async () => {
-    if (process.getuid?.() !== 0) throw new DiskQuotaUnavailableError('Slipway does not run as root here');
     const mkfs = findExecutable('mkfs.ext4', `${process.env.PATH ?? ''}:/usr/sbin:/sbin`);
     const mount = findExecutable('mount', `${process.env.PATH ?? ''}:/usr/bin:/bin`);
     const umount = findExecutable('umount', `${process.env.PATH ?? ''}:/usr/bin:/bin`);

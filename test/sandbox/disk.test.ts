@@ -8,7 +8,7 @@
 import { execFileSync } from 'node:child_process';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { parseProfileResources, limitsFromConfig } from '../../core/limits';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
 import { diskImagePath, isMountPoint } from '../../activities/sandbox/disk';
@@ -50,31 +50,24 @@ describe('workspace disk quota', () => {
   });
 
   it('refuses a disk limit where it cannot be enforced (not root), naming the field, with nothing made', async () => {
-    // A worker that is not root: the same create in a child process as nobody, in a repository of its own.
+    // A worker that is not root, as far as Slipway can tell (process.getuid is Node's, not ours:
+    // running a whole child as nobody needs a checkout nobody can read, which a clone in a 0700
+    // temporary folder is not).
     const dir = tempDir('disk-nobody');
-    await fs.chmod(dir, 0o777);
-    const script = `
-      const { execFileSync } = require('node:child_process');
-      const fs = require('node:fs');
-      const path = require('node:path');
-      const { LocalSandboxProvider } = require(${JSON.stringify(path.resolve('activities/sandbox/local.ts'))});
-      const repo = path.join(${JSON.stringify(dir)}, 'repo');
-      execFileSync('git', ['init', '-q', '-b', 'main', repo]);
-      execFileSync('git', ['-C', repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '--allow-empty', '-m', 'first']);
-      new LocalSandboxProvider({ backgroundFill: false })
-        .create({ sandboxId: 't.x', repository: repo, group: 'obj', name: 'x', branch: 'slipway/obj/x', base: 'main',
-                  confinement: { kind: 'bubblewrap', network: false, limits: { diskBytes: ${QUOTA} } } })
-        .then(() => console.log(JSON.stringify({ created: true })),
-              (e) => console.log(JSON.stringify({ message: e.message, made: fs.existsSync(path.join(repo, '.slipway', 'worktrees')) || fs.existsSync(path.join(repo, '.slipway', 'sandboxes')) })));
-    `;
-    const out = execFileSync('setpriv', ['--reuid=65534', '--regid=65534', '--clear-groups', path.resolve('node_modules/.bin/tsx'), '-e', script], {
-      encoding: 'utf8',
-      env: { ...process.env, HOME: dir },
-      cwd: dir,
-    });
-    const result = JSON.parse(out.trim().split('\n').pop()!);
-    expect(result.message).toMatch(/^disk_mb: .*Slipway does not run as root/);
-    expect(result.made).toBe(false);
+    const { repo: own } = makeRepo(dir);
+    const getuid = vi.spyOn(process, 'getuid').mockReturnValue(65534);
+    try {
+      const refused = await new LocalSandboxProvider({ backgroundFill: false })
+        .create({ sandboxId: 't.x', repository: own, group: 'obj', name: 'x', branch: 'slipway/obj/x', base: 'main', confinement: { kind: 'bubblewrap', network: false, limits: { diskBytes: QUOTA } } })
+        .catch((e: Error) => e);
+      expect(refused).toBeInstanceOf(Error);
+      expect((refused as Error).message).toMatch(/^disk_mb: .*Slipway does not run as root/);
+    } finally {
+      getuid.mockRestore();
+    }
+    expect(await exists(path.join(own, '.slipway', 'worktrees'))).toBe(false);
+    expect(await exists(path.join(own, '.slipway', 'sandboxes'))).toBe(false);
+    expect(gitIn(own, 'branch', '--list', 'slipway/obj/x')).toBe('');
     await fs.rm(dir, { recursive: true, force: true });
   });
 
