@@ -3,7 +3,7 @@
  * data folder, the Web UI, and Slipway's search attributes registered at start.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, openSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
@@ -79,10 +79,29 @@ export async function waitForTemporal(address: string, timeoutMs: number, isAliv
   throw new Error(`Temporal at ${address} did not become ready within ${timeoutMs} ms: ${(lastError as Error)?.message ?? 'no answer'}`);
 }
 
+/**
+ * Starts `temporal server start-dev`. Its HTTP API and metrics ports are picked by the CLI among
+ * free ports and bound a moment later; on a busy machine another process can take one in
+ * between ("address already in use" for a port nobody asked for). Such a start is tried again,
+ * up to three times; any other failure is reported at once with the server's log.
+ */
 export async function startDevServer(opts: DevServerOptions): Promise<DevServer> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startDevServerOnce(opts);
+    } catch (e) {
+      if (attempt >= 3 || !(e instanceof AuxiliaryPortTaken)) throw e;
+    }
+  }
+}
+
+class AuxiliaryPortTaken extends Error {}
+
+async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
   const binary = opts.binary ?? findTemporalBinary();
   mkdirSync(opts.dataDir, { recursive: true });
   const logFile = path.join(opts.dataDir, 'temporal-server.log');
+  const logStart = existsSync(logFile) ? statSync(logFile).size : 0;
   const log = openSync(logFile, 'a');
   const args = [
     'server',
@@ -96,6 +115,7 @@ export async function startDevServer(opts: DevServerOptions): Promise<DevServer>
     ...(opts.headless ? ['--headless'] : ['--ui-port', String(opts.uiPort ?? 8233)]),
   ];
   const child = spawn(binary, args, { stdio: ['ignore', log, log], detached: false });
+  closeSync(log);
   let exited = false;
   child.once('exit', () => {
     exited = true;
@@ -113,6 +133,9 @@ export async function startDevServer(opts: DevServerOptions): Promise<DevServer>
     await waitForTemporal(address, opts.startTimeoutMs ?? 60_000, () => !exited);
   } catch (e) {
     await stop();
+    const written = readFileSync(logFile, 'utf8').slice(logStart);
+    const taken = /failed listening for (HTTP API|metrics)[^\n]*address already in use/.exec(written);
+    if (taken && !written.includes(`127.0.0.1:${opts.port}: bind: address already in use`)) throw new AuxiliaryPortTaken(taken[0]);
     throw new Error(`${(e as Error).message}\nServer log: ${logFile}`);
   }
   return {
