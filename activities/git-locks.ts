@@ -10,6 +10,7 @@
  */
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
+import { isInside } from './sandbox/paths';
 
 export interface StaleLockOptions {
   /** A lock younger than this is left alone (default 2 s). */
@@ -35,10 +36,6 @@ async function locksBelow(dir: string): Promise<Candidate[]> {
   return entries.filter((e) => e.isFile() && e.name.endsWith('.lock')).map((e) => ({ folder: dir, lock: path.join(e.parentPath, e.name) }));
 }
 
-const inside = (parent: string, child: string) => {
-  const rel = path.relative(parent, child);
-  return rel !== '' && !rel.startsWith('..') && !path.isAbsolute(rel);
-};
 
 /** Every file some live process holds open, as paths. Undefined when /proc cannot be read. */
 async function openFiles(procRoot: string): Promise<Set<string> | undefined> {
@@ -78,7 +75,7 @@ export async function clearStaleGitLocks(folders: { top?: string[]; tree?: strin
     const st = await fs.lstat(lock).catch(() => undefined);
     if (!st?.isFile() || Date.now() - st.mtimeMs < minAgeMs) continue;
     const [real, realFolder] = await Promise.all([fs.realpath(lock).catch(() => undefined), fs.realpath(folder).catch(() => undefined)]);
-    if (!real || !realFolder || !inside(realFolder, real) || open.has(real)) continue;
+    if (!real || !realFolder || !isInside(realFolder, real) || open.has(real)) continue;
     await fs.rm(real, { force: true });
     removed.push(lock);
   }

@@ -16,7 +16,7 @@ import { heartbeating, withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redactorFor } from './redact';
 import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, sandboxRecordPath, SLIPWAY_GIT_ENV } from './sandbox/local';
-import { writeJsonAtomic } from '../lib/atomic-write';
+import { readJson, writeJsonAtomic } from '../lib/atomic-write';
 import { discardSandboxGit, locateWorktree, OBJECT_ID, sandboxGitDir, trustedWorktreeArgs } from './sandbox/sandbox-git';
 import { promises as fs, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -205,7 +205,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       // return the same previous change, not the empty diff of `onto` against itself: the head
       // before the reset is recorded outside the sandbox first.
       const record = `${sandboxRecordPath(parsed.repository, parsed.group, parsed.name)}.rebuild`;
-      const saved = (await readJson(record)) as { onto?: string; previous?: string } | undefined;
+      const saved = await readJson<{ onto?: string; previous?: string }>(record);
       let previous = head;
       if (saved?.onto === onto && head === onto && saved.previous && OBJECT_ID.test(saved.previous)) previous = saved.previous;
       else await writeJsonAtomic(record, { onto, previous: head }, { mkdir: true });
@@ -275,8 +275,6 @@ function objectiveClaimOwner(): string {
   }
   return execution ? `${execution.workflowId} ${execution.runId}` : `process ${process.pid}`;
 }
-
-const readJson = (file: string): Promise<unknown> => fs.readFile(file, 'utf8').then((t) => JSON.parse(t) as unknown, () => undefined);
 
 /**
  * Stale git locks of a sandbox (a worker killed while Slipway's git or an agent's git ran in it):

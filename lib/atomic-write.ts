@@ -19,6 +19,15 @@ export async function writeFileAtomic(file: string, content: string | Buffer, op
   }
 }
 
+/** A JSON record written by writeJsonAtomic; undefined when it is absent or unreadable. */
+export async function readJson<T>(file: string): Promise<T | undefined> {
+  try {
+    return JSON.parse(await fs.readFile(file, 'utf8')) as T;
+  } catch {
+    return undefined;
+  }
+}
+
 /** JSON, pretty-printed with a final newline (Slipway's records are read by people too). */
 export function writeJsonAtomic(file: string, value: unknown, opts: { mode?: number; mkdir?: boolean } = {}): Promise<void> {
   return writeFileAtomic(file, `${JSON.stringify(value, null, 2)}\n`, opts);

@@ -20,7 +20,7 @@
  * moved on), or their fingerprint differs at the same base (a lockfile or the setup changed); a
  * fill removes them before topping the pool up.
  */
-import { writeJsonAtomic } from '../../lib/atomic-write';
+import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { randomBytes } from 'node:crypto';
 import { constants, promises as fs } from 'node:fs';
 import os from 'node:os';
@@ -78,13 +78,6 @@ export interface PoolSpec {
 export const poolDir = (repo: string) => path.join(repo, POOL_DIR);
 export const poolKey = (baseCommit: string, fingerprint: string) => `${baseCommit.slice(0, 12)}-${fingerprint.slice(0, 10)}`;
 
-async function readJson<T>(file: string): Promise<T | undefined> {
-  try {
-    return JSON.parse(await fs.readFile(file, 'utf8')) as T;
-  } catch {
-    return undefined;
-  }
-}
 
 
 function processAlive(pid: number): boolean {
