@@ -21,7 +21,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { isMap } from 'yaml';
 import { z } from 'zod';
-import { AgentOverridesSchema, AgentSchema, type AgentOverrides } from '../core/objective-schema';
+import { AgentOverridesSchema, AgentSchema, BudgetSchema, type AgentOverrides, type BudgetConfig } from '../core/objective-schema';
 import { AGENT_ROLES, type AgentRole } from '../core/states';
 import type { AgentSpec, AgentSpecs } from '../core/types';
 import { agentProvider } from '../agents/registry';
@@ -43,9 +43,11 @@ export const PROJECT_CONFIG_FILE = path.join('.slipway', 'config.yaml');
 
 const agentsShape = Object.fromEntries(AGENT_ROLES.map((role) => [role, AgentOverridesSchema.optional()])) as Record<AgentRole, z.ZodOptional<typeof AgentOverridesSchema>>;
 
-/** `.slipway/config.yaml`: project-wide settings. Today: default agents per role. */
+/** `.slipway/config.yaml`: project-wide settings: default agents per role, the default budget. */
 export const ProjectConfigSchema = z.strictObject({
   agents: z.strictObject(agentsShape).default({}),
+  /** Under the objective file's `budget:`, field by field (config/objective-file.ts). */
+  budget: BudgetSchema.optional(),
 });
 
 /** Same shape as the objective file's problems (config/objective-file.ts). */
@@ -100,7 +102,7 @@ export function sanitizeAgents(raw: unknown, issues: readonly z.core.$ZodIssue[]
 }
 
 /** Reads `<repository>/.slipway/config.yaml`; no file means no defaults. */
-export async function loadProjectConfig(repository: string): Promise<{ source?: AgentSource; problems: ConfigProblem[] }> {
+export async function loadProjectConfig(repository: string): Promise<{ source?: AgentSource; budget?: BudgetConfig; problems: ConfigProblem[] }> {
   const file = path.join(repository, PROJECT_CONFIG_FILE);
   let text: string;
   try {
@@ -137,7 +139,9 @@ export async function loadProjectConfig(repository: string): Promise<{ source?: 
     problems.push({ file, ...yaml.locate(segments), field: formatFieldPath(segments) || undefined, message: describeIssue(issue, missing) });
   }
   const agentsRaw = (raw as Record<string, unknown>).agents;
-  return { source: { ...empty, ...sanitizeAgents(agentsRaw, issues, ['agents']) }, problems };
+  // An invalid budget was reported above; the merge takes none from this file then.
+  const budget = BudgetSchema.optional().safeParse((raw as Record<string, unknown>).budget);
+  return { source: { ...empty, ...sanitizeAgents(agentsRaw, issues, ['agents']) }, ...(budget.success && budget.data ? { budget: budget.data } : {}), problems };
 }
 
 const PROVIDER_BOUND_FIELDS = ['command', 'model', 'permission_mode', 'extra_args'] as const;

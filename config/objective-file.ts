@@ -23,6 +23,7 @@ import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, 
 import { checkRepositoryTrust, trustProblem } from './trust';
 import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../lib/git';
 import { sandboxOptionsFromConfig } from './sandbox-options';
+import { budgetSpec } from '../core/budget';
 import {
   describeIssue,
   describeNode,
@@ -299,6 +300,9 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     streams: data.streams,
     sandbox: sandboxOptionsFromConfig(data.sandbox, objectiveDir),
   };
+  // The file's budget fields replace the config's one by one (a file's `stream:` limit keeps the config's `objective:` one).
+  const budget = budgetSpec(config.budget || data.budget ? { ...config.budget, ...data.budget } : undefined);
+  if (budget) input.budget = budget;
   // Prompt templates read from files travel in the input too; keep it well under Temporal's 2 MB payload limit.
   const inputBytes = Buffer.byteLength(JSON.stringify(input));
   if (inputBytes > MAX_INPUT_BYTES) {
