@@ -217,7 +217,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
   };
   const config = repository === undefined ? { problems: [] } : await loadProjectConfig(repository);
   const otherFiles: ObjectiveFileProblem[] = [...config.problems];
-  const resolved = await resolveAgents(objectiveAgents, config.source);
+  const resolved = await resolveAgents(objectiveAgents, config.source, 'prices' in config ? config.prices : undefined);
   for (const p of resolved.problems) (p.file === file ? problems : otherFiles).push(p);
   const configName = repository === undefined ? PROJECT_CONFIG_FILE : path.join(repository, PROJECT_CONFIG_FILE);
   const declared = (role: 'builder' | 'planner') =>

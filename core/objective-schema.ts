@@ -3,6 +3,7 @@
  * turns zod issues into "file:line field: message" errors.
  */
 import { LimitsConfigSchema } from './limits';
+import { ModelPriceSchema } from './prices';
 import { z } from 'zod';
 import { ID_PATTERN, ID_RULE, RESERVED_STREAM_IDS } from './ids';
 import { streamGraphIssues } from './stream-graph';
@@ -141,6 +142,8 @@ export const AgentSchema = z
     prompt_file: agentFields.prompt_file.optional(),
     args: agentFields.args.default({}),
     max_output_retries: agentFields.max_output_retries.default(2),
+    /** Set by the loader (core/prices.ts, `.slipway/config.yaml` `prices:`), never written: the model's price, for runs that report no cost. */
+    price: ModelPriceSchema.optional(),
   })
   .refine((a) => a.provider !== 'script' || a.command !== undefined, {
     message: 'the script provider needs a "command"',

@@ -188,6 +188,8 @@ export interface TokenTotals {
   cachedTokens: number;
   costUsd: number;
   runs: number;
+  /** Some of `costUsd` is estimated from model prices (runs whose agent reported no cost). */
+  estimated?: boolean;
 }
 
 /**
@@ -217,6 +219,8 @@ export interface AgentRunRecord {
   outputTokens: number;
   cachedTokens: number;
   costUsd?: number;
+  /** `costUsd` is estimated from the model's price (core/prices.ts): the agent reported none. */
+  estimated?: true;
   toolCalls: number;
   durationMs: number;
   /** `signalled`: the output held a completion signal; `invalid_output`: its structured answer did not validate. */

@@ -4,7 +4,7 @@
  * 1,200 tokens a fresh run). What is asserted is what the agent really did: the fake logs every
  * start, so "the run did not start" is a count of its calls, not a workflow's say-so.
  */
-import { readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { WorkflowUpdateFailedError } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
@@ -16,6 +16,7 @@ import { slipway, waitFor } from './helpers/cli';
 import { writeObjective } from './helpers/objective';
 import { makeDemoRepo, PROJECT_ROOT } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
+import { trustRepository } from '../config/trust';
 
 const FAKE = path.join(PROJECT_ROOT, 'test', 'fixtures', 'agents', 'fake-agent.mjs');
 const builder = (extra: Record<string, unknown> = {}) => ({ provider: 'claude-code', command: `node ${FAKE} --format claude`, ...extra });
@@ -32,8 +33,13 @@ afterAll(async () => {
 });
 
 /** Starts an objective whose fake agent follows `plan` (found as fake-plan.json beside the objective file). */
-async function start(id: string, spec: Record<string, unknown>, plan: Record<string, unknown>) {
+async function start(id: string, spec: Record<string, unknown>, plan: Record<string, unknown>, projectConfig?: string) {
   const repo = makeDemoRepo();
+  if (projectConfig !== undefined) {
+    mkdirSync(path.join(repo, '.slipway'), { recursive: true });
+    writeFileSync(path.join(repo, '.slipway', 'config.yaml'), projectConfig);
+    await trustRepository(repo);
+  }
   const file = writeObjective({ repository: repo, objective: 'add helpers', ...spec });
   writeFileSync(path.join(path.dirname(file), 'fake-plan.json'), JSON.stringify(plan));
   const input = await loadObjectiveFile(file, { id });
@@ -149,5 +155,36 @@ describe('budget guardrail', () => {
     expect(run.calls('builder:second')).toBe(2);
     expect(result.usage.costUsd).toBeCloseTo(4 * RUN_COST, 10);
     expect(result.usage.costUsd).toBeCloseTo(sumOfRuns(result), 10);
+  });
+
+  it('a provider that reports no cost gets an estimate from the price table (project override), flagged on the run, the totals and in status', async () => {
+    const id = 'budget-estimate';
+    const run = await start(
+      id,
+      {
+        agents: {
+          builder: { provider: 'codex', command: `node ${FAKE} --format codex`, model: 'house-model' },
+          reviewer: builder(),
+        },
+        streams: [{ id: 'greet', task: 'add greet' }],
+      },
+      { 'builder:greet': [{ files: helper('greet'), signal: true }], 'reviewer:greet': [{ verdict: { verdict: 'approve', summary: 'fine', findings: [] } }] },
+      'prices:\n  house-model: { input: 2, output: 8, cached_input: 0.5 }\n',
+    );
+    const result = await run.result();
+    expect(result.outcome).toBe('completed');
+    const [built, reviewed] = result.agentRuns ?? [];
+    // Codex's 1,000 input tokens hold 400 cached; 200 out.
+    expect(built).toMatchObject({ role: 'builder', provider: 'codex', inputTokens: 1000, cachedTokens: 400, outputTokens: 200, estimated: true });
+    expect(built.costUsd).toBeCloseTo((600 * 2 + 400 * 0.5 + 200 * 8) / 1e6, 12);
+    expect(reviewed).toMatchObject({ role: 'reviewer', provider: 'claude-code', costUsd: RUN_COST });
+    expect(reviewed).not.toHaveProperty('estimated');
+    expect(result.usage).toMatchObject({ runs: 2, estimated: true });
+    expect(result.usage.costUsd).toBeCloseTo(built.costUsd! + RUN_COST, 12);
+
+    const status = await slipway(['status', id], cliEnv);
+    expect(status.code, status.stderr).toBe(0);
+    expect(status.stdout).toMatch(/greet\s+merged.*cost=~\$0\.0155 \(estimated\)/);
+    expect(status.stdout).toContain('builder (codex house-model): 1,000 in (400 cached) / 200 out tokens, ~$0.0030 (estimated)');
   });
 });

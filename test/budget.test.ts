@@ -12,6 +12,8 @@ import { loadObjectiveFile, ObjectiveFileError } from '../config/objective-file'
 import { trustRepository } from '../config/trust';
 import { budgetExhausted, raisedLimit, raiseProblems, streamBudgetBlock, streamBudgetOf } from '../core/budget';
 import { emptyTotals, type TokenTotals } from '../core/types';
+import { estimateCostUsd, MODEL_PRICES, priceFor } from '../core/prices';
+import { addRunUsage, addTotals, formatUsage } from '../core/usage';
 
 const lines = (...ls: string[]) => `${ls.join('\n')}\n`;
 const HEAD = ['objective: x', 'repository: ./repo', 'agents:', '  builder: { provider: script, command: ./b.sh }', 'streams:', '  - id: a', '    task: do a'];
@@ -145,5 +147,59 @@ describe('budget checks (core/budget.ts)', () => {
   it('a raise replaces the figures it gives and keeps the others', () => {
     expect(raisedLimit({ usd: 1, tokens: 100 }, { usd: 2 })).toEqual({ usd: 2, tokens: 100 });
     expect(raisedLimit(undefined, { tokens: 5 })).toEqual({ tokens: 5 });
+  });
+});
+
+describe('model prices (core/prices.ts) and estimated costs', () => {
+  it('estimates a run at input, cached-input and output prices per million (input includes cached)', () => {
+    expect(estimateCostUsd({ inputTokens: 1000, cachedTokens: 400, outputTokens: 200 }, { input: 2, output: 8, cached_input: 0.5 })).toBeCloseTo((600 * 2 + 400 * 0.5 + 200 * 8) / 1e6, 12);
+    // No cached price: cached tokens cost the input price.
+    expect(estimateCostUsd({ inputTokens: 1000, cachedTokens: 400, outputTokens: 0 }, { input: 2, output: 8 })).toBeCloseTo(0.002, 12);
+  });
+
+  it('finds a price by model, override first, and by the model part of provider/model', () => {
+    expect(priceFor('gpt-5.1-codex')).toBe(MODEL_PRICES['gpt-5.1-codex']);
+    expect(priceFor('anthropic/claude-sonnet-4-5')).toBe(MODEL_PRICES['claude-sonnet-4-5']);
+    expect(priceFor('gpt-5.1-codex', { 'gpt-5.1-codex': { input: 9, output: 9 } })).toEqual({ input: 9, output: 9 });
+    expect(priceFor('my-model', { 'my-model': { input: 1, output: 2 } })).toEqual({ input: 1, output: 2 });
+    expect(priceFor('unknown-model')).toBeUndefined();
+    expect(priceFor(undefined)).toBeUndefined();
+  });
+
+  it('totals with an estimated run are marked, and the text says so', () => {
+    const totals = emptyTotals();
+    addRunUsage(totals, { inputTokens: 10, outputTokens: 5, cachedTokens: 0, costUsd: 0.5 });
+    expect(totals.estimated).toBeUndefined();
+    expect(formatUsage(totals)).toBe('10 in / 5 out tokens, $0.5000');
+    addRunUsage(totals, { inputTokens: 10, outputTokens: 5, cachedTokens: 0, costUsd: 0.25, estimated: true });
+    expect(totals.estimated).toBe(true);
+    expect(formatUsage(totals)).toBe('20 in / 10 out tokens, ~$0.7500 (estimated)');
+    expect(addTotals(emptyTotals(), totals).estimated).toBe(true);
+    expect(addTotals(emptyTotals(), emptyTotals())).not.toHaveProperty('estimated');
+  });
+
+  it("the loader gives each agent its model's price: .slipway/config.yaml prices over the table", async () => {
+    const { file } = await project(
+      lines('objective: x', 'repository: ./repo', 'agents:', '  builder: { provider: codex, model: my-model }', '  reviewer: { provider: codex, model: gpt-5.1-codex }', '  scout: { provider: codex }', 'streams:', '  - id: a', '    task: do a'),
+      lines('prices:', '  my-model: { input: 2, output: 8, cached_input: 0.5 }'),
+    );
+    const input = await loadObjectiveFile(file);
+    expect(input.agents.builder?.price).toEqual({ input: 2, output: 8, cached_input: 0.5 });
+    expect(input.agents.reviewer?.price).toEqual(MODEL_PRICES['gpt-5.1-codex']);
+    expect(input.agents.scout?.price).toBeUndefined(); // no model: no price, no estimate
+  });
+
+  it('invalid prices are refused naming the config file, line and field; price is not an agent field', async () => {
+    const { file, repo } = await project(lines(...HEAD), lines('prices:', '  my-model: { input: -1, output: 8 }', '  other: { input: 1 }'));
+    const config = path.join(repo, '.slipway', 'config.yaml');
+    const msgs = await problems(file);
+    expect(msgs).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(new RegExp(`^${config}:2:\\d+: prices\\.my-model\\.input: `)),
+        expect.stringMatching(new RegExp(`^${config}:3:\\d+: prices\\.other\\.output: `)),
+      ]),
+    );
+    const { file: withPrice } = await project(lines('objective: x', 'repository: ./repo', 'agents:', '  builder: { provider: script, command: ./b.sh, price: { input: 1, output: 1 } }', 'streams:', '  - id: a', '    task: do a'));
+    expect((await problems(withPrice)).join('\n')).toContain('agents.builder.price: unknown key "price"');
   });
 });

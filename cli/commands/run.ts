@@ -124,9 +124,10 @@ export function plannerLines(runs: AgentRunRecord[] | undefined): string[] {
   return lines.length > 0 ? ['  (planner)', ...lines] : [];
 }
 
-/** `  tokens=12,345/678 cost=$0.0421` for a stream's agent runs (nothing before its first run). */
+/** `  tokens=12,345/678 cost=$0.0421` (`cost=~$0.0421 (estimated)`) for a stream's agent runs (nothing before its first run). */
 export function streamUsage(s: Pick<ObjectiveStreamView, 'usage'>): string {
   const u = s.usage;
   if (!u?.runs) return '';
-  return `  tokens=${formatCount(u.inputTokens)}/${formatCount(u.outputTokens)}${u.costUsd ? ` cost=${formatCost(u.costUsd)}` : ''}`;
+  const cost = u.costUsd ? ` cost=${u.estimated ? `~${formatCost(u.costUsd)} (estimated)` : formatCost(u.costUsd)}` : '';
+  return `  tokens=${formatCount(u.inputTokens)}/${formatCount(u.outputTokens)}${cost}`;
 }
