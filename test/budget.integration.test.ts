@@ -10,6 +10,7 @@ import { WorkflowUpdateFailedError } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
+import { SlipwayCostUsd } from '../core/search-attributes';
 import type { ObjectiveResult, ObjectiveStatus } from '../core/types';
 import { budgetRaiseUpdate, objectiveStatusQuery, objectiveWorkflow } from '../workflows/objective';
 import { slipway, waitFor } from './helpers/cli';
@@ -111,6 +112,23 @@ describe('budget guardrail', () => {
     expect(result.usage.costUsd).toBeCloseTo(sumOfRuns(result), 10);
     expect(result.budget?.streams).toEqual({ greet: { usd: 1 } });
     expect(result.ledger.map((e) => [e.stream, e.kind, e.result])).toEqual([['greet', 'budget_exhausted', 'blocked']]);
+
+    // The spend as a number: the SlipwayCostUsd search attribute, queryable and in `slipway list`.
+    const described = await run.handle.describe();
+    expect(described.typedSearchAttributes.get(SlipwayCostUsd)).toBeCloseTo(3 * RUN_COST, 10);
+    const found = await waitFor(async () => {
+      const ids: string[] = [];
+      for await (const wf of worker.client.workflow.list({ query: `SlipwayKind = "objective" AND SlipwayCostUsd > 0.03 AND WorkflowId = "${objectiveWorkflowId(id)}"` })) ids.push(wf.workflowId);
+      return ids.length > 0 && ids;
+    }, 'the objective found by its cost');
+    expect(found).toEqual([objectiveWorkflowId(id)]);
+    const listed = await waitFor(async () => {
+      const rows = JSON.parse((await slipway(['list', '--json', '--limit', '500'], cliEnv)).stdout) as Array<{ objectiveId: string; costUsd?: number }>;
+      return rows.find((r) => r.objectiveId === id && r.costUsd !== undefined);
+    }, 'the objective listed with its cost');
+    expect(listed.costUsd).toBeCloseTo(3 * RUN_COST, 10);
+    const text = await slipway(['list', '--limit', '500'], cliEnv);
+    expect(text.stdout).toMatch(new RegExp(`${id}\\s+completed\\s+completed\\s+\\$0\\.0375`));
   });
 
   it('on_exhausted: fail ends the stream as failed with budget_exhausted instead of a next run', async () => {

@@ -32,7 +32,7 @@ import {
 import type { Blueprint, Step } from '../core/blueprint-schema';
 import { FINAL_STREAM_PHASES } from '../core/states';
 import { streamWorkflowId } from '../core/ids';
-import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
+import { SlipwayCostUsd, SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
 import { formatIssuePath, streamGraphIssues } from '../core/stream-graph';
 import type { ObjectiveOutcome, ObjectivePhase } from '../core/states';
 import {
@@ -81,6 +81,8 @@ const DISPATCH_FROM_MERGE_COMMIT = 'dispatch-from-merge-commit';
 const ABANDONED_CHILDREN = 'objective-children-abandoned';
 /** The streams that may start are started together instead of one workflow task each. */
 const PARALLEL_STARTS = 'parallel-stream-starts';
+/** The objective's cost is kept in the `SlipwayCostUsd` search attribute (a command 0.1.0 never issued). */
+const COST_ATTRIBUTE = 'objective-cost-attribute';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 
@@ -137,8 +139,14 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
   // The planner's runs count too; streams report theirs with their events.
   const plannerUsage = resume?.plannerUsage ?? emptyTotals();
+  let costShown = resume?.status.usage.costUsd ?? 0;
   const sumUsage = () => {
     status.usage = status.streams.reduce((sum, s) => (s.usage ? addTotals(sum, s.usage) : sum), { ...plannerUsage });
+    // Only when it changed: one command per change, not per event.
+    if (status.usage.costUsd !== costShown && patched(COST_ATTRIBUTE)) {
+      costShown = status.usage.costUsd;
+      upsertSearchAttributes([{ key: SlipwayCostUsd, value: costShown }]);
+    }
   };
   const details = () => objectiveDetails(status);
   const enter = (phase: ObjectivePhase, text: string) => {
