@@ -32,6 +32,8 @@ export interface TokenUsage {
   outputTokens: number;
   cachedTokens?: number;
   costUsd?: number;
+  /** `costUsd` is Slipway's estimate from the model's price (core/prices.ts): the agent reported none. */
+  estimated?: boolean;
 }
 
 /**

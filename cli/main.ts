@@ -19,6 +19,7 @@ import { registerSandboxCommands } from './commands/sandbox';
 import { registerSchedulesCommands } from './commands/schedules';
 import { registerTemplateCommands } from './commands/template';
 import { registerTrustCommand } from './commands/trust';
+import { registerBudgetCommands } from './commands/budget';
 import { registerWorktreeCommands } from './commands/worktree';
 
 export function buildProgram(): Command {
@@ -109,6 +110,9 @@ export function buildProgram(): Command {
     .command('worker')
     .description('run a worker against TEMPORAL_ADDRESS or the running embedded server')
     .action(async () => setExit(await workerCommand()));
+
+  // Spending limits: `budget raise`.
+  registerBudgetCommands(program, setExit);
 
   // The sandbox service: `sandbox ...` (API client), `api`, `mcp`, and ledger administration.
   registerSandboxCommands(program);

@@ -21,7 +21,8 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { isMap } from 'yaml';
 import { z } from 'zod';
-import { AgentOverridesSchema, AgentSchema, type AgentOverrides } from '../core/objective-schema';
+import { AgentOverridesSchema, AgentSchema, BudgetSchema, type AgentOverrides, type BudgetConfig } from '../core/objective-schema';
+import { ModelPriceSchema, priceFor, type ModelPrice } from '../core/prices';
 import { AGENT_ROLES, type AgentRole } from '../core/states';
 import type { AgentSpec, AgentSpecs } from '../core/types';
 import { agentProvider } from '../agents/registry';
@@ -43,9 +44,13 @@ export const PROJECT_CONFIG_FILE = path.join('.slipway', 'config.yaml');
 
 const agentsShape = Object.fromEntries(AGENT_ROLES.map((role) => [role, AgentOverridesSchema.optional()])) as Record<AgentRole, z.ZodOptional<typeof AgentOverridesSchema>>;
 
-/** `.slipway/config.yaml`: project-wide settings. Today: default agents per role. */
+/** `.slipway/config.yaml`: project-wide settings: default agents per role, the default budget. */
 export const ProjectConfigSchema = z.strictObject({
   agents: z.strictObject(agentsShape).default({}),
+  /** Under the objective file's `budget:`, field by field (config/objective-file.ts). */
+  budget: BudgetSchema.optional(),
+  /** Per model: USD per million tokens, over the shipped table (core/prices.ts). */
+  prices: z.record(z.string().min(1), ModelPriceSchema).optional(),
 });
 
 /** Same shape as the objective file's problems (config/objective-file.ts). */
@@ -100,7 +105,7 @@ export function sanitizeAgents(raw: unknown, issues: readonly z.core.$ZodIssue[]
 }
 
 /** Reads `<repository>/.slipway/config.yaml`; no file means no defaults. */
-export async function loadProjectConfig(repository: string): Promise<{ source?: AgentSource; problems: ConfigProblem[] }> {
+export async function loadProjectConfig(repository: string): Promise<{ source?: AgentSource; budget?: BudgetConfig; prices?: Record<string, ModelPrice>; problems: ConfigProblem[] }> {
   const file = path.join(repository, PROJECT_CONFIG_FILE);
   let text: string;
   try {
@@ -137,7 +142,15 @@ export async function loadProjectConfig(repository: string): Promise<{ source?: 
     problems.push({ file, ...yaml.locate(segments), field: formatFieldPath(segments) || undefined, message: describeIssue(issue, missing) });
   }
   const agentsRaw = (raw as Record<string, unknown>).agents;
-  return { source: { ...empty, ...sanitizeAgents(agentsRaw, issues, ['agents']) }, problems };
+  // An invalid budget was reported above; the merge takes none from this file then.
+  const budget = BudgetSchema.optional().safeParse((raw as Record<string, unknown>).budget);
+  const prices = ProjectConfigSchema.shape.prices.safeParse((raw as Record<string, unknown>).prices);
+  return {
+    source: { ...empty, ...sanitizeAgents(agentsRaw, issues, ['agents']) },
+    ...(budget.success && budget.data ? { budget: budget.data } : {}),
+    ...(prices.success && prices.data ? { prices: prices.data } : {}),
+    problems,
+  };
 }
 
 const PROVIDER_BOUND_FIELDS = ['command', 'model', 'permission_mode', 'extra_args'] as const;
@@ -147,7 +160,11 @@ const PROMPT_FIELDS = ['prompt', 'prompt_file', 'args'] as const;
  * Merges the config's agents under the objective file's, applies the defaults, reads and checks
  * prompt templates and the providers' command lines. Problems point at the file each field came from.
  */
-export async function resolveAgents(objective: AgentSource, config: AgentSource | undefined): Promise<{ agents: AgentSpecs; problems: ConfigProblem[] }> {
+export async function resolveAgents(
+  objective: AgentSource,
+  config: AgentSource | undefined,
+  prices: Readonly<Record<string, ModelPrice>> = {},
+): Promise<{ agents: AgentSpecs; problems: ConfigProblem[] }> {
   const problems: ConfigProblem[] = [];
   const agents: AgentSpecs = {};
   for (const role of AGENT_ROLES) {
@@ -194,6 +211,9 @@ export async function resolveAgents(objective: AgentSource, config: AgentSource 
       continue;
     }
     const spec: AgentSpec = parsed.data;
+    // Runs that report no cost are estimated at this price (absent: no known price, no estimate).
+    const price = priceFor(spec.model, prices);
+    if (price) spec.price = price;
 
     // Structured answers come from one run: the loop could only keep the last one.
     if (ANSWER_FORMATS[role] && spec.max_iterations > 1) {

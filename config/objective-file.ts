@@ -13,7 +13,7 @@
 import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { isMap } from 'yaml';
+import { isMap, stringify as stringifyYaml } from 'yaml';
 import { ObjectiveFileSchema, TEXT_LIMITS, type ObjectiveFile } from '../core/objective-schema';
 import { ID_PATTERN, ID_RULE } from '../core/ids';
 import type { ObjectiveInput, ResolvedBlueprints } from '../core/types';
@@ -23,6 +23,7 @@ import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, 
 import { checkRepositoryTrust, trustProblem } from './trust';
 import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../lib/git';
 import { sandboxOptionsFromConfig } from './sandbox-options';
+import { budgetSpec } from '../core/budget';
 import {
   describeIssue,
   describeNode,
@@ -98,7 +99,39 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     const { line, column, byte } = decoded.invalidAt;
     return fail([{ file, line, column, message: `the file is not valid UTF-8 (byte 0x${byte.toString(16).padStart(2, '0')}); save it as UTF-8` }]);
   }
-  const text = decoded.text;
+  return loadObjectiveText(decoded.text, { file, objectiveDir, sourceFile, tooLarge }, overrides);
+}
+
+/**
+ * An objective given as an object (the library's `startObjective`): the same schema, checks and
+ * messages as the file, with the field named (no line: there is no file). Relative paths
+ * (`repository`, `prompt_file`) are resolved against `dir` (default: the current folder).
+ */
+export async function loadObjective(spec: Record<string, unknown>, options: ObjectiveFileOverrides & { dir?: string } = {}): Promise<ObjectiveInput> {
+  const { dir, ...overrides } = options;
+  const label = 'objective';
+  if (spec === null || typeof spec !== 'object' || Array.isArray(spec)) throw new ObjectiveFileError([{ file: label, message: 'expected an object with objective, repository, agents and streams' }]);
+  // Through YAML so every check (and its wording) is the file's own; positions in that text mean nothing to the caller.
+  const text = stringifyYaml(spec);
+  const tooLarge: ObjectiveFileProblem | undefined =
+    Buffer.byteLength(text) > TEXT_LIMITS.fileBytes ? { file: label, message: `the objective is ${Buffer.byteLength(text).toLocaleString('en-US')} bytes as YAML, at most ${TEXT_LIMITS.fileBytes.toLocaleString('en-US')} allowed` } : undefined;
+  try {
+    return await loadObjectiveText(text, { file: label, objectiveDir: path.resolve(dir ?? process.cwd()), tooLarge }, overrides);
+  } catch (e) {
+    if (!(e instanceof ObjectiveFileError)) throw e;
+    throw new ObjectiveFileError(e.problems.map((p) => (p.file === label ? { file: label, ...(p.field ? { field: p.field } : {}), message: p.message } : p)));
+  }
+}
+
+async function loadObjectiveText(
+  text: string,
+  source: { file: string; objectiveDir: string; sourceFile?: string; tooLarge?: ObjectiveFileProblem },
+  overrides: ObjectiveFileOverrides,
+): Promise<ObjectiveInput> {
+  const { file, objectiveDir, sourceFile, tooLarge } = source;
+  const fail = (problems: ObjectiveFileProblem[]): never => {
+    throw new ObjectiveFileError(problems);
+  };
 
   // 2. Parse YAML.
   const yaml = parseYamlWithPositions(text);
@@ -216,7 +249,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
   };
   const config = repository === undefined ? { problems: [] } : await loadProjectConfig(repository);
   const otherFiles: ObjectiveFileProblem[] = [...config.problems];
-  const resolved = await resolveAgents(objectiveAgents, config.source);
+  const resolved = await resolveAgents(objectiveAgents, config.source, 'prices' in config ? config.prices : undefined);
   for (const p of resolved.problems) (p.file === file ? problems : otherFiles).push(p);
   const configName = repository === undefined ? PROJECT_CONFIG_FILE : path.join(repository, PROJECT_CONFIG_FILE);
   const declared = (role: 'builder' | 'planner') =>
@@ -235,7 +268,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     if (ID_PATTERN.test(overrides.id)) id = overrides.id;
     else problems.push({ file, field: 'id', message: `"${overrides.id}" (given on the command line) must be ${ID_RULE}` });
   } else if (parsed.success) {
-    id = parsed.data.id ?? deriveObjectiveId(sourceFile, overrides.now ?? new Date());
+    id = parsed.data.id ?? deriveObjectiveId(sourceFile ?? file, overrides.now ?? new Date());
   }
 
   // 7. Blueprint (and the blueprints it references).
@@ -287,7 +320,7 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     repository,
     baseBranch,
     objectiveDir,
-    sourceFile,
+    ...(sourceFile ? { sourceFile } : {}),
     maxParallelStreams: data.max_parallel_streams,
     maxFixIterations: data.max_fix_iterations,
     onExhausted: data.on_exhausted,
@@ -299,6 +332,9 @@ export async function loadObjectiveFile(file: string, overrides: ObjectiveFileOv
     streams: data.streams,
     sandbox: sandboxOptionsFromConfig(data.sandbox, objectiveDir),
   };
+  // The file's budget fields replace the config's one by one (a file's `stream:` limit keeps the config's `objective:` one).
+  const budget = budgetSpec(config.budget || data.budget ? { ...config.budget, ...data.budget } : undefined);
+  if (budget) input.budget = budget;
   // Prompt templates read from files travel in the input too; keep it well under Temporal's 2 MB payload limit.
   const inputBytes = Buffer.byteLength(JSON.stringify(input));
   if (inputBytes > MAX_INPUT_BYTES) {

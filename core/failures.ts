@@ -13,6 +13,8 @@ export const FAILURE_KINDS = {
   merge_conflict: { action: 'rebuild_on_integration', retryable: false, summary: 'the stream conflicts with the integration branch' },
   post_merge_gate_failure: { action: 'revert_merge_and_restart_stream', retryable: false, summary: 'a gate failed after the merge' },
   plan_rejection: { action: 'replan_with_reason', retryable: false, summary: 'a human rejected the plan' },
+  // No new agent run starts: the stream blocks (`slipway budget raise`, guidance) or fails, as `budget.on_exhausted` says.
+  budget_exhausted: { action: 'stop_agent_runs', retryable: false, summary: 'the budget is spent' },
   configuration_error: { action: 'fail', retryable: false, summary: 'the configuration is invalid' },
   unknown: { action: 'retry_step', retryable: true, summary: 'an unexpected error' },
 } as const;

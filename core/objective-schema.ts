@@ -3,6 +3,7 @@
  * turns zod issues into "file:line field: message" errors.
  */
 import { LimitsConfigSchema } from './limits';
+import { ModelPriceSchema } from './prices';
 import { z } from 'zod';
 import { ID_PATTERN, ID_RULE, RESERVED_STREAM_IDS } from './ids';
 import { streamGraphIssues } from './stream-graph';
@@ -141,6 +142,8 @@ export const AgentSchema = z
     prompt_file: agentFields.prompt_file.optional(),
     args: agentFields.args.default({}),
     max_output_retries: agentFields.max_output_retries.default(2),
+    /** Set by the loader (core/prices.ts, `.slipway/config.yaml` `prices:`), never written: the model's price, for runs that report no cost. */
+    price: ModelPriceSchema.optional(),
   })
   .refine((a) => a.provider !== 'script' || a.command !== undefined, {
     message: 'the script provider needs a "command"',
@@ -181,6 +184,33 @@ export const SandboxConfigSchema = z.strictObject({
 });
 export type SandboxConfig = z.infer<typeof SandboxConfigSchema>;
 
+/** One spending limit: US dollars and/or tokens (input plus output; input includes cached). */
+export const BudgetLimitSchema = z
+  .strictObject({
+    usd: z.number().positive(),
+    tokens: z.number().int().positive(),
+  })
+  .partial()
+  .refine((l) => l.usd !== undefined || l.tokens !== undefined, { message: 'give "usd", "tokens" or both' });
+export type BudgetLimit = z.infer<typeof BudgetLimitSchema>;
+
+/**
+ * The `budget:` section (objective file or `.slipway/config.yaml`, the file's fields win one by
+ * one): what the objective and each of its streams may spend on agent runs. Once a limit is
+ * reached no new agent run starts; `on_exhausted` says whether the stream then blocks (until
+ * `slipway budget raise` or guidance) or fails. See docs/adr/0017-budget-guardrail.md.
+ */
+export const BudgetSchema = z
+  .strictObject({
+    /** For the whole objective (its streams and the planner). */
+    objective: BudgetLimitSchema,
+    /** For each stream on its own. */
+    stream: BudgetLimitSchema,
+    on_exhausted: z.enum(['block', 'fail']),
+  })
+  .partial();
+export type BudgetConfig = z.infer<typeof BudgetSchema>;
+
 export const StreamSchema = z.strictObject({
   id: id.refine((v) => !(RESERVED_STREAM_IDS as readonly string[]).includes(v), {
     message: `is reserved (${RESERVED_STREAM_IDS.join(', ')})`,
@@ -218,6 +248,8 @@ export const ObjectiveFileSchema = z
       .default({}),
     /** May be left out when a planner agent produces the streams. */
     streams: z.array(StreamSchema).default([]),
+    /** Spending limits; merged over `.slipway/config.yaml`'s `budget:` field by field. */
+    budget: BudgetSchema.optional(),
     /** How sandboxes are made and confined; see SandboxConfigSchema. */
     sandbox: SandboxConfigSchema.optional(),
   })

@@ -1,6 +1,8 @@
 /**
  * Typed search attributes set on every Slipway workflow, so `slipway list` and the
- * Temporal Web UI can filter runs. All are Keyword; the embedded server registers them.
+ * Temporal Web UI can filter runs. Keyword, but the objective's cost (a Double, so
+ * `SlipwayCostUsd > 5` works); the embedded server registers them, `registerSearchAttributes`
+ * (workers/temporal.ts) on a server Slipway did not start.
  */
 import { defineSearchAttributeKey, SearchAttributeType } from '@temporalio/common';
 
@@ -11,6 +13,8 @@ export const SlipwayPhase = defineSearchAttributeKey('SlipwayPhase', SearchAttri
 export const SlipwayOutcome = defineSearchAttributeKey('SlipwayOutcome', SearchAttributeType.KEYWORD);
 export const SlipwayAccount = defineSearchAttributeKey('SlipwayAccount', SearchAttributeType.KEYWORD);
 export const SlipwaySandboxState = defineSearchAttributeKey('SlipwaySandboxState', SearchAttributeType.KEYWORD);
+/** An objective's spend on agent runs so far, in USD (estimates included), set as runs finish. */
+export const SlipwayCostUsd = defineSearchAttributeKey('SlipwayCostUsd', SearchAttributeType.DOUBLE);
 
 export const SLIPWAY_SEARCH_ATTRIBUTES = [
   SlipwayKind,
@@ -20,4 +24,11 @@ export const SLIPWAY_SEARCH_ATTRIBUTES = [
   SlipwayOutcome,
   SlipwayAccount,
   SlipwaySandboxState,
+  SlipwayCostUsd,
 ] as const;
+
+/** The name the Temporal CLI's `--search-attribute NAME=TYPE` takes for each type used here. */
+export const SEARCH_ATTRIBUTE_CLI_TYPE: Record<(typeof SLIPWAY_SEARCH_ATTRIBUTES)[number]['type'], string> = {
+  [SearchAttributeType.KEYWORD]: 'Keyword',
+  [SearchAttributeType.DOUBLE]: 'Double',
+};

@@ -7,6 +7,7 @@ import type { AgentSpec, GateSpec, StreamSpec } from './objective-schema';
 import type { FailureKind } from './failures';
 import type { AgentRole, LedgerResult, ObjectiveOutcome, ObjectivePhase, SandboxState, StreamPhase } from './states';
 import type { Blueprint, ExhaustionMode } from './blueprint-schema';
+import type { BudgetSpec, ObjectiveBudget, StreamBudget } from './budget';
 
 export type { AgentSpec, GateSpec, StreamSpec, Blueprint, ExhaustionMode };
 
@@ -44,6 +45,8 @@ export interface ObjectiveInput {
   blueprint: ResolvedBlueprints;
   /** How sandboxes are made and confined (the file's `sandbox:` section); absent: defaults. */
   sandbox?: SandboxOptions;
+  /** Spending limits (`budget:`); absent: none. */
+  budget?: BudgetSpec;
   /** Objective history events after which the run continues as new (default 8,000; tests set it low). */
   continueAsNewAfterEvents?: number;
   /** Set by the objective itself when it continues as new: where the previous run stopped. */
@@ -185,6 +188,8 @@ export interface TokenTotals {
   cachedTokens: number;
   costUsd: number;
   runs: number;
+  /** Some of `costUsd` is estimated from model prices (runs whose agent reported no cost). */
+  estimated?: boolean;
 }
 
 /**
@@ -214,6 +219,8 @@ export interface AgentRunRecord {
   outputTokens: number;
   cachedTokens: number;
   costUsd?: number;
+  /** `costUsd` is estimated from the model's price (core/prices.ts): the agent reported none. */
+  estimated?: true;
   toolCalls: number;
   durationMs: number;
   /** `signalled`: the output held a completion signal; `invalid_output`: its structured answer did not validate. */
@@ -236,6 +243,8 @@ export interface StreamInput {
   parentWorkflowId: string;
   /** The objective's sandbox settings, handed to the stream's sandbox. */
   sandbox?: SandboxOptions;
+  /** The stream's budget (its limit, and whether the objective's is spent); absent: none. */
+  budget?: StreamBudget;
   /** Tests: how often the stream's sandbox checks that the stream still runs (default hourly). */
   sandboxOwnerProbeMs?: number;
 }
@@ -341,6 +350,8 @@ export interface ObjectiveStatus {
   usage: TokenTotals;
   /** Every agent run of the objective, oldest first (absent until the first one). */
   agentRuns?: AgentRunRecord[];
+  /** The spending limits with the raises so far; absent: no budget. */
+  budget?: ObjectiveBudget;
   /** `blocked` while any stream waits for guidance; the final outcome once done. */
   outcome?: ObjectiveOutcome;
   needsAttention: string[];

@@ -5,12 +5,13 @@
 import type { AgentRunRecord, TokenTotals } from './types';
 
 /** Adds one run's usage to `totals` (in place). */
-export function addRunUsage(totals: TokenTotals, run: Pick<AgentRunRecord, 'inputTokens' | 'outputTokens' | 'cachedTokens' | 'costUsd'>): void {
+export function addRunUsage(totals: TokenTotals, run: Pick<AgentRunRecord, 'inputTokens' | 'outputTokens' | 'cachedTokens' | 'costUsd'> & { estimated?: boolean }): void {
   totals.inputTokens += run.inputTokens;
   totals.outputTokens += run.outputTokens;
   totals.cachedTokens += run.cachedTokens;
   totals.costUsd += run.costUsd ?? 0;
   totals.runs += 1;
+  if (run.estimated) totals.estimated = true;
 }
 
 /** The sum of two totals (a new object; workflows keep their state immutable where they can). */
@@ -21,6 +22,7 @@ export function addTotals(a: TokenTotals, b: TokenTotals): TokenTotals {
     cachedTokens: a.cachedTokens + b.cachedTokens,
     costUsd: a.costUsd + b.costUsd,
     runs: a.runs + b.runs,
+    ...(a.estimated || b.estimated ? { estimated: true } : {}),
   };
 }
 
@@ -33,10 +35,13 @@ export function formatCost(usd: number): string {
   return `$${usd < 1 ? usd.toFixed(4) : usd.toFixed(2)}`;
 }
 
-/** `12,345 in (10,000 cached) / 678 out tokens, $0.0421` — cost left out when none was reported. */
-export function formatUsage(u: Pick<TokenTotals, 'inputTokens' | 'outputTokens' | 'cachedTokens'> & { costUsd?: number }): string {
+/**
+ * `12,345 in (10,000 cached) / 678 out tokens, $0.0421` — cost left out when none was reported,
+ * `~$0.0421 (estimated)` when (some of) it is estimated from model prices.
+ */
+export function formatUsage(u: Pick<TokenTotals, 'inputTokens' | 'outputTokens' | 'cachedTokens'> & { costUsd?: number; estimated?: boolean }): string {
   const cached = u.cachedTokens ? ` (${formatCount(u.cachedTokens)} cached)` : '';
-  const cost = u.costUsd ? `, ${formatCost(u.costUsd)}` : '';
+  const cost = u.costUsd ? `, ${u.estimated ? `~${formatCost(u.costUsd)} (estimated)` : formatCost(u.costUsd)}` : '';
   return `${formatCount(u.inputTokens)} in${cached} / ${formatCount(u.outputTokens)} out tokens${cost}`;
 }
 

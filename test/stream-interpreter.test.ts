@@ -48,7 +48,7 @@ const blueprint = (bp: Partial<BlueprintInput> & Pick<BlueprintInput, 'steps'>):
 // --- a scripted shell -------------------------------------------------------------------------------
 
 /** What the shell reports when the interpreter waits: a step's outcome, a wait's end, a reset, guidance. */
-type Reply = StepOutcome | { waited: true } | { reset: string } | { guidance: Guidance };
+type Reply = StepOutcome | { waited: true } | { reset: string } | { guidance: Guidance } | { budget: 'raised' | Guidance };
 
 const ok: StepOutcome = { ok: true };
 const fail = (kind: StepFailure['kind'], summary: string = kind, extra: Partial<StepFailure> = {}): StepOutcome => ({ ok: false, failure: { kind, summary, details: `${summary} details`, ...extra } });
@@ -63,7 +63,7 @@ function line(d: StreamDecision): string {
     case 'enter_step':
       return `enter ${d.step}#${d.iteration}`;
     case 'run_step':
-      return `run ${d.step.id}${d.feedback ? ` (${d.feedback.kind}${d.feedback.guidance ? ' +guidance' : ''})` : ''}`;
+      return `run ${d.step.id}${d.feedback ? ` (${d.feedback.kind}${d.feedback.guidance ? ' +guidance' : ''})` : ''}${d.budgetWaived ? ' past budget' : ''}`;
     case 'record':
       return `ledger ${d.entry.step} ${d.entry.kind} ${d.entry.result} ${d.entry.attempt}/${d.entry.maxAttempts}`;
     case 'wait_for_rate_limit':
@@ -109,6 +109,10 @@ function drive(cfg: StreamInterpreterConfig, replies: Reply[]): Run {
     } else if (last.type === 'reset_onto_integration') {
       expect('reset' in reply).toBe(true);
       event = { type: 'reset_onto_integration_done', previousDiff: (reply as { reset: string }).reset };
+    } else if (last.type === 'block_for_guidance' && state.awaiting.type === 'budget_available') {
+      expect('budget' in reply, 'a budget block ends with a raise or guidance').toBe(true);
+      const budget = (reply as { budget: 'raised' | Guidance }).budget;
+      event = budget === 'raised' ? { type: 'budget_available' } : { type: 'budget_available', guidance: budget };
     } else if (last.type === 'block_for_guidance') {
       expect('guidance' in reply).toBe(true);
       event = { type: 'guidance_received', guidance: (reply as { guidance: Guidance }).guidance };
@@ -312,6 +316,48 @@ const cases: Case[] = [
     replies: [ok, fail('quality_gate_failure')],
     trace: ['enter build#1', 'run build', 'enter gates#1', 'run gates', 'finish failed'],
     ending: { status: 'failed', failure: { kind: 'unknown', summary: 'blueprint custom has no step "nowhere"' } },
+  },
+  {
+    name: 'a spent budget blocks before the run (mailbox of the builder); a raise runs the same iteration again',
+    cfg: { budgetOnExhausted: 'block' },
+    replies: [fail('budget_exhausted', 'stream s1 spent $1.00 of its $1.00 budget'), { budget: 'raised' }, ok, ok, merged()],
+    trace: [
+      'enter build#1', 'run build', 'ledger build budget_exhausted blocked 1/1', 'block build @builder-s1',
+      'enter build#1', 'run build', 'enter gates#1', 'run gates', 'enter review#1', 'enter merge_ready#1', 'run merge_ready', 'finish merged',
+    ],
+    ending: { status: 'merged' },
+  },
+  {
+    name: 'a budget given only by a raise (no on_exhausted in the input) blocks too',
+    replies: [fail('budget_exhausted', 'objective o spent $5.00 of its $5.00 budget')],
+    trace: ['enter build#1', 'run build', 'ledger build budget_exhausted blocked 1/1', 'block build @builder-s1'],
+  },
+  {
+    name: 'budget on_exhausted: fail ends the stream as failed with budget_exhausted, no retry',
+    cfg: { budgetOnExhausted: 'fail', onExhausted: 'ask_human' },
+    replies: [fail('budget_exhausted', 'stream s1 spent 1,200 of its 1,000 tokens budget')],
+    trace: ['enter build#1', 'run build', 'ledger build budget_exhausted failed 1/1', 'finish failed'],
+    ending: { status: 'failed', failure: { kind: 'budget_exhausted', summary: 'stream s1 spent 1,200 of its 1,000 tokens budget' } },
+  },
+  {
+    name: 'guidance on a budget block lets that step go on past the budget; the next agent step is held to it again',
+    cfg: { budgetOnExhausted: 'block', agents: { builder: agent, reviewer: agent } },
+    replies: [ok, ok, fail('budget_exhausted', 'spent'), { budget: { agent: 'reviewer-s1', subject: 'finish the review', body: 'go on' } }, ok, merged()],
+    trace: [
+      'enter build#1', 'run build', 'enter gates#1', 'run gates', 'enter review#1', 'run review', 'ledger review budget_exhausted blocked 1/1', 'block review @reviewer-s1',
+      'ledger review budget_exhausted guidance_applied 1/1', 'enter review#1', 'run review (budget_exhausted +guidance) past budget', 'enter merge_ready#1', 'run merge_ready', 'finish merged',
+    ],
+  },
+  {
+    name: 'the waiver ends with its step: a fix-loop rebuild is held to the budget again',
+    cfg: { budgetOnExhausted: 'block', agents: { builder: agent, reviewer: agent } },
+    replies: [fail('budget_exhausted', 'spent'), { budget: { agent: 'builder-s1', subject: 'go', body: 'go on' } }, ok, ok, fail('review_rejection', 'no'), ok],
+    trace: [
+      'enter build#1', 'run build', 'ledger build budget_exhausted blocked 1/1', 'block build @builder-s1',
+      'ledger build budget_exhausted guidance_applied 1/1', 'enter build#1', 'run build (budget_exhausted +guidance) past budget',
+      'enter gates#1', 'run gates', 'enter review#1', 'run review (budget_exhausted +guidance)', 'ledger review review_rejection retrying 1/3', 'enter build#2', 'run build (review_rejection +guidance)',
+      'enter gates#2', 'run gates',
+    ],
   },
 ];
 

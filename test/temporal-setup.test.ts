@@ -40,7 +40,7 @@ describe('finding the temporal binary', () => {
     expect(() => findTemporalBinary({ TEMPORAL_CLI_PATH: notExecutable }, [])).toThrow(/TEMPORAL_CLI_PATH=.* is not an executable file/);
   });
 
-  it('registers every Slipway search attribute as Keyword on the embedded server', () => {
+  it('registers every Slipway search attribute on the embedded server: Keyword, and the cost as Double', () => {
     expect(searchAttributeFlags()).toEqual([
       '--search-attribute', 'SlipwayKind=Keyword',
       '--search-attribute', 'SlipwayObjective=Keyword',
@@ -49,6 +49,7 @@ describe('finding the temporal binary', () => {
       '--search-attribute', 'SlipwayOutcome=Keyword',
       '--search-attribute', 'SlipwayAccount=Keyword',
       '--search-attribute', 'SlipwaySandboxState=Keyword',
+      '--search-attribute', 'SlipwayCostUsd=Double',
     ]);
   });
 });

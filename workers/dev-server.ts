@@ -7,7 +7,7 @@ import { closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync } fr
 import net from 'node:net';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
-import { SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
+import { SEARCH_ATTRIBUTE_CLI_TYPE, SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
 import { findTemporalBinary } from './temporal-binary';
 
 export interface DevServerOptions {
@@ -31,7 +31,7 @@ export interface DevServer {
 }
 
 export function searchAttributeFlags(): string[] {
-  return SLIPWAY_SEARCH_ATTRIBUTES.flatMap((key) => ['--search-attribute', `${key.name}=Keyword`]);
+  return SLIPWAY_SEARCH_ATTRIBUTES.flatMap((key) => ['--search-attribute', `${key.name}=${SEARCH_ATTRIBUTE_CLI_TYPE[key.type]}`]);
 }
 
 export async function isPortOpen(port: number, host = '127.0.0.1'): Promise<boolean> {

@@ -5,6 +5,7 @@
 import { Client, Connection } from '@temporalio/client';
 import type { DataConverter } from '@temporalio/common';
 import { SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
+import { SearchAttributeType } from '@temporalio/common';
 import { isPortOpen, startDevServer, waitForTemporal, type DevServer } from './dev-server';
 import { slipwayDataConverter } from './payload-codec';
 import type { SlipwaySettings } from '../lib/settings';
@@ -50,7 +51,7 @@ export async function registerSearchAttributes(address: string, namespace: strin
     if (missing.length === 0) return;
     await connection.operatorService.addSearchAttributes({
       namespace,
-      searchAttributes: Object.fromEntries(missing.map((k) => [k.name, 2 /* INDEXED_VALUE_TYPE_KEYWORD */])),
+      searchAttributes: Object.fromEntries(missing.map((k) => [k.name, k.type === SearchAttributeType.DOUBLE ? 4 /* INDEXED_VALUE_TYPE_DOUBLE */ : 2 /* INDEXED_VALUE_TYPE_KEYWORD */])),
     });
   } finally {
     await connection.close();

@@ -39,7 +39,8 @@ export const newAgentLoop = (): AgentLoopState => ({ agentIteration: 1, outputRe
 
 export type AgentLoopOutcome =
   | { ok: true; last: AgentRunResult; runs: number; signalled: boolean }
-  | { ok: false; summary: string };
+  /** `budget_exhausted`: `beforeRun` held the next run back (the loop's state stays at that run). */
+  | { ok: false; summary: string; kind?: 'budget_exhausted' };
 
 export interface AgentLoopOptions {
   input: Omit<AgentRunInput, 'agentIteration' | 'outputError'>;
@@ -48,14 +49,18 @@ export interface AgentLoopOptions {
   state: AgentLoopState;
   /** Called after every run (usage, commits, feed), before the loop decides what comes next. */
   onRun(run: AgentRunResult, record: AgentRunRecord): Promise<void>;
+  /** Asked before every run: a reason the run may not start (the budget is spent), or undefined. */
+  beforeRun?: () => string | undefined;
 }
 
-export async function runAgentLoop({ input, step, retry, state, onRun }: AgentLoopOptions): Promise<AgentLoopOutcome> {
+export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun }: AgentLoopOptions): Promise<AgentLoopOutcome> {
   const { spec } = input;
   const acts = agentActivities(spec.timeout_minutes, retry);
   let runs = 0;
   let last: AgentRunResult | undefined;
   while (state.agentIteration <= spec.max_iterations) {
+    const held = beforeRun?.();
+    if (held !== undefined) return { ok: false, summary: held, kind: 'budget_exhausted' };
     const resumed = state.outputError !== undefined ? state.retrySessionId : state.agentIteration === 1 ? input.resumeSessionId : undefined;
     const run = await acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError });
     runs += 1;
@@ -76,6 +81,7 @@ export async function runAgentLoop({ input, step, retry, state, onRun }: AgentLo
       outputTokens: run.usage.outputTokens,
       cachedTokens: run.usage.cachedTokens ?? 0,
       ...(run.usage.costUsd !== undefined ? { costUsd: run.usage.costUsd } : {}),
+      ...(run.usage.estimated ? { estimated: true as const } : {}),
       toolCalls: run.toolCalls,
       durationMs: run.durationMs,
       result: run.outputError ? 'invalid_output' : run.completionSignal ? 'signalled' : 'finished',

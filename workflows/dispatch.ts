@@ -10,6 +10,7 @@
  * The objective workflow (workflows/objective.ts) is the shell: it starts the children this
  * returns and records the failures. Bundled into workflow code: types and pure helpers only.
  */
+import type { StreamBudget } from '../core/budget';
 import { FINAL_STREAM_PHASES, type StreamPhase } from '../core/states';
 import type { Blueprint, ObjectiveInput, StreamInput, StreamSpec } from '../core/types';
 
@@ -71,7 +72,7 @@ function baseOf(dependsOn: string[], s: DispatchState): string {
 export function streamStart(
   input: ObjectiveInput,
   spec: StreamSpec,
-  at: { base: string; baseCommit: string; integrationBranch: string; blueprint: Blueprint; parentWorkflowId: string },
+  at: { base: string; baseCommit: string; integrationBranch: string; blueprint: Blueprint; parentWorkflowId: string; budget?: StreamBudget },
 ): { input: StreamInput; summary: string; details: string } {
   return {
     input: {
@@ -86,6 +87,7 @@ export function streamStart(
       onExhausted: input.onExhausted,
       parentWorkflowId: at.parentWorkflowId,
       sandbox: input.sandbox,
+      ...(at.budget ? { budget: at.budget } : {}),
     },
     summary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
     details: `Objective \`${input.id}\`, blueprint \`${at.blueprint.id}\`, builds on \`${at.base === at.baseCommit ? input.baseBranch : at.base}\`.`,

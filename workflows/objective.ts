@@ -32,7 +32,7 @@ import {
 import type { Blueprint, Step } from '../core/blueprint-schema';
 import { FINAL_STREAM_PHASES } from '../core/states';
 import { streamWorkflowId } from '../core/ids';
-import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
+import { SlipwayCostUsd, SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
 import { formatIssuePath, streamGraphIssues } from '../core/stream-graph';
 import type { ObjectiveOutcome, ObjectivePhase } from '../core/states';
 import {
@@ -57,13 +57,19 @@ import { appendFeed, applyStreamEvent, emptyFeed, feedAfter, objectiveDetails } 
 import { shouldContinueAsNew, trimCarry } from './objective-rollover';
 import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
 import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, rateLimitWait, streamsFromPlan, type ObjectiveStepFailure } from './planner-step';
-import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
+import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamBudgetSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
+import { budgetExhausted, formatLimit, raisedLimit, raiseProblems, streamBudgetOf, type BudgetLimit, type BudgetRaise, type StreamBudgetUpdate } from '../core/budget';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
 /** Feed lines after `afterSeq` (for `slipway watch`), and whether the objective is done. */
 export const objectiveFeedQuery = defineQuery<{ events: FeedEvent[]; done: boolean }, [number]>('objectiveFeed');
 /** A human's decision on the plan (`slipway approve` / `slipway reject`). */
 export const planDecisionUpdate = defineUpdate<{ accepted: true }, [{ approve: boolean; reason?: string }]>('planDecision');
+/**
+ * `slipway budget raise`: a new limit for the objective or one stream. Validated: positive
+ * figures above what is already spent; the streams hear of it by signal.
+ */
+export const budgetRaiseUpdate = defineUpdate<{ objectiveId: string; stream?: string; limit: BudgetLimit }, [BudgetRaise]>('budgetRaise');
 
 /**
  * Dependents start from their dependency's merge commit (./dispatch) instead of the integration
@@ -75,6 +81,8 @@ const DISPATCH_FROM_MERGE_COMMIT = 'dispatch-from-merge-commit';
 const ABANDONED_CHILDREN = 'objective-children-abandoned';
 /** The streams that may start are started together instead of one workflow task each. */
 const PARALLEL_STARTS = 'parallel-stream-starts';
+/** The objective's cost is kept in the `SlipwayCostUsd` search attribute (a command 0.1.0 never issued). */
+const COST_ATTRIBUTE = 'objective-cost-attribute';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 
@@ -103,6 +111,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
   const resume = input.resume;
   if (resume) Object.assign(status, resume.status);
+  else if (input.budget) status.budget = { ...input.budget };
   let feed = resume?.feed ?? emptyFeed();
   let done = false;
   let streams: StreamSpec[] = resume?.streams ?? input.streams;
@@ -130,8 +139,14 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
   // The planner's runs count too; streams report theirs with their events.
   const plannerUsage = resume?.plannerUsage ?? emptyTotals();
+  let costShown = resume?.status.usage.costUsd ?? 0;
   const sumUsage = () => {
     status.usage = status.streams.reduce((sum, s) => (s.usage ? addTotals(sum, s.usage) : sum), { ...plannerUsage });
+    // Only when it changed: one command per change, not per event.
+    if (status.usage.costUsd !== costShown && patched(COST_ATTRIBUTE)) {
+      costShown = status.usage.costUsd;
+      upsertSearchAttributes([{ key: SlipwayCostUsd, value: costShown }]);
+    }
   };
   const details = () => objectiveDetails(status);
   const enter = (phase: ObjectivePhase, text: string) => {
@@ -157,8 +172,26 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       childEnded = true;
     }
   };
+  /** Tells a running stream of a budget change. Best effort: a stream that ended needs no budget. */
+  const tellStream = (id: string, update: StreamBudgetUpdate) =>
+    getExternalWorkflowHandle(streamWorkflowId(input.id, id))
+      .signal(streamBudgetSignal, update)
+      .catch((err) => {
+        if (!(err instanceof TemporalFailure)) throw err;
+      });
+  /** Once the objective's limit is reached, its running streams start no new agent run (docs/adr/0017). */
+  const checkObjectiveBudget = () => {
+    const budget = status.budget;
+    if (!budget?.objective || budget.objectiveExhausted) return;
+    const reason = budgetExhausted(budget.objective, status.usage, `objective ${input.id}`);
+    if (!reason) return;
+    budget.objectiveExhausted = reason;
+    say('objective', `budget spent: ${reason}; no new agent run starts until \`slipway budget raise ${input.id}\``);
+    for (const id of running) void tellStream(id, { objectiveExhausted: reason });
+  };
   const afterEvents = () => {
     sumUsage();
+    checkObjectiveBudget();
     refreshBlocked();
     setCurrentDetails(details());
   };
@@ -175,6 +208,41 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       validator: (decision) => {
         if (status.phase !== 'awaiting_approval') throw new Error(`objective "${input.id}" is not waiting for approval (it is ${status.phase})`);
         if (!decision.approve && !decision.reason?.trim()) throw new Error('a rejection needs a reason');
+      },
+    },
+  );
+  setHandler(
+    budgetRaiseUpdate,
+    async (raise) => {
+      const budget = (status.budget ??= { onExhausted: 'block' });
+      if (raise.stream !== undefined) {
+        const limit = raisedLimit(budget.streams?.[raise.stream] ?? budget.stream, raise);
+        budget.streams = { ...budget.streams, [raise.stream]: limit };
+        say('human', `budget of stream ${raise.stream} raised to ${formatLimit(limit)}`);
+        if (running.has(raise.stream)) await tellStream(raise.stream, { limit });
+        return { objectiveId: input.id, stream: raise.stream, limit };
+      }
+      const limit = raisedLimit(budget.objective, raise);
+      budget.objective = limit;
+      say('human', `budget of the objective raised to ${formatLimit(limit)}`);
+      if (budget.objectiveExhausted) {
+        delete budget.objectiveExhausted;
+        await Promise.all([...running].map((id) => tellStream(id, { objectiveExhausted: null })));
+      }
+      return { objectiveId: input.id, limit };
+    },
+    {
+      validator: (raise) => {
+        if (done) throw new Error(`objective "${input.id}" has ended; there is nothing to raise`);
+        let problems: string[];
+        if (raise.stream !== undefined) {
+          const v = view(raise.stream);
+          if (!v) throw new Error(`unknown stream "${raise.stream}" in objective ${input.id} (streams: ${status.streams.map((s) => s.id).join(', ') || 'none yet'})`);
+          if (FINAL_STREAM_PHASES.includes(v.phase)) throw new Error(`stream "${raise.stream}" has ended (${v.phase}); there is nothing to raise`);
+          const limit = status.budget?.streams?.[raise.stream] ?? status.budget?.stream;
+          problems = raiseProblems(raise, { limit, spent: v.usage ?? emptyTotals(), whose: `stream ${raise.stream}` });
+        } else problems = raiseProblems(raise, { limit: status.budget?.objective, spent: status.usage, whose: `objective ${input.id}` });
+        if (problems.length > 0) throw new Error(problems.join('; '));
       },
     },
   );
@@ -273,7 +341,14 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     const start = async (d: Extract<DispatchDecision, { type: 'start' }>) => {
       const spec = streams.find((s) => s.id === d.streamId)!;
       const abandon = patched(ABANDONED_CHILDREN);
-      const child = streamStart(input, spec, { base: d.base, baseCommit: prepared.baseCommit, integrationBranch: prepared.integrationBranch, blueprint, parentWorkflowId: workflowInfo().workflowId });
+      const child = streamStart(input, spec, {
+        base: d.base,
+        baseCommit: prepared.baseCommit,
+        integrationBranch: prepared.integrationBranch,
+        blueprint,
+        parentWorkflowId: workflowInfo().workflowId,
+        ...(status.budget ? { budget: streamBudgetOf(status.budget, spec.id) } : {}),
+      });
       const handle = await startChild(streamWorkflow, {
         workflowId: streamWorkflowId(input.id, spec.id),
         ...(abandon ? { parentClosePolicy: ParentClosePolicy.ABANDON } : {}),
@@ -314,6 +389,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     v.blocked = undefined;
     if (result.status === 'escalated') status.needsAttention.push(result.streamId);
     sumUsage();
+    checkObjectiveBudget();
   };
 
   // --- the merge queue (workflows/merge-queue.ts decides) -------------------------------------------
@@ -424,6 +500,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             addRunUsage(plannerUsage, record);
             (status.agentRuns ??= []).push(record);
             sumUsage();
+            checkObjectiveBudget();
             say('planner', `planner run (${spec.provider}): ${formatUsage(record)}${record.result === 'invalid_output' ? '; answer unusable' : ''}`);
             setCurrentDetails(details());
           },

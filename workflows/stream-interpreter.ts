@@ -48,6 +48,8 @@ export interface StreamInterpreterConfig {
   integrationBranch: string;
   maxFixIterations?: number;
   onExhausted?: ExhaustionMode;
+  /** What a spent budget does (`budget.on_exhausted`); absent: the stream has no budget. */
+  budgetOnExhausted?: 'block' | 'fail';
 }
 
 export function interpreterConfig(input: StreamInput): StreamInterpreterConfig {
@@ -60,6 +62,7 @@ export function interpreterConfig(input: StreamInput): StreamInterpreterConfig {
     integrationBranch: input.integrationBranch,
     maxFixIterations: input.maxFixIterations,
     onExhausted: input.onExhausted,
+    ...(input.budget ? { budgetOnExhausted: input.budget.onExhausted } : {}),
   };
 }
 
@@ -89,6 +92,8 @@ export type Awaiting =
   | { type: 'guidance_received'; reason: 'human_step' }
   /** Recovery exhausted under `ask_human`. */
   | { type: 'guidance_received'; reason: 'exhausted'; failure: StepFailure; loopExhausted: boolean }
+  /** The budget is spent: blocked until it is raised or a human lets the step go on. */
+  | { type: 'budget_available'; failure: StepFailure }
   | { type: 'finished' };
 
 /** Plain, serialisable interpreter state. */
@@ -115,6 +120,8 @@ export interface StreamInterpreterState {
   rebuilt?: string;
   /** The step is re-entered after a rate-limit wait: the same run, not a new builder iteration. */
   resumingAfterWait: boolean;
+  /** A human let this step go on past the spent budget (guidance on a budget block); cleared when another step starts. */
+  budgetWaived?: string;
   awaiting: Awaiting;
 }
 
@@ -124,7 +131,9 @@ export type StreamInterpreterEvent =
   | { type: 'step_finished'; outcome: StepOutcome; now: number }
   | { type: 'rate_limit_waited' }
   | { type: 'reset_onto_integration_done'; previousDiff: string }
-  | { type: 'guidance_received'; guidance: Guidance };
+  | { type: 'guidance_received'; guidance: Guidance }
+  /** The budget was raised (no guidance), or guidance lets the blocked step go on. */
+  | { type: 'budget_available'; guidance?: Guidance };
 
 export type LedgerDraft = Omit<LedgerEntry, 'at' | 'stream'>;
 export type StreamEnding = Omit<StreamResult, 'streamId' | 'branch' | 'iterations' | 'ledger' | 'usage'>;
@@ -132,13 +141,19 @@ export type StreamEnding = Omit<StreamResult, 'streamId' | 'branch' | 'iteration
 export type StreamDecision =
   /** Show the step as current (phase, details, feed line) with this builder iteration. */
   | { type: 'enter_step'; step: string; iteration: number; phase: StreamPhase; details: string }
-  /** Run the step's activities (agent loop, gates, merge hand-off) and report its outcome. */
-  | { type: 'run_step'; step: RunnableStep; feedback?: Feedback; rebuilt?: string }
+  /**
+   * Run the step's activities (agent loop, gates, merge hand-off) and report its outcome.
+   * `budgetWaived`: its agent runs start even though the budget is spent (a human said so).
+   */
+  | { type: 'run_step'; step: RunnableStep; feedback?: Feedback; rebuilt?: string; budgetWaived?: true }
   | { type: 'record'; entry: LedgerDraft; text: string }
   | { type: 'wait_for_rate_limit'; waitMs: number; resetAt?: string }
   /** Reset the sandbox onto the integration branch and report the previous diff. */
   | { type: 'reset_onto_integration' }
-  /** Block until a human sends guidance; report it. */
+  /**
+   * Block until a human sends guidance; report it. For `budget_exhausted` a raise of the budget
+   * ends the block too (the event is then `budget_available`).
+   */
   | { type: 'block_for_guidance'; step: string; mailbox: string; kind: FailureKind; summary: string }
   | { type: 'finish'; result: StreamEnding; text: string };
 
@@ -169,9 +184,9 @@ export function phaseOfStep(step: Step): StreamPhase {
 /** An agent step's outcome from its iteration loop (a reviewer must approve). */
 export function agentStepOutcome(
   step: Extract<Step, { type: 'agent' }>,
-  loop: { ok: false; summary: string } | { ok: true; last: { verdict?: { verdict: string; summary?: string; findings?: string[] } } },
+  loop: { ok: false; summary: string; kind?: 'budget_exhausted' } | { ok: true; last: { verdict?: { verdict: string; summary?: string; findings?: string[] } } },
 ): StepOutcome {
-  if (!loop.ok) return { ok: false, failure: { kind: 'agent_runtime_transient', summary: loop.summary, details: loop.summary } };
+  if (!loop.ok) return { ok: false, failure: { kind: loop.kind ?? 'agent_runtime_transient', summary: loop.summary, details: loop.summary } };
   const verdict = loop.last.verdict;
   if (step.role === 'reviewer' && verdict?.verdict !== 'approve') {
     const findings = verdict?.findings ?? [];
@@ -245,6 +260,7 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
 
   const enter = (step: Step) => {
     s.step = step.id;
+    if (!s.resumingAfterWait) s.budgetWaived = undefined;
     if (step.type === 'agent' && step.role === 'builder' && config.agents.builder && !s.resumingAfterWait) s.iteration += 1;
     s.resumingAfterWait = false;
     out.push({ type: 'enter_step', step: step.id, iteration: s.iteration, phase: phaseOfStep(step), details: step.description ?? describeStep(step, config) });
@@ -259,7 +275,13 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
         if (step.optional) return { ok: true };
         return { ok: false, failure: { kind: 'configuration_error', summary: `step "${step.id}" needs a ${step.role} agent; none is configured`, details: '' } };
       }
-      out.push({ type: 'run_step', step, feedback: s.feedback, ...(step.role === 'reviewer' && s.rebuilt ? { rebuilt: s.rebuilt } : {}) });
+      out.push({
+        type: 'run_step',
+        step,
+        feedback: s.feedback,
+        ...(step.role === 'reviewer' && s.rebuilt ? { rebuilt: s.rebuilt } : {}),
+        ...(s.budgetWaived === step.id ? { budgetWaived: true as const } : {}),
+      });
       s.awaiting = { type: 'step_finished' };
       return undefined;
     }
@@ -308,6 +330,16 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
     const failure = result.failure;
     const limit = fixLimit(bp, step, overrides);
     const count = s.fixCounts[step.id] ?? 0;
+
+    // A spent budget: no new agent run. The stream blocks until a raise or guidance, or fails.
+    if (failure.kind === 'budget_exhausted') {
+      const mode = config.budgetOnExhausted ?? 'block';
+      record(step, failure.kind, { attempt: 1, maxAttempts: 1, summary: failure.summary, result: mode === 'block' ? 'blocked' : 'failed' }, `budget_exhausted at ${step.id} -> ${mode === 'block' ? 'blocked' : 'failed'}: ${failure.summary}`);
+      if (mode === 'fail') return finish({ status: 'failed', failure: { kind: failure.kind, summary: failure.summary } }, `${FAILURE_KINDS.budget_exhausted.summary}: ${failure.summary}`);
+      block(step, failure.kind, failure.summary);
+      s.awaiting = { type: 'budget_available', failure };
+      return;
+    }
 
     // A rate limit waits for the provider's reset on a durable timer; it spends no attempt.
     if (failure.kind === 'provider_rate_limit' && s.rateLimitWaits < MAX_RATE_LIMIT_WAITS) {
@@ -397,6 +429,24 @@ function advance(config: StreamInterpreterConfig, s: StreamInterpreterState, eve
       const { failure } = s.awaiting as Extract<Awaiting, { type: 'reset_onto_integration_done' }>;
       const details = `${failure.details}\n\nYour previous change (now to be re-applied on top of ${config.integrationBranch}):\n${event.previousDiff}`;
       restartAfterMergeTrouble(current(), failure, details);
+      break;
+    }
+    case 'budget_available': {
+      const { failure } = s.awaiting as Extract<Awaiting, { type: 'budget_available' }>;
+      const step = current();
+      const received = event.guidance;
+      if (received) {
+        out.push({
+          type: 'record',
+          entry: { step: step.id, kind: failure.kind, action: 'apply_guidance', attempt: 1, maxAttempts: 1, summary: received.subject, result: 'guidance_applied', guidance: received.body },
+          text: `guidance applied: ${received.subject}; ${step.id} goes on past the budget`,
+        });
+        s.budgetWaived = step.id;
+        s.feedback = { ...(s.feedback ?? { kind: failure.kind, summary: failure.summary, details: '' }), guidance: `${received.subject}\n${received.body}` };
+      }
+      // The same run the budget held back: not a new builder iteration.
+      s.resumingAfterWait = true;
+      enter(step);
       break;
     }
     case 'guidance_received': {

@@ -38,6 +38,7 @@ import { sandboxWorkflowId, streamBranch, streamSandboxId, streamSandboxWorkflow
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
 import type { StreamPhase } from '../core/states';
 import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
+import { streamBudgetBlock, type StreamBudget, type StreamBudgetUpdate } from '../core/budget';
 import {
   emptyTotals,
   type BlockedInfo,
@@ -101,6 +102,8 @@ export interface StreamCarried {
   guidance?: Guidance;
   /** The sandbox workflow's id, as the first run chose it (absent: the 0.1.0 `sandbox:` id). */
   sandboxWorkflowId?: string;
+  /** The budget as the objective last told it (raises and the objective's state arrive by signal). */
+  budget?: StreamBudget;
 }
 
 export type StreamRunInput = StreamInput & { carried?: StreamCarried };
@@ -116,6 +119,8 @@ export const mergeDecisionSignal = defineSignal<[MergeDecision]>('mergeDecision'
 /** Human guidance for a blocked stream (`slipway mail send`). Validated: the stream must be blocked. */
 export const guidanceUpdate = defineUpdate<GuidanceAck, [Guidance]>('guidance');
 export const streamStatusQuery = defineQuery<StreamStatus>('streamStatus');
+/** From the objective: the stream's limit was raised, or the objective's limit was reached or raised. */
+export const streamBudgetSignal = defineSignal<[StreamBudgetUpdate]>('streamBudget');
 
 export { MAX_RATE_LIMIT_WAITS } from './stream-interpreter';
 export { failureKindOf, failureMessage } from './failure-info';
@@ -148,6 +153,9 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   let decision: MergeDecision | undefined = carried?.decision;
   let guidance: Guidance | undefined = carried?.guidance;
   let sandboxEnded: SandboxResult | undefined = carried?.sandboxEnded;
+  let budget: StreamBudget | undefined = carried ? carried.budget : input.budget;
+  /** Why no new agent run may start (a spent budget), or undefined. */
+  const budgetHold = () => streamBudgetBlock(budget, stream.id, status.usage);
   /** Set once this run hands over to the next: the sandbox stays, nothing is finished. */
   let carrying = false;
   const parent = getExternalWorkflowHandle(input.parentWorkflowId);
@@ -163,6 +171,13 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     sandboxEnded ??= result;
   });
   setHandler(ownerProbeSignal, () => undefined);
+  setHandler(streamBudgetSignal, (update) => {
+    const next: StreamBudget = { ...(budget ?? { onExhausted: 'block' }) };
+    if (update.limit) next.limit = update.limit;
+    if (update.objectiveExhausted === null) delete next.objectiveExhausted;
+    else if (update.objectiveExhausted !== undefined) next.objectiveExhausted = update.objectiveExhausted;
+    budget = next;
+  });
   setHandler(
     guidanceUpdate,
     (message) => {
@@ -209,7 +224,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       return;
     }
     pendingEvents.push(event);
-    if (flushNow(event)) return flushEvents();
+    // Under a budget the objective counts every run at once: its limit is reached no later than needed.
+    if (flushNow(event) || (budget && extra.agentRun)) return flushEvents();
     if (!flusherStarted) {
       flusherStarted = true;
       void (async () => {
@@ -325,7 +341,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     const history = () => status.ledger.map((e) => `${e.step}: ${e.kind} -> ${e.action} (${e.attempt}/${e.maxAttempts}) ${e.result}: ${e.summary}`);
     const addUsage = (run: AgentRunResult) => addRunUsage(status.usage, { ...run.usage, cachedTokens: run.usage.cachedTokens ?? 0 });
 
-    const runAgentStep = async (step: Extract<Step, { type: 'agent' }>, feedback: Feedback | undefined, rebuilt: string | undefined): Promise<StepOutcome> => {
+    const runAgentStep = async (step: Extract<Step, { type: 'agent' }>, feedback: Feedback | undefined, rebuilt: string | undefined, budgetWaived: boolean): Promise<StepOutcome> => {
       const spec = input.agents[step.role]!;
       const loop = (agentLoops[step.id] ??= newAgentLoop());
       try {
@@ -347,6 +363,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           step: step.id,
           retry: retryFor(bp, step),
           state: loop,
+          ...(budgetWaived ? {} : { beforeRun: budgetHold }),
           onRun: async (run, record) => {
             addUsage(run);
             (status.agentRuns ??= []).push(record);
@@ -361,7 +378,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             await emit(text, { agentRun: record });
           },
         });
-        delete agentLoops[step.id];
+        // Held back by the budget: the loop goes on at the same run once it may.
+        if (outcome.ok || outcome.kind !== 'budget_exhausted') delete agentLoops[step.id];
         return agentStepOutcome(step, outcome);
       } catch (err) {
         if (isCancellation(err)) throw err;
@@ -369,8 +387,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       }
     };
 
-    const runStep = async (step: RunnableStep, feedback: Feedback | undefined, rebuilt?: string): Promise<StepOutcome> => {
-      if (step.type === 'agent') return runAgentStep(step, feedback, rebuilt);
+    const runStep = async (step: RunnableStep, feedback: Feedback | undefined, rebuilt?: string, budgetWaived = false): Promise<StepOutcome> => {
+      if (step.type === 'agent') return runAgentStep(step, feedback, rebuilt, budgetWaived);
       if (step.action === 'run_quality_gates') {
         const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
         try {
@@ -388,20 +406,28 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       return mergeStepOutcome(decision!);
     };
 
-    /** Blocks until a human sends guidance through the update; returns it. */
-    const blockForGuidance = async (d: Extract<StreamDecision, { type: 'block_for_guidance' }>): Promise<Guidance> => {
+    /**
+     * Blocks until a human sends guidance through the update, and returns the event that ends the
+     * block. A spent budget also ends when the objective says it was raised (no guidance then).
+     */
+    const blockForGuidance = async (d: Extract<StreamDecision, { type: 'block_for_guidance' }>): Promise<StreamInterpreterEvent> => {
       const blocked: BlockedInfo = { mailbox: d.mailbox, since: new Date().toISOString(), step: d.step, kind: d.kind, summary: d.summary };
+      const forBudget = d.kind === 'budget_exhausted';
       status.blocked = blocked;
       status.phase = 'blocked';
       upsertSearchAttributes([{ key: SlipwayPhase, value: 'blocked' }]);
-      setCurrentDetails(`**blocked** at step \`${d.step}\` — ${d.summary}\n\nSend guidance: \`slipway mail send ${blocked.mailbox} "subject" "body" --objective ${objective.id}\``);
-      await emit(`recovery blocked: retry budget exhausted; awaiting guidance (mailbox ${blocked.mailbox})`, { blocked, phase: 'blocked' });
-      await condition(() => guidance !== undefined);
-      const received = guidance!;
+      const send = `\`slipway mail send ${blocked.mailbox} "subject" "body" --objective ${objective.id}\``;
+      setCurrentDetails(
+        `**blocked** at step \`${d.step}\` — ${d.summary}\n\n${forBudget ? `Raise the budget: \`slipway budget raise ${objective.id} --stream ${stream.id} --usd N\` (or without --stream for the objective's), or let it go on: ${send}` : `Send guidance: ${send}`}`,
+      );
+      await emit(forBudget ? `budget spent: ${d.summary}; awaiting a raise or guidance (mailbox ${blocked.mailbox})` : `recovery blocked: retry budget exhausted; awaiting guidance (mailbox ${blocked.mailbox})`, { blocked, phase: 'blocked' });
+      await condition(() => guidance !== undefined || (forBudget && budgetHold() === undefined));
+      const received = guidance;
       guidance = undefined;
       status.blocked = undefined;
-      await emit(`guidance applied; resuming at step ${d.step}`, { blocked: null });
-      return received;
+      await emit(received ? `guidance applied; resuming at step ${d.step}` : `budget raised; resuming at step ${d.step}`, { blocked: null });
+      if (forBudget) return { type: 'budget_available', ...(received ? { guidance: received } : {}) };
+      return { type: 'guidance_received', guidance: received! };
     };
 
     /** Hands the stream over to a new run that carries out `decisions` first. */
@@ -426,6 +452,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           ...(decision ? { decision } : {}),
           ...(guidance ? { guidance } : {}),
           sandboxWorkflowId: boxWorkflowId,
+          ...(budget ? { budget } : {}),
         },
       });
     };
@@ -461,7 +488,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             break;
           case 'run_step': {
             stepsRun += 1;
-            const outcome = await runStep(d.step, d.feedback, d.rebuilt);
+            const outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
             next = { type: 'step_finished', outcome, now: Date.now() };
             break;
           }
@@ -477,7 +504,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             break;
           }
           case 'block_for_guidance':
-            next = { type: 'guidance_received', guidance: await blockForGuidance(d) };
+            next = await blockForGuidance(d);
             break;
           case 'finish':
             return await finish(d.result, d.text);

@@ -37,6 +37,7 @@ import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionReque
 import type { AgentEvent, SessionTotals, TokenUsage } from '../../agents/provider';
 import { agentProvider } from '../../agents/registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
+import { estimateCostUsd } from '../../core/prices';
 import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from '../../agents/structured';
 import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from '../../agents/template';
 
@@ -368,6 +369,11 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         const parsed = extractTagged(answer, ANSWER_FORMATS.planner!.tag, PlanSchema);
         if (parsed.ok) plan = parsed.value.streams.map((s) => ({ ...s, task: redact(s.task, secrets) }));
         else outputError = redact(parsed.error, secrets);
+      }
+      // No cost in the agent's output: estimate it from the model's price, marked as an estimate.
+      if (usage.costUsd === undefined && spec.price) {
+        usage.costUsd = estimateCostUsd(usage, spec.price);
+        usage.estimated = true;
       }
       // Only a run that counts records its session's totals: the next resume subtracts them.
       if (sessionId && sessionTotals) await writeSessionTotals(spec.provider, sessionId, sessionTotals);

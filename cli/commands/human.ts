@@ -14,7 +14,7 @@ async function objectiveStatus(client: Client, objectiveId: string): Promise<Obj
   return handle.query(objectiveStatusQuery);
 }
 
-function updateError(e: unknown): never {
+export function updateError(e: unknown): never {
   if (e instanceof WorkflowUpdateFailedError) throw new CliError(`refused: ${(e.cause as Error | undefined)?.message ?? e.message}`);
   if (e instanceof WorkflowNotFoundError) throw new CliError(`refused: ${e.message}`);
   throw e;
@@ -81,6 +81,7 @@ export async function mailListCommand(agent: string | undefined, opts: { objecti
             `  step ${e.step}: ${e.kind}: ${e.summary}`,
             '  attempts:',
             ...e.attempts.map((a) => `    ${a.at.slice(11, 19)} ${a.step} ${a.kind} -> ${a.action} (${a.attempt}/${a.maxAttempts}) ${a.result}: ${a.summary}`),
+            ...(e.kind === 'budget_exhausted' ? [`  raise: slipway budget raise ${e.objectiveId} --stream ${e.streamId} --usd N (without --stream: the objective's limit)`] : []),
             `  reply: slipway mail send ${e.mailbox} "subject" "guidance" --objective ${e.objectiveId}`,
             '',
           ].join('\n'),

@@ -1,11 +1,8 @@
-import { WorkflowExecutionAlreadyStartedError } from '@temporalio/client';
 import { objectiveWorkflowId } from '../../core/ids';
-import { SlipwayKind, SlipwayObjective } from '../../core/search-attributes';
 import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamView } from '../../core/types';
 import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
-import { objectiveWorkflow } from '../../workflows/objective';
-import { objectiveIdInUse } from '../../activities/objective-id';
+import { assertObjectiveIdFree, ObjectiveStartError, startObjectiveWorkflow } from '../../workers/start-objective';
 import { CliError, EXIT } from '../exit-codes';
 import { followObjective } from '../follow';
 import { hasWorkflowPollers, openRuntime } from '../runtime';
@@ -26,9 +23,10 @@ export async function runCommand(file: string, opts: RunOptions): Promise<number
     if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
     throw e;
   }
-  // Checked before anything starts; prepareObjective claims the id atomically when it runs.
-  const inUse = await objectiveIdInUse(input.repository, input.id);
-  if (inUse) throw new CliError(inUse, EXIT.badInput);
+  // Checked before a server is started for it (and again when it starts).
+  await assertObjectiveIdFree(input).catch((e) => {
+    throw e instanceof ObjectiveStartError ? new CliError(e.message, EXIT.badInput) : e;
+  });
   // Progress goes to stderr so `--json` leaves stdout to the one result document.
   const log = (line: string) => process.stderr.write(`${line}\n`);
   const runtime = await openRuntime({ startIfMissing: true, log });
@@ -37,26 +35,9 @@ export async function runCommand(file: string, opts: RunOptions): Promise<number
     const workflowId = objectiveWorkflowId(input.id);
     let handle;
     try {
-      handle = await client.workflow.start(objectiveWorkflow, {
-        taskQueue: settings.taskQueue,
-        workflowId,
-        args: [input],
-        workflowIdReusePolicy: 'REJECT_DUPLICATE',
-        typedSearchAttributes: [
-          { key: SlipwayKind, value: 'objective' },
-          { key: SlipwayObjective, value: input.id },
-        ],
-        staticSummary: `Objective ${input.id}: ${input.objective.slice(0, 160)}`,
-        staticDetails: [
-          `Repository \`${input.repository}\`, base \`${input.baseBranch}\`.`,
-          '',
-          ...input.streams.map((s) => `- **${s.id}**${s.depends_on.length ? ` (after ${s.depends_on.join(', ')})` : ''}: ${s.task}`),
-        ].join('\n'),
-      });
+      handle = await startObjectiveWorkflow(client, settings.taskQueue, input);
     } catch (e) {
-      if (e instanceof WorkflowExecutionAlreadyStartedError) {
-        throw new CliError(`objective "${input.id}" already exists (workflow ${workflowId}); choose another id with --id`, EXIT.badInput);
-      }
+      if (e instanceof ObjectiveStartError) throw new CliError(e.message.replace(/; choose another id$/, '; choose another id with --id'), EXIT.badInput);
       throw e;
     }
     const follow = opts.follow || runtime.hostsWorker;
@@ -124,9 +105,10 @@ export function plannerLines(runs: AgentRunRecord[] | undefined): string[] {
   return lines.length > 0 ? ['  (planner)', ...lines] : [];
 }
 
-/** `  tokens=12,345/678 cost=$0.0421` for a stream's agent runs (nothing before its first run). */
+/** `  tokens=12,345/678 cost=$0.0421` (`cost=~$0.0421 (estimated)`) for a stream's agent runs (nothing before its first run). */
 export function streamUsage(s: Pick<ObjectiveStreamView, 'usage'>): string {
   const u = s.usage;
   if (!u?.runs) return '';
-  return `  tokens=${formatCount(u.inputTokens)}/${formatCount(u.outputTokens)}${u.costUsd ? ` cost=${formatCost(u.costUsd)}` : ''}`;
+  const cost = u.costUsd ? ` cost=${u.estimated ? `~${formatCost(u.costUsd)} (estimated)` : formatCost(u.costUsd)}` : '';
+  return `  tokens=${formatCount(u.inputTokens)}/${formatCount(u.outputTokens)}${cost}`;
 }

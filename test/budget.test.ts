@@ -1,0 +1,205 @@
+/**
+ * The budget guardrail without a server: the `budget:` section of the objective file and of
+ * `.slipway/config.yaml` (merge, errors naming file, line and field), and the pure checks the
+ * workflows use (core/budget.ts): when a limit is spent, and which raises the Update refuses.
+ */
+import { execFileSync } from 'node:child_process';
+import { promises as fs } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { loadObjectiveFile, ObjectiveFileError } from '../config/objective-file';
+import { trustRepository } from '../config/trust';
+import { budgetExhausted, raisedLimit, raiseProblems, streamBudgetBlock, streamBudgetOf } from '../core/budget';
+import { emptyTotals, type TokenTotals } from '../core/types';
+import { estimateCostUsd, MODEL_PRICES, priceFor } from '../core/prices';
+import { addRunUsage, addTotals, formatUsage } from '../core/usage';
+
+const lines = (...ls: string[]) => `${ls.join('\n')}\n`;
+const HEAD = ['objective: x', 'repository: ./repo', 'agents:', '  builder: { provider: script, command: ./b.sh }', 'streams:', '  - id: a', '    task: do a'];
+
+let root: string;
+let counter = 0;
+beforeAll(async () => {
+  root = await fs.realpath(await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-budget-')));
+  process.env.SLIPWAY_HOME = path.join(root, 'home');
+});
+afterAll(async () => {
+  if (root) await fs.rm(root, { recursive: true, force: true });
+});
+
+async function project(objective: string, config?: string): Promise<{ file: string; repo: string }> {
+  const dir = path.join(root, `p${++counter}`);
+  const repo = path.join(dir, 'repo');
+  await fs.mkdir(repo, { recursive: true });
+  const git = (...args: string[]) => execFileSync('git', ['-c', 'user.name=t', '-c', 'user.email=t@t', ...args], { cwd: repo, stdio: 'pipe' });
+  git('init', '-q', '-b', 'main');
+  await fs.writeFile(path.join(repo, 'README.md'), '# r\n');
+  git('add', '.');
+  git('commit', '-q', '-m', 'init');
+  if (config !== undefined) {
+    await fs.mkdir(path.join(repo, '.slipway'), { recursive: true });
+    await fs.writeFile(path.join(repo, '.slipway', 'config.yaml'), config);
+  }
+  const file = path.join(dir, 'objective.yaml');
+  await fs.writeFile(file, objective);
+  await trustRepository(repo);
+  return { file, repo };
+}
+
+async function problems(file: string): Promise<string[]> {
+  try {
+    await loadObjectiveFile(file);
+  } catch (e) {
+    expect(e).toBeInstanceOf(ObjectiveFileError);
+    return (e as Error).message.split('\n');
+  }
+  throw new Error(`expected ${file} to be rejected`);
+}
+
+const spent = (over: Partial<TokenTotals>): TokenTotals => ({ ...emptyTotals(), ...over });
+
+describe('budget: in the objective file and .slipway/config.yaml', () => {
+  it('no budget anywhere: the input has none', async () => {
+    const { file } = await project(lines(...HEAD));
+    expect((await loadObjectiveFile(file)).budget).toBeUndefined();
+  });
+
+  it('the objective file alone: limits resolved, on_exhausted defaults to block', async () => {
+    const { file } = await project(lines(...HEAD, 'budget:', '  objective: { usd: 5 }', '  stream: { usd: 1.5, tokens: 200000 }'));
+    expect((await loadObjectiveFile(file)).budget).toEqual({ objective: { usd: 5 }, stream: { usd: 1.5, tokens: 200000 }, onExhausted: 'block' });
+  });
+
+  it("the file's fields win one by one over the config's", async () => {
+    const { file } = await project(lines(...HEAD, 'budget:', '  stream: { tokens: 1000 }'), lines('budget:', '  objective: { usd: 20 }', '  stream: { usd: 2 }', '  on_exhausted: fail'));
+    expect((await loadObjectiveFile(file)).budget).toEqual({ objective: { usd: 20 }, stream: { tokens: 1000 }, onExhausted: 'fail' });
+  });
+
+  it('the config alone gives every objective of the repository its budget', async () => {
+    const { file } = await project(lines(...HEAD), lines('budget:', '  objective: { tokens: 5000000 }'));
+    expect((await loadObjectiveFile(file)).budget).toEqual({ objective: { tokens: 5000000 }, onExhausted: 'block' });
+  });
+
+  it('invalid budgets in the objective file are refused naming line and field, nothing started', async () => {
+    const { file } = await project(lines(...HEAD, 'budget:', '  objective: { usd: -1 }', '  stream: {}', '  on_exhausted: later', '  weekly: 3'));
+    const msgs = await problems(file);
+    expect(msgs).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(new RegExp(`^${file}:9:\\d+: budget\\.objective\\.usd: .*(greater than 0|positive|>0)`, 'i')),
+        `${file}:10:11: budget.stream: give "usd", "tokens" or both`,
+        expect.stringMatching(new RegExp(`^${file}:11:\\d+: budget\\.on_exhausted: .*"block".*"fail"`)),
+        expect.stringMatching(new RegExp(`^${file}:12:\\d+: budget\\.weekly: unknown key "weekly"`)),
+      ]),
+    );
+  });
+
+  it('a fractional token limit is refused', async () => {
+    const { file } = await project(lines(...HEAD, 'budget:', '  stream: { tokens: 10.5 }'));
+    expect(await problems(file)).toEqual([expect.stringMatching(new RegExp(`^${file}:9:\\d+: budget\\.stream\\.tokens: `))]);
+  });
+
+  it('an invalid budget in .slipway/config.yaml is refused naming that file, line and field', async () => {
+    const { file, repo } = await project(lines(...HEAD), lines('budget:', '  objective: { usd: "ten" }'));
+    const config = path.join(repo, '.slipway', 'config.yaml');
+    expect(await problems(file)).toEqual([expect.stringMatching(new RegExp(`^${config}:2:\\d+: budget\\.objective\\.usd: `))]);
+  });
+});
+
+describe('budget checks (core/budget.ts)', () => {
+  it.each([
+    { name: 'below the usd limit', limit: { usd: 1 }, spent: spent({ costUsd: 0.99 }), reason: undefined },
+    { name: 'at the usd limit: no new run', limit: { usd: 1 }, spent: spent({ costUsd: 1 }), reason: 'stream a spent $1.00 of its $1.00 budget' },
+    { name: 'tokens count input (with cached) plus output', limit: { tokens: 1000 }, spent: spent({ inputTokens: 800, cachedTokens: 700, outputTokens: 200 }), reason: 'stream a spent 1,000 of its 1,000 tokens budget' },
+    { name: 'either figure spent is enough', limit: { usd: 10, tokens: 100 }, spent: spent({ inputTokens: 150, costUsd: 0.01 }), reason: 'stream a spent 150 of its 100 tokens budget' },
+    { name: 'no limit: never spent', limit: undefined, spent: spent({ costUsd: 1e6 }), reason: undefined },
+  ])('$name', ({ limit, spent: s, reason }) => {
+    expect(budgetExhausted(limit, s, 'stream a')).toBe(reason);
+  });
+
+  it("a stream is held by its own limit first, then by the objective's", () => {
+    expect(streamBudgetBlock(undefined, 'a', spent({ costUsd: 9 }))).toBeUndefined();
+    expect(streamBudgetBlock({ limit: { usd: 1 }, onExhausted: 'block' }, 'a', spent({ costUsd: 0.5 }))).toBeUndefined();
+    expect(streamBudgetBlock({ limit: { usd: 1 }, onExhausted: 'block', objectiveExhausted: 'objective o spent $5.00 of its $5.00 budget' }, 'a', spent({ costUsd: 0.5 }))).toBe('objective o spent $5.00 of its $5.00 budget');
+    expect(streamBudgetBlock({ limit: { usd: 1 }, onExhausted: 'block', objectiveExhausted: 'x' }, 'a', spent({ costUsd: 2 }))).toBe('stream a spent $2.00 of its $1.00 budget');
+  });
+
+  it("a stream starts with its own raised limit, else the objective's stream limit", () => {
+    const budget = { stream: { usd: 1 }, onExhausted: 'fail' as const, streams: { b: { usd: 3 } }, objectiveExhausted: 'spent' };
+    expect(streamBudgetOf(budget, 'a')).toEqual({ limit: { usd: 1 }, onExhausted: 'fail', objectiveExhausted: 'spent' });
+    expect(streamBudgetOf(budget, 'b')).toEqual({ limit: { usd: 3 }, onExhausted: 'fail', objectiveExhausted: 'spent' });
+    expect(streamBudgetOf({ onExhausted: 'block' }, 'a')).toEqual({ onExhausted: 'block' });
+  });
+
+  it.each([
+    { name: 'nothing given', raise: {}, problems: ['give --usd, --tokens or both'] },
+    { name: 'zero', raise: { usd: 0 }, problems: ['--usd must be a positive number, got 0'] },
+    { name: 'negative tokens', raise: { tokens: -5 }, problems: ['--tokens must be a positive whole number, got -5'] },
+    { name: 'not a number', raise: { usd: Number.NaN }, problems: ['--usd must be a positive number, got NaN'] },
+    { name: 'below what is spent', raise: { usd: 0.5 }, problems: ['--usd 0.5 is not above what stream a already spent ($0.7500); give a higher limit'] },
+    { name: 'equal to what is spent', raise: { tokens: 3000 }, problems: ['--tokens 3000 is not above what stream a already spent (3,000 tokens); give a higher limit'] },
+    { name: 'the other figure still spent', raise: { usd: 2 }, limit: { usd: 0.5, tokens: 1000 }, problems: ['stream a spent 3,000 of its 1,000 tokens budget after this raise too; raise that figure as well'] },
+    { name: 'a valid raise', raise: { usd: 2 }, problems: [] },
+    { name: 'both figures', raise: { usd: 2, tokens: 10000 }, limit: { usd: 0.5, tokens: 1000 }, problems: [] },
+  ])('raise: $name', ({ raise, limit, problems: expected }) => {
+    expect(raiseProblems(raise, { limit: limit ?? { usd: 0.5 }, spent: spent({ costUsd: 0.75, inputTokens: 2000, outputTokens: 1000 }), whose: 'stream a' })).toEqual(expected);
+  });
+
+  it('a raise replaces the figures it gives and keeps the others', () => {
+    expect(raisedLimit({ usd: 1, tokens: 100 }, { usd: 2 })).toEqual({ usd: 2, tokens: 100 });
+    expect(raisedLimit(undefined, { tokens: 5 })).toEqual({ tokens: 5 });
+  });
+});
+
+describe('model prices (core/prices.ts) and estimated costs', () => {
+  it('estimates a run at input, cached-input and output prices per million (input includes cached)', () => {
+    expect(estimateCostUsd({ inputTokens: 1000, cachedTokens: 400, outputTokens: 200 }, { input: 2, output: 8, cached_input: 0.5 })).toBeCloseTo((600 * 2 + 400 * 0.5 + 200 * 8) / 1e6, 12);
+    // No cached price: cached tokens cost the input price.
+    expect(estimateCostUsd({ inputTokens: 1000, cachedTokens: 400, outputTokens: 0 }, { input: 2, output: 8 })).toBeCloseTo(0.002, 12);
+  });
+
+  it('finds a price by model, override first, and by the model part of provider/model', () => {
+    expect(priceFor('gpt-5.1-codex')).toBe(MODEL_PRICES['gpt-5.1-codex']);
+    expect(priceFor('anthropic/claude-sonnet-4-5')).toBe(MODEL_PRICES['claude-sonnet-4-5']);
+    expect(priceFor('gpt-5.1-codex', { 'gpt-5.1-codex': { input: 9, output: 9 } })).toEqual({ input: 9, output: 9 });
+    expect(priceFor('my-model', { 'my-model': { input: 1, output: 2 } })).toEqual({ input: 1, output: 2 });
+    expect(priceFor('unknown-model')).toBeUndefined();
+    expect(priceFor(undefined)).toBeUndefined();
+  });
+
+  it('totals with an estimated run are marked, and the text says so', () => {
+    const totals = emptyTotals();
+    addRunUsage(totals, { inputTokens: 10, outputTokens: 5, cachedTokens: 0, costUsd: 0.5 });
+    expect(totals.estimated).toBeUndefined();
+    expect(formatUsage(totals)).toBe('10 in / 5 out tokens, $0.5000');
+    addRunUsage(totals, { inputTokens: 10, outputTokens: 5, cachedTokens: 0, costUsd: 0.25, estimated: true });
+    expect(totals.estimated).toBe(true);
+    expect(formatUsage(totals)).toBe('20 in / 10 out tokens, ~$0.7500 (estimated)');
+    expect(addTotals(emptyTotals(), totals).estimated).toBe(true);
+    expect(addTotals(emptyTotals(), emptyTotals())).not.toHaveProperty('estimated');
+  });
+
+  it("the loader gives each agent its model's price: .slipway/config.yaml prices over the table", async () => {
+    const { file } = await project(
+      lines('objective: x', 'repository: ./repo', 'agents:', '  builder: { provider: codex, model: my-model }', '  reviewer: { provider: codex, model: gpt-5.1-codex }', '  scout: { provider: codex }', 'streams:', '  - id: a', '    task: do a'),
+      lines('prices:', '  my-model: { input: 2, output: 8, cached_input: 0.5 }'),
+    );
+    const input = await loadObjectiveFile(file);
+    expect(input.agents.builder?.price).toEqual({ input: 2, output: 8, cached_input: 0.5 });
+    expect(input.agents.reviewer?.price).toEqual(MODEL_PRICES['gpt-5.1-codex']);
+    expect(input.agents.scout?.price).toBeUndefined(); // no model: no price, no estimate
+  });
+
+  it('invalid prices are refused naming the config file, line and field; price is not an agent field', async () => {
+    const { file, repo } = await project(lines(...HEAD), lines('prices:', '  my-model: { input: -1, output: 8 }', '  other: { input: 1 }'));
+    const config = path.join(repo, '.slipway', 'config.yaml');
+    const msgs = await problems(file);
+    expect(msgs).toEqual(
+      expect.arrayContaining([
+        expect.stringMatching(new RegExp(`^${config}:2:\\d+: prices\\.my-model\\.input: `)),
+        expect.stringMatching(new RegExp(`^${config}:3:\\d+: prices\\.other\\.output: `)),
+      ]),
+    );
+    const { file: withPrice } = await project(lines('objective: x', 'repository: ./repo', 'agents:', '  builder: { provider: script, command: ./b.sh, price: { input: 1, output: 1 } }', 'streams:', '  - id: a', '    task: do a'));
+    expect((await problems(withPrice)).join('\n')).toContain('agents.builder.price: unknown key "price"');
+  });
+});
