@@ -25,6 +25,7 @@
  * Token convention (shared by all providers): inputTokens counts every prompt token including
  * cache reads and cache writes; cachedTokens is the part read from the cache.
  */
+import path from 'node:path';
 import { permissionEntry, stdinCommand } from './command-line';
 import {
   authFailure, epochToIso, errorReporter, isObject, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str, usageEvent,
@@ -127,6 +128,11 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
     // `{"type":"system","subtype":"api_retry",...}`: Claude Code waiting to retry a failed API call.
     isRetryNoise: (line, stream) => stream === 'stdout' && /^\s*\{\s*"type"\s*:\s*"system"\s*,\s*"subtype"\s*:\s*"api_retry"/.test(line),
     setupHint: 'Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, or log in with `claude` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
+    // Claude Code's login (`claude` /login) is `.credentials.json` in its config folder on Linux; Bedrock and Vertex bring their own cloud credentials.
+    credentialSources: (_spec, { env, home }) => ({
+      env: ['ANTHROPIC_API_KEY', 'ANTHROPIC_AUTH_TOKEN', 'CLAUDE_CODE_OAUTH_TOKEN', 'CLAUDE_CODE_USE_BEDROCK', 'CLAUDE_CODE_USE_VERTEX'],
+      files: [path.join(env.CLAUDE_CONFIG_DIR || path.join(home, '.claude'), '.credentials.json')],
+    }),
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['--print', '--output-format', 'stream-json', '--verbose'];

@@ -25,11 +25,12 @@
  * session-usage.ts). Codex reports no cost.
  * input_tokens already includes cached_input_tokens, which matches the shared convention.
  */
+import path from 'node:path';
 import { permissionEntry, stdinCommand } from './command-line';
 import {
   authFailure, durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
 } from './parse-helpers';
-import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
+import type { AgentEvent, AgentProvider, CredentialSources, ProviderOptions } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b/i;
 const RETRYING = /^\s*(Reconnecting|Retrying)\b/i;
@@ -43,6 +44,35 @@ const STDERR_ERROR = /^\s*(error|fatal)\b|^\S+\s+ERROR\s/i;
  */
 const OWN_SANDBOX_BROKEN = /bwrap: execvp [^\n]*codex-linux-sandbox|codex-linux-sandbox[^\n]*(No such file|not found|Permission denied)|bwrap: (setting up uid map|No permissions to creat|Creating new namespace failed)/i;
 const TOOL_ITEMS = new Set(['command_execution', 'file_change', 'mcp_tool_call', 'web_search']);
+
+// smol-toml ships CommonJS too, but its types are ESM-only, which this CommonJS project cannot import by name.
+const { parse: parseToml } = require('smol-toml') as { parse(text: string): Record<string, unknown> };
+
+/** Codex's built-in model providers that run a local model and need no key. */
+const KEYLESS_PROVIDERS = new Set(['oss', 'ollama', 'lmstudio']);
+
+/**
+ * Where codex finds its key: `model_provider` of `$CODEX_HOME/config.toml` (default openai: OPENAI_API_KEY,
+ * CODEX_API_KEY or the `codex login` file auth.json); a custom provider's `env_key`, or none at all.
+ */
+export function codexCredentialSources(env: Record<string, string | undefined>, home: string, readText: (file: string) => string | undefined): CredentialSources {
+  const codexHome = env.CODEX_HOME || path.join(home, '.codex');
+  const login = { env: ['OPENAI_API_KEY', 'CODEX_API_KEY'], files: [path.join(codexHome, 'auth.json')] };
+  const text = readText(path.join(codexHome, 'config.toml'));
+  let config: Record<string, unknown>;
+  try {
+    config = text === undefined ? {} : parseToml(text);
+  } catch {
+    return login; // codex names the syntax error itself
+  }
+  const provider = typeof config.model_provider === 'string' ? config.model_provider : 'openai';
+  if (provider === 'openai') return login;
+  if (KEYLESS_PROVIDERS.has(provider)) return { env: [], files: [], keyless: true };
+  const custom = isObject(config.model_providers) && isObject(config.model_providers[provider]) ? config.model_providers[provider] : undefined;
+  const envKey = custom && typeof custom.env_key === 'string' ? custom.env_key : undefined;
+  if (envKey) return { env: [envKey], files: [] };
+  return custom?.requires_openai_auth === true ? login : { env: [], files: [], keyless: true };
+}
 
 /** `permission_mode` values accepted for codex and the flags they become. */
 const PERMISSION_FLAGS: Record<string, string[]> = {
@@ -184,6 +214,7 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
     kind: 'codex',
     isRetryNoise: (line, stream) => (stream === 'stderr' ? RETRYING.test(line) : RETRY_EVENT.test(line)),
     setupHint: 'Set OPENAI_API_KEY (or the env_key of the model provider in $CODEX_HOME/config.toml, or log in with `codex login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
+    credentialSources: (_spec, { env, home, readText }) => codexCredentialSources(env, home, readText),
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['exec', '--json'];

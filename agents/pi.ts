@@ -27,7 +27,9 @@
  * The final answer is the last assistant message at an `agent_end` that will not be retried; a
  * rate limit is only reported then (or at a failed `auto_retry_end`), never for an attempt pi retries.
  */
+import path from 'node:path';
 import { permissionEntry, stdinCommand } from './command-line';
+import { modelProviderKeys } from './credentials';
 import {
   authFailure, durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent,
 } from './parse-helpers';
@@ -124,6 +126,11 @@ export function createPiProvider(): AgentProvider {
   return {
     kind: 'pi',
     setupHint: 'Set the API key of the model\'s provider (ANTHROPIC_API_KEY, OPENAI_API_KEY, ..., or the apiKey of a custom provider in $PI_CODING_AGENT_DIR/models.json) in the worker\'s environment or in <repository>/.slipway/.env',
+    // auth.json holds `pi` /login sessions and stored keys; models.json declares custom providers with their own apiKey.
+    credentialSources: (spec, { env, home }) => {
+      const dir = env.PI_CODING_AGENT_DIR || path.join(home, '.pi', 'agent');
+      return { env: modelProviderKeys(spec.model), files: [path.join(dir, 'auth.json'), path.join(dir, 'models.json')] };
+    },
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['-p', '--mode', 'json'];

@@ -66,8 +66,32 @@ export type AgentEvent =
   | { type: 'config_error'; message: string }
   | { type: 'rate_limit'; resetAt?: string; message?: string };
 
+/**
+ * Where a CLI looks for its credentials, for the check `slipway run` makes before anything starts
+ * (activities/agents/preflight.ts): names and paths only, never a value.
+ */
+export interface CredentialSources {
+  /** Environment variables, any one of which (set and not empty) will do. */
+  env: string[];
+  /** Files, any one of which existing will do: a login, or a config that declares its own provider. */
+  files: string[];
+  /** The configured model provider needs no key (a local model): nothing to check. */
+  keyless?: boolean;
+}
+
+/** What a provider may look at to name its credential sources: the environment the agent would get, and files to read. */
+export interface CredentialContext {
+  env: Record<string, string | undefined>;
+  /** The agent's home: `HOME` of that environment. */
+  home: string;
+  /** A file's text, or undefined when it cannot be read. */
+  readText(file: string): string | undefined;
+}
+
 export interface AgentProvider {
   readonly kind: AgentProviderKind;
+  /** Where the CLI finds credentials for `spec` (absent: nothing is checked at load, e.g. the script provider). */
+  credentialSources?(spec: AgentSpec, context: CredentialContext): CredentialSources;
   /** What to set when the agent reports a configuration error (credentials), for the failure message. */
   readonly setupHint?: string;
   buildCommand(invocation: AgentInvocation): AgentCommand;

@@ -6,6 +6,8 @@ import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/u
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
 import { objectiveWorkflow } from '../../workflows/objective';
 import { objectiveIdInUse } from '../../activities/objective-id';
+import { checkAgentsOnThisMachine } from '../../activities/agents/preflight';
+import { ProjectEnvError } from '../../agents/credentials';
 import { CliError, EXIT } from '../exit-codes';
 import { followObjective } from '../follow';
 import { hasWorkflowPollers, openRuntime } from '../runtime';
@@ -16,6 +18,8 @@ export interface RunOptions {
   repo?: string;
   id?: string;
   base?: string;
+  /** `--no-agent-checks`: the agents' executables and credentials are not checked on this machine. */
+  agentChecks?: boolean;
 }
 
 export async function runCommand(file: string, opts: RunOptions): Promise<number> {
@@ -25,6 +29,16 @@ export async function runCommand(file: string, opts: RunOptions): Promise<number
   } catch (e) {
     if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
     throw e;
+  }
+  if (opts.agentChecks !== false) {
+    let problems;
+    try {
+      problems = await checkAgentsOnThisMachine(input);
+    } catch (e) {
+      if (e instanceof ProjectEnvError) throw new CliError(e.message, EXIT.badInput);
+      throw e;
+    }
+    if (problems.length > 0) throw new CliError(problems.map((p) => `${input.sourceFile ?? file}: ${p.field}: ${p.message}`).join('\n'), EXIT.badInput);
   }
   // Checked before anything starts; prepareObjective claims the id atomically when it runs.
   const inUse = await objectiveIdInUse(input.repository, input.id);
