@@ -43,6 +43,9 @@ const PERMISSION_FLAGS: Record<string, string[]> = Object.fromEntries(
   ['default', 'acceptEdits', 'auto', 'bypassPermissions', 'manual', 'dontAsk', 'plan'].map((mode) => [mode, ['--permission-mode', mode]]),
 );
 
+/** Claude Code's own folder: sessions, settings, login. */
+const claudeConfigDir = (env: Record<string, string | undefined>, home: string) => env.CLAUDE_CONFIG_DIR || path.join(home, '.claude');
+
 function resetFromText(text: string): string | undefined {
   const match = USAGE_LIMIT_EPOCH.exec(text);
   return match ? epochToIso(match[1]) : undefined;
@@ -128,10 +131,19 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
     // `{"type":"system","subtype":"api_retry",...}`: Claude Code waiting to retry a failed API call.
     isRetryNoise: (line, stream) => stream === 'stdout' && /^\s*\{\s*"type"\s*:\s*"system"\s*,\s*"subtype"\s*:\s*"api_retry"/.test(line),
     setupHint: 'Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, or log in with `claude` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
+    // `<config>/projects/<cwd with every non-alphanumeric as "-">/<session>.jsonl` (plus `<session>/` for subagents and large tool results).
+    sessionLocation: (id, { env, home }) => ({
+      root: path.join(claudeConfigDir(env, home), 'projects'),
+      belongs: (rel) => {
+        const [project, name, ...rest] = rel.split('/');
+        return Boolean(project) && (name === `${id}.jsonl` ? rest.length === 0 : name === id && rest.length > 0);
+      },
+      place: (rel, cwd) => [cwd.replace(/[^a-zA-Z0-9]/g, '-'), ...rel.split('/').slice(1)].join('/'),
+    }),
     // Claude Code's login (`claude` /login) is `.credentials.json` in its config folder on Linux; Bedrock and Vertex bring their own cloud credentials.
     credentialSources: (_spec, { env, home }) => ({
       env: ['ANTHROPIC_API_KEY', 'ANTHROPIC_AUTH_TOKEN', 'CLAUDE_CODE_OAUTH_TOKEN', 'CLAUDE_CODE_USE_BEDROCK', 'CLAUDE_CODE_USE_VERTEX'],
-      files: [path.join(env.CLAUDE_CONFIG_DIR || path.join(home, '.claude'), '.credentials.json')],
+      files: [path.join(claudeConfigDir(env, home), '.credentials.json')],
     }),
     buildCommand(invocation) {
       const { spec } = invocation;

@@ -48,6 +48,8 @@ const TOOL_ITEMS = new Set(['command_execution', 'file_change', 'mcp_tool_call',
 // smol-toml ships CommonJS too, but its types are ESM-only, which this CommonJS project cannot import by name.
 const { parse: parseToml } = require('smol-toml') as { parse(text: string): Record<string, unknown> };
 
+const codexHomeDir = (env: Record<string, string | undefined>, home: string) => env.CODEX_HOME || path.join(home, '.codex');
+
 /** Codex's built-in model providers that run a local model and need no key. */
 const KEYLESS_PROVIDERS = new Set(['oss', 'ollama', 'lmstudio']);
 
@@ -56,7 +58,7 @@ const KEYLESS_PROVIDERS = new Set(['oss', 'ollama', 'lmstudio']);
  * CODEX_API_KEY or the `codex login` file auth.json); a custom provider's `env_key`, or none at all.
  */
 export function codexCredentialSources(env: Record<string, string | undefined>, home: string, readText: (file: string) => string | undefined): CredentialSources {
-  const codexHome = env.CODEX_HOME || path.join(home, '.codex');
+  const codexHome = codexHomeDir(env, home);
   const login = { env: ['OPENAI_API_KEY', 'CODEX_API_KEY'], files: [path.join(codexHome, 'auth.json')] };
   const text = readText(path.join(codexHome, 'config.toml'));
   let config: Record<string, unknown>;
@@ -215,6 +217,12 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
     isRetryNoise: (line, stream) => (stream === 'stderr' ? RETRYING.test(line) : RETRY_EVENT.test(line)),
     setupHint: 'Set OPENAI_API_KEY (or the env_key of the model provider in $CODEX_HOME/config.toml, or log in with `codex login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
     credentialSources: (_spec, { env, home, readText }) => codexCredentialSources(env, home, readText),
+    // `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`, whatever the cwd; `exec resume` finds the thread there.
+    sessionLocation: (id, { env, home }) => ({
+      root: path.join(codexHomeDir(env, home), 'sessions'),
+      belongs: (rel) => /^\d{4}\/\d{2}\/\d{2}\/rollout-[^/]+$/.test(rel) && rel.endsWith(`-${id}.jsonl`),
+      place: (rel) => rel,
+    }),
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['exec', '--json'];

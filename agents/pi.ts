@@ -37,6 +37,7 @@ import type { AgentEvent, AgentProvider } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b|resource[ _]exhausted/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b/i;
+const piAgentDir = (env: Record<string, string | undefined>, home: string) => env.PI_CODING_AGENT_DIR || path.join(home, '.pi', 'agent');
 const READ_ONLY_TOOLS = ['--tools', 'read,grep,find,ls'];
 
 /** `permission_mode` values accepted for pi. */
@@ -127,8 +128,14 @@ export function createPiProvider(): AgentProvider {
     kind: 'pi',
     setupHint: 'Set the API key of the model\'s provider (ANTHROPIC_API_KEY, OPENAI_API_KEY, ..., or the apiKey of a custom provider in $PI_CODING_AGENT_DIR/models.json) in the worker\'s environment or in <repository>/.slipway/.env',
     // auth.json holds `pi` /login sessions and stored keys; models.json declares custom providers with their own apiKey.
+    // `<agent dir>/sessions/--<cwd with / and : as ->--/<time>_<session>.jsonl`; `--session` looks only in the cwd's folder.
+    sessionLocation: (id, { env, home }) => ({
+      root: path.join(piAgentDir(env, home), 'sessions'),
+      belongs: (rel) => /^--[^/]*--\/[^/]+$/.test(rel) && rel.endsWith(`_${id}.jsonl`),
+      place: (rel, cwd) => `--${cwd.replace(/^[/\\]/, '').replace(/[/\\:]/g, '-')}--/${rel.split('/').slice(1).join('/')}`,
+    }),
     credentialSources: (spec, { env, home }) => {
-      const dir = env.PI_CODING_AGENT_DIR || path.join(home, '.pi', 'agent');
+      const dir = piAgentDir(env, home);
       return { env: modelProviderKeys(spec.model), files: [path.join(dir, 'auth.json'), path.join(dir, 'models.json')] };
     },
     buildCommand(invocation) {

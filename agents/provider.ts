@@ -88,8 +88,23 @@ export interface CredentialContext {
   readText(file: string): string | undefined;
 }
 
+/**
+ * Where a CLI keeps one session's files under its home, so Slipway can carry the session to a fresh
+ * agent home (another sandbox or worker): activities/agents/session-carry.ts.
+ */
+export interface SessionLocation {
+  /** The folder of the CLI's sessions (absolute). */
+  root: string;
+  /** A file (path relative to `root`, `/`-separated) that is part of the session. */
+  belongs(rel: string): boolean;
+  /** Where a captured file (relative to `root`) goes for an agent working in `cwd` (the cwd as the agent sees it). */
+  place(rel: string, cwd: string): string;
+}
+
 export interface AgentProvider {
   readonly kind: AgentProviderKind;
+  /** Where session `sessionId` lives under the agent's home (absent: its sessions are not carried). */
+  sessionLocation?(sessionId: string, context: Pick<CredentialContext, 'env' | 'home'>): SessionLocation;
   /** Where the CLI finds credentials for `spec` (absent: nothing is checked at load, e.g. the script provider). */
   credentialSources?(spec: AgentSpec, context: CredentialContext): CredentialSources;
   /** What to set when the agent reports a configuration error (credentials), for the failure message. */

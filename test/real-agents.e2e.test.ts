@@ -144,6 +144,8 @@ const CLIS: Record<RealProvider, Cli> = {
   },
 };
 const PROVIDERS = Object.keys(CLIS) as RealProvider[];
+/** The CLIs whose sessions Slipway carries to a fresh agent home (OpenCode keeps its sessions in one SQLite database: ADR 0011). */
+const CARRIED: RealProvider[] = ['claude-code', 'codex', 'pi'];
 
 let worker: TestWorker;
 const endpoints = new Map<string, FakeModel>();
@@ -197,7 +199,7 @@ async function runObjective(
     agentKey?: string;
     command?: string;
     objective?: Record<string, unknown>;
-    gate?: (home: string) => string;
+    gate?: (home: string, repo: string) => string;
     builder?: Record<string, unknown>;
     /** Under bubblewrap with `network: false`: the sandbox's own namespace has only a loopback; the CLIs, agent home and endpoint are bound in. */
     confined?: boolean;
@@ -230,7 +232,7 @@ async function runObjective(
   const file = writeObjective({
     repository: repo,
     objective: 'write the files',
-    gates: [{ name: 'fixed', command: `${opts.gate?.(home) ?? ''}test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }` }],
+    gates: [{ name: 'fixed', command: `${opts.gate?.(home, repo) ?? ''}test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }` }],
     agents: { builder: { ...agent, ...(opts.builder ?? cli.builder) }, reviewer: agent },
     streams: [{ id: 'files', task: 'Create the file. WRITE:hello.txt' }],
     ...(sandbox ? { sandbox } : {}),
@@ -311,9 +313,11 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
   );
 
   it.concurrent.each(PROVIDERS)(
-    '%s: a session that cannot be resumed (the agent home was cleaned) falls back to a fresh session with the full context, recorded in the run',
+    '%s: a session that cannot be resumed (the agent home was cleaned, and the stream\'s carried copy removed) falls back to a fresh session with the full context, recorded in the run',
     async (provider) => {
-      const { endpoint, result } = await runObjective(`lost-${provider}`, provider, { gate: (home) => `rm -rf ${path.join(home, CLIS[provider].sessions)}; ` });
+      const { endpoint, result } = await runObjective(`lost-${provider}`, provider, {
+        gate: (home, repo) => `rm -rf ${path.join(home, CLIS[provider].sessions)} ${path.join(repo, '.slipway', 'agent-sessions')}; `,
+      });
       expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
       const runs = result.agentRuns ?? [];
       expect(runs.map((r) => `${r.role}:${r.result}`)).toEqual(['builder:signalled', 'builder:signalled', 'reviewer:finished']);
@@ -327,6 +331,28 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       expect(runs[1]).toMatchObject({ inputTokens: served[1].filter((r) => r.answer !== 'text').length * USAGE.input });
     },
     180_000,
+  );
+
+  it.concurrent.each(CARRIED)(
+    '%s: the session is carried: with the agent home\'s sessions gone before the fix run, the stream\'s copy is restored and the same session continues (the model sees the earlier turns)',
+    async (provider) => {
+      const id = `carried-${provider}`;
+      const { endpoint, repo, result } = await runObjective(id, provider, { gate: (home) => `rm -rf ${path.join(home, CLIS[provider].sessions)}; ` });
+      expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
+      const runs = result.agentRuns ?? [];
+      expect(runs.map((r) => `${r.role}:${r.result}`)).toEqual(['builder:signalled', 'builder:signalled', 'reviewer:finished']);
+      expect(runs[1].resumeFailed).toBeUndefined();
+      expect(runs[1].resumed).toBe(runs[0].sessionId);
+      const served = endpoint.runs();
+      expect(served).toHaveLength(3);
+      // The build run's own final answer is in the fix run's conversation: the same session, not a fresh one told the story.
+      expect(served[0].every((r) => r.earlierFinals.length === 0)).toBe(true);
+      expect(served[1].filter((r) => r.answer !== 'text').every((r) => r.earlierFinals.includes('hello.txt'))).toBe(true);
+      // The stream's copy: outside the sandbox, in the repository's Slipway state, never in history.
+      const store = path.join(repo, '.slipway', 'agent-sessions', id, 'files', provider, runs[0].sessionId!);
+      expect(readdirSync(store, { recursive: true }).length).toBeGreaterThan(0);
+    },
+    240_000,
   );
 
   it('claude-code without a permission mode: its write is denied in print mode, so the run that changed nothing fails with that reason (not retried)', async () => {
