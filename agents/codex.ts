@@ -30,7 +30,7 @@ import { permissionEntry, stdinCommand } from './command-line';
 import {
   authFailure, durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
 } from './parse-helpers';
-import type { AgentEvent, AgentProvider, CredentialSources, ProviderOptions } from './provider';
+import type { AgentEvent, AgentProvider, CredentialSources, ProviderOptions, SessionToolCalls } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b/i;
 const RETRYING = /^\s*(Reconnecting|Retrying)\b/i;
@@ -74,6 +74,51 @@ export function codexCredentialSources(env: Record<string, string | undefined>, 
   const envKey = custom && typeof custom.env_key === 'string' ? custom.env_key : undefined;
   if (envKey) return { env: [envKey], files: [] };
   return custom?.requires_openai_auth === true ? login : { env: [], files: [], keyless: true };
+}
+
+const SESSION_TOOL_ITEMS = new Set(['CommandExecution', 'FileChange', 'McpToolCall', 'WebSearch']);
+const FAILED_STATUS = new Set(['failed', 'declined']);
+
+/**
+ * This run's tool calls from a codex rollout file (`sessions/.../rollout-*.jsonl`): the
+ * `item_completed` events after the last `task_started` (one `exec` run is one task; a resumed
+ * thread's file holds the earlier runs before it). codex 0.169 records a command its own sandbox
+ * could not run there (`status: "failed"`, `exit_code: -1`, written as it shuts down) and nowhere in
+ * `exec --json`. A command that exited non-zero counts as failed too.
+ */
+export function codexSessionToolCalls(text: string): SessionToolCalls {
+  const events: Json[] = [];
+  for (const line of text.split('\n')) {
+    if (!line.trim()) continue;
+    try {
+      const parsed: unknown = JSON.parse(line);
+      if (isObject(parsed) && isObject(parsed.payload)) events.push(parsed.payload);
+    } catch {
+      /* a torn last line */
+    }
+  }
+  let start = -1;
+  events.forEach((e, i) => {
+    if (e.type === 'task_started') start = i;
+  });
+  let calls = 0;
+  const failed: string[] = [];
+  for (const e of events.slice(start + 1)) {
+    const it = e.type === 'item_completed' && isObject(e.item) ? e.item : undefined;
+    if (!it || typeof it.type !== 'string' || !SESSION_TOOL_ITEMS.has(it.type)) continue;
+    calls += 1;
+    const status = str(it.status);
+    const exit = typeof it.exit_code === 'number' ? it.exit_code : undefined;
+    if (!(status && FAILED_STATUS.has(status)) && !(exit !== undefined && exit !== 0)) continue;
+    const command = Array.isArray(it.command) ? String(it.command.at(-1) ?? '') : '';
+    const output = str(it.aggregated_output)?.trim().split('\n').at(-1);
+    failed.push(`${it.type}${command ? ` \`${command.slice(0, 120)}\`` : ''} ${status ?? 'failed'}${exit !== undefined ? ` (exit ${exit})` : ''}${output ? `: ${output.slice(0, 200)}` : ''}`);
+  }
+  return {
+    calls,
+    failed,
+    hint: "set agents.<role>.permission_mode: bypassPermissions inside a sandbox Slipway confines (codex's own command sandbox cannot run nested, nor with CODEX_HOME under the temp folder)",
+  };
 }
 
 /** `permission_mode` values accepted for codex and the flags they become. */
@@ -217,6 +262,7 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
     isRetryNoise: (line, stream) => (stream === 'stderr' ? RETRYING.test(line) : RETRY_EVENT.test(line)),
     setupHint: 'Set OPENAI_API_KEY (or the env_key of the model provider in $CODEX_HOME/config.toml, or log in with `codex login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
     credentialSources: (_spec, { env, home, readText }) => codexCredentialSources(env, home, readText),
+    sessionToolCalls: codexSessionToolCalls,
     // `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`, whatever the cwd; `exec resume` finds the thread there.
     sessionLocation: (id, { env, home }) => ({
       root: path.join(codexHomeDir(env, home), 'sessions'),

@@ -101,8 +101,22 @@ export interface SessionLocation {
   place(rel: string, cwd: string): string;
 }
 
+/** The tool calls of the run that just ended, as its session file records them. */
+export interface SessionToolCalls {
+  calls: number;
+  /** One line per failed call: the tool, what it ran, how it failed. */
+  failed: string[];
+  /** What to change when every call failed. */
+  hint: string;
+}
+
 export interface AgentProvider {
   readonly kind: AgentProviderKind;
+  /**
+   * For a CLI whose output leaves failed tool calls out (codex 0.169): this run's tool calls, read
+   * from the session's files (`sessionLocation`) after it ended. `text`: those files, concatenated.
+   */
+  sessionToolCalls?(text: string): SessionToolCalls;
   /** Where session `sessionId` lives under the agent's home (absent: its sessions are not carried). */
   sessionLocation?(sessionId: string, context: Pick<CredentialContext, 'env' | 'home'>): SessionLocation;
   /** Where the CLI finds credentials for `spec` (absent: nothing is checked at load, e.g. the script provider). */

@@ -38,7 +38,7 @@ import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionReque
 import type { AgentEvent, SessionTotals, TokenUsage } from '../../agents/provider';
 import { agentProvider } from '../../agents/registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
-import { captureSession, restoreSession, sessionStoreDir } from './session-carry';
+import { captureSession, readSession, restoreSession, sessionStoreDir } from './session-carry';
 import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from '../../agents/structured';
 import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from '../../agents/template';
 
@@ -362,6 +362,26 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
           return { ...fresh, resumeFailed: redact(`session ${input.resumeSessionId} could not be resumed (${missing[0]}); a fresh session got the full context`, secrets) };
         }
         throw redactedFailure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${tail(why, 1_000)}`, secrets);
+      }
+
+      // Tool calls the CLI's output leaves out when they fail (codex): from its session file.
+      if (provider.sessionToolCalls && provider.sessionLocation && sessionId) {
+        let calls;
+        try {
+          const location = provider.sessionLocation(sessionId, { env: agentEnv, home: agentEnv.HOME || os.homedir() });
+          const files = await readSession(location.root, location.belongs);
+          calls = provider.sessionToolCalls([...files.values()].map((b) => b.toString('utf8')).join('\n'));
+        } catch (e) {
+          Context.current().log.warn('agent session file could not be read for its tool calls', { role, provider: spec.provider, error: redact((e as Error).message, secrets) });
+        }
+        if (calls && calls.failed.length > 0) {
+          const list = redact(calls.failed.slice(0, 5).join('; '), secrets);
+          Context.current().log.warn('agent tool calls failed', { role, provider: spec.provider, failed: list });
+          if (calls.failed.length >= calls.calls && before !== undefined && (await workState()) === before) {
+            throw failure('configuration_error', `${name} changed nothing: ${calls.failed.length > 1 ? `all ${calls.failed.length} of its tool calls` : 'its one tool call'} failed (${list}); ${calls.hint.replace('<role>', role)}`);
+          }
+          output = tail(`${output}\n[slipway] ${calls.failed.length} of ${calls.calls} tool call${calls.calls > 1 ? 's' : ''} failed: ${list}`, AGENT_OUTPUT_TAIL_CHARS);
+        }
       }
 
       if (denied.length > 0) {

@@ -80,7 +80,7 @@ async function readBounded(file: string, budget: number): Promise<Buffer> {
 }
 
 /** The session's files in the agent's home, as `rel -> content`; throws SessionCarryError past the limits. */
-async function readSession(root: string, belongs: (rel: string) => boolean): Promise<Map<string, Buffer>> {
+export async function readSession(root: string, belongs: (rel: string) => boolean): Promise<Map<string, Buffer>> {
   const rels = await walk(root, (rel) => plainRelative(rel) && belongs(rel));
   if (rels.length > SESSION_CARRY_LIMITS.maxFiles) throw new SessionCarryError(`the session has ${rels.length} files, at most ${SESSION_CARRY_LIMITS.maxFiles} are carried`);
   const files = new Map<string, Buffer>();
