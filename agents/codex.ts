@@ -77,14 +77,14 @@ export function codexCredentialSources(env: Record<string, string | undefined>, 
 }
 
 const SESSION_TOOL_ITEMS = new Set(['CommandExecution', 'FileChange', 'McpToolCall', 'WebSearch']);
-const FAILED_STATUS = new Set(['failed', 'declined']);
 
 /**
  * This run's tool calls from a codex rollout file (`sessions/.../rollout-*.jsonl`): the
  * `item_completed` events after the last `task_started` (one `exec` run is one task; a resumed
  * thread's file holds the earlier runs before it). codex 0.169 records a command its own sandbox
  * could not run there (`status: "failed"`, `exit_code: -1`, written as it shuts down) and nowhere in
- * `exec --json`. A command that exited non-zero counts as failed too.
+ * `exec --json`. Failed means the call could not run (declined, or failed without an exit code of
+ * its own); a command that ran and exited non-zero (a failing test) is the agent's business.
  */
 export function codexSessionToolCalls(text: string): SessionToolCalls {
   const events: Json[] = [];
@@ -109,7 +109,8 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
     calls += 1;
     const status = str(it.status);
     const exit = typeof it.exit_code === 'number' ? it.exit_code : undefined;
-    if (!(status && FAILED_STATUS.has(status)) && !(exit !== undefined && exit !== 0)) continue;
+    const couldNotRun = status === 'declined' || (status === 'failed' && (exit === undefined || exit < 0));
+    if (!couldNotRun) continue;
     const command = Array.isArray(it.command) ? String(it.command.at(-1) ?? '') : '';
     const output = str(it.aggregated_output)?.trim().split('\n').at(-1);
     failed.push(`${it.type}${command ? ` \`${command.slice(0, 120)}\`` : ''} ${status ?? 'failed'}${exit !== undefined ? ` (exit ${exit})` : ''}${output ? `: ${output.slice(0, 200)}` : ''}`);

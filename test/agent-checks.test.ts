@@ -73,7 +73,7 @@ describe('slipway run: the agents are checked on this machine before anything st
       expect(present.stderr).not.toContain('agents.builder');
       expect(present.stderr).toContain(`objective id "${id}" was used before`);
       expect(present.stderr).not.toContain(secret);
-    }, 60_000);
+    }, 120_000);
   }
 
   it('a login file counts as credentials (Claude Code\'s .credentials.json under CLAUDE_CONFIG_DIR)', async () => {
@@ -86,7 +86,7 @@ describe('slipway run: the agents are checked on this machine before anything st
     writeFileSync(path.join(config, '.credentials.json'), '{}');
     const after = await run({ repository: repo, agents }, { CLAUDE_CONFIG_DIR: config }, id);
     expect(after.stderr).toContain(`objective id "${id}" was used before`);
-  }, 60_000);
+  }, 120_000);
 
   it('an executable that is not there: exit 2 naming agents.<role>.command, for a path and for a name not on PATH', async () => {
     const repo = makeTinyRepo();
@@ -98,14 +98,14 @@ describe('slipway run: the agents are checked on this machine before anything st
     expect(onPath.code).toBe(2);
     expect(onPath.stderr).toContain('agents.reviewer.command: the reviewer agent (codex): "codex" is not on PATH on this machine; install it there (and on the worker), or set agents.reviewer.command');
     expect(onPath.stderr).not.toContain('agents.builder');
-  }, 60_000);
+  }, 120_000);
 
   for (const [provider, mode] of [['claude-code', 'yolo'], ['codex', 'acceptAll'], ['pi', 'acceptEdits'], ['opencode', 'dontAsk']] as const) {
     it(`${provider}: an unknown permission_mode is exit 2 naming the provider and its modes`, async () => {
       const r = await run({ repository: makeTinyRepo(), agents: { builder: { provider, command: process.execPath, permission_mode: mode } } });
       expect(r.code).toBe(2);
       expect(r.stderr).toMatch(new RegExp(`objective\\.yaml:\\d+:\\d+: agents\\.builder\\.permission_mode: ${provider} does not know permission_mode "${mode}" \\(use one of: `));
-    }, 60_000);
+    }, 120_000);
   }
 });
 

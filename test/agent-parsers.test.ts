@@ -242,12 +242,13 @@ describe('codex session file: the tool calls of the run that just ended', () => 
   const started = ev({ type: 'task_started', turn_id: 't' });
   const message = ev({ type: 'item_completed', item: { type: 'AgentMessage', content: [{ type: 'Text', text: 'done' }] } });
 
-  it('counts only the items after the last task_started (a resumed thread holds earlier runs), failed and non-zero exits as failures', () => {
+  it('counts only the items after the last task_started (a resumed thread holds earlier runs); a call that could not run is a failure, a command that exited non-zero is not', () => {
     const earlier = [started, command('printf x > a.txt', 'failed', -1)];
     const now = [started, message, command('ls', 'completed', 0), command('cat missing', 'completed', 1, 'cat: missing: No such file'), ev({ type: 'task_complete' }), command('printf y > b.txt', 'failed', -1)];
     const calls = codexSessionToolCalls([...earlier, ...now, '{"torn'].join('\n'));
     expect(calls.calls).toBe(3);
-    expect(calls.failed).toEqual(['CommandExecution `cat missing` completed (exit 1): cat: missing: No such file', 'CommandExecution `printf y > b.txt` failed (exit -1)']);
+    expect(calls.failed).toEqual(['CommandExecution `printf y > b.txt` failed (exit -1)']);
+    expect(codexSessionToolCalls([started, command('false', 'failed', 1, 'oops')].join('\n')).failed).toEqual([]);
     expect(calls.hint).toMatch(/bypassPermissions/);
   });
 

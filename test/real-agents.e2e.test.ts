@@ -303,7 +303,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       // Nothing of the runs is left running.
       expect(processesWith(marker)).toEqual([]);
     },
-    240_000,
+    480_000,
   );
 
   it.concurrent.each(PROVIDERS)(
@@ -316,7 +316,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       expect(endpoint.runs()).toHaveLength(1); // one process: the failure was not retried
       expect(endpoint.requests.every((r) => !r.keyOk)).toBe(true);
     },
-    120_000,
+    240_000,
   );
 
   it.concurrent.each(PROVIDERS)(
@@ -337,7 +337,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       expect(served[1].filter((r) => r.answer === 'tool').length).toBe(1);
       expect(runs[1]).toMatchObject({ inputTokens: served[1].filter((r) => r.answer !== 'text').length * USAGE.input });
     },
-    180_000,
+    360_000,
   );
 
   it.concurrent.each(CARRIED)(
@@ -359,7 +359,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       const store = path.join(repo, '.slipway', 'agent-sessions', id, 'files', provider, runs[0].sessionId!);
       expect(readdirSync(store, { recursive: true }).length).toBeGreaterThan(0);
     },
-    240_000,
+    480_000,
   );
 
   it('codex whose own command sandbox cannot run (workspace-write, CODEX_HOME under the temp folder): its failed tool call, only in the session file, fails the run that changed nothing, with that reason, not retried', async () => {
@@ -370,7 +370,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       summary: expect.stringMatching(/builder agent \(codex\) changed nothing: its one tool call failed \(CommandExecution `printf .*hello\.txt` failed \(exit -1\)\); set agents\.builder\.permission_mode: bypassPermissions/),
     });
     expect(endpoint.runs()).toHaveLength(1); // not retried, and no gate fix loop on a run that could not write
-  }, 120_000);
+  }, 240_000);
 
   it('claude-code without a permission mode: its write is denied in print mode, so the run that changed nothing fails with that reason (not retried)', async () => {
     const { endpoint, result } = await runObjective('denied-claude-code', 'claude-code', { builder: {}, objective: { on_exhausted: 'fail' } });
@@ -380,7 +380,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       summary: expect.stringContaining('builder agent (claude-code) changed nothing: its permission rules denied 1 tool call (Write); set agents.builder.permission_mode'),
     });
     expect(endpoint.runs()).toHaveLength(1);
-  }, 120_000);
+  }, 240_000);
 
   it.concurrent.each(PROVIDERS)(
     '%s under bubblewrap (network off, its binary and config read-only, its own home): builds, resumes, reviews, merges; neither the binary nor the config can be written from the sandbox',
@@ -412,7 +412,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       expect(runs[1].resumed).toBe(runs[0].sessionId);
       expect(endpoint.runs()).toHaveLength(3);
     },
-    180_000,
+    360_000,
   );
 
   it('a missing executable fails once as configuration_error naming it, not as a transient error retried six times', async () => {
@@ -420,5 +420,5 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
     expect(result.outcome).toBe('failed');
     expect(result.streams[0].failure).toMatchObject({ kind: 'configuration_error', summary: expect.stringContaining('"/nonexistent/claude" was not found on the worker') });
     expect(endpoint.requests).toHaveLength(0);
-  }, 120_000);
+  }, 240_000);
 });
