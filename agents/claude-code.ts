@@ -25,6 +25,7 @@
  * Token convention (shared by all providers): inputTokens counts every prompt token including
  * cache reads and cache writes; cachedTokens is the part read from the cache.
  */
+import path from 'node:path';
 import { permissionEntry, stdinCommand } from './command-line';
 import {
   authFailure, epochToIso, errorReporter, isObject, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str, usageEvent,
@@ -41,6 +42,9 @@ const STDERR_ERROR = /^\s*(error|fatal)\b/i;
 const PERMISSION_FLAGS: Record<string, string[]> = Object.fromEntries(
   ['default', 'acceptEdits', 'auto', 'bypassPermissions', 'manual', 'dontAsk', 'plan'].map((mode) => [mode, ['--permission-mode', mode]]),
 );
+
+/** Claude Code's own folder: sessions, settings, login. */
+const claudeConfigDir = (env: Record<string, string | undefined>, home: string) => env.CLAUDE_CONFIG_DIR || path.join(home, '.claude');
 
 function resetFromText(text: string): string | undefined {
   const match = USAGE_LIMIT_EPOCH.exec(text);
@@ -127,6 +131,20 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
     // `{"type":"system","subtype":"api_retry",...}`: Claude Code waiting to retry a failed API call.
     isRetryNoise: (line, stream) => stream === 'stdout' && /^\s*\{\s*"type"\s*:\s*"system"\s*,\s*"subtype"\s*:\s*"api_retry"/.test(line),
     setupHint: 'Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, or log in with `claude` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
+    // `<config>/projects/<cwd with every non-alphanumeric as "-">/<session>.jsonl` (plus `<session>/` for subagents and large tool results).
+    sessionLocation: (id, { env, home }) => ({
+      root: path.join(claudeConfigDir(env, home), 'projects'),
+      belongs: (rel) => {
+        const [project, name, ...rest] = rel.split('/');
+        return Boolean(project) && (name === `${id}.jsonl` ? rest.length === 0 : name === id && rest.length > 0);
+      },
+      place: (rel, cwd) => [cwd.replace(/[^a-zA-Z0-9]/g, '-'), ...rel.split('/').slice(1)].join('/'),
+    }),
+    // Claude Code's login (`claude` /login) is `.credentials.json` in its config folder on Linux; Bedrock and Vertex bring their own cloud credentials.
+    credentialSources: (_spec, { env, home }) => ({
+      env: ['ANTHROPIC_API_KEY', 'ANTHROPIC_AUTH_TOKEN', 'CLAUDE_CODE_OAUTH_TOKEN', 'CLAUDE_CODE_USE_BEDROCK', 'CLAUDE_CODE_USE_VERTEX'],
+      files: [path.join(claudeConfigDir(env, home), '.credentials.json')],
+    }),
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['--print', '--output-format', 'stream-json', '--verbose'];

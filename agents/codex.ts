@@ -25,11 +25,12 @@
  * session-usage.ts). Codex reports no cost.
  * input_tokens already includes cached_input_tokens, which matches the shared convention.
  */
+import path from 'node:path';
 import { permissionEntry, stdinCommand } from './command-line';
 import {
   authFailure, durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitReporter, sessionReporter, str,
 } from './parse-helpers';
-import type { AgentEvent, AgentProvider, ProviderOptions } from './provider';
+import type { AgentEvent, AgentProvider, CredentialSources, ProviderOptions, SessionToolCalls } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b/i;
 const RETRYING = /^\s*(Reconnecting|Retrying)\b/i;
@@ -43,6 +44,83 @@ const STDERR_ERROR = /^\s*(error|fatal)\b|^\S+\s+ERROR\s/i;
  */
 const OWN_SANDBOX_BROKEN = /bwrap: execvp [^\n]*codex-linux-sandbox|codex-linux-sandbox[^\n]*(No such file|not found|Permission denied)|bwrap: (setting up uid map|No permissions to creat|Creating new namespace failed)/i;
 const TOOL_ITEMS = new Set(['command_execution', 'file_change', 'mcp_tool_call', 'web_search']);
+
+// smol-toml ships CommonJS too, but its types are ESM-only, which this CommonJS project cannot import by name.
+const { parse: parseToml } = require('smol-toml') as { parse(text: string): Record<string, unknown> };
+
+const codexHomeDir = (env: Record<string, string | undefined>, home: string) => env.CODEX_HOME || path.join(home, '.codex');
+
+/** Codex's built-in model providers that run a local model and need no key. */
+const KEYLESS_PROVIDERS = new Set(['oss', 'ollama', 'lmstudio']);
+
+/**
+ * Where codex finds its key: `model_provider` of `$CODEX_HOME/config.toml` (default openai: OPENAI_API_KEY,
+ * CODEX_API_KEY or the `codex login` file auth.json); a custom provider's `env_key`, or none at all.
+ */
+export function codexCredentialSources(env: Record<string, string | undefined>, home: string, readText: (file: string) => string | undefined): CredentialSources {
+  const codexHome = codexHomeDir(env, home);
+  const login = { env: ['OPENAI_API_KEY', 'CODEX_API_KEY'], files: [path.join(codexHome, 'auth.json')] };
+  const text = readText(path.join(codexHome, 'config.toml'));
+  let config: Record<string, unknown>;
+  try {
+    config = text === undefined ? {} : parseToml(text);
+  } catch {
+    return login; // codex names the syntax error itself
+  }
+  const provider = typeof config.model_provider === 'string' ? config.model_provider : 'openai';
+  if (provider === 'openai') return login;
+  if (KEYLESS_PROVIDERS.has(provider)) return { env: [], files: [], keyless: true };
+  const custom = isObject(config.model_providers) && isObject(config.model_providers[provider]) ? config.model_providers[provider] : undefined;
+  const envKey = custom && typeof custom.env_key === 'string' ? custom.env_key : undefined;
+  if (envKey) return { env: [envKey], files: [] };
+  return custom?.requires_openai_auth === true ? login : { env: [], files: [], keyless: true };
+}
+
+const SESSION_TOOL_ITEMS = new Set(['CommandExecution', 'FileChange', 'McpToolCall', 'WebSearch']);
+
+/**
+ * This run's tool calls from a codex rollout file (`sessions/.../rollout-*.jsonl`): the
+ * `item_completed` events after the last `task_started` (one `exec` run is one task; a resumed
+ * thread's file holds the earlier runs before it). codex 0.169 records a command its own sandbox
+ * could not run there (`status: "failed"`, `exit_code: -1`, written as it shuts down) and nowhere in
+ * `exec --json`. Failed means the call could not run (declined, or failed without an exit code of
+ * its own); a command that ran and exited non-zero (a failing test) is the agent's business.
+ */
+export function codexSessionToolCalls(text: string): SessionToolCalls {
+  const events: Json[] = [];
+  for (const line of text.split('\n')) {
+    if (!line.trim()) continue;
+    try {
+      const parsed: unknown = JSON.parse(line);
+      if (isObject(parsed) && isObject(parsed.payload)) events.push(parsed.payload);
+    } catch {
+      /* a torn last line */
+    }
+  }
+  let start = -1;
+  events.forEach((e, i) => {
+    if (e.type === 'task_started') start = i;
+  });
+  let calls = 0;
+  const failed: string[] = [];
+  for (const e of events.slice(start + 1)) {
+    const it = e.type === 'item_completed' && isObject(e.item) ? e.item : undefined;
+    if (!it || typeof it.type !== 'string' || !SESSION_TOOL_ITEMS.has(it.type)) continue;
+    calls += 1;
+    const status = str(it.status);
+    const exit = typeof it.exit_code === 'number' ? it.exit_code : undefined;
+    const couldNotRun = status === 'declined' || (status === 'failed' && (exit === undefined || exit < 0));
+    if (!couldNotRun) continue;
+    const command = Array.isArray(it.command) ? String(it.command.at(-1) ?? '') : '';
+    const output = str(it.aggregated_output)?.trim().split('\n').at(-1);
+    failed.push(`${it.type}${command ? ` \`${command.slice(0, 120)}\`` : ''} ${status ?? 'failed'}${exit !== undefined ? ` (exit ${exit})` : ''}${output ? `: ${output.slice(0, 200)}` : ''}`);
+  }
+  return {
+    calls,
+    failed,
+    hint: "set agents.<role>.permission_mode: bypassPermissions inside a sandbox Slipway confines (codex's own command sandbox cannot run nested, nor with CODEX_HOME under the temp folder)",
+  };
+}
 
 /** `permission_mode` values accepted for codex and the flags they become. */
 const PERMISSION_FLAGS: Record<string, string[]> = {
@@ -184,6 +262,14 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
     kind: 'codex',
     isRetryNoise: (line, stream) => (stream === 'stderr' ? RETRYING.test(line) : RETRY_EVENT.test(line)),
     setupHint: 'Set OPENAI_API_KEY (or the env_key of the model provider in $CODEX_HOME/config.toml, or log in with `codex login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
+    credentialSources: (_spec, { env, home, readText }) => codexCredentialSources(env, home, readText),
+    sessionToolCalls: codexSessionToolCalls,
+    // `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`, whatever the cwd; `exec resume` finds the thread there.
+    sessionLocation: (id, { env, home }) => ({
+      root: path.join(codexHomeDir(env, home), 'sessions'),
+      belongs: (rel) => /^\d{4}\/\d{2}\/\d{2}\/rollout-[^/]+$/.test(rel) && rel.endsWith(`-${id}.jsonl`),
+      place: (rel) => rel,
+    }),
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['exec', '--json'];

@@ -67,3 +67,24 @@ export async function readProjectEnv(repository: string): Promise<Record<string,
   }
   return parseDotenv(text, file);
 }
+
+/**
+ * API key variables per model provider, as pi (pi-ai's env-api-keys) and OpenCode (models.dev)
+ * read them, for the load-time credential check of agents whose `model` is `provider/model`.
+ */
+const MODEL_PROVIDER_KEYS: Record<string, string[]> = {
+  anthropic: ['ANTHROPIC_API_KEY', 'ANTHROPIC_OAUTH_TOKEN'],
+  openai: ['OPENAI_API_KEY'],
+  google: ['GEMINI_API_KEY', 'GOOGLE_GENERATIVE_AI_API_KEY'],
+  openrouter: ['OPENROUTER_API_KEY'],
+  groq: ['GROQ_API_KEY'],
+  xai: ['XAI_API_KEY'],
+  mistral: ['MISTRAL_API_KEY'],
+  deepseek: ['DEEPSEEK_API_KEY'],
+};
+
+/** The key variables for `model`'s provider prefix; every known one when the model names none or an unknown one (a custom provider declares its key in a config file). */
+export function modelProviderKeys(model: string | undefined): string[] {
+  const prefix = model?.includes('/') ? model.slice(0, model.indexOf('/')) : undefined;
+  return (prefix && MODEL_PROVIDER_KEYS[prefix]) || [...new Set(Object.values(MODEL_PROVIDER_KEYS).flat())];
+}

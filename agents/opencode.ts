@@ -23,7 +23,9 @@
  * The final answer (`result`) is the text of the last step, emitted when a step finishes for a
  * reason other than tool calls, or at `done` if that did not happen.
  */
+import path from 'node:path';
 import { permissionEntry, stdinCommand } from './command-line';
+import { modelProviderKeys } from './credentials';
 import { authFailure, durationUnitMs, isObject, isoAfter, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent } from './parse-helpers';
 import type { AgentEvent, AgentProvider } from './provider';
 
@@ -119,6 +121,18 @@ export function createOpencodeProvider(): AgentProvider {
   return {
     kind: 'opencode',
     setupHint: 'Set the API key of the model\'s provider (ANTHROPIC_API_KEY, OPENAI_API_KEY, ..., or log in with `opencode auth login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
+    // `opencode auth login` writes auth.json; a config file may declare a provider with its own key.
+    credentialSources: (spec, { env, home }) => {
+      const config = path.join(env.XDG_CONFIG_HOME || path.join(home, '.config'), 'opencode');
+      return {
+        env: modelProviderKeys(spec.model),
+        files: [
+          path.join(env.XDG_DATA_HOME || path.join(home, '.local', 'share'), 'opencode', 'auth.json'),
+          ...(env.OPENCODE_CONFIG ? [env.OPENCODE_CONFIG] : []),
+          ...['opencode.json', 'opencode.jsonc', 'config.json'].map((name) => path.join(config, name)),
+        ],
+      };
+    },
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['run', '--format', 'json'];

@@ -27,7 +27,9 @@
  * The final answer is the last assistant message at an `agent_end` that will not be retried; a
  * rate limit is only reported then (or at a failed `auto_retry_end`), never for an attempt pi retries.
  */
+import path from 'node:path';
 import { permissionEntry, stdinCommand } from './command-line';
+import { modelProviderKeys } from './credentials';
 import {
   authFailure, durationUnitMs, epochToIso, errorReporter, isObject, isoAfter, type Json, jsonLineParser, num, rateLimitEvent, sessionReporter, str, usageEvent,
 } from './parse-helpers';
@@ -35,6 +37,7 @@ import type { AgentEvent, AgentProvider } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|usage limit|usage_limit|hit your limit|too many requests|\b429\b|resource[ _]exhausted/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b/i;
+const piAgentDir = (env: Record<string, string | undefined>, home: string) => env.PI_CODING_AGENT_DIR || path.join(home, '.pi', 'agent');
 const READ_ONLY_TOOLS = ['--tools', 'read,grep,find,ls'];
 
 /** `permission_mode` values accepted for pi. */
@@ -124,6 +127,17 @@ export function createPiProvider(): AgentProvider {
   return {
     kind: 'pi',
     setupHint: 'Set the API key of the model\'s provider (ANTHROPIC_API_KEY, OPENAI_API_KEY, ..., or the apiKey of a custom provider in $PI_CODING_AGENT_DIR/models.json) in the worker\'s environment or in <repository>/.slipway/.env',
+    // auth.json holds `pi` /login sessions and stored keys; models.json declares custom providers with their own apiKey.
+    // `<agent dir>/sessions/--<cwd with / and : as ->--/<time>_<session>.jsonl`; `--session` looks only in the cwd's folder.
+    sessionLocation: (id, { env, home }) => ({
+      root: path.join(piAgentDir(env, home), 'sessions'),
+      belongs: (rel) => /^--[^/]*--\/[^/]+$/.test(rel) && rel.endsWith(`_${id}.jsonl`),
+      place: (rel, cwd) => `--${cwd.replace(/^[/\\]/, '').replace(/[/\\:]/g, '-')}--/${rel.split('/').slice(1).join('/')}`,
+    }),
+    credentialSources: (spec, { env, home }) => {
+      const dir = piAgentDir(env, home);
+      return { env: modelProviderKeys(spec.model), files: [path.join(dir, 'auth.json'), path.join(dir, 'models.json')] };
+    },
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['-p', '--mode', 'json'];

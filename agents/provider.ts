@@ -68,8 +68,61 @@ export type AgentEvent =
   | { type: 'config_error'; message: string }
   | { type: 'rate_limit'; resetAt?: string; message?: string };
 
+/**
+ * Where a CLI looks for its credentials, for the check `slipway run` makes before anything starts
+ * (activities/agents/preflight.ts): names and paths only, never a value.
+ */
+export interface CredentialSources {
+  /** Environment variables, any one of which (set and not empty) will do. */
+  env: string[];
+  /** Files, any one of which existing will do: a login, or a config that declares its own provider. */
+  files: string[];
+  /** The configured model provider needs no key (a local model): nothing to check. */
+  keyless?: boolean;
+}
+
+/** What a provider may look at to name its credential sources: the environment the agent would get, and files to read. */
+export interface CredentialContext {
+  env: Record<string, string | undefined>;
+  /** The agent's home: `HOME` of that environment. */
+  home: string;
+  /** A file's text, or undefined when it cannot be read. */
+  readText(file: string): string | undefined;
+}
+
+/**
+ * Where a CLI keeps one session's files under its home, so Slipway can carry the session to a fresh
+ * agent home (another sandbox or worker): activities/agents/session-carry.ts.
+ */
+export interface SessionLocation {
+  /** The folder of the CLI's sessions (absolute). */
+  root: string;
+  /** A file (path relative to `root`, `/`-separated) that is part of the session. */
+  belongs(rel: string): boolean;
+  /** Where a captured file (relative to `root`) goes for an agent working in `cwd` (the cwd as the agent sees it). */
+  place(rel: string, cwd: string): string;
+}
+
+/** The tool calls of the run that just ended, as its session file records them. */
+export interface SessionToolCalls {
+  calls: number;
+  /** One line per failed call: the tool, what it ran, how it failed. */
+  failed: string[];
+  /** What to change when every call failed. */
+  hint: string;
+}
+
 export interface AgentProvider {
   readonly kind: AgentProviderKind;
+  /**
+   * For a CLI whose output leaves failed tool calls out (codex 0.169): this run's tool calls, read
+   * from the session's files (`sessionLocation`) after it ended. `text`: those files, concatenated.
+   */
+  sessionToolCalls?(text: string): SessionToolCalls;
+  /** Where session `sessionId` lives under the agent's home (absent: its sessions are not carried). */
+  sessionLocation?(sessionId: string, context: Pick<CredentialContext, 'env' | 'home'>): SessionLocation;
+  /** Where the CLI finds credentials for `spec` (absent: nothing is checked at load, e.g. the script provider). */
+  credentialSources?(spec: AgentSpec, context: CredentialContext): CredentialSources;
   /** What to set when the agent reports a configuration error (credentials), for the failure message. */
   readonly setupHint?: string;
   buildCommand(invocation: AgentInvocation): AgentCommand;

@@ -39,6 +39,7 @@ export function buildProgram(): Command {
     .option('--repo <path>', 'repository to work on (overrides `repository` in the file)')
     .option('--id <id>', 'objective id (overrides `id` in the file)')
     .option('--base <branch>', 'base branch (overrides `base_branch`)')
+    .option('--no-agent-checks', "don't check the agents' executables and credentials on this machine (when the worker is another machine)")
     .action(async (file: string, opts) => setExit(await runCommand(file, opts)));
 
   program

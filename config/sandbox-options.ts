@@ -24,7 +24,8 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
     ...(confined && config.hidden.length > 0 ? { hidden: config.hidden.map(expandHome) } : {}),
     // Script agents and prompt files live beside the objective file; keep it readable even
     // when it sits under /tmp, which the sandbox replaces with a private one.
-    ...(confined ? { readable: [objectiveDir] } : {}),
+    // `readable:` of the file (agent CLIs, their config) beside it.
+    ...(confined ? { readable: [objectiveDir, ...config.readable.map(expandHome)] } : {}),
     ...(confined && config.limits && limitsFromConfig(config.limits) ? { limits: limitsFromConfig(config.limits) } : {}),
   };
 }

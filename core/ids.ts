@@ -54,6 +54,7 @@ export const SLIPWAY_STATE = [
   'template.json', // the template manifest
   '.env', // agent credentials: never committed
   'grants.json', // a service sandbox's grant tokens
+  'agent-sessions/', // builders' agent sessions, carried between sandboxes and workers (activities/agents/session-carry.ts)
 ] as const;
 export const MERGER_SANDBOX_NAME = '_merge';
 

@@ -179,6 +179,8 @@ export const SandboxConfigSchema = z.strictObject({
   writable: z.array(hostPath).default([]),
   /** Under bubblewrap: paths hidden behind an empty folder (~/.ssh, ~/.aws). */
   hidden: z.array(hostPath).default([]),
+  /** Under bubblewrap: paths bound read-only (an agent CLI's install folder, its config files), also inside a `writable` path. */
+  readable: z.array(hostPath).default([]),
   /** Under bubblewrap: limits every command of a sandbox gets (cgroups where the host has them). */
   limits: LimitsConfigSchema.optional(),
 });

@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { createClaudeCodeProvider } from '../agents/claude-code';
-import { codexResetAt, createCodexProvider } from '../agents/codex';
+import { codexResetAt, codexSessionToolCalls, createCodexProvider } from '../agents/codex';
 import { createOpencodeProvider, opencodeResetAt } from '../agents/opencode';
 import { createPiProvider, piResetAt } from '../agents/pi';
 import type { AgentEvent, AgentInvocation, AgentProvider } from '../agents/provider';
@@ -231,6 +231,32 @@ describe('codex parser', () => {
     const resumed = createCodexProvider({ baseline: { inputTokens: 2000, cachedTokens: 600, outputTokens: 400 } }).parseLine(turn, 'stdout');
     expect(resumed).toContainEqual({ type: 'usage', inputTokens: 2000, outputTokens: 400, cachedTokens: 400 });
     expect(resumed).toContainEqual({ type: 'session_totals', totals: { inputTokens: 4000, cachedTokens: 1000, outputTokens: 800 } });
+  });
+});
+
+describe('codex session file: the tool calls of the run that just ended', () => {
+  // Shapes from codex 0.169 rollout files (sessions/YYYY/MM/DD/rollout-*.jsonl), trimmed.
+  const ev = (payload: Record<string, unknown>) => JSON.stringify({ timestamp: '2026-11-23T16:13:51.453Z', type: 'event_msg', payload });
+  const command = (cmd: string, status: string, exit: number, output = '') =>
+    ev({ type: 'item_completed', item: { type: 'CommandExecution', id: `call_${cmd.length}`, command: ['/bin/bash', '-lc', cmd], status, exit_code: exit, aggregated_output: output } });
+  const started = ev({ type: 'task_started', turn_id: 't' });
+  const message = ev({ type: 'item_completed', item: { type: 'AgentMessage', content: [{ type: 'Text', text: 'done' }] } });
+
+  it('counts only the items after the last task_started (a resumed thread holds earlier runs); a call that could not run is a failure, a command that exited non-zero is not', () => {
+    const earlier = [started, command('printf x > a.txt', 'failed', -1)];
+    const now = [started, message, command('ls', 'completed', 0), command('cat missing', 'completed', 1, 'cat: missing: No such file'), ev({ type: 'task_complete' }), command('printf y > b.txt', 'failed', -1)];
+    const calls = codexSessionToolCalls([...earlier, ...now, '{"torn'].join('\n'));
+    expect(calls.calls).toBe(3);
+    expect(calls.failed).toEqual(['CommandExecution `printf y > b.txt` failed (exit -1)']);
+    expect(codexSessionToolCalls([started, command('false', 'failed', 1, 'oops')].join('\n')).failed).toEqual([]);
+    expect(calls.hint).toMatch(/bypassPermissions/);
+  });
+
+  it('a declined patch is a failure; a run without tool calls has none', () => {
+    const declined = ev({ type: 'item_completed', item: { type: 'FileChange', id: 'p', status: 'declined' } });
+    expect(codexSessionToolCalls([started, declined].join('\n'))).toMatchObject({ calls: 1, failed: ['FileChange declined'] });
+    expect(codexSessionToolCalls([started, message].join('\n'))).toMatchObject({ calls: 0, failed: [] });
+    expect(codexSessionToolCalls('')).toMatchObject({ calls: 0, failed: [] });
   });
 });
 

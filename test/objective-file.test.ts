@@ -150,6 +150,15 @@ describe('loadObjectiveFile: valid files', () => {
     expect(input.gates).toEqual([{ name: 'test', command: 'npm test', timeout_seconds: 600 }]);
   });
 
+  it('sandbox readable: host paths bound read-only under bubblewrap, beside the objective folder; ignored unconfined', async () => {
+    const confined = await loadObjectiveFile(await writeObjective(`${VALID}sandbox:\n  confinement: bubblewrap\n  writable: [/srv/agent-home]\n  readable: [/opt/agents, ~/.codex/config.toml]\n`));
+    expect(confined.sandbox).toMatchObject({ writable: ['/srv/agent-home'], readable: [objectivesDir, '/opt/agents', path.join(os.homedir(), '.codex/config.toml')] });
+    const unconfined = await loadObjectiveFile(await writeObjective(`${VALID}sandbox:\n  readable: [/opt/agents]\n`));
+    expect(unconfined.sandbox?.readable).toBeUndefined();
+    const bad = await writeObjective(`${VALID}sandbox:\n  confinement: bubblewrap\n  readable: [relative/path]\n`);
+    expect((await loadError(bad)).message).toMatch(/sandbox\.readable\[0\]/);
+  });
+
   it('applies overrides; the repository override is relative to the cwd and resolves to the repository root', async () => {
     const file = await writeObjective(replaceLine(2, 'repository: ../does-not-matter') + 'id: from-file\nbase_branch: nope\n');
     const input = await loadObjectiveFile(file, {

@@ -15,7 +15,8 @@
  */
 import { randomBytes } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
@@ -144,6 +145,8 @@ const CLIS: Record<RealProvider, Cli> = {
   },
 };
 const PROVIDERS = Object.keys(CLIS) as RealProvider[];
+/** The CLIs whose sessions Slipway carries to a fresh agent home (OpenCode keeps its sessions in one SQLite database: ADR 0011). */
+const CARRIED: RealProvider[] = ['claude-code', 'codex', 'pi'];
 
 let worker: TestWorker;
 const endpoints = new Map<string, FakeModel>();
@@ -197,9 +200,13 @@ async function runObjective(
     agentKey?: string;
     command?: string;
     objective?: Record<string, unknown>;
-    gate?: (home: string) => string;
+    gate?: (home: string, repo: string) => string;
     builder?: Record<string, unknown>;
-    /** Under bubblewrap with `network: false`: the sandbox's own namespace has only a loopback; the CLIs, agent home and endpoint are bound in. */
+    /**
+     * Under bubblewrap with `network: false`: the sandbox's own namespace has only a loopback. The
+     * CLIs' install folder and their config files are bound read-only (`readable:`), the run's own
+     * agent home (only the provider's config files in it) and the endpoint's folder writable.
+     */
     confined?: boolean;
   } = {},
 ) {
@@ -223,14 +230,16 @@ async function runObjective(
   if (opts.confined) {
     // Only the worktree, the objective folder and these are there inside: the forwarder goes beside the endpoint.
     copyFileSync(OFFLINE, path.join(endpointDir, 'offline.mjs'));
-    command = `node ${path.join(endpointDir, 'offline.mjs')} ${endpoint.socketPath} ${PORT} -- ${path.join(AGENT_BIN, cli.exe)}`;
-    sandbox = { confinement: 'bubblewrap', network: false, writable: [path.dirname(AGENT_BIN), endpointDir, home] };
+    // Bound at their real paths (`.tools` may be a link into another checkout).
+    const agents = realpathSync(path.dirname(path.dirname(AGENT_BIN)));
+    command = `node ${path.join(endpointDir, 'offline.mjs')} ${endpoint.socketPath} ${PORT} -- ${realpathSync(path.join(AGENT_BIN, cli.exe))}`;
+    sandbox = { confinement: 'bubblewrap', network: false, writable: [endpointDir, home], readable: [agents, ...Object.keys(cli.files?.(home) ?? {})] };
   }
   const agent = { provider, command, ...(cli.model ? { model: cli.model } : {}), completion_grace_seconds: 2 };
   const file = writeObjective({
     repository: repo,
     objective: 'write the files',
-    gates: [{ name: 'fixed', command: `${opts.gate?.(home) ?? ''}test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }` }],
+    gates: [{ name: 'fixed', command: `${opts.gate?.(home, repo) ?? ''}test -f fixed.txt || { echo "missing: WRITE:fixed.txt"; exit 1; }` }],
     agents: { builder: { ...agent, ...(opts.builder ?? cli.builder) }, reviewer: agent },
     streams: [{ id: 'files', task: 'Create the file. WRITE:hello.txt' }],
     ...(sandbox ? { sandbox } : {}),
@@ -239,7 +248,7 @@ async function runObjective(
   const input = await loadObjectiveFile(file, { id });
   const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
   const result = (await handle.result()) as ObjectiveResult;
-  return { cli, key, marker, endpoint, repo, objectiveDir: path.dirname(file), result };
+  return { cli, key, marker, endpoint, repo, home, objectiveDir: path.dirname(file), result };
 }
 
 describe('the real agent CLIs, offline against a fake model endpoint', () => {
@@ -294,7 +303,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       // Nothing of the runs is left running.
       expect(processesWith(marker)).toEqual([]);
     },
-    240_000,
+    480_000,
   );
 
   it.concurrent.each(PROVIDERS)(
@@ -307,13 +316,15 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       expect(endpoint.runs()).toHaveLength(1); // one process: the failure was not retried
       expect(endpoint.requests.every((r) => !r.keyOk)).toBe(true);
     },
-    120_000,
+    240_000,
   );
 
   it.concurrent.each(PROVIDERS)(
-    '%s: a session that cannot be resumed (the agent home was cleaned) falls back to a fresh session with the full context, recorded in the run',
+    '%s: a session that cannot be resumed (the agent home was cleaned, and the stream\'s carried copy removed) falls back to a fresh session with the full context, recorded in the run',
     async (provider) => {
-      const { endpoint, result } = await runObjective(`lost-${provider}`, provider, { gate: (home) => `rm -rf ${path.join(home, CLIS[provider].sessions)}; ` });
+      const { endpoint, result } = await runObjective(`lost-${provider}`, provider, {
+        gate: (home, repo) => `rm -rf ${path.join(home, CLIS[provider].sessions)} ${path.join(repo, '.slipway', 'agent-sessions')}; `,
+      });
       expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
       const runs = result.agentRuns ?? [];
       expect(runs.map((r) => `${r.role}:${r.result}`)).toEqual(['builder:signalled', 'builder:signalled', 'reviewer:finished']);
@@ -326,8 +337,40 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       expect(served[1].filter((r) => r.answer === 'tool').length).toBe(1);
       expect(runs[1]).toMatchObject({ inputTokens: served[1].filter((r) => r.answer !== 'text').length * USAGE.input });
     },
-    180_000,
+    360_000,
   );
+
+  it.concurrent.each(CARRIED)(
+    '%s: the session is carried: with the agent home\'s sessions gone before the fix run, the stream\'s copy is restored and the same session continues (the model sees the earlier turns)',
+    async (provider) => {
+      const id = `carried-${provider}`;
+      const { endpoint, repo, result } = await runObjective(id, provider, { gate: (home) => `rm -rf ${path.join(home, CLIS[provider].sessions)}; ` });
+      expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
+      const runs = result.agentRuns ?? [];
+      expect(runs.map((r) => `${r.role}:${r.result}`)).toEqual(['builder:signalled', 'builder:signalled', 'reviewer:finished']);
+      expect(runs[1].resumeFailed).toBeUndefined();
+      expect(runs[1].resumed).toBe(runs[0].sessionId);
+      const served = endpoint.runs();
+      expect(served).toHaveLength(3);
+      // The build run's own final answer is in the fix run's conversation: the same session, not a fresh one told the story.
+      expect(served[0].every((r) => r.earlierFinals.length === 0)).toBe(true);
+      expect(served[1].filter((r) => r.answer !== 'text').every((r) => r.earlierFinals.includes('hello.txt'))).toBe(true);
+      // The stream's copy: outside the sandbox, in the repository's Slipway state, never in history.
+      const store = path.join(repo, '.slipway', 'agent-sessions', id, 'files', provider, runs[0].sessionId!);
+      expect(readdirSync(store, { recursive: true }).length).toBeGreaterThan(0);
+    },
+    480_000,
+  );
+
+  it('codex whose own command sandbox cannot run (workspace-write, CODEX_HOME under the temp folder): its failed tool call, only in the session file, fails the run that changed nothing, with that reason, not retried', async () => {
+    const { endpoint, result } = await runObjective('toolfail-codex', 'codex', { builder: { permission_mode: 'workspace-write' }, objective: { on_exhausted: 'fail' } });
+    expect(result.outcome).toBe('failed');
+    expect(result.streams[0].failure).toMatchObject({
+      kind: 'configuration_error',
+      summary: expect.stringMatching(/builder agent \(codex\) changed nothing: its one tool call failed \(CommandExecution `printf .*hello\.txt` failed \(exit -1\)\); set agents\.builder\.permission_mode: bypassPermissions/),
+    });
+    expect(endpoint.runs()).toHaveLength(1); // not retried, and no gate fix loop on a run that could not write
+  }, 240_000);
 
   it('claude-code without a permission mode: its write is denied in print mode, so the run that changed nothing fails with that reason (not retried)', async () => {
     const { endpoint, result } = await runObjective('denied-claude-code', 'claude-code', { builder: {}, objective: { on_exhausted: 'fail' } });
@@ -337,19 +380,39 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       summary: expect.stringContaining('builder agent (claude-code) changed nothing: its permission rules denied 1 tool call (Write); set agents.builder.permission_mode'),
     });
     expect(endpoint.runs()).toHaveLength(1);
-  }, 120_000);
+  }, 240_000);
 
   it.concurrent.each(PROVIDERS)(
-    '%s under bubblewrap (network off, the agent home bound in): builds, resumes, reviews, merges',
+    '%s under bubblewrap (network off, its binary and config read-only, its own home): builds, resumes, reviews, merges; neither the binary nor the config can be written from the sandbox',
     async (provider) => {
-      const { endpoint, repo, result } = await runObjective(`bwrap-${provider}`, provider, { confined: true });
+      const binary = realpathSync(path.join(AGENT_BIN, CLIS[provider].exe));
+      const sha = (file: string) => createHash('sha256').update(readFileSync(file)).digest('hex');
+      const before = sha(binary);
+      let configs: string[] = [];
+      // Run in the sandbox, as the agent's own commands are (every command of a confined sandbox is): each write must fail.
+      const attack = (home: string) => {
+        configs = Object.keys(CLIS[provider].files?.(home) ?? {});
+        return [binary, ...configs].map((f) => `if touch -c ${f} 2>/dev/null || sh -c 'echo >> ${f}' 2>/dev/null; then echo "wrote ${f}"; exit 3; fi; `).join('');
+      };
+      const configsBefore = new Map<string, string>();
+      const { endpoint, repo, result } = await runObjective(`bwrap-${provider}`, provider, {
+        confined: true,
+        gate: (home) => {
+          const script = attack(home);
+          for (const f of configs) configsBefore.set(f, sha(f));
+          return script;
+        },
+      });
       expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
+      expect(sha(binary)).toBe(before);
+      expect(configs.length).toBe(provider === 'claude-code' ? 0 : 1);
+      for (const [f, digest] of configsBefore) expect(sha(f), f).toBe(digest);
       expect(gitIn(repo, 'show', `${integrationBranch(`bwrap-${provider}`)}:fixed.txt`)).toBe('written by the agent for fixed.txt');
       const runs = result.agentRuns ?? [];
       expect(runs[1].resumed).toBe(runs[0].sessionId);
       expect(endpoint.runs()).toHaveLength(3);
     },
-    180_000,
+    360_000,
   );
 
   it('a missing executable fails once as configuration_error naming it, not as a transient error retried six times', async () => {
@@ -357,5 +420,5 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
     expect(result.outcome).toBe('failed');
     expect(result.streams[0].failure).toMatchObject({ kind: 'configuration_error', summary: expect.stringContaining('"/nonexistent/claude" was not found on the worker') });
     expect(endpoint.requests).toHaveLength(0);
-  }, 120_000);
+  }, 240_000);
 });

@@ -21,6 +21,7 @@
  * worker's secret-looking environment values, tokens, and the values of the repository's
  * `.slipway/.env`, `.env` and `.env.*` never reach workflow history.
  */
+import os from 'node:os';
 import { stripVTControlCharacters } from 'node:util';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
@@ -38,6 +39,7 @@ import type { AgentEvent, SessionTotals, TokenUsage } from '../../agents/provide
 import { agentProvider } from '../../agents/registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
 import { estimateCostUsd } from '../../core/prices';
+import { captureSession, readSession, restoreSession, sessionStoreDir } from './session-carry';
 import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from '../../agents/structured';
 import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from '../../agents/template';
 
@@ -186,6 +188,28 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       // A resumed session's CLI may report session totals: the provider subtracts what it had before.
       const baseline = input.resumeSessionId ? await readSessionTotals(spec.provider, input.resumeSessionId) : undefined;
       const provider = agentProvider(spec.provider, { baseline });
+      // A builder's session follows the stream: restored into an agent home that lacks it (session-carry.ts).
+      const agentEnv = { ...process.env, ...env };
+      const carry = (sessionId: string) => {
+        const store = role === 'builder' ? sessionStoreDir(input.repository, input.objective.id, input.stream.id, spec.provider, sessionId) : undefined;
+        const location = store ? provider.sessionLocation?.(sessionId, { env: agentEnv, home: agentEnv.HOME || os.homedir() }) : undefined;
+        return store && location ? { store, location } : undefined;
+      };
+      const resumeCarry = input.resumeSessionId ? carry(input.resumeSessionId) : undefined;
+      if (resumeCarry) {
+        const agentCwd = async () => {
+          const r = await sandboxes.exec({ root: input.sandboxPath }, { command: 'pwd -P', shell: true, env, timeoutMs: 60_000, signal: cancelSignal });
+          if (r.exitCode !== 0 || !r.stdout.trim().startsWith('/')) throw new Error(`cannot tell the sandbox's working directory: ${tail(r.stderr.trim(), 300)}`);
+          return r.stdout.trim();
+        };
+        try {
+          const restored = await restoreSession(resumeCarry.location, resumeCarry.store, agentCwd);
+          if (restored === 'restored') Context.current().log.info('agent session restored into the agent home', { role, provider: spec.provider, session: input.resumeSessionId });
+        } catch (e) {
+          // The resume then falls back to a fresh session with the full context (below).
+          Context.current().log.warn('agent session could not be restored', { role, provider: spec.provider, session: input.resumeSessionId, error: redact((e as Error).message, secrets) });
+        }
+      }
       let command;
       try {
         command = provider.buildCommand({ role, spec, prompt, cwd: input.sandboxPath, resumeSessionId: input.resumeSessionId, env: {} });
@@ -341,6 +365,26 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         throw redactedFailure('agent_runtime_transient', `${name} exited with ${run.exitCode ?? run.signal}: ${tail(why, 1_000)}`, secrets);
       }
 
+      // Tool calls the CLI's output leaves out when they fail (codex): from its session file.
+      if (provider.sessionToolCalls && provider.sessionLocation && sessionId) {
+        let calls;
+        try {
+          const location = provider.sessionLocation(sessionId, { env: agentEnv, home: agentEnv.HOME || os.homedir() });
+          const files = await readSession(location.root, location.belongs);
+          calls = provider.sessionToolCalls([...files.values()].map((b) => b.toString('utf8')).join('\n'));
+        } catch (e) {
+          Context.current().log.warn('agent session file could not be read for its tool calls', { role, provider: spec.provider, error: redact((e as Error).message, secrets) });
+        }
+        if (calls && calls.failed.length > 0) {
+          const list = redact(calls.failed.slice(0, 5).join('; '), secrets);
+          Context.current().log.warn('agent tool calls failed', { role, provider: spec.provider, failed: list });
+          if (calls.failed.length >= calls.calls && before !== undefined && (await workState()) === before) {
+            throw failure('configuration_error', `${name} changed nothing: ${calls.failed.length > 1 ? `all ${calls.failed.length} of its tool calls` : 'its one tool call'} failed (${list}); ${calls.hint.replace('<role>', role)}`);
+          }
+          output = tail(`${output}\n[slipway] ${calls.failed.length} of ${calls.calls} tool call${calls.calls > 1 ? 's' : ''} failed: ${list}`, AGENT_OUTPUT_TAIL_CHARS);
+        }
+      }
+
       if (denied.length > 0) {
         const perTool = new Map<string, number>();
         for (const tool of denied) perTool.set(tool, (perTool.get(tool) ?? 0) + 1);
@@ -377,6 +421,15 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       }
       // Only a run that counts records its session's totals: the next resume subtracts them.
       if (sessionId && sessionTotals) await writeSessionTotals(spec.provider, sessionId, sessionTotals);
+      const captured = sessionId ? carry(sessionId) : undefined;
+      if (captured) {
+        try {
+          await captureSession(captured.location, captured.store);
+        } catch (e) {
+          // Not fatal: a later resume that cannot find the session falls back to a fresh one.
+          Context.current().log.warn('agent session could not be captured', { role, provider: spec.provider, session: sessionId, error: redact((e as Error).message, secrets) });
+        }
+      }
       const ended = graceKilled ? 'grace_killed' : 'exited';
       Context.current().log.info('agent run finished', {
         role,

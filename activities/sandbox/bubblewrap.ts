@@ -237,11 +237,16 @@ export function bwrapArgs(
     '--tmpfs', PRIVATE_TMP, '--tmpfs', '/var/tmp',
   ];
   if (home && home !== '/' && !isInside(PRIVATE_TMP, home)) args.push('--tmpfs', home);
-  for (const p of dedupe((extra.readable ?? []).map((p) => absolute(p, 'readable')))) args.push('--ro-bind', p, p);
+  const writable = dedupe(extra.writable.map((p) => absolute(p, 'writable')));
+  const readable = dedupe((extra.readable ?? []).map((p) => absolute(p, 'readable')));
+  // A read-only path inside a writable one (an agent's config file in its home) is bound after it, so it stays read-only.
+  const readOnlyWithin = (p: string) => writable.some((w) => w !== p && isInside(w, p));
+  for (const p of readable.filter((p) => !readOnlyWithin(p))) args.push('--ro-bind', p, p);
   args.push('--bind', layout.worktree, SANDBOX_WORKSPACE);
   for (const b of layout.binds) args.push('--bind', b.source, b.dest);
   for (const b of layout.roBinds) args.push('--ro-bind', b.source, b.dest);
-  for (const p of dedupe(extra.writable.map((p) => absolute(p, 'writable')))) args.push('--bind', p, p);
+  for (const p of writable) args.push('--bind', p, p);
+  for (const p of readable.filter(readOnlyWithin)) args.push('--ro-bind', p, p);
   for (const p of extra.hidden) args.push('--tmpfs', absolute(p, 'hidden'));
   args.push('--unshare-pid', '--unshare-ipc', '--unshare-uts', '--hostname', 'slipway-sandbox');
   if (!confinement.network) args.push('--unshare-net');

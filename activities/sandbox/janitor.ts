@@ -10,6 +10,7 @@
  * lacks, until `keepUnmergedForMs` after the end (after registration, when Temporal no longer
  * knows the objective). Removed branches go to the trash refs, not away.
  */
+import { objectiveSessionsDir } from '../agents/session-carry';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Context } from '@temporalio/activity';
@@ -177,6 +178,7 @@ async function sweepObjective(
     result.removedWorktrees.push(path.join(groupDir, name));
   }
   await fs.rm(path.join(repo, SLIPWAY_DIR, 'sandboxes', id), { recursive: true, force: true });
+  await fs.rm(objectiveSessionsDir(repo, id), { recursive: true, force: true });
   // Disk images whose sandbox is gone (destroy unmounts and deletes its own; a crash between the two leaves one).
   await fs.rm(path.join(repo, DISKS_DIR, id), { recursive: true, force: true });
   await fs.rmdir(groupDir).catch(() => undefined);

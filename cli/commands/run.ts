@@ -3,6 +3,8 @@ import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamVi
 import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
 import { assertObjectiveIdFree, ObjectiveStartError, startObjectiveWorkflow } from '../../workers/start-objective';
+import { checkAgentsOnThisMachine } from '../../activities/agents/preflight';
+import { ProjectEnvError } from '../../agents/credentials';
 import { CliError, EXIT } from '../exit-codes';
 import { followObjective } from '../follow';
 import { hasWorkflowPollers, openRuntime } from '../runtime';
@@ -13,6 +15,8 @@ export interface RunOptions {
   repo?: string;
   id?: string;
   base?: string;
+  /** `--no-agent-checks`: the agents' executables and credentials are not checked on this machine. */
+  agentChecks?: boolean;
 }
 
 export async function runCommand(file: string, opts: RunOptions): Promise<number> {
@@ -22,6 +26,16 @@ export async function runCommand(file: string, opts: RunOptions): Promise<number
   } catch (e) {
     if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
     throw e;
+  }
+  if (opts.agentChecks !== false) {
+    let problems;
+    try {
+      problems = await checkAgentsOnThisMachine(input);
+    } catch (e) {
+      if (e instanceof ProjectEnvError) throw new CliError(e.message, EXIT.badInput);
+      throw e;
+    }
+    if (problems.length > 0) throw new CliError(problems.map((p) => `${input.sourceFile ?? file}: ${p.field}: ${p.message}`).join('\n'), EXIT.badInput);
   }
   // Checked before a server is started for it (and again when it starts).
   await assertObjectiveIdFree(input).catch((e) => {

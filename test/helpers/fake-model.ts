@@ -32,6 +32,8 @@ export interface ServedRequest {
   /** Whether it carried the expected API key (header), and what it answered. */
   keyOk: boolean;
   answer: 'text' | 'tool' | 'final' | 'review' | 'unknown';
+  /** Files this endpoint's earlier final answers in the conversation say were written ("Wrote hello.txt."): the session's earlier turns. */
+  earlierFinals: string[];
   usage?: { input: number; output: number };
 }
 
@@ -242,6 +244,7 @@ export async function startFakeModel(socketPath: string, apiKey: string, opts: {
         path: url.pathname,
         keyOk: h('x-api-key') === apiKey || h('authorization') === `Bearer ${apiKey}`,
         answer: 'unknown',
+        earlierFinals: [],
       };
       requests.push(served);
       let body: Json = {};
@@ -251,6 +254,7 @@ export async function startFakeModel(socketPath: string, apiKey: string, opts: {
         /* not JSON */
       }
       served.model = typeof body.model === 'string' ? body.model : undefined;
+      served.earlierFinals = [...Buffer.concat(chunks).toString('utf8').matchAll(/Wrote ([\w.-]+)\. <promise>COMPLETE<\/promise>/g)].map((m) => m[1]);
       opts.log?.(`${req.method} ${url.pathname} run=${served.run} model=${served.model} tools=${Array.isArray(body.tools) ? body.tools.length : 0}`);
       if (req.method !== 'POST') {
         if (/\/models$/.test(url.pathname)) {

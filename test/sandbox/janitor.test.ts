@@ -80,6 +80,13 @@ describe('janitor', () => {
     await mountNewDisk(ghostDisk, ghost, 16 * 1024 * 1024);
     const orphanDisk = diskImagePath(repo, 'ended-obj', 'orphan');
     await fs.writeFile(orphanDisk, '');
+    // A builder session the stream carried (activities/agents/session-carry.ts), and one of the live objective.
+    const endedSession = path.join(repo, '.slipway/agent-sessions/ended-obj/good/claude-code/s1/-w/s1.jsonl');
+    const liveSession = path.join(repo, '.slipway/agent-sessions/live-obj/a/claude-code/s2/-w/s2.jsonl');
+    for (const f of [endedSession, liveSession]) {
+      await fs.mkdir(path.dirname(f), { recursive: true });
+      await fs.writeFile(f, '{}\n');
+    }
     gitIn(repo, 'worktree', 'add', '-q', '-b', 'slipway/ended-obj/ghost', ghost, 'main');
     await fs.writeFile(path.join(ghost, 'ghost.txt'), 'left behind\n');
     gitIn(ghost, 'add', 'ghost.txt');
@@ -98,6 +105,8 @@ describe('janitor', () => {
     expect(byId['ended-obj'].removedBranches).toEqual(['slipway/ended-obj/good']);
     expect(byId['ended-obj'].keptBranches.map((k) => k.branch)).toEqual(['slipway/ended-obj/bad', 'slipway/ended-obj/ghost']);
     expect(existsSync(ghost)).toBe(false);
+    expect(existsSync(path.join(repo, '.slipway/agent-sessions/ended-obj'))).toBe(false);
+    expect(existsSync(liveSession)).toBe(true);
     expect(await isMountPoint(ghost)).toBe(false);
     expect(existsSync(ghostDisk) || existsSync(orphanDisk)).toBe(false);
     expect(branches(repo, 'ended-obj')).toEqual(['slipway/ended-obj/bad', 'slipway/ended-obj/ghost', 'slipway/ended-obj/integration']);

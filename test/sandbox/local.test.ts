@@ -363,6 +363,35 @@ describe('local sandboxes', () => {
       expect(await exists(missingHidden)).toBe(false);
       expect(await fs.readFile(path.join(hidden, 'key'), 'utf8')).toBe('private');
     });
+
+    it('keeps a readable path read-only also inside a writable one (an agent\'s config in its home), and a readable folder (its install) unwritable', async () => {
+      const home = path.join(parent, 'agent-home');
+      const install = path.join(parent, 'agent-install');
+      await fs.mkdir(path.join(home, 'codex'), { recursive: true });
+      await fs.mkdir(install);
+      await fs.writeFile(path.join(home, 'codex', 'config.toml'), 'model = "m"\n');
+      await fs.writeFile(path.join(install, 'cli.js'), 'original');
+      const p = new LocalSandboxProvider({
+        confinement: { kind: 'bubblewrap', network: false, writable: [home], readable: [path.join(home, 'codex', 'config.toml'), install] },
+      });
+      const r = await run(
+        [
+          `echo session > '${home}/codex/session.jsonl'`, // the home stays writable
+          `if echo x >> '${home}/codex/config.toml'; then echo CONFIG-WRITTEN; fi`,
+          `if mv '${home}/codex/config.toml' '${home}/codex/moved'; then echo CONFIG-MOVED; fi`,
+          `if echo x >> '${install}/cli.js'; then echo BINARY-WRITTEN; fi`,
+          `if touch '${install}/new'; then echo INSTALL-WRITTEN; fi`,
+          `cat '${home}/codex/config.toml' '${install}/cli.js'`,
+        ].join('; '),
+        p,
+      );
+      expect(r.stdout).not.toMatch(/WRITTEN|MOVED/);
+      expect(r.stdout).toContain('model = "m"');
+      expect(await fs.readFile(path.join(home, 'codex', 'session.jsonl'), 'utf8')).toBe('session\n');
+      expect(await fs.readFile(path.join(home, 'codex', 'config.toml'), 'utf8')).toBe('model = "m"\n');
+      expect(await fs.readFile(path.join(install, 'cli.js'), 'utf8')).toBe('original');
+      expect(await exists(path.join(install, 'new'))).toBe(false);
+    });
   });
 
   it('fails clearly when bwrap is missing', () => {
