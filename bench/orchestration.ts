@@ -43,6 +43,7 @@ import { stringify } from 'yaml';
 import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
 import type { ObjectiveResult } from '../core/types';
+import { slipwaySettings } from '../lib/settings';
 import { freePort, startDevServer } from '../workers/dev-server';
 import { slipwayDataConverter } from '../workers/payload-codec';
 import { objectiveWorkflow } from '../workflows/objective';
@@ -214,6 +215,8 @@ async function historiesOf(client: Client, workflowId: string, seen = new Set<st
 interface Breakdown {
   workflows: Record<string, number>;
   workflowTasks: { count: number; scheduleToStartMs: number; runMs: number };
+  /** The same per workflow type. */
+  workflowTasksByType: Record<string, { count: number; scheduleToStartMs: number; runMs: number; maxRunMs: number }>;
   activities: Record<string, { count: number; runMs: number; scheduleToStartMs: number }>;
   childStarts: { count: number; totalMs: number; lastStartedAfterMs: number };
   signals: Record<string, number>;
@@ -228,6 +231,7 @@ function breakdown(runs: Run[]): Breakdown {
   const b: Breakdown = {
     workflows: {},
     workflowTasks: { count: 0, scheduleToStartMs: 0, runMs: 0 },
+    workflowTasksByType: {},
     activities: {},
     childStarts: { count: 0, totalMs: 0, lastStartedAfterMs: 0 },
     signals: {},
@@ -238,6 +242,7 @@ function breakdown(runs: Run[]): Breakdown {
   const objectiveStart = ms(runs[0].events[0]);
   for (const run of runs) {
     b.workflows[run.type] = (b.workflows[run.type] ?? 0) + 1;
+    const byType = (b.workflowTasksByType[run.type] ??= { count: 0, scheduleToStartMs: 0, runMs: 0, maxRunMs: 0 });
     b.historyEvents += run.events.length;
     const byId = new Map(run.events.map((e) => [Number(e.eventId), e]));
     let mergeReadyAt: number | undefined;
@@ -245,10 +250,16 @@ function breakdown(runs: Run[]): Breakdown {
     for (const e of run.events) {
       const at = ms(e);
       if (e.workflowTaskStartedEventAttributes) {
-        b.workflowTasks.scheduleToStartMs += at - ms(byId.get(Number(e.workflowTaskStartedEventAttributes.scheduledEventId))!);
+        const waited = at - ms(byId.get(Number(e.workflowTaskStartedEventAttributes.scheduledEventId))!);
+        b.workflowTasks.scheduleToStartMs += waited;
+        byType.scheduleToStartMs += waited;
       } else if (e.workflowTaskCompletedEventAttributes) {
         b.workflowTasks.count += 1;
-        b.workflowTasks.runMs += at - ms(byId.get(Number(e.workflowTaskCompletedEventAttributes.startedEventId))!);
+        const took = at - ms(byId.get(Number(e.workflowTaskCompletedEventAttributes.startedEventId))!);
+        b.workflowTasks.runMs += took;
+        byType.count += 1;
+        byType.runMs += took;
+        byType.maxRunMs = Math.max(byType.maxRunMs, took);
       } else if (e.activityTaskStartedEventAttributes) {
         const scheduled = byId.get(Number(e.activityTaskStartedEventAttributes.scheduledEventId))!;
         const name = scheduled.activityTaskScheduledEventAttributes!.activityType!.name!;
@@ -415,7 +426,8 @@ async function main() {
       console.log(JSON.stringify({ rounds: ROUNDS, sandcastle: sandcastleNote, cores: os.cpus().length, report, perAdded }, null, 2));
       return;
     }
-    console.log(`\norchestration, ${ROUNDS} round${ROUNDS > 1 ? 's' : ''} (medians), ${os.cpus().length} cores, worker defaults (agent concurrency 2, activity concurrency 4)`);
+    const w = slipwaySettings();
+    console.log(`\norchestration, ${ROUNDS} round${ROUNDS > 1 ? 's' : ''} (medians), ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}; worker: ${w.workflowTaskConcurrency} workflow tasks, ${w.activityConcurrency} activities, ${w.agentConcurrency} agent runs at once`);
     console.log(`Sandcastle: ${sandcastleNote}`);
     console.log('streams  gates  wall s   floor s  Sandcastle s  server CPU-s  worker CPU-s  agents+gates+git CPU-s  merge-ready->merged ms (median/max)  merge service ms');
     for (const r of report) {
@@ -436,6 +448,9 @@ async function main() {
         .join('; ');
       console.log(`  ${r.streams} streams: ${Object.entries(b.workflows).map(([t, c]) => `${c} ${t}`).join(', ')}; ${b.historyEvents} events`);
       console.log(`    workflow tasks: ${b.workflowTasks.count}, run ${b.workflowTasks.runMs.toFixed(0)} ms, waited ${b.workflowTasks.scheduleToStartMs.toFixed(0)} ms (scheduled -> started)`);
+      for (const [type, t] of Object.entries(b.workflowTasksByType)) {
+        console.log(`      ${type}: ${t.count}, run ${t.runMs.toFixed(0)} ms (longest ${t.maxRunMs.toFixed(0)} ms), waited ${t.scheduleToStartMs.toFixed(0)} ms`);
+      }
       console.log(`    child starts: ${b.childStarts.count}, ${b.childStarts.totalMs.toFixed(0)} ms initiated -> started in all, last stream started ${b.childStarts.lastStartedAfterMs.toFixed(0)} ms after the objective`);
       console.log(`    signals: ${Object.entries(b.signals).map(([name, c]) => `${name} ${c}`).join(', ')}`);
       console.log(`    activities (wait = schedule-to-start, waiting for a worker slot): ${acts}`);
