@@ -7,10 +7,35 @@ import { randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 
+/**
+ * `mkdir -p` that holds against a concurrent remover of empty folders (a sandbox's destroy
+ * removes its group's folders once empty): Node's recursive mkdir fails with ENOENT when a folder
+ * it found existing (EEXIST) is gone when it checks it is a folder, so it is asked again.
+ */
+export async function ensureDir(dir: string): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await fs.mkdir(dir, { recursive: true });
+      return;
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 20) throw e;
+    }
+  }
+}
+
 export async function writeFileAtomic(file: string, content: string | Buffer, opts: { mode?: number; mkdir?: boolean } = {}): Promise<void> {
-  if (opts.mkdir) await fs.mkdir(path.dirname(file), { recursive: true });
   const tmp = `${file}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
-  await fs.writeFile(tmp, content, { mode: opts.mode ?? 0o644, flag: 'wx' });
+  for (let attempt = 1; ; attempt++) {
+    if (opts.mkdir) await ensureDir(path.dirname(file));
+    try {
+      await fs.writeFile(tmp, content, { mode: opts.mode ?? 0o644, flag: 'wx' });
+      break;
+    } catch (e) {
+      // The folder went between the mkdir and the write (see ensureDir): made again. The scratch
+      // file in it then keeps it from going.
+      if (!opts.mkdir || (e as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 20) throw e;
+    }
+  }
   try {
     await fs.rename(tmp, file);
   } catch (e) {

@@ -206,17 +206,31 @@ export interface WorktreeEntry {
 
 /**
  * `git worktree list` can fail while a concurrent `git worktree add` is half way (its admin folder
- * exists, its `gitdir` file not yet): that is transient, so try again briefly.
+ * exists, but not yet its `gitdir`, `commondir` or `HEAD` file: "failed to read
+ * .git/worktrees/<id>/commondir"), or a concurrent prune removes an admin folder it is reading
+ * ("Invalid path '.git/worktrees/<id>': No such file or directory"): that is transient, so try
+ * again briefly.
  */
-async function worktreeListOutput(repository: string): Promise<string> {
+export const HALF_ADDED_WORKTREE = /\/worktrees\/[^/\s']+(\/(gitdir|commondir|HEAD)\b|': No such file or directory)/;
+/** Runs `run` (a git command over the repository's worktrees) again while it fails on a half-added worktree. */
+export async function retryHalfAddedWorktree<T>(run: (attempt: number) => Promise<T>): Promise<T> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await git(repository, ['worktree', 'list', '--porcelain']);
+      return await run(attempt);
     } catch (e) {
-      if (attempt >= 5 || !(e instanceof GitError) || !/\/worktrees\/[^/]+\/(gitdir|HEAD)/.test(e.stderr)) throw e;
-      await new Promise((r) => setTimeout(r, 50 * attempt));
+      if (attempt >= 8 || !(e instanceof GitError) || !HALF_ADDED_WORKTREE.test(e.stderr)) throw e;
+      await new Promise((r) => setTimeout(r, 25 * attempt));
     }
   }
+}
+
+/** `git worktree add <args>`; it reads every other worktree's record, so it waits out half-added ones too. */
+export function addWorktree(repository: string, args: string[]): Promise<string> {
+  return retryHalfAddedWorktree(() => git(repository, ['worktree', 'add', ...args]));
+}
+
+function worktreeListOutput(repository: string): Promise<string> {
+  return retryHalfAddedWorktree(() => git(repository, ['worktree', 'list', '--porcelain']));
 }
 
 export async function listWorktrees(repository: string): Promise<WorktreeEntry[]> {

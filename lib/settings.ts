@@ -14,8 +14,16 @@ export interface SlipwaySettings {
   taskQueue: string;
   agentConcurrency: number;
   activityConcurrency: number;
+  workflowTaskConcurrency: number;
   shutdownGraceMs: number;
 }
+
+/**
+ * Workflow tasks a worker runs at once. With 4, a 16-stream objective's tasks waited 390 s in all
+ * for a slot, with 16 81 s (bench/orchestration.ts, ADR 0018): they are short and mostly wait on
+ * the server, so more of them in flight use the cores better.
+ */
+export const DEFAULT_WORKFLOW_TASK_CONCURRENCY = 16;
 
 const int = (value: string | undefined, fallback: number, name: string): number => {
   if (value === undefined || value === '') return fallback;
@@ -39,6 +47,7 @@ export function slipwaySettings(env: NodeJS.ProcessEnv = process.env): SlipwaySe
     taskQueue: env.SLIPWAY_TASK_QUEUE || DEFAULT_TASK_QUEUE,
     agentConcurrency: int(env.SLIPWAY_AGENT_CONCURRENCY, 2, 'SLIPWAY_AGENT_CONCURRENCY'),
     activityConcurrency: int(env.SLIPWAY_ACTIVITY_CONCURRENCY, 4, 'SLIPWAY_ACTIVITY_CONCURRENCY'),
+    workflowTaskConcurrency: int(env.SLIPWAY_WORKFLOW_TASK_CONCURRENCY, DEFAULT_WORKFLOW_TASK_CONCURRENCY, 'SLIPWAY_WORKFLOW_TASK_CONCURRENCY'),
     shutdownGraceMs: int(env.SLIPWAY_SHUTDOWN_GRACE_MS, 10_000, 'SLIPWAY_SHUTDOWN_GRACE_MS'),
   };
 }

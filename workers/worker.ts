@@ -10,6 +10,7 @@ import { agentTaskQueue } from '../core/ids';
 import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
 import { createJanitorActivities, temporalHomeOf } from '../activities/sandbox/janitor';
 import { slipwayDataConverter } from './payload-codec';
+import { DEFAULT_WORKFLOW_TASK_CONCURRENCY } from '../lib/settings';
 
 export const WORKFLOWS_PATH = path.join(__dirname, '..', 'workflows', 'index.ts');
 
@@ -21,6 +22,8 @@ export interface SlipwayWorkerOptions {
   workflowBundle?: WorkflowBundleWithSourceMap | { codePath: string };
   agentConcurrency?: number;
   activityConcurrency?: number;
+  /** Workflow tasks at once (default: lib/settings.ts DEFAULT_WORKFLOW_TASK_CONCURRENCY). */
+  workflowTaskConcurrency?: number;
   shutdownGraceMs?: number;
   deps?: ActivityDeps;
   /** Payload codecs shared with the clients; default: from the environment (workers/payload-codec.ts). */
@@ -65,7 +68,7 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
       ...createJanitorActivities({ client, temporalHome: home }),
     },
     maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 4,
-    maxConcurrentWorkflowTaskExecutions: 4,
+    maxConcurrentWorkflowTaskExecutions: opts.workflowTaskConcurrency ?? DEFAULT_WORKFLOW_TASK_CONCURRENCY,
     shutdownGraceTime,
   });
   const agents = await Worker.create({

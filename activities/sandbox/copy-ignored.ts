@@ -4,7 +4,10 @@
  *
  * What: every ignored path git reports for the repository root, or, when the root has a
  * `.worktreeinclude` file (gitignore syntax), only the ignored paths that file matches.
- * `.slipway/` (Slipway's own worktrees and state) and `.git` are never copied.
+ * `.slipway/` (Slipway's own worktrees and state) and `.git` are never copied, nor nested git
+ * repositories and worktrees (a folder holding a `.git`, at any depth: other tools' worktrees,
+ * vendored clones), nor the folders of `DEFAULT_COPY_EXCLUDES`. An ignored folder that holds one
+ * of those is copied entry by entry around it.
  *
  * How: copy-on-write clones where the filesystem has them (reflink on btrfs/XFS, clonefile
  * on APFS), a plain copy otherwise, and never hard links: a hard link would let an agent's
@@ -75,15 +78,93 @@ const isSlipwayOrGit = (p: string) => {
   return first === SLIPWAY_DIR || p.split('/').some((part) => part === '.git');
 };
 
+/**
+ * Ignored folders that are never copied: other tools' worktrees and per-checkout state, which
+ * are neither dependencies nor caches and grow with every run of those tools. (Nested
+ * repositories and worktrees are found wherever they are; these go even without a `.git`.)
+ */
+export const DEFAULT_COPY_EXCLUDES = ['.sandcastle/', '.worktrees/', '.claude/worktrees/'] as const;
+
+export interface IgnoredListing {
+  paths: string[];
+  limitedByIncludeFile: boolean;
+  /** Folders left out: nested repositories and worktrees, and `DEFAULT_COPY_EXCLUDES` present. */
+  excluded?: string[];
+}
+
+/** Roots ("a/b/") of the git repositories and worktrees nested in the ignored folders `dirs`. */
+async function nestedRepositories(repo: string, dirs: string[]): Promise<string[]> {
+  if (dirs.length === 0) return [];
+  // find -P: never follows links; -prune: does not descend into a .git it found.
+  const { stdout } = await execFileAsync('find', ['-P', ...dirs.map((d) => path.join(repo, d)), '-name', '.git', '-prune', '-print0'], { maxBuffer: 64 * 1024 * 1024 }).catch(
+    (e: { stdout?: string }) => ({ stdout: e.stdout ?? '' }), // an unreadable folder: what was found still counts
+  );
+  return stdout
+    .split('\0')
+    .filter((p) => p !== '')
+    .map((p) => `${path.relative(repo, path.dirname(p))}/`);
+}
+
+/**
+ * `paths` without `excluded` (both in git's `--directory` form): a path inside an excluded one
+ * goes; a folder holding an excluded one is replaced by its entries, recursively, around it.
+ */
+export async function withoutExcluded(repo: string, paths: string[], excluded: string[]): Promise<string[]> {
+  const out: string[] = [];
+  for (const p of paths) {
+    if (excluded.some((x) => covers(x, p))) continue;
+    const inside = excluded.filter((x) => covers(p, x));
+    if (inside.length === 0) {
+      out.push(p);
+      continue;
+    }
+    const entries = await fs.readdir(path.join(repo, p), { withFileTypes: true }).catch(() => []);
+    const children = entries.map((d) => `${p}${d.name}${d.isDirectory() ? '/' : ''}`);
+    out.push(...(await withoutExcluded(repo, children, inside)));
+  }
+  return out;
+}
+
 /** The ignored paths of `repo` that a new worktree should receive. */
-export async function listIgnoredToCopy(repo: string, opts: { useIncludeFile?: boolean } = {}): Promise<{ paths: string[]; limitedByIncludeFile: boolean }> {
+export async function listIgnoredToCopy(repo: string, opts: { useIncludeFile?: boolean } = {}): Promise<IgnoredListing> {
   const ignored = (await lsFilesIgnored(repo, ['--exclude-standard'])).filter((p) => !isSlipwayOrGit(p));
-  if (opts.useIncludeFile === false) return { paths: collapse(ignored), limitedByIncludeFile: false };
-  const includeFile = path.join(repo, WORKTREE_INCLUDE_FILE);
-  const includeStat = await fs.stat(includeFile).catch(() => undefined);
-  if (!includeStat?.isFile()) return { paths: collapse(ignored), limitedByIncludeFile: false };
-  const included = await lsFilesIgnored(repo, [`--exclude-from=${includeFile}`]);
-  return { paths: intersect(ignored, included).filter((p) => !isSlipwayOrGit(p)), limitedByIncludeFile: true };
+  let chosen = collapse(ignored);
+  let limitedByIncludeFile = false;
+  if (opts.useIncludeFile !== false) {
+    const includeFile = path.join(repo, WORKTREE_INCLUDE_FILE);
+    const includeStat = await fs.stat(includeFile).catch(() => undefined);
+    if (includeStat?.isFile()) {
+      const included = await lsFilesIgnored(repo, [`--exclude-from=${includeFile}`]);
+      chosen = intersect(ignored, included).filter((p) => !isSlipwayOrGit(p));
+      limitedByIncludeFile = true;
+    }
+  }
+  const defaults: string[] = [];
+  for (const x of DEFAULT_COPY_EXCLUDES) {
+    if (chosen.some((p) => covers(p, x) || covers(x, p)) && (await fs.lstat(path.join(repo, x)).then((st) => st.isDirectory(), () => false))) defaults.push(x);
+  }
+  const nested = await nestedRepositories(repo, chosen.filter((p) => p.endsWith('/') && !defaults.some((x) => covers(x, p))));
+  const excluded = collapse([...defaults, ...nested]);
+  if (excluded.length === 0) return { paths: chosen, limitedByIncludeFile };
+  return { paths: await withoutExcluded(repo, chosen, excluded), limitedByIncludeFile, excluded };
+}
+
+/** Bytes under `p` (files and links as they are, links not followed). */
+async function sizeOf(p: string): Promise<number> {
+  const st = await fs.lstat(p).catch(() => undefined);
+  if (!st) return 0;
+  if (!st.isDirectory()) return st.size;
+  const entries = await fs.readdir(p).catch(() => [] as string[]);
+  let total = 0;
+  for (const e of entries) total += await sizeOf(path.join(p, e));
+  return total;
+}
+
+/** What a cold create would copy from `repo` and how big each path is (`slipway template check`). */
+export async function describeIgnoredCopy(repo: string): Promise<{ paths: Array<{ path: string; bytes: number }>; totalBytes: number; excluded: string[]; limitedByIncludeFile: boolean }> {
+  const listing = await listIgnoredToCopy(repo);
+  const paths = await Promise.all(listing.paths.map(async (p) => ({ path: p, bytes: await sizeOf(path.join(repo, p)) })));
+  return { paths, totalBytes: paths.reduce((sum, p) => sum + p.bytes, 0), excluded: listing.excluded ?? [], limitedByIncludeFile: listing.limitedByIncludeFile };
 }
 
 let gnuCp: Promise<boolean> | undefined;
@@ -128,7 +209,7 @@ export interface CopyIgnoredOptions {
    */
   useIncludeFile?: boolean;
   /** What to copy, when the caller listed it already (listIgnoredToCopy of `repo`). */
-  listing?: { paths: string[]; limitedByIncludeFile: boolean };
+  listing?: IgnoredListing;
 }
 
 /** Copies the ignored files of `repo` into the worktree at `dest`. */

@@ -26,7 +26,7 @@ import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
-import { git, gitMaybe, GitError, rawGit, SLIPWAY_GIT_IDENTITY } from '../../lib/git';
+import { addWorktree, git, gitMaybe, GitError, rawGit, SLIPWAY_GIT_IDENTITY } from '../../lib/git';
 import { collapse, copyIgnoredFiles, listIgnoredToCopy } from './copy-ignored';
 import { locateWorktree, objectFolders, trustedWorktreeArgs, type WorktreeLocation } from './sandbox-git';
 
@@ -264,9 +264,9 @@ export async function restoreLocal(root: string, opts: { templateIgnored: boolea
   if (m.branchRef) {
     const tip = await gitMaybe(repository, ['rev-parse', '--verify', '--quiet', m.branchRef]);
     if (tip !== m.head) throw new SnapshotError(`branch ${m.branchRef} moved while the sandbox was suspended (${m.head} -> ${tip ?? 'deleted'})`);
-    await git(repository, ['worktree', 'add', '--no-checkout', root, m.branchRef.replace(/^refs\/heads\//, '')]);
+    await addWorktree(repository, ['--no-checkout', root, m.branchRef.replace(/^refs\/heads\//, '')]);
   } else {
-    await git(repository, ['worktree', 'add', '--no-checkout', '--detach', root, m.head]);
+    await addWorktree(repository, ['--no-checkout', '--detach', root, m.head]);
   }
   const loc = await locateWorktree(repository, root);
   const store = await snapshotStore(loc, dir);

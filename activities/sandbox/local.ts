@@ -18,11 +18,11 @@
  * ignored files come from the prepared template (template.ts) when it fits, else from the
  * checkout; then project setup (setup.ts) runs, under the sandbox's confinement.
  */
-import { writeJsonAtomic } from '../../lib/atomic-write';
+import { ensureDir, writeJsonAtomic } from '../../lib/atomic-write';
 import { promises as fs, constants } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
-import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit, GIT_HARDENING, GIT_TIMEOUT_MS } from '../../lib/git';
+import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit, retryHalfAddedWorktree, GIT_HARDENING, GIT_TIMEOUT_MS } from '../../lib/git';
 import type { RunResult } from '../process';
 import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
@@ -236,14 +236,19 @@ export class LocalSandboxProvider implements SandboxProvider {
     }
 
     // 2. Cold: a new worktree, ignored files from the template or the checkout, then setup.
-    await fs.mkdir(path.dirname(root), { recursive: true });
+    // The root itself, not only its group folder: a destroy removes the group folder once it is
+    // empty, and an empty root in it keeps it (git adds a worktree into an empty folder).
+    await ensureDir(root);
     if (diskBytes !== undefined) await mountNewDisk(image, root, diskBytes);
     // Added without a checkout: the checkout and the copy of ignored files then run side by side.
-    if (branchExisted) {
-      await git(repo, ['worktree', 'add', '-q', '--no-checkout', root, req.branch]);
-    } else {
-      await git(repo, ['worktree', 'add', '-q', '--no-checkout', '-b', req.branch, root, baseCommit]);
-    }
+    // `worktree add -b` makes the branch before it reads the other worktrees' records, so a try
+    // that failed on a half-added one may have left the branch: the next try takes it.
+    await retryHalfAddedWorktree(async (attempt) => {
+      if (branchExisted || (attempt > 1 && (await branchExists(repo, req.branch)))) {
+        return git(repo, ['worktree', 'add', '-q', '--no-checkout', root, req.branch]);
+      }
+      return git(repo, ['worktree', 'add', '-q', '--no-checkout', '-b', req.branch, root, baseCommit]);
+    });
     // A sandbox made again at this place starts with a fresh private git directory.
     await discardSandboxGit(repo, root);
     let ignoredCopy: SandboxHandle['ignoredCopy'];

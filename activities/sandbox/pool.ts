@@ -20,13 +20,13 @@
  * moved on), or their fingerprint differs at the same base (a lockfile or the setup changed); a
  * fill removes them before topping the pool up.
  */
-import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
+import { ensureDir, readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { randomBytes } from 'node:crypto';
 import { constants, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { git, gitMaybe, isAncestor, rawGit } from '../../lib/git';
+import { addWorktree, git, gitMaybe, isAncestor, rawGit } from '../../lib/git';
 import type { BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
 import { populateWorktree } from './populate';
@@ -112,15 +112,21 @@ export async function claimPoolEntry(repo: string, spec: Pick<PoolSpec, 'baseCom
   const prefix = `${poolKey(spec.baseCommit, spec.fingerprint)}-`;
   const names = (await fs.readdir(dir).catch(() => [] as string[])).filter((n) => n.startsWith(prefix) && n.endsWith('.ready'));
   if (names.length === 0) return undefined;
-  await fs.mkdir(path.dirname(target), { recursive: true });
   // Start at a random entry so concurrent claimers spread out instead of all racing for the first.
   const offset = Math.floor(Math.random() * names.length);
+  let groupGone = 0;
   for (let i = 0; i < names.length; i++) {
     const id = names[(offset + i) % names.length].slice(0, -'.ready'.length);
     try {
+      // Made for each try: a destroy removes the group folder once it is empty.
+      await ensureDir(path.dirname(target));
       await fs.rename(path.join(dir, id), target);
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
+      if (code === 'ENOENT' && groupGone++ < 20 && !(await fs.stat(path.dirname(target)).then(() => true, () => false))) {
+        i -= 1; // the group folder went, not the entry: the same entry again
+        continue;
+      }
       if (code === 'ENOENT') continue; // someone else claimed (or removed) it
       throw e;
     }
@@ -192,7 +198,7 @@ export async function buildPoolEntry(repo: string, spec: PoolSpec, opts: { signa
   await fs.mkdir(dir, { recursive: true });
   await writeJsonAtomic(buildingMarker, { pid: process.pid, host: os.hostname(), startedAt: new Date().toISOString() } satisfies BuildingInfo);
   try {
-    await git(repo, ['worktree', 'add', '-q', '--no-checkout', '--detach', '--lock', '--reason', POOL_LOCK_REASON, root, spec.baseCommit]);
+    await addWorktree(repo, ['-q', '--no-checkout', '--detach', '--lock', '--reason', POOL_LOCK_REASON, root, spec.baseCommit]);
     await populateWorktree({
       repo,
       root,

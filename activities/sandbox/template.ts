@@ -16,7 +16,7 @@ import { randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { ensureSlipwayExcluded, git, resolveCommit } from '../../lib/git';
+import { addWorktree, ensureSlipwayExcluded, git, resolveCommit } from '../../lib/git';
 import type { BubblewrapConfinement } from './bubblewrap';
 import { execInWorktree } from './exec';
 import { populateWorktree } from './populate';
@@ -131,7 +131,7 @@ export async function buildTemplate(repository: string, opts: BuildTemplateOptio
   const id = `${baseCommit.slice(0, 12)}-${randomBytes(3).toString('hex')}`;
   const root = path.join(repo, TEMPLATES_DIR, id);
   await fs.mkdir(path.dirname(root), { recursive: true });
-  await git(repo, ['worktree', 'add', '-q', '--no-checkout', '--detach', '--lock', '--reason', TEMPLATE_LOCK_REASON, root, baseCommit]);
+  await addWorktree(repo, ['-q', '--no-checkout', '--detach', '--lock', '--reason', TEMPLATE_LOCK_REASON, root, baseCommit]);
   try {
     if (copyIgnored) opts.onProgress?.('checking out and copying ignored files from the checkout');
     await populateWorktree({ repo, root, commit: baseCommit, source: copyIgnored ? repo : undefined });

@@ -21,6 +21,7 @@ async function runWorkerUntilSignal(address: string, namespace: string, dataConv
     taskQueue: settings.taskQueue,
     agentConcurrency: settings.agentConcurrency,
     activityConcurrency: settings.activityConcurrency,
+    workflowTaskConcurrency: settings.workflowTaskConcurrency,
     shutdownGraceMs: settings.shutdownGraceMs,
     dataConverter,
   });

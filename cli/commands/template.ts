@@ -4,7 +4,8 @@
  * itself: no workflow involved.
  *
  *   create   build the template (no-op when a fresh one exists; refuses a stale one: use update)
- *   check    exit 0 when fresh, 1 when stale or missing, with the reasons
+ *   check    exit 0 when fresh, 1 when stale or missing, with the reasons, and what a cold
+ *            create copies of the checkout's ignored files (how big, what is left out)
  *   update   rebuild when stale or missing (--force: always), with the recorded setup unless given
  *
  * Setup commands and confinement come from `--objective <file>` (its `sandbox:` section), or
@@ -13,6 +14,7 @@
 import type { Command } from 'commander';
 import { confinementOf } from '../../activities/sandbox/options';
 import type { ProjectSetup } from '../../activities/sandbox/provider';
+import { describeIgnoredCopy } from '../../activities/sandbox/copy-ignored';
 import { buildTemplate, checkTemplate, readTemplate, type TemplateManifest } from '../../activities/sandbox/template';
 import type { BubblewrapConfinement } from '../../activities/sandbox/bubblewrap';
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
@@ -65,6 +67,18 @@ function badConfinement(value: string): never {
   throw new CliError(`--confinement must be none or bubblewrap, got "${value}"`);
 }
 
+function formatBytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  const units = ['KiB', 'MiB', 'GiB', 'TiB'];
+  let v = n / 1024;
+  let u = 0;
+  while (v >= 1024 && u < units.length - 1) {
+    v /= 1024;
+    u++;
+  }
+  return `${v.toFixed(1)} ${units[u]}`;
+}
+
 const print = (opts: TemplateOptions, json: unknown, text: string) => process.stdout.write(opts.json ? `${JSON.stringify(json)}\n` : `${text}\n`);
 const progress = (line: string) => process.stderr.write(`  ${line}\n`);
 
@@ -110,7 +124,13 @@ export async function templateCheckCommand(opts: TemplateOptions): Promise<numbe
     check.state === 'fresh'
       ? `fresh: ${describe(check.manifest!)}`
       : `${check.state}:\n${check.reasons.map((r) => `  - ${r}`).join('\n')}\nrun \`slipway template ${check.state === 'missing' ? 'create' : 'update'}\``;
-  print(opts, { state: check.state, reasons: check.reasons, template: check.manifest }, text);
+  const copy = await describeIgnoredCopy(w.repo);
+  const copyText = [
+    `ignored files a cold create copies${copy.limitedByIncludeFile ? ' (limited by .worktreeinclude)' : ''}: ${formatBytes(copy.totalBytes)} in ${copy.paths.length} path${copy.paths.length === 1 ? '' : 's'}`,
+    ...[...copy.paths].sort((a, b) => b.bytes - a.bytes).map((p) => `  ${formatBytes(p.bytes).padStart(10)}  ${p.path}`),
+    ...(copy.excluded.length > 0 ? ['left out (nested git repositories and worktrees, default exclusions):', ...copy.excluded.map((x) => `              ${x}`)] : []),
+  ].join('\n');
+  print(opts, { state: check.state, reasons: check.reasons, template: check.manifest, copy }, `${text}\n${copyText}`);
   return check.state === 'fresh' ? EXIT.ok : EXIT.runFailed;
 }
 

@@ -1,0 +1,479 @@
+/**
+ * Orchestration overhead, with the Temporal server and a worker already up (issue 17). Runs
+ * objectives through the client API (no CLI start-up) on a tiny repository with a zero-work
+ * agent (it writes and commits one file):
+ *
+ *   1 stream, no gates          the fixed cost of an objective        (goal: under 0.8 s)
+ *   4, 16, 64 streams, gate `true`, all in parallel                   (goal: each added stream
+ *                                                                       under 0.25 s wall, 0.3 CPU-s)
+ *
+ * and side by side in the same run, the floor: the same git operations done by a shell script
+ * (worktree add + commit per stream, then a merge per stream in one merger worktree, gate `true`).
+ *
+ * Per case it prints wall time, CPU-seconds of the Temporal server and the worker processes
+ * (their own utime + stime from /proc/<pid>/stat, before and after; what they ran, agents, gates
+ * and git, is shown apart as children), merge-ready -> merged per stream (from the stream's
+ * histories: its merge-ready signal to the decision it hears), and a breakdown from the
+ * histories of the objective and all its children: workflow tasks (count, time from scheduled
+ * to started and from started to completed), activities per type (count, run time, and
+ * schedule-to-start: the time they waited for a worker slot), child starts.
+ *
+ * The reference: Sandcastle (npm @ai-hero/sandcastle 0.12.0, installed on first use into the
+ * git-ignored bench/.reference/; `--no-sandcastle` leaves it out) runs the same agent with
+ * `noSandbox()` on its own branch per stream, then a script merges the branches with the gate.
+ * Its runs go at most 3 at a time (a case that fails anyway is tried again on a fresh
+ * repository, up to 3 times, else shown as "-"): more at once fail in Sandcastle itself (each run adds a
+ * `safe.directory` to the global git config, and concurrent writers lose on its lock; its
+ * `merge-to-head` strategy fails likewise on concurrent merges into the checkout). Its global
+ * git config writes go to a temporary file (GIT_CONFIG_GLOBAL), never the user's.
+ *
+ * Usage: npx tsx bench/orchestration.ts [--quick] [--json] [--rounds N] [--streams 1,4,16,64] [--no-sandcastle]
+ *   --quick    streams 1, 4, 16 and one round
+ *   --rounds   rounds per case; the median is printed (default 3, 1 with --quick)
+ */
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { Client, Connection } from '@temporalio/client';
+import { tsToMs } from '@temporalio/common/lib/time';
+import type { temporal } from '@temporalio/proto';
+import { stringify } from 'yaml';
+import { loadObjectiveFile } from '../config/objective-file';
+import { objectiveWorkflowId } from '../core/ids';
+import type { ObjectiveResult } from '../core/types';
+import { slipwaySettings } from '../lib/settings';
+import { freePort, startDevServer } from '../workers/dev-server';
+import { slipwayDataConverter } from '../workers/payload-codec';
+import { objectiveWorkflow } from '../workflows/objective';
+import { mergeDecisionSignal, streamMergeReadySignal } from '../workflows/stream';
+
+type HistoryEvent = temporal.api.history.v1.IHistoryEvent;
+
+const argv = process.argv.slice(2);
+const quick = argv.includes('--quick');
+const asJson = argv.includes('--json');
+const option = (name: string) => {
+  const i = argv.indexOf(name);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const ROUNDS = Number(option('--rounds') ?? (quick ? 1 : 3));
+const STREAMS = (option('--streams') ?? (quick ? '1,4,16' : '1,4,16,64')).split(',').map(Number);
+const SANDCASTLE = !argv.includes('--no-sandcastle');
+const SANDCASTLE_VERSION = '0.12.0';
+const SANDCASTLE_PARALLEL = 3;
+const BIN = path.join(__dirname, '..', 'bin', 'slipway.cjs');
+const CLK_TCK = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim());
+
+const log = (line: string) => {
+  if (!asJson) process.stderr.write(`${line}\n`);
+};
+const median = (xs: number[]) => {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+const sh = (cwd: string, script: string) => execFileSync('sh', ['-ec', script], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+
+/** CPU-seconds of a process itself and of its reaped children (/proc/<pid>/stat fields 14-17). */
+function cpuOf(pid: number): { self: number; children: number } {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  const [utime, stime, cutime, cstime] = fields.slice(11, 15).map(Number);
+  return { self: (utime + stime) / CLK_TCK, children: (cutime + cstime) / CLK_TCK };
+}
+
+function makeRepo(parent: string): string {
+  const repo = path.join(parent, `repo-${randomBytes(3).toString('hex')}`);
+  mkdirSync(repo);
+  sh(repo, 'git init -q -b main && echo bench > README.md && git add -A && git -c user.name=bench -c user.email=bench@localhost commit -qm init');
+  return repo;
+}
+
+/** The zero-work agent: writes and commits one file. */
+const AGENT = 'cat > /dev/null; echo "$SLIPWAY_STREAM" > "out-$SLIPWAY_STREAM.txt"; git add -A; git commit -qm "$SLIPWAY_STREAM"';
+
+function objectiveFile(parent: string, repo: string, streams: number, gates: boolean): string {
+  const dir = mkdtempSync(path.join(parent, 'objective-'));
+  const file = path.join(dir, 'objective.yaml');
+  writeFileSync(
+    file,
+    stringify({
+      objective: `bench ${streams} streams`,
+      repository: repo,
+      max_parallel_streams: streams,
+      ...(gates ? { gates: [{ name: 'true', command: 'true' }] } : {}),
+      agents: { builder: { provider: 'script', command: AGENT } },
+      streams: Array.from({ length: streams }, (_, i) => ({ id: `s${i + 1}`, task: `file ${i + 1}` })),
+    }),
+  );
+  return file;
+}
+
+/** The floor: the same git work by a script, one step after another. */
+function floorScript(streams: number, gates: boolean): string {
+  const gate = gates ? ' && true' : '';
+  return [
+    'git worktree add -q -b floor/merger .floor/merger main',
+    `for i in $(seq 1 ${streams}); do`,
+    '  git worktree add -q -b floor/s$i .floor/s$i main',
+    `  (cd .floor/s$i && echo $i > out-$i.txt && git add -A && git -c user.name=b -c user.email=b@b commit -qm s$i${gate})`,
+    'done',
+    `for i in $(seq 1 ${streams}); do (cd .floor/merger && git -c user.name=b -c user.email=b@b merge -q --no-ff -m "merge s$i" floor/s$i${gate}); done`,
+  ].join('\n');
+}
+
+// --- the reference: Sandcastle ---------------------------------------------------------------------
+
+type SandcastleRun = (opts: Record<string, unknown>) => Promise<{ commits: unknown[] }>;
+interface Sandcastle {
+  run: SandcastleRun;
+  noSandbox: () => unknown;
+}
+
+/** Sandcastle, installed into bench/.reference/ when missing; a reason when it cannot be had. */
+async function loadSandcastle(): Promise<Sandcastle | string> {
+  const prefix = path.join(__dirname, '.reference');
+  const pkg = path.join(prefix, 'node_modules', '@ai-hero', 'sandcastle');
+  const installed = () => {
+    try {
+      return JSON.parse(readFileSync(path.join(pkg, 'package.json'), 'utf8')).version === SANDCASTLE_VERSION;
+    } catch {
+      return false;
+    }
+  };
+  if (!installed()) {
+    log(`installing @ai-hero/sandcastle@${SANDCASTLE_VERSION} into ${prefix}`);
+    try {
+      mkdirSync(prefix, { recursive: true });
+      execFileSync('npm', ['install', '--no-save', '--no-audit', '--no-fund', '--prefix', prefix, `@ai-hero/sandcastle@${SANDCASTLE_VERSION}`], { stdio: 'ignore', timeout: 120_000 });
+    } catch (e) {
+      return `npm install failed or took over 2 minutes: ${(e as Error).message.split('\n')[0]}`;
+    }
+  }
+  // A real dynamic import (Sandcastle is ESM only; tsx would turn `import()` into `require`).
+  const esm = new Function('url', 'return import(url)') as (url: string) => Promise<Record<string, unknown>>;
+  const main = await esm(pathToFileURL(path.join(pkg, 'dist', 'index.js')).href);
+  const none = await esm(pathToFileURL(path.join(pkg, 'dist', 'sandboxes', 'no-sandbox.js')).href);
+  return { run: main.run as SandcastleRun, noSandbox: none.noSandbox as () => unknown };
+}
+
+/** The same objective through Sandcastle: a run per stream on its own branch, then merges by a script. */
+async function sandcastleObjective(sc: Sandcastle, repo: string, streams: number, gates: boolean): Promise<number> {
+  const agent = (i: number) => ({
+    name: 'zero-work',
+    env: {},
+    captureSessions: false,
+    buildPrintCommand: () => ({ command: `sh -c 'echo s${i} > out-s${i}.txt && git add -A && git -c user.name=b -c user.email=b@b commit -qm s${i}'` }),
+    parseStreamLine: () => [],
+  });
+  const t0 = performance.now();
+  let next = 1;
+  const lane = async () => {
+    for (let i = next++; i <= streams; i = next++) {
+      const r = await sc.run({ agent: agent(i), sandbox: sc.noSandbox(), branchStrategy: { type: 'branch', branch: `sc/s${i}` }, cwd: repo, prompt: 'zero work', name: `s${i}`, logging: { type: 'file', path: path.join(repo, '..', `sc-${path.basename(repo)}-${i}.log`) } });
+      if (r.commits.length !== 1) throw new Error(`sandcastle run s${i} made ${r.commits.length} commits`);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(SANDCASTLE_PARALLEL, streams) }, lane));
+  const gate = gates ? ' && true' : '';
+  sh(repo, `for i in $(seq 1 ${streams}); do git -c user.name=b -c user.email=b@b merge -q --no-ff -m "merge s$i" sc/s$i${gate}; done`);
+  return performance.now() - t0;
+}
+
+// --- histories ----------------------------------------------------------------------------------
+
+interface Run {
+  workflowId: string;
+  type: string;
+  events: HistoryEvent[];
+}
+
+const ms = (e: HistoryEvent) => tsToMs(e.eventTime!);
+
+/** Every run of a workflow (continued-as-new chains followed back), and of its children, recursively. */
+async function historiesOf(client: Client, workflowId: string, seen = new Set<string>()): Promise<Run[]> {
+  if (seen.has(workflowId)) return [];
+  seen.add(workflowId);
+  const runs: Run[] = [];
+  let runId: string | undefined = (await client.workflow.getHandle(workflowId).describe()).runId;
+  while (runId) {
+    const history: temporal.api.history.v1.IHistory = await client.workflow.getHandle(workflowId, runId).fetchHistory();
+    const events: HistoryEvent[] = history.events ?? [];
+    const started: temporal.api.history.v1.IWorkflowExecutionStartedEventAttributes | null | undefined = events[0]?.workflowExecutionStartedEventAttributes;
+    runs.unshift({ workflowId, type: started?.workflowType?.name ?? '?', events });
+    runId = started?.continuedExecutionRunId || undefined;
+  }
+  const children = runs.flatMap((r) => r.events.flatMap((e) => e.startChildWorkflowExecutionInitiatedEventAttributes?.workflowId ?? []));
+  for (const child of children) runs.push(...(await historiesOf(client, child, seen)));
+  return runs;
+}
+
+interface Breakdown {
+  workflows: Record<string, number>;
+  workflowTasks: { count: number; scheduleToStartMs: number; runMs: number };
+  /** The same per workflow type. */
+  workflowTasksByType: Record<string, { count: number; scheduleToStartMs: number; runMs: number; maxRunMs: number }>;
+  activities: Record<string, { count: number; runMs: number; scheduleToStartMs: number }>;
+  childStarts: { count: number; totalMs: number; lastStartedAfterMs: number };
+  signals: Record<string, number>;
+  /** Per stream: its merge-ready signal to the merge decision it heard. */
+  mergeReadyToMergedMs: number[];
+  /** Per merge in the objective: mergeStream scheduled to the decision sent (the queue's service time). */
+  mergeServiceMs: number[];
+  historyEvents: number;
+}
+
+function breakdown(runs: Run[]): Breakdown {
+  const b: Breakdown = {
+    workflows: {},
+    workflowTasks: { count: 0, scheduleToStartMs: 0, runMs: 0 },
+    workflowTasksByType: {},
+    activities: {},
+    childStarts: { count: 0, totalMs: 0, lastStartedAfterMs: 0 },
+    signals: {},
+    mergeReadyToMergedMs: [],
+    mergeServiceMs: [],
+    historyEvents: 0,
+  };
+  const objectiveStart = ms(runs[0].events[0]);
+  for (const run of runs) {
+    b.workflows[run.type] = (b.workflows[run.type] ?? 0) + 1;
+    const byType = (b.workflowTasksByType[run.type] ??= { count: 0, scheduleToStartMs: 0, runMs: 0, maxRunMs: 0 });
+    b.historyEvents += run.events.length;
+    const byId = new Map(run.events.map((e) => [Number(e.eventId), e]));
+    let mergeReadyAt: number | undefined;
+    let mergeScheduledAt: number | undefined;
+    for (const e of run.events) {
+      const at = ms(e);
+      if (e.workflowTaskStartedEventAttributes) {
+        const waited = at - ms(byId.get(Number(e.workflowTaskStartedEventAttributes.scheduledEventId))!);
+        b.workflowTasks.scheduleToStartMs += waited;
+        byType.scheduleToStartMs += waited;
+      } else if (e.workflowTaskCompletedEventAttributes) {
+        b.workflowTasks.count += 1;
+        const took = at - ms(byId.get(Number(e.workflowTaskCompletedEventAttributes.startedEventId))!);
+        b.workflowTasks.runMs += took;
+        byType.count += 1;
+        byType.runMs += took;
+        byType.maxRunMs = Math.max(byType.maxRunMs, took);
+      } else if (e.activityTaskStartedEventAttributes) {
+        const scheduled = byId.get(Number(e.activityTaskStartedEventAttributes.scheduledEventId))!;
+        const name = scheduled.activityTaskScheduledEventAttributes!.activityType!.name!;
+        const a = (b.activities[name] ??= { count: 0, runMs: 0, scheduleToStartMs: 0 });
+        a.scheduleToStartMs += at - ms(scheduled);
+      } else if (e.activityTaskScheduledEventAttributes?.activityType?.name === 'mergeStream') {
+        mergeScheduledAt = at;
+      } else if (e.activityTaskCompletedEventAttributes || e.activityTaskFailedEventAttributes || e.activityTaskTimedOutEventAttributes) {
+        const attrs = e.activityTaskCompletedEventAttributes ?? e.activityTaskFailedEventAttributes ?? e.activityTaskTimedOutEventAttributes!;
+        const scheduled = byId.get(Number(attrs.scheduledEventId))!;
+        const name = scheduled.activityTaskScheduledEventAttributes!.activityType!.name!;
+        const a = (b.activities[name] ??= { count: 0, runMs: 0, scheduleToStartMs: 0 });
+        a.count += 1;
+        const startedId = 'startedEventId' in attrs ? Number(attrs.startedEventId) : 0;
+        if (startedId) a.runMs += at - ms(byId.get(startedId)!);
+      } else if (e.childWorkflowExecutionStartedEventAttributes) {
+        b.childStarts.count += 1;
+        b.childStarts.totalMs += at - ms(byId.get(Number(e.childWorkflowExecutionStartedEventAttributes.initiatedEventId))!);
+        if (run.type === 'objectiveWorkflow') b.childStarts.lastStartedAfterMs = Math.max(b.childStarts.lastStartedAfterMs, at - objectiveStart);
+      } else if (e.workflowExecutionSignaledEventAttributes) {
+        const name = e.workflowExecutionSignaledEventAttributes.signalName!;
+        b.signals[name] = (b.signals[name] ?? 0) + 1;
+        if (name === mergeDecisionSignal.name && mergeReadyAt !== undefined) b.mergeReadyToMergedMs.push(at - mergeReadyAt);
+      } else if (e.signalExternalWorkflowExecutionInitiatedEventAttributes) {
+        const name = e.signalExternalWorkflowExecutionInitiatedEventAttributes.signalName;
+        if (name === streamMergeReadySignal.name) mergeReadyAt = at;
+        if (name === mergeDecisionSignal.name && mergeScheduledAt !== undefined) {
+          b.mergeServiceMs.push(at - mergeScheduledAt);
+          mergeScheduledAt = undefined;
+        }
+      }
+    }
+  }
+  return b;
+}
+
+// --- the run ------------------------------------------------------------------------------------
+
+interface Sample {
+  wallMs: number;
+  serverCpu: number;
+  workerCpu: number;
+  childrenCpu: number;
+  floorMs: number;
+  sandcastleMs?: number;
+  breakdown: Breakdown;
+}
+
+async function main() {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-bench-orch-'));
+  const children: ChildProcess[] = [];
+  let server: Awaited<ReturnType<typeof startDevServer>> | undefined;
+  try {
+    log(`starting the Temporal dev server and a worker (in ${dir})`);
+    server = await startDevServer({ dataDir: path.join(dir, 'temporal'), port: await freePort(), headless: true, startTimeoutMs: 120_000 });
+    const taskQueue = `bench-${randomBytes(3).toString('hex')}`;
+    const worker = spawn(process.execPath, [BIN, 'worker'], {
+      env: { ...process.env, TEMPORAL_ADDRESS: server.address, SLIPWAY_TASK_QUEUE: taskQueue, SLIPWAY_HOME: path.join(dir, 'home') },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    children.push(worker);
+    let output = '';
+    worker.stdout!.on('data', (c) => (output += c));
+    worker.stderr!.on('data', (c) => (output += c));
+    await new Promise<void>((resolve, reject) => {
+      const check = () => (output.includes('worker polling') ? resolve() : worker.exitCode !== null ? reject(new Error(`the worker exited:\n${output}`)) : setTimeout(check, 100));
+      check();
+    });
+    const client = new Client({ connection: await Connection.connect({ address: server.address }), dataConverter: slipwayDataConverter() });
+    const serverPid = server.process.pid!;
+    const workerPid = worker.pid!;
+
+    let sandcastle: Sandcastle | undefined;
+    let sandcastleNote = 'left out (--no-sandcastle)';
+    if (SANDCASTLE) {
+      const loaded = await loadSandcastle();
+      if (typeof loaded === 'string') sandcastleNote = `not run: ${loaded}`;
+      else {
+        sandcastle = loaded;
+        sandcastleNote = `@ai-hero/sandcastle ${SANDCASTLE_VERSION}, noSandbox(), a branch per stream, at most ${SANDCASTLE_PARALLEL} runs at a time, merges by a script`;
+        // Sandcastle adds a safe.directory per worktree to the global git config: a file of the bench's.
+        const globalConfig = path.join(dir, 'sandcastle-gitconfig');
+        writeFileSync(globalConfig, '');
+        process.env.GIT_CONFIG_GLOBAL = globalConfig;
+      }
+    }
+
+    let n = 0;
+    const runObjective = async (streams: number, gates: boolean): Promise<Sample> => {
+      const repo = makeRepo(dir);
+      const id = `bench-${streams}-${++n}`;
+      const input = await loadObjectiveFile(objectiveFile(dir, repo, streams, gates), { repository: repo, id });
+      const s0 = cpuOf(serverPid);
+      const w0 = cpuOf(workerPid);
+      const t0 = performance.now();
+      const result: ObjectiveResult = await client.workflow.execute(objectiveWorkflow, { taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+      const wallMs = performance.now() - t0;
+      const s1 = cpuOf(serverPid);
+      const w1 = cpuOf(workerPid);
+      if (result.outcome !== 'completed' || result.mergeOrder.length !== streams) {
+        throw new Error(`objective ${id} ended ${result.outcome} with ${result.mergeOrder.length}/${streams} merged: ${result.error ?? ''}\n${output.slice(-4000)}`);
+      }
+      const floorRepo = makeRepo(dir);
+      const f0 = performance.now();
+      sh(floorRepo, floorScript(streams, gates));
+      const floorMs = performance.now() - f0;
+      let sandcastleMs: number | undefined;
+      for (let attempt = 1; sandcastle && sandcastleMs === undefined; attempt++) {
+        try {
+          sandcastleMs = await sandcastleObjective(sandcastle, makeRepo(dir), streams, gates);
+        } catch (e) {
+          // Its own concurrency limit (the global git config's lock): a fresh repository, again.
+          log(`Sandcastle failed (try ${attempt} of 3): ${(e as Error).message.split('\n')[0]}`);
+          if (attempt >= 3) break;
+        }
+      }
+      return {
+        wallMs,
+        serverCpu: s1.self - s0.self,
+        workerCpu: w1.self - w0.self,
+        childrenCpu: w1.children - w0.children,
+        floorMs,
+        sandcastleMs,
+        breakdown: breakdown(await historiesOf(client, objectiveWorkflowId(id))),
+      };
+    };
+
+    log('warm-up (untimed): one objective of 2 streams');
+    await runObjective(2, true);
+
+    const cases = STREAMS.map((streams) => ({ streams, gates: streams > 1 }));
+    const samples = new Map<number, Sample[]>(cases.map((c) => [c.streams, []]));
+    for (let round = 0; round < ROUNDS; round++) {
+      // Each round in another order, so drift hits all cases alike.
+      const order = cases.map((_, i) => cases[(i + round) % cases.length]);
+      for (const c of order) {
+        const s = await runObjective(c.streams, c.gates);
+        samples.get(c.streams)!.push(s);
+        log(`round ${round + 1}: ${c.streams} stream${c.streams > 1 ? 's' : ''}: ${(s.wallMs / 1000).toFixed(2)} s (floor ${(s.floorMs / 1000).toFixed(2)} s${s.sandcastleMs === undefined ? '' : `, Sandcastle ${(s.sandcastleMs / 1000).toFixed(2)} s`})`);
+      }
+    }
+
+    const report = cases.map((c) => {
+      const xs = samples.get(c.streams)!;
+      const b = xs[Math.floor(xs.length / 2)].breakdown;
+      return {
+        streams: c.streams,
+        gates: c.gates ? 'true' : 'none',
+        wallS: median(xs.map((x) => x.wallMs)) / 1000,
+        floorS: median(xs.map((x) => x.floorMs)) / 1000,
+        sandcastleS: sandcastle && xs.some((x) => x.sandcastleMs !== undefined) ? median(xs.flatMap((x) => x.sandcastleMs ?? [])) / 1000 : undefined,
+        serverCpuS: median(xs.map((x) => x.serverCpu)),
+        workerCpuS: median(xs.map((x) => x.workerCpu)),
+        childrenCpuS: median(xs.map((x) => x.childrenCpu)),
+        mergeReadyToMergedMs: { median: median(xs.flatMap((x) => x.breakdown.mergeReadyToMergedMs)), max: Math.max(...xs.flatMap((x) => x.breakdown.mergeReadyToMergedMs)) },
+        mergeServiceMs: median(xs.flatMap((x) => x.breakdown.mergeServiceMs)),
+        breakdown: b,
+      };
+    });
+    const one = report.find((r) => r.streams === 1);
+    const many = report.filter((r) => r.streams > 1);
+    const perAdded = many.map((r) => {
+      const base = one ?? report[0];
+      const added = r.streams - base.streams;
+      return {
+        streams: r.streams,
+        wallS: (r.wallS - base.wallS) / added,
+        cpuS: (r.serverCpuS + r.workerCpuS - base.serverCpuS - base.workerCpuS) / added,
+        floorS: (r.floorS - base.floorS) / added,
+      };
+    });
+    if (asJson) {
+      console.log(JSON.stringify({ rounds: ROUNDS, sandcastle: sandcastleNote, cores: os.cpus().length, report, perAdded }, null, 2));
+      return;
+    }
+    const w = slipwaySettings();
+    console.log(`\norchestration, ${ROUNDS} round${ROUNDS > 1 ? 's' : ''} (medians), ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}; worker: ${w.workflowTaskConcurrency} workflow tasks, ${w.activityConcurrency} activities, ${w.agentConcurrency} agent runs at once`);
+    console.log(`Sandcastle: ${sandcastleNote}`);
+    console.log('streams  gates  wall s   floor s  Sandcastle s  server CPU-s  worker CPU-s  agents+gates+git CPU-s  merge-ready->merged ms (median/max)  merge service ms');
+    for (const r of report) {
+      console.log(
+        `${String(r.streams).padStart(7)}  ${r.gates.padEnd(5)}  ${r.wallS.toFixed(2).padStart(6)}   ${r.floorS.toFixed(2).padStart(6)}   ${(r.sandcastleS?.toFixed(2) ?? '-').padStart(11)}   ${r.serverCpuS.toFixed(2).padStart(11)}   ${r.workerCpuS.toFixed(2).padStart(11)}   ${r.childrenCpuS.toFixed(2).padStart(21)}   ${`${r.mergeReadyToMergedMs.median.toFixed(0)} / ${r.mergeReadyToMergedMs.max.toFixed(0)}`.padStart(34)}   ${r.mergeServiceMs.toFixed(0).padStart(15)}`,
+      );
+    }
+    console.log('\nper added stream (against 1 stream): wall s, server+worker CPU-s, floor s');
+    for (const p of perAdded) console.log(`  ${String(p.streams).padStart(3)} streams: ${p.wallS.toFixed(3)} s wall, ${p.cpuS.toFixed(3)} CPU-s, floor ${p.floorS.toFixed(3)} s`);
+    const service = median(report.flatMap((r) => (r.streams > 1 ? [r.mergeServiceMs] : [])));
+    if (!Number.isNaN(service)) console.log(`merge queue: ${service.toFixed(0)} ms per merge when queued, ${(1000 / service).toFixed(1)} merges/s`);
+    console.log('\nbreakdown from the histories (median round; times summed over all workflows of the objective)');
+    for (const r of report) {
+      const b = r.breakdown;
+      const acts = Object.entries(b.activities)
+        .sort((x, y) => y[1].runMs - x[1].runMs)
+        .map(([name, a]) => `${name} ${a.count}x run ${a.runMs.toFixed(0)} ms wait ${a.scheduleToStartMs.toFixed(0)} ms`)
+        .join('; ');
+      console.log(`  ${r.streams} streams: ${Object.entries(b.workflows).map(([t, c]) => `${c} ${t}`).join(', ')}; ${b.historyEvents} events`);
+      console.log(`    workflow tasks: ${b.workflowTasks.count}, run ${b.workflowTasks.runMs.toFixed(0)} ms, waited ${b.workflowTasks.scheduleToStartMs.toFixed(0)} ms (scheduled -> started)`);
+      for (const [type, t] of Object.entries(b.workflowTasksByType)) {
+        console.log(`      ${type}: ${t.count}, run ${t.runMs.toFixed(0)} ms (longest ${t.maxRunMs.toFixed(0)} ms), waited ${t.scheduleToStartMs.toFixed(0)} ms`);
+      }
+      console.log(`    child starts: ${b.childStarts.count}, ${b.childStarts.totalMs.toFixed(0)} ms initiated -> started in all, last stream started ${b.childStarts.lastStartedAfterMs.toFixed(0)} ms after the objective`);
+      console.log(`    signals: ${Object.entries(b.signals).map(([name, c]) => `${name} ${c}`).join(', ')}`);
+      console.log(`    activities (wait = schedule-to-start, waiting for a worker slot): ${acts}`);
+    }
+  } finally {
+    for (const c of children) if (c.exitCode === null) c.kill('SIGTERM');
+    await Promise.all(children.map((c) => (c.exitCode === null ? new Promise((r) => c.once('exit', r)) : undefined)));
+    await server?.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
