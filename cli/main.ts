@@ -17,6 +17,8 @@ const commands = {
   cancel: () => require('./commands/cancel') as typeof import('./commands/cancel'),
   human: () => require('./commands/human') as typeof import('./commands/human'),
   serve: () => require('./commands/serve') as typeof import('./commands/serve'),
+  init: () => require('./commands/init') as typeof import('./commands/init'),
+  doctor: () => require('./doctor') as typeof import('./doctor'),
 };
 
 type Register = (program: Command, setExit: (code: number) => void) => void;
@@ -125,6 +127,23 @@ export function buildProgram(argv: string[] = process.argv): Command {
     .action(async (agent: string, subject: string, body: string, opts) => setExit(await commands.human().mailSendCommand(agent, subject, body, opts)));
 
   program
+    .command('init')
+    .description('set a repository up: .slipway/config.yaml and an example objective (gates from its own scripts), then doctor')
+    .argument('[path]', 'the repository (default: the current directory)')
+    .option('--agent <provider>', 'agent provider; once for every role, twice for builder then reviewer (default claude-code)', collect)
+    .option('--gate <name=command>', 'a gate (repeatable); replaces the ones found in package.json scripts', collect)
+    .option('--force', 'overwrite an existing setup')
+    .option('-y, --yes', 'accept every proposal (init never asks; kept for scripts that pass it)')
+    .option('--no-doctor', "skip doctor's findings at the end")
+    .action(async (dir: string | undefined, opts) => setExit(await commands.init().initCommand(dir, opts)));
+
+  program
+    .command('doctor')
+    .description('what can run here (Temporal, git, bubblewrap, pasta, podman, Postgres, agent CLIs and their credentials, disk quotas) and how to install what is missing')
+    .option('--json', 'print JSON')
+    .action(async (opts) => setExit(await commands.doctor().doctorCommand(opts)));
+
+  program
     .command('dev')
     .description('start the embedded Temporal server (Web UI on 8233) and a worker in the foreground')
     .action(async () => setExit(await commands.serve().devCommand()));
@@ -145,6 +164,8 @@ export function buildProgram(argv: string[] = process.argv): Command {
 
   return program;
 }
+
+const collect = (value: string, previous: string[] = []) => [...previous, value];
 
 function setExit(code: number) {
   process.exitCode = code;
