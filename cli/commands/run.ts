@@ -3,9 +3,7 @@ import { objectiveWorkflowId } from '../../core/ids';
 import { SlipwayKind, SlipwayObjective } from '../../core/search-attributes';
 import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamView } from '../../core/types';
 import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
-import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
 import { objectiveWorkflow } from '../../workflows/objective';
-import { objectiveIdInUse } from '../../activities/objective-id';
 import { CliError, EXIT } from '../exit-codes';
 import { followObjective } from '../follow';
 import { hasWorkflowPollers, openRuntime } from '../runtime';
@@ -19,6 +17,10 @@ export interface RunOptions {
 }
 
 export async function runCommand(file: string, opts: RunOptions): Promise<number> {
+  // Required here, not at the top: `status` and `watch` load this module for its renderers only,
+  // and the objective file's loader is most of this module's load time (ADR 0016).
+  const { loadObjectiveFile, ObjectiveFileError } = require('../../config/objective-file') as typeof import('../../config/objective-file');
+  const { objectiveIdInUse } = require('../../activities/objective-id') as typeof import('../../activities/objective-id');
   let input: ObjectiveInput;
   try {
     input = await loadObjectiveFile(file, { repository: opts.repo, id: opts.id, baseBranch: opts.base });
