@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Builds the published package into dist/ (ADR 0016): tsc (incremental, so an unchanged tree
 // costs seconds), the non-TypeScript files the code reads beside itself, and the workflow bundle
-// that workers load instead of bundling on every start. `npm run build`; scripts/setup.sh runs it.
+// that workers load instead of bundling on every start. `npm run build`; scripts/setup.sh runs it;
+// `npm pack`/`publish` run it with --clean (prepack).
 'use strict';
 const { spawnSync } = require('node:child_process');
 const { createHash } = require('node:crypto');
@@ -12,6 +13,9 @@ const root = path.join(__dirname, '..');
 const dist = path.join(root, 'dist');
 const quiet = process.argv.includes('--quiet');
 const say = (line) => quiet || process.stderr.write(`build: ${line}\n`);
+
+// --clean (prepack): start from nothing, so no output of a deleted source file is published.
+if (process.argv.includes('--clean')) fs.rmSync(dist, { recursive: true, force: true });
 
 const tsc = spawnSync(process.execPath, [require.resolve('typescript/bin/tsc'), '-p', path.join(root, 'tsconfig.build.json')], { stdio: 'inherit' });
 if (tsc.status !== 0) process.exit(tsc.status ?? 1);
