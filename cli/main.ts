@@ -23,7 +23,7 @@ const commands = {
 
 type Register = (program: Command, setExit: (code: number) => void) => void;
 /** Command groups whose modules register their own subcommands; loaded only when one of their verbs runs. */
-const GROUPS: Array<{ verbs: string[]; register: () => Register }> = [
+export const GROUPS: Array<{ verbs: string[]; register: () => Register }> = [
   // The sandbox service: `sandbox ...` (API client), `api`, `mcp`, and ledger administration.
   { verbs: ['sandbox'], register: () => (require('./commands/sandbox') as typeof import('./commands/sandbox')).registerSandboxCommands },
   { verbs: ['api', 'mcp'], register: () => (require('./commands/api') as typeof import('./commands/api')).registerApiCommands },

@@ -9,6 +9,8 @@ import path from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { COMPILED_BIN, ensureBuilt } from './helpers/build';
 import { tempDir } from './helpers/repo';
+import { GROUPS } from '../cli/main';
+import { GROUP_DESCRIPTIONS } from '../cli/verbs';
 
 /** Runs the compiled CLI with a hook that writes every module it loaded, when it exits. */
 function loadedModules(args: string[]): { code: number | null; stdout: string; modules: string[] } {
@@ -51,6 +53,20 @@ describe('compiled CLI start-up', () => {
     const trust = loadedModules(['trust', '--help']);
     expect(trust.code).toBe(0);
     expect(trust.stdout).toContain('--revoke');
+  });
+
+  it('every group verb has a description and every description a group (hidden legacy names aside)', () => {
+    const verbs = GROUPS.flatMap((g) => g.verbs).filter((v) => v !== 'snapshot');
+    expect([...verbs].sort()).toEqual(Object.keys(GROUP_DESCRIPTIONS).sort());
+  });
+
+  it('each listed group verb registers its real commands under the same description', () => {
+    for (const [verb, description] of Object.entries(GROUP_DESCRIPTIONS)) {
+      const run = spawnSync(process.execPath, [COMPILED_BIN, verb, '--help'], { encoding: 'utf8' });
+      expect(run.status, `${verb}: ${run.stderr}`).toBe(0);
+      expect(run.stdout, verb).toContain(`Usage: slipway ${verb}`);
+      expect(run.stdout.replace(/\s+/g, ' '), verb).toContain(description);
+    }
   });
 
   it('an unknown verb is bad input with a suggestion, the groups included', () => {
