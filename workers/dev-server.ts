@@ -8,7 +8,7 @@ import net from 'node:net';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
 import { SEARCH_ATTRIBUTE_CLI_TYPE, SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
-import { findTemporalBinary } from './temporal-binary';
+import { ensureTemporalBinary } from './temporal-binary';
 
 export interface DevServerOptions {
   dataDir: string;
@@ -98,7 +98,7 @@ export async function startDevServer(opts: DevServerOptions): Promise<DevServer>
 class AuxiliaryPortTaken extends Error {}
 
 async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
-  const binary = opts.binary ?? findTemporalBinary();
+  const binary = opts.binary ?? (await ensureTemporalBinary());
   mkdirSync(opts.dataDir, { recursive: true });
   const logFile = path.join(opts.dataDir, 'temporal-server.log');
   const logStart = existsSync(logFile) ? statSync(logFile).size : 0;

@@ -2,6 +2,7 @@
  * Slipway's workers: one hosts the workflows and the git/gate/sandbox activities; agent runs
  * have their own task queue with a small, explicit concurrency.
  */
+import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { Client } from '@temporalio/client';
 import type { DataConverter } from '@temporalio/common';
@@ -12,13 +13,17 @@ import { createJanitorActivities, temporalHomeOf } from '../activities/sandbox/j
 import { slipwayDataConverter } from './payload-codec';
 import { DEFAULT_WORKFLOW_TASK_CONCURRENCY } from '../lib/settings';
 
-export const WORKFLOWS_PATH = path.join(__dirname, '..', 'workflows', 'index.ts');
+// '.ts' when run from source, '.js' from the compiled package (dist/).
+const SOURCE_EXT = path.extname(__filename);
+export const WORKFLOWS_PATH = path.join(__dirname, '..', 'workflows', `index${SOURCE_EXT}`);
+/** Written by scripts/build.cjs beside the compiled code, from the same sources, so it is never stale. */
+export const PREBUILT_WORKFLOW_BUNDLE = path.join(__dirname, '..', 'workflow-bundle.js');
 
 export interface SlipwayWorkerOptions {
   connection: NativeConnection;
   namespace?: string;
   taskQueue: string;
-  /** A pre-built bundle (tests bundle once per run); otherwise the workflows are bundled now. */
+  /** A pre-built bundle (tests bundle once per run); otherwise the package's own (dist/workflow-bundle.js), else bundled now. */
   workflowBundle?: WorkflowBundleWithSourceMap | { codePath: string };
   agentConcurrency?: number;
   activityConcurrency?: number;
@@ -38,6 +43,14 @@ export interface SlipwayWorkers {
 
 export async function bundleWorkflows(): Promise<WorkflowBundleWithSourceMap> {
   return bundleWorkflowCode({ workflowsPath: WORKFLOWS_PATH, logger: quietBundlerLogger });
+}
+
+/**
+ * The compiled package's bundle, built once at build time: bundling takes seconds of CPU that
+ * every worker start would otherwise pay. From source there is none and the workflows are bundled.
+ */
+export function prebuiltWorkflowBundle(): { codePath: string } | undefined {
+  return SOURCE_EXT === '.js' && existsSync(PREBUILT_WORKFLOW_BUNDLE) ? { codePath: PREBUILT_WORKFLOW_BUNDLE } : undefined;
 }
 
 const quietBundlerLogger = {
@@ -61,7 +74,7 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
     connection: opts.connection,
     namespace: opts.namespace ?? 'default',
     taskQueue: opts.taskQueue,
-    workflowBundle: opts.workflowBundle ?? (await bundleWorkflows()),
+    workflowBundle: opts.workflowBundle ?? prebuiltWorkflowBundle() ?? (await bundleWorkflows()),
     dataConverter,
     activities: {
       ...createActivities(deps),

@@ -11,6 +11,7 @@ import * as billing from '../../activities/billing/records';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS } from '../../core/sandbox-service';
 import { slipwaySettings } from '../../lib/settings';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 
 async function withBillingDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
   let db: Db;
@@ -79,7 +80,7 @@ function dbInputError(e: unknown): never {
 }
 
 export function registerAccountCommands(program: Command): void {
-  const account = program.command('account').description('sandbox service accounts (billing database)');
+  const account = program.command('account').description(GROUP_DESCRIPTIONS.account);
   account
     .command('create')
     .argument('<id>', `account id: ${billing.ACCOUNT_ID_PATTERN.source}`)
@@ -130,7 +131,7 @@ export function registerAccountCommands(program: Command): void {
       });
     });
 
-  const token = program.command('token').description('account API tokens (stored hashed; shown once)');
+  const token = program.command('token').description(GROUP_DESCRIPTIONS.token);
   token
     .command('create')
     .requiredOption('--account <id>', 'account')
@@ -159,7 +160,7 @@ export function registerAccountCommands(program: Command): void {
 
   program
     .command('project')
-    .description('projects (grants name them)')
+    .description(GROUP_DESCRIPTIONS.project)
     .command('create')
     .argument('<name>')
     .requiredOption('--account <id>', 'account')
@@ -171,7 +172,7 @@ export function registerAccountCommands(program: Command): void {
       });
     });
 
-  const profile = program.command('profile').description('sandbox profiles: name -> provider, platform, resources, lifecycle thresholds');
+  const profile = program.command('profile').description(GROUP_DESCRIPTIONS.profile);
   profile
     .command('create')
     .argument('<name>')
@@ -250,7 +251,7 @@ export function registerAccountCommands(program: Command): void {
     .requiredOption('--account <id>', 'account')
     .requiredOption('--month <yyyy-mm>', 'calendar month (UTC), e.g. 2026-11')
     .option('--json', 'print JSON')
-    .description("billable minutes from the sandbox_sessions table (one SQL query)")
+    .description(GROUP_DESCRIPTIONS.usage)
     .action(async (opts) => {
       try {
         billing.monthRange(opts.month);

@@ -14,6 +14,7 @@ import { slipwayDataConverter } from '../../workers/payload-codec';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv } from '../../core/sandbox-service';
 import { probeBwrap, requireBwrap } from '../../activities/sandbox/bubblewrap';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 import { apiClientFromEnv } from './sandbox';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
@@ -121,7 +122,7 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
   };
   program
     .command('api')
-    .description('serve the sandbox API (REST, MCP, metrics) with its worker, watcher and reaper')
+    .description(GROUP_DESCRIPTIONS.api)
     .option('--host <host>', 'listen address', process.env.SLIPWAY_API_HOST || '127.0.0.1')
     .option('--port <port>', 'listen port', int, Number(process.env.SLIPWAY_API_PORT || 8787))
     .option('--no-worker', 'serve HTTP only; sandbox workflows run on workers elsewhere')
@@ -134,6 +135,6 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
     .action(async (opts) => setExit(await apiCommand(opts)));
   program
     .command('mcp')
-    .description('MCP server over stdio for agents (uses SLIPWAY_API_URL and SLIPWAY_API_TOKEN)')
+    .description(GROUP_DESCRIPTIONS.mcp)
     .action(async () => setExit(await mcpStdioCommand()));
 }

@@ -7,6 +7,7 @@ import type { Command } from 'commander';
 import { formatLimit, type BudgetRaise } from '../../core/budget';
 import { budgetRaiseUpdate } from '../../workflows/objective';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 import { describeObjective, openRuntime } from '../runtime';
 import { updateError } from './human';
 
@@ -39,7 +40,7 @@ export async function budgetRaiseCommand(objectiveId: string, opts: { stream?: s
 }
 
 export function registerBudgetCommands(program: Command, setExit: (code: number) => void): void {
-  const budget = program.command('budget').description("an objective's spending limits (`budget:` in the objective file)");
+  const budget = program.command('budget').description(GROUP_DESCRIPTIONS.budget);
   budget
     .command('raise')
     .description("raise the objective's limit, or one stream's with --stream; a stream blocked on its budget goes on")

@@ -7,6 +7,7 @@ import { EncryptionCodec, payloadKeyringFromEnv, PAYLOAD_KEY_ENV } from '../../w
 import { slipwaySettings } from '../../lib/settings';
 import { startCodecServer } from '../../workers/codec-server';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
@@ -39,7 +40,7 @@ export function registerCodecServerCommand(program: Command, setExit: (code: num
   };
   program
     .command('codec-server')
-    .description('decode encrypted history payloads (SLIPWAY_PAYLOAD_KEY) for the Temporal Web UI and CLI')
+    .description(GROUP_DESCRIPTIONS['codec-server'])
     .option('--host <host>', 'listen address', '127.0.0.1')
     .option('--port <port>', 'listen port', port, 8234)
     .option('--origin <url...>', 'browser origins allowed to call it (default: the embedded Web UI, http://localhost:$SLIPWAY_UI_PORT)')

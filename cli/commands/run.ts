@@ -1,10 +1,6 @@
 import { objectiveWorkflowId } from '../../core/ids';
 import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamView } from '../../core/types';
 import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
-import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
-import { assertObjectiveIdFree, ObjectiveStartError, startObjectiveWorkflow } from '../../workers/start-objective';
-import { checkAgentsOnThisMachine } from '../../activities/agents/preflight';
-import { ProjectEnvError } from '../../agents/credentials';
 import { CliError, EXIT } from '../exit-codes';
 import { followObjective } from '../follow';
 import { hasWorkflowPollers, openRuntime } from '../runtime';
@@ -20,6 +16,12 @@ export interface RunOptions {
 }
 
 export async function runCommand(file: string, opts: RunOptions): Promise<number> {
+  // Required here, not at the top: `status` and `watch` load this module for its renderers only,
+  // and the objective file's loader is most of this module's load time (ADR 0016).
+  const { loadObjectiveFile, ObjectiveFileError } = require('../../config/objective-file') as typeof import('../../config/objective-file');
+  const { assertObjectiveIdFree, ObjectiveStartError, startObjectiveWorkflow } = require('../../workers/start-objective') as typeof import('../../workers/start-objective');
+  const { checkAgentsOnThisMachine } = require('../../activities/agents/preflight') as typeof import('../../activities/agents/preflight');
+  const { ProjectEnvError } = require('../../agents/credentials') as typeof import('../../agents/credentials');
   let input: ObjectiveInput;
   try {
     input = await loadObjectiveFile(file, { repository: opts.repo, id: opts.id, baseBranch: opts.base });

@@ -8,6 +8,7 @@ import type { Command } from 'commander';
 import { ApiClientError, DEFAULT_API_URL, SandboxApiClient } from '../../api/client';
 import type { SandboxView } from '../../api/schemas';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 
 export function apiClientFromEnv(env: NodeJS.ProcessEnv = process.env): SandboxApiClient {
   const token = env.SLIPWAY_API_TOKEN;
@@ -40,7 +41,7 @@ const show = (s: SandboxView, json?: boolean) => {
 const collect = (value: string, previous: string[] = []) => [...previous, value];
 
 export function registerSandboxCommands(program: Command): void {
-  const sandbox = program.command('sandbox').description('use sandboxes through the API (SLIPWAY_API_URL, SLIPWAY_API_TOKEN)');
+  const sandbox = program.command('sandbox').description(GROUP_DESCRIPTIONS.sandbox);
 
   sandbox
     .command('create')

@@ -10,6 +10,7 @@ import { DEFAULT_TASK_QUEUE } from '../../core/ids';
 import { SlipwayKind } from '../../core/search-attributes';
 import type { janitorWorkflow } from '../../workflows/janitor';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 import { openRuntime } from '../runtime';
 
 /** One janitor schedule per task queue: `slipway-janitor`, or `slipway-janitor-<queue>` for other queues. */
@@ -110,7 +111,7 @@ export async function schedulesRemoveCommand(): Promise<number> {
 
 /** `slipway schedules ...` */
 export function registerSchedulesCommands(program: Command, setExit: (code: number) => void): void {
-  const schedules = program.command('schedules').description("Slipway's Temporal Schedules (the janitor)");
+  const schedules = program.command('schedules').description(GROUP_DESCRIPTIONS.schedules);
   schedules
     .command('install')
     .description('install (or update) the janitor schedule: every 5 minutes, remove worktrees and branches of ended objectives')

@@ -19,6 +19,7 @@ import { buildTemplate, checkTemplate, readTemplate, type TemplateManifest } fro
 import type { BubblewrapConfinement } from '../../activities/sandbox/bubblewrap';
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 import { resolveRepo } from './worktree';
 
 export interface TemplateOptions {
@@ -162,7 +163,7 @@ export function registerTemplateCommands(program: Command, setExit: (code: numbe
     const legacy = name === 'snapshot';
     const group = program
       .command(name, legacy ? { hidden: true } : {})
-      .description('the prepared template (ignored files copied, project setup done) new sandboxes and the warm pool start from');
+      .description(GROUP_DESCRIPTIONS.template);
     const warn = () => {
       if (legacy) process.stderr.write('note: `slipway snapshot` is now `slipway template`\n');
     };

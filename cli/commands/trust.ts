@@ -8,6 +8,7 @@ import type { Command } from 'commander';
 import { isGitRepository, repositoryRoot } from '../../lib/git';
 import { checkRepositoryTrust, trustFile, trustRepository, untrustRepository } from '../../config/trust';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 
 async function resolveRepository(dir: string): Promise<string> {
   const abs = path.resolve(dir);
@@ -54,7 +55,7 @@ export async function trustCommand(dir: string | undefined, opts: { check?: bool
 export function registerTrustCommand(program: Command, setExit: (code: number) => void): void {
   program
     .command('trust')
-    .description("allow a repository's own .slipway/config.yaml, its prompt files and .slipway/blueprints/ (as they are now) to be used; any change needs trust again")
+    .description(GROUP_DESCRIPTIONS.trust)
     .argument('[path]', 'the repository (default: the current directory)')
     .option('--check', 'only report whether the config is trusted (exit 1 when it is not)')
     .option('--revoke', 'forget the trust record')

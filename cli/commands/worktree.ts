@@ -19,6 +19,7 @@ import { locateWorktree, trustedWorktreeArgs } from '../../activities/sandbox/sa
 import { LocalSandboxProvider, localSandboxRoot, readSandboxRecord, sandboxRecordPath } from '../../activities/sandbox/local';
 import { readRegistry } from '../../activities/sandbox/registry';
 import { CliError, EXIT } from '../exit-codes';
+import { GROUP_DESCRIPTIONS } from '../verbs';
 import { openRuntime } from '../runtime';
 
 /** The repository: `--repo`, else the one holding the current directory (its main checkout, not a Slipway worktree). */
@@ -270,7 +271,7 @@ export async function worktreeDiscardCommand(stream: string, opts: { repo?: stri
 
 /** `slipway worktree ...` */
 export function registerWorktreeCommands(program: Command, setExit: (code: number) => void): void {
-  const wt = program.command('worktree').description("review, merge or discard one stream's work (in the repository of the current directory)");
+  const wt = program.command('worktree').description(GROUP_DESCRIPTIONS.worktree);
   const repoOpt = (cmd: Command) => cmd.option('--repo <path>', 'repository (default: the one in the current directory)').option('--objective <id>', 'objective of the stream (needed when several have it)');
   repoOpt(wt.command('list').description('streams with their branches, worktrees and commits ahead of their base'))
     .option('--json', 'print JSON')

@@ -3,7 +3,8 @@ import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { PROJECT_ROOT } from './repo';
 
-export const BIN = path.join(PROJECT_ROOT, 'bin', 'slipway.cjs');
+/** The CLI run from source (see slipway-from-source.cjs); the published bin/slipway.cjs runs dist/. */
+export const BIN = path.join(PROJECT_ROOT, 'test', 'helpers', 'slipway-from-source.cjs');
 
 export interface CliRun {
   code: number | null;

@@ -15,8 +15,7 @@ import { connectBillingSocket, billingSocketPath } from '../../activities/billin
 import { SandboxApiClient } from '../../api/client';
 import { codeOf, startServiceHarness, type ServiceHarness } from './harness';
 import { tempDir } from './repo';
-
-const BIN = path.join(__dirname, '..', '..', 'bin', 'slipway.cjs');
+import { BIN } from '../helpers/cli';
 
 function slipway(args: string[], env: NodeJS.ProcessEnv = {}, stdin?: string): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
