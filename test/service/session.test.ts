@@ -5,6 +5,8 @@
  */
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Client as McpClient } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import WebSocket from 'ws';
 import { processesWith, waitFor } from '../sandbox/helpers';
 import { rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
@@ -188,6 +190,30 @@ describe('exec WebSocket', () => {
     expect(await waitFor(async () => s.text().includes('started'), 30_000)).toBe(true);
     s.ws.terminate();
     expect(await waitFor(async () => (await processesWith(`sleep ${marker}`)).length === 0, 30_000)).toBe(true);
+  });
+});
+
+describe('MCP', () => {
+  it('streams exec output as progress notifications when the caller asks for progress', async () => {
+    const transport = new StreamableHTTPClientTransport(new URL('/mcp', h.url), { requestInit: { headers: { authorization: `Bearer ${a.token}` } } });
+    const mcp = new McpClient({ name: 'test', version: '1.0.0' });
+    await mcp.connect(transport);
+    try {
+      const messages: string[] = [];
+      const result = (await mcp.callTool(
+        { name: 'exec_in_sandbox', arguments: { sandbox_id: sandboxId, command: 'sh', args: ['-c', 'echo one; echo two >&2; echo three; exit 4'] } },
+        undefined,
+        { onprogress: (p) => void messages.push(p.message ?? '') },
+      )) as unknown as { structuredContent: { exit_code: number; stdout: string; stderr: string } };
+      expect(result.structuredContent).toMatchObject({ exit_code: 4, stdout: 'one\nthree\n', stderr: 'two\n' });
+      expect(messages.join('')).toContain('stdout: one');
+      expect(messages.join('')).toContain('stderr: two');
+      // Without a progress token: the plain exec, one JSON answer.
+      const plain = (await mcp.callTool({ name: 'exec_in_sandbox', arguments: { sandbox_id: sandboxId, command: "echo", args: ["plain"] } })) as unknown as { structuredContent: { stdout: string } };
+      expect(plain.structuredContent.stdout).toBe('plain\n');
+    } finally {
+      await mcp.close();
+    }
   });
 });
 
