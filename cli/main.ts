@@ -10,6 +10,7 @@ import { listCommand } from './commands/list';
 import { runCommand } from './commands/run';
 import { devCommand, workerCommand } from './commands/serve';
 import { statusCommand } from './commands/status';
+import { attachCommand } from './commands/attach';
 import { mailListCommand, mailSendCommand, planDecisionCommand } from './commands/human';
 import { watchCommand } from './commands/watch';
 import { registerAccountCommands } from './commands/account';
@@ -99,6 +100,16 @@ export function buildProgram(): Command {
     .argument('<body>')
     .requiredOption('--objective <id>', 'objective of the stream')
     .action(async (agent: string, subject: string, body: string, opts) => setExit(await mailSendCommand(agent, subject, body, opts)));
+
+  program
+    .command('attach')
+    .description("open a terminal in a stream's sandbox (blocked or running); on exit, commit what changed (as you)")
+    .argument('<objective>', 'objective id')
+    .argument('<stream>', 'stream id')
+    .argument('[command...]', 'what to run (default: bash, or sh)')
+    .option('--resume', 'then hand the blocked stream back to the loop (recorded as guidance)')
+    .option('-m, --message <text>', 'commit message (and the guidance with --resume)')
+    .action(async (objective: string, stream: string, command: string[], opts) => setExit(await attachCommand(objective, stream, { ...opts, command })));
 
   program
     .command('dev')

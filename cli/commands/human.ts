@@ -8,13 +8,13 @@ import { guidanceUpdate } from '../../workflows/stream';
 import { CliError, EXIT } from '../exit-codes';
 import { describeObjective, openRuntime } from '../runtime';
 
-async function objectiveStatus(client: Client, objectiveId: string): Promise<ObjectiveStatus> {
+export async function objectiveStatus(client: Client, objectiveId: string): Promise<ObjectiveStatus> {
   const { handle, description } = await describeObjective(client, objectiveId);
   if (description.status.name !== 'RUNNING') throw new CliError(`objective "${objectiveId}" is not running (${description.status.name.toLowerCase()})`);
   return handle.query(objectiveStatusQuery);
 }
 
-function updateError(e: unknown): never {
+export function updateError(e: unknown): never {
   if (e instanceof WorkflowUpdateFailedError) throw new CliError(`refused: ${(e.cause as Error | undefined)?.message ?? e.message}`);
   if (e instanceof WorkflowNotFoundError) throw new CliError(`refused: ${e.message}`);
   throw e;

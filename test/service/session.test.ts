@@ -3,7 +3,9 @@
  * against the real service (Temporal, Postgres, bubblewrap sandboxes): frames, a terminal,
  * bounded memory for a slow reader, account scoping, clear errors, metrics and idle activity.
  */
+import { spawn } from 'node:child_process';
 import http from 'node:http';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client as McpClient } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -190,6 +192,46 @@ describe('exec WebSocket', () => {
     expect(await waitFor(async () => s.text().includes('started'), 30_000)).toBe(true);
     s.ws.terminate();
     expect(await waitFor(async () => (await processesWith(`sleep ${marker}`)).length === 0, 30_000)).toBe(true);
+  });
+});
+
+describe('slipway sandbox shell and exec', () => {
+  const BIN = path.join(__dirname, '..', '..', 'bin', 'slipway.cjs');
+  const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
+
+  it('drives a remote shell from a real terminal: typed commands, ^C interrupts sleep, exit 3 returns 3', async () => {
+    // util-linux script(1) gives the CLI a real terminal here, as a user's would be.
+    const child = spawn('script', ['-qfec', [process.execPath, BIN, 'sandbox', 'shell', sandboxId].map(quote).join(' '), '/dev/null'], {
+      env: { ...process.env, SLIPWAY_API_URL: h.url, SLIPWAY_API_TOKEN: a.token, TERM: 'xterm' },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    let screen = '';
+    child.stdout.on('data', (d: Buffer) => (screen += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (screen += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on('close', (code) => resolve(code)));
+    const type = (keys: string) => child.stdin.write(keys);
+    // The typed line echoes as "$((1+2))"; only the shell's answer reads "hi-3".
+    expect(await waitFor(async () => (type('echo hi-$((1+2))\r'), screen.includes('hi-3')), 60_000), screen).toBe(true);
+    type('echo $((40+2))-sleeping; sleep 100\r');
+    expect(await waitFor(async () => screen.includes('42-sleeping'), 30_000), screen).toBe(true);
+    type('\x03');
+    expect(await waitFor(async () => (type('echo after-$((1+1))\r'), screen.includes('after-2')), 30_000), screen).toBe(true);
+    type('exit 3\r');
+    expect(await exited).toBe(3);
+  });
+
+  it('slipway sandbox exec streams the output and exits with the exit code', async () => {
+    const child = spawn(process.execPath, [BIN, 'sandbox', 'exec', sandboxId, '--', 'sh', '-c', 'echo first; sleep 0.2; echo err >&2; printf "\\377"; exit 5'], {
+      env: { ...process.env, SLIPWAY_API_URL: h.url, SLIPWAY_API_TOKEN: a.token },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    const out: Buffer[] = [];
+    let err = '';
+    child.stdout.on('data', (d: Buffer) => out.push(d));
+    child.stderr.on('data', (d: Buffer) => (err += d.toString()));
+    expect(await new Promise((resolve) => child.on('close', resolve))).toBe(5);
+    expect(Buffer.concat(out)).toEqual(Buffer.from([...Buffer.from('first\n'), 0xff]));
+    expect(err).toBe('err\n');
   });
 });
 
