@@ -3,11 +3,14 @@
  * the stdio MCP server use. The token comes from the caller (SLIPWAY_API_TOKEN), never argv.
  */
 import type { z } from 'zod';
-import type { CreateSandboxBody, ExecBody, ExecResult, SandboxView } from './schemas';
+import WebSocket from 'ws';
+import type { CreateSandboxBody, ExecBody, ExecResult, SandboxView, SessionServerFrame, StreamExecBody } from './schemas';
 
 export type CreateSandboxInput = z.input<typeof CreateSandboxBody>;
 export type ExecInput = z.input<typeof ExecBody>;
 export type ExecOutput = z.infer<typeof ExecResult>;
+export type StreamExecInput = Omit<z.input<typeof StreamExecBody>, 'stream'>;
+export type ExitFrame = Extract<SessionServerFrame, { type: 'exit' }>;
 
 /** What both the in-process service and this HTTP client offer (the MCP tools sit on it). */
 export interface SandboxOps {
@@ -16,6 +19,8 @@ export interface SandboxOps {
   list(opts?: { status?: string; limit?: number }): Promise<SandboxView[]>;
   destroy(id: string): Promise<SandboxView>;
   exec(id: string, body: ExecInput): Promise<ExecOutput>;
+  /** Exec with the output handed to `onOutput` as it comes (awaited: a slow consumer slows the command). */
+  execStream(id: string, body: StreamExecInput, onOutput: (stream: 'stdout' | 'stderr', data: string) => Promise<void> | void): Promise<ExitFrame>;
   readFile(id: string, path: string): Promise<Buffer>;
   writeFile(id: string, path: string, content: Buffer): Promise<void>;
   deleteFile(id: string, path: string): Promise<void>;
@@ -93,6 +98,32 @@ export class SandboxApiClient implements SandboxOps {
   }
   exec(id: string, body: ExecInput) {
     return this.json<ExecOutput>('POST', `/api/v1/sandboxes/${encodeURIComponent(id)}/exec`, body);
+  }
+  async execStream(id: string, body: StreamExecInput, onOutput: (stream: 'stdout' | 'stderr', data: string) => Promise<void> | void): Promise<ExitFrame> {
+    const res = await this.request('POST', `/api/v1/sandboxes/${encodeURIComponent(id)}/exec`, { ...body, stream: true });
+    let pending = '';
+    let exit: ExitFrame | undefined;
+    const decoder = new TextDecoder();
+    // Read one chunk at a time: the server sends no faster than this loop takes it.
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      pending += decoder.decode(chunk, { stream: true });
+      const lines = pending.split('\n');
+      pending = lines.pop()!;
+      for (const line of lines.filter(Boolean)) {
+        const frame = JSON.parse(line) as SessionServerFrame;
+        if (frame.type === 'stdout' || frame.type === 'stderr') await onOutput(frame.type, frame.data);
+        else if (frame.type === 'exit') exit = frame;
+        else if (frame.type === 'error') throw new ApiClientError(500, frame.code, frame.message);
+      }
+    }
+    if (!exit) throw new ApiClientError(502, 'stream_cut', 'the exec stream ended before the command did');
+    return exit;
+  }
+  /** The exec WebSocket (ADR 0014), authenticated; send a start frame once it is open. */
+  sessionSocket(id: string): WebSocket {
+    const url = new URL(`/api/v1/sandboxes/${encodeURIComponent(id)}/exec/ws`, this.baseUrl);
+    url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+    return new WebSocket(url, { headers: { authorization: `Bearer ${this.token}` } });
   }
   async readFile(id: string, path: string) {
     return Buffer.from(await (await this.request('GET', `/api/v1/sandboxes/${encodeURIComponent(id)}/files/${filePath(path)}`)).arrayBuffer());

@@ -10,7 +10,9 @@ import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { ApiClientError, type SandboxOps } from './client';
-import { CreateSandboxBody, ExecBody, ExecResult, SandboxView } from './schemas';
+import { tail } from '../activities/process';
+import { CreateSandboxBody, ExecBody, ExecResult, SandboxView, StreamExecBody, type SessionServerFrame } from './schemas';
+import { relaySession, writeInput } from './session-relay';
 import { ApiError, type Principal, type SandboxService } from './service';
 
 export const MCP_TOOLS = ['create_sandbox', 'exec_in_sandbox', 'read_sandbox_file', 'write_sandbox_file', 'destroy_sandbox', 'wait_sandbox_ready'] as const;
@@ -31,6 +33,9 @@ async function guard(fn: () => Promise<CallToolResult>): Promise<CallToolResult>
     throw e;
   }
 }
+
+/** Characters of each output kept for a streamed exec's final answer (as much as exec keeps). */
+const EXEC_CAPTURE_CHARS = 4 * 1024 * 1024;
 
 const sandboxId = z.string().describe('the sandbox id (sbx_...)');
 const encoding = z.enum(['utf8', 'base64']).default('utf8').describe('how content is encoded in this call: utf8 text, or base64 for binary files');
@@ -70,13 +75,28 @@ export function buildMcpServer(ops: SandboxOps): McpServer {
   server.registerTool(
     'exec_in_sandbox',
     {
-      description: 'Run a command in the sandbox (no shell; use command "sh" with args ["-c", "..."]). Wakes a suspended sandbox first.',
+      description:
+        'Run a command in the sandbox (no shell; use command "sh" with args ["-c", "..."]). Wakes a suspended sandbox first. ' +
+        'With a progressToken, the output streams as progress notifications ("stdout: ..." / "stderr: ...") while it runs.',
       inputSchema: { sandbox_id: sandboxId, ...ExecBody.shape },
       outputSchema: ExecResult.shape,
       // Arbitrary commands can change or delete anything in the sandbox.
       annotations: { title: 'Run a command', readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
     },
-    async ({ sandbox_id, ...body }) => guard(async () => text(await ops.exec(sandbox_id, body))),
+    async ({ sandbox_id, ...body }, extra) =>
+      guard(async () => {
+        const progressToken = extra._meta?.progressToken;
+        if (progressToken === undefined) return text(await ops.exec(sandbox_id, body));
+        // Asked for progress: the output comes as progress notifications while the command runs
+        // (each awaited, so a slow client slows the command rather than filling the server).
+        const kept = { stdout: '', stderr: '' };
+        let progress = 0;
+        const exit = await ops.execStream(sandbox_id, body, async (stream, data) => {
+          kept[stream] = tail(kept[stream] + data, EXEC_CAPTURE_CHARS);
+          await extra.sendNotification({ method: 'notifications/progress', params: { progressToken, progress: ++progress, message: `${stream}: ${data}` } });
+        });
+        return text({ exit_code: exit.exit_code, stdout: kept.stdout, stderr: kept.stderr, timed_out: exit.timed_out, duration_ms: exit.duration_ms });
+      }),
   );
   server.registerTool(
     'read_sandbox_file',
@@ -127,6 +147,32 @@ export function inProcessOps(service: SandboxService, principal: Principal): San
     list: (opts) => service.list(principal, { status: opts?.status as never, limit: opts?.limit ?? 100 }),
     destroy: (id) => service.destroy(principal, id),
     exec: (id, body) => service.exec(principal, id, parse(ExecBody, body)),
+    execStream: async (id, body, onOutput) => {
+      const parsed = parse(StreamExecBody, { ...body, stream: true });
+      const session = await service.openSession(principal, id, parsed, 'stream');
+      if (parsed.stdin !== undefined) writeInput(session, Buffer.from(parsed.stdin), { accountId: principal.accountId, metrics: service.metrics });
+      session.stdin.end();
+      // Output waits for each notification to go out before more is read from the command.
+      let delivered: Promise<unknown> = Promise.resolve();
+      let inFlight = 0;
+      const exit = await relaySession(
+        session,
+        {
+          send(f) {
+            const frame = JSON.parse(f) as SessionServerFrame;
+            if (frame.type !== 'stdout' && frame.type !== 'stderr') return true;
+            inFlight++;
+            delivered = delivered.then(() => onOutput(frame.type as 'stdout' | 'stderr', frame.data)).catch(() => undefined).finally(() => inFlight--);
+            return inFlight === 0;
+          },
+          onDrain: (resume) => void delivered.then(resume),
+          buffered: () => 0,
+        },
+        { encoding: 'utf8', accountId: principal.accountId, metrics: service.metrics, timeoutMs: parsed.timeout_seconds * 1000 },
+      );
+      await delivered;
+      return exit;
+    },
     readFile: (id, path) => service.readFile(principal, id, path),
     writeFile: (id, path, content) => service.writeFile(principal, id, path, content),
     deleteFile: (id, path) => service.deleteFile(principal, id, path),
@@ -136,7 +182,9 @@ export function inProcessOps(service: SandboxService, principal: Principal): San
 /** One stateless MCP exchange over HTTP (JSON responses, no session). */
 export async function handleMcpHttp(service: SandboxService, principal: Principal, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const server = buildMcpServer(inProcessOps(service, principal));
-  const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+  // Progress notifications (streamed exec output) need an SSE answer; everything else is plain JSON.
+  const wantsProgress = (Array.isArray(req.body) ? req.body : [req.body]).some((m) => (m as { params?: { _meta?: { progressToken?: unknown } } } | undefined)?.params?._meta?.progressToken !== undefined);
+  const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: !wantsProgress });
   reply.hijack();
   reply.raw.on('close', () => {
     void transport.close();

@@ -4,7 +4,7 @@
  * a test fails when the two drift apart.
  */
 import { z } from 'zod';
-import { CreateSandboxBody, ErrorBody, ExecBody, ExecResult, GrantIntrospection, SandboxList, SandboxView } from './schemas';
+import { CreateSandboxBody, ErrorBody, ExecBody, ExecResult, GrantIntrospection, SandboxList, SandboxView, SessionClientFrame, SessionServerFrame, SessionStartFrame, StreamExecBody } from './schemas';
 
 const schema = (s: z.ZodType, io: 'input' | 'output') => {
   const json = z.toJSONSchema(s, { io, target: 'draft-2020-12', unrepresentable: 'any' }) as Record<string, unknown>;
@@ -67,6 +67,10 @@ export function buildOpenApiDocument() {
       schemas: {
         CreateSandbox: schema(CreateSandboxBody, 'input'),
         Exec: schema(ExecBody, 'input'),
+        StreamExec: schema(StreamExecBody, 'input'),
+        SessionStartFrame: schema(SessionStartFrame, 'input'),
+        SessionClientFrame: schema(SessionClientFrame, 'input'),
+        SessionFrame: schema(SessionServerFrame, 'output'),
         ExecResult: schema(ExecResult, 'output'),
         Sandbox: schema(SandboxView, 'output'),
         SandboxList: schema(SandboxList, 'output'),
@@ -125,14 +129,32 @@ export function buildOpenApiDocument() {
             "The environment is PATH, LANG, HOME, SLIPWAY_* and `env`, never the server's; values travel in the process environment, not argv. " +
             'A caller that disconnects before the answer kills the command.',
           parameters: [ID, IDEMPOTENCY_KEY],
-          requestBody: { required: true, ...json('Exec') },
+          requestBody: { required: true, content: { 'application/json': { schema: { oneOf: [ref('Exec'), ref('StreamExec')] } } } },
           responses: {
-            '200': { description: 'the finished command (for a repeated Idempotency-Key, the first run\'s answer, with header idempotent-replayed: true)', ...json('ExecResult') },
+            '200': {
+              description:
+                'the finished command (for a repeated Idempotency-Key, the first run\'s answer, with header idempotent-replayed: true); ' +
+                'with `stream: true`, NDJSON: one SessionFrame per line as the output comes (stdout, stderr), the exit frame last. The output is read from the command only as fast as the client reads (back-pressure); no Idempotency-Key with stream.',
+              content: { 'application/json': { schema: ref('ExecResult') }, 'application/x-ndjson': { schema: ref('SessionFrame') } },
+            },
             ...CALL_ERRORS,
             '400': error('malformed URL or body, or a cwd that leaves the sandbox or is not an existing folder (invalid_cwd)'),
             '413': error('the request body is too large'),
             '429': tooMany('the account runs as many execs at once as it may (exec_limit)'),
           },
+        },
+      },
+      '/api/v1/sandboxes/{id}/exec/ws': {
+        get: {
+          operationId: 'execSessionWebSocket',
+          summary: 'An interactive session over a WebSocket (a shell, a terminal)',
+          description:
+            'Upgrade to a WebSocket (bearer token in the Authorization header; checked, with the sandbox, before the upgrade). ' +
+            'First message: a SessionStartFrame (JSON text). Then binary messages are stdin bytes; text messages are SessionClientFrames (stdin as base64, stdin_close, resize, signal). ' +
+            'The server sends SessionFrames (stdout, stderr, then exit) and closes with 1000. A bad start frame gets an error frame naming the field and a close with 4000 + the HTTP status (4400, 4409, 4429); ' +
+            'a bad later frame gets an error frame and the session goes on. Under a pty, SIGINT/SIGQUIT/SIGTSTP are typed as ^C ^\\ ^Z. The session is activity for idle suspend until it ends; a closed socket kills it.',
+          parameters: [ID],
+          responses: { '101': { description: 'switching protocols' }, ...SANDBOX_ERRORS, '426': error('a plain GET without the WebSocket upgrade (upgrade_required)') },
         },
       },
       '/api/v1/sandboxes/{id}/files/{path}': {

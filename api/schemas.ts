@@ -46,6 +46,50 @@ export const ExecBody = z.strictObject({
 });
 export type ExecBody = z.infer<typeof ExecBody>;
 
+export const PtySize = z.strictObject({
+  cols: z.number().int().min(1).max(10_000),
+  rows: z.number().int().min(1).max(10_000),
+});
+export const OutputEncoding = z.enum(['utf8', 'base64']).describe('how output chunks travel in frames: utf8 text (split only between characters) or base64 bytes; default utf8');
+
+/** POST /exec with `stream: true`: the exec body plus how the output travels (ADR 0014). */
+export const StreamExecBody = ExecBody.extend({
+  stream: z.literal(true).describe('answer with NDJSON frames as the output comes ({"type":"stdout"|"stderr","data":...} then {"type":"exit",...})'),
+  pty: PtySize.optional().describe('run under a terminal of this size inside the sandbox (stdout and stderr merged)'),
+  output_encoding: OutputEncoding.optional(),
+});
+export type StreamExecBody = z.infer<typeof StreamExecBody>;
+
+/** The first message on the exec WebSocket: what to run (secrets travel here, never in the URL). */
+export const SessionStartFrame = z.strictObject({
+  type: z.literal('start'),
+  command: ExecBody.shape.command,
+  args: ExecBody.shape.args,
+  env: ExecBody.shape.env,
+  cwd: ExecBody.shape.cwd,
+  pty: PtySize.optional(),
+  output_encoding: OutputEncoding.optional(),
+});
+export type SessionStartFrame = z.infer<typeof SessionStartFrame>;
+
+/** Later client messages on the exec WebSocket (binary messages are stdin bytes as they are). */
+export const SessionClientFrame = z.discriminatedUnion('type', [
+  z.strictObject({ type: z.literal('stdin'), data: z.string().max(1024 * 1024).describe('base64 bytes for the command\'s input') }),
+  z.strictObject({ type: z.literal('stdin_close') }),
+  z.strictObject({ type: z.literal('resize'), cols: PtySize.shape.cols, rows: PtySize.shape.rows }),
+  z.strictObject({ type: z.literal('signal'), signal: z.enum(['SIGINT', 'SIGQUIT', 'SIGTSTP', 'SIGTERM', 'SIGHUP', 'SIGKILL', 'SIGUSR1', 'SIGUSR2', 'SIGCONT', 'SIGWINCH']) }),
+]);
+export type SessionClientFrame = z.infer<typeof SessionClientFrame>;
+
+/** What the server sends on the stream (NDJSON lines) and the WebSocket (text messages). */
+export const SessionServerFrame = z.discriminatedUnion('type', [
+  z.object({ type: z.literal('stdout'), data: z.string() }),
+  z.object({ type: z.literal('stderr'), data: z.string() }),
+  z.object({ type: z.literal('exit'), exit_code: z.number().int().nullable(), signal: z.string().nullable(), timed_out: z.boolean(), duration_ms: z.number() }),
+  z.object({ type: z.literal('error'), code: z.string(), message: z.string(), issues: z.array(z.object({ path: z.string(), message: z.string() })).optional() }),
+]);
+export type SessionServerFrame = z.infer<typeof SessionServerFrame>;
+
 export const ExecResult = z.object({
   exit_code: z.number().int().nullable(),
   stdout: z.string(),

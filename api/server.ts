@@ -8,7 +8,9 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { handleMcpHttp } from './mcp';
 import { buildOpenApiDocument } from './openapi';
-import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, zodIssues } from './schemas';
+import websocket from '@fastify/websocket';
+import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, StreamExecBody, zodIssues } from './schemas';
+import { abandonSession, relaySession, serveSessionSocket, writeInput } from './session-relay';
 import { ApiError, idempotencyKeyOf, SandboxService, type Principal } from './service';
 
 declare module 'fastify' {
@@ -131,6 +133,8 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
 
   app.get('/api/v1/grants/introspect', async (req) => service.introspectGrant(bearer(req)));
 
+  await app.register(websocket, { options: { maxPayload: 2 * 1024 * 1024 } });
+
   // Everything under /api/v1/sandboxes needs an account token.
   await app.register(async (api) => {
     api.addHook('preHandler', async (req) => {
@@ -156,6 +160,7 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
       return reply.status(202).send(await service.destroy(req.principal!, req.params.id));
     });
     api.post<{ Params: { id: string } }>('/api/v1/sandboxes/:id/exec', async (req, reply) => {
+      if ((req.body as { stream?: unknown } | undefined)?.stream === true) return streamExec(req, reply);
       const body = parse(ExecBody, req.body, 'body');
       // A caller that goes away before the answer kills its command (with its process group).
       const gone = new AbortController();
@@ -170,6 +175,51 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
       } finally {
         if (!gone.signal.aborted) reply.raw.off('close', onClose);
       }
+    });
+
+    /** POST /exec with stream: true: NDJSON frames as the output comes, bounded by the reader's pace. */
+    const streamExec = async (req: FastifyRequest<{ Params: { id: string } }>, reply: FastifyReply) => {
+      const body = parse(StreamExecBody, req.body, 'body');
+      if (req.headers['idempotency-key'] !== undefined) {
+        throw new ApiError(400, 'invalid_request', 'Idempotency-Key cannot be used with stream: true (a streamed run is not replayed)', [{ path: 'headers.idempotency-key', message: 'not with stream: true' }]);
+      }
+      const session = await service.openSession(req.principal!, req.params.id, body, 'stream');
+      reply.hijack();
+      const res = reply.raw;
+      res.on('error', () => undefined);
+      res.once('close', () => {
+        if (!res.writableFinished) abandonSession(session);
+      });
+      res.writeHead(200, { 'content-type': 'application/x-ndjson; charset=utf-8', 'cache-control': 'no-store', 'x-content-type-options': 'nosniff' });
+      if (body.stdin !== undefined) writeInput(session, Buffer.from(body.stdin), { accountId: req.principal!.accountId, metrics: service.metrics });
+      session.stdin.end();
+      const exit = await relaySession(
+        session,
+        { send: (f) => res.write(`${f}\n`), onDrain: (resume) => res.once('drain', resume), buffered: () => res.writableLength },
+        { encoding: body.output_encoding ?? 'utf8', accountId: req.principal!.accountId, metrics: service.metrics, timeoutMs: body.timeout_seconds * 1000 },
+      );
+      res.end();
+      req.log.info({ req: { method: req.method, url: redactUrl(req.url) }, res: { statusCode: 200 }, responseTime: exit.duration_ms, stream: true }, 'request completed');
+      return reply;
+    };
+
+    // An interactive session over a WebSocket (ADR 0014): auth and the sandbox's owner are
+    // checked before the upgrade, so another account's sandbox is a plain 404.
+    api.route<{ Params: { id: string } }>({
+      method: 'GET',
+      url: '/api/v1/sandboxes/:id/exec/ws',
+      preHandler: async (req) => service.requireSandbox(req.principal!, req.params.id),
+      // A plain GET (no upgrade) is told what the endpoint wants.
+      handler: async (_req, reply) => sendError(reply, new ApiError(426, 'upgrade_required', 'this endpoint speaks WebSocket: send Connection: Upgrade, Upgrade: websocket')),
+      wsHandler: (socket, req) => {
+        const principal = req.principal!;
+        serveSessionSocket(socket, {
+          open: (start) => service.openSession(principal, req.params.id, start, 'websocket'),
+          accountId: principal.accountId,
+          metrics: service.metrics,
+          onError: (e) => req.log.error({ err: e, req: { method: req.method, url: redactUrl(req.url) } }, 'session failed'),
+        });
+      },
     });
 
     // Files: raw bytes in and out, whatever the content type says.

@@ -34,7 +34,7 @@ import {
   writeSandboxFile,
   type OpenedFile,
 } from '../activities/sandbox/file-io';
-import type { SandboxProvider } from '../activities/sandbox/provider';
+import type { SandboxProvider, SandboxSession } from '../activities/sandbox/provider';
 import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../workflows/service-sandbox';
 import type { CreateSandboxBody, ExecBody, SandboxView } from './schemas';
 
@@ -425,16 +425,7 @@ export class SandboxService {
       try {
         const root = row.root!;
         if (body.cwd !== undefined) await checkCwd(root, body.cwd);
-        // Values travel in the process environment (not argv, where `ps` shows them), and the
-        // server's own environment never reaches the command.
-        const env = {
-          ...SANDBOX_BASE_ENV,
-          HOME: root,
-          SLIPWAY_SANDBOX_ID: id,
-          SLIPWAY_SANDBOX_ROOT: root,
-          ...(row.grants.length > 0 ? { SLIPWAY_GRANTS_FILE: `${root}/${GRANTS_FILE}` } : {}),
-          ...body.env,
-        };
+        const env = execEnv(row, body.env);
         const run = await provider
           .exec(
             { root },
@@ -453,6 +444,49 @@ export class SandboxService {
     } finally {
       releaseSlot();
     }
+  }
+
+  /**
+   * An interactive session (streaming exec, the WebSocket): admitted as exec is (account, exec
+   * slot, wake, cwd, environment), and activity for idle suspend until it ends. The caller ends
+   * it (kill) when its client goes away.
+   */
+  async openSession(principal: Principal, id: string, body: SessionStart, transport: 'stream' | 'websocket'): Promise<SandboxSession> {
+    const releaseSlot = this.claimExecSlot(principal.accountId);
+    try {
+      const { row, provider, release } = await this.admit(principal, id);
+      try {
+        const root = row.root!;
+        if (body.cwd !== undefined) await checkCwd(root, body.cwd);
+        const session = await provider
+          .openSession({ root }, { command: body.command, args: body.args, env: execEnv(row, body.env), inheritEnv: false, cwd: body.cwd, ...(body.pty ? { pty: body.pty } : {}) })
+          .catch((e) => {
+            if (!existsSync(root)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is gone (its directory was removed)`);
+            throw mapFsError(e, body.cwd ?? '.');
+          });
+        this.deps.metrics?.sessionOpened(principal.accountId, row.platform, transport, session.pty);
+        void session.exit.finally(() => {
+          release();
+          releaseSlot();
+        });
+        return session;
+      } catch (e) {
+        release();
+        throw e;
+      }
+    } catch (e) {
+      releaseSlot();
+      throw e;
+    }
+  }
+
+  /** 404 unless the sandbox is this account's (checked before a WebSocket is accepted). */
+  async requireSandbox(principal: Principal, id: string): Promise<void> {
+    await this.row(principal, id);
+  }
+
+  get metrics(): ServiceMetrics | undefined {
+    return this.deps.metrics;
   }
 
   get fileLimitBytes(): number {
@@ -516,6 +550,31 @@ export class SandboxService {
     if (!grant) throw new ApiError(401, 'unauthorized', 'invalid, expired or revoked grant token');
     return { grant_id: grant.grantId, sandbox_id: grant.sandboxId, project_id: grant.projectId, scopes: grant.scopes, expires_at: grant.expiresAt.toISOString() };
   }
+}
+
+/** What an exec or a session runs with (its own fields, nothing else). */
+export interface SessionStart {
+  command: string;
+  args: string[];
+  env: Record<string, string>;
+  cwd?: string;
+  pty?: { cols: number; rows: number };
+}
+
+/**
+ * A tenant command's environment. Values travel in the process environment (not argv, where
+ * `ps` shows them), and the server's own environment never reaches the command.
+ */
+function execEnv(row: billing.SandboxRow, extra: Record<string, string>): Record<string, string> {
+  const root = row.root!;
+  return {
+    ...SANDBOX_BASE_ENV,
+    HOME: root,
+    SLIPWAY_SANDBOX_ID: row.id,
+    SLIPWAY_SANDBOX_ROOT: root,
+    ...(row.grants.length > 0 ? { SLIPWAY_GRANTS_FILE: `${root}/${GRANTS_FILE}` } : {}),
+    ...extra,
+  };
 }
 
 /** Refuses a malformed path before anything is woken or touched. */

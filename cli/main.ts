@@ -19,6 +19,7 @@ const commands = {
   serve: () => require('./commands/serve') as typeof import('./commands/serve'),
   init: () => require('./commands/init') as typeof import('./commands/init'),
   doctor: () => require('./doctor') as typeof import('./doctor'),
+  attach: () => require('./commands/attach') as typeof import('./commands/attach'),
 };
 
 type Register = (program: Command, setExit: (code: number) => void) => void;
@@ -145,6 +146,16 @@ export function buildProgram(argv: string[] = process.argv): Command {
     .description('what can run here (Temporal, git, bubblewrap, pasta, podman, Postgres, agent CLIs and their credentials, disk quotas) and how to install what is missing')
     .option('--json', 'print JSON')
     .action(async (opts) => setExit(await commands.doctor().doctorCommand(opts)));
+
+  program
+    .command('attach')
+    .description("open a terminal in a stream's sandbox (blocked or running); on exit, commit what changed (as you)")
+    .argument('<objective>', 'objective id')
+    .argument('<stream>', 'stream id')
+    .argument('[command...]', 'what to run (default: bash, or sh)')
+    .option('--resume', 'then hand the blocked stream back to the loop (recorded as guidance)')
+    .option('-m, --message <text>', 'commit message (and the guidance with --resume)')
+    .action(async (objective: string, stream: string, command: string[], opts) => setExit(await commands.attach().attachCommand(objective, stream, { ...opts, command })));
 
   program
     .command('dev')

@@ -15,6 +15,12 @@ export interface ServiceMetrics {
   suspended(ms: number): void;
   restored(ms: number): void;
   transition(state: string): void;
+  /** An interactive session (streaming exec, WebSocket) opened. */
+  sessionOpened(accountId: string, platform: string, transport: 'stream' | 'websocket', pty: boolean): void;
+  /** Bytes a session's command read (in) or wrote (out). */
+  sessionBytes(accountId: string, direction: 'in' | 'out', bytes: number): void;
+  /** Output bytes the server holds for one slow reader right now; the gauge keeps the highest seen. */
+  sessionBuffered(bytes: number): void;
 }
 
 export function createServiceMetrics(db: Queryable, opts: { defaultMetrics?: boolean; allowUnconfined?: boolean } = {}): ServiceMetrics {
@@ -52,8 +58,17 @@ export function createServiceMetrics(db: Queryable, opts: { defaultMetrics?: boo
       for (const r of rows) this.set({ account: r.account_id, platform: r.platform, state: r.status }, r.n);
     },
   });
+  const sessions = new Counter({ name: 'slipway_sandbox_sessions_opened_total', help: 'Interactive sessions opened (streaming exec and WebSocket), by account, platform, transport and pty.', labelNames: ['account', 'platform', 'transport', 'pty'], registers: [registry] });
+  const sessionBytes = new Counter({ name: 'slipway_sandbox_session_bytes_total', help: "Bytes through interactive sessions: in = to the command's stdin, out = its output.", labelNames: ['account', 'direction'], registers: [registry] });
+  let bufferedMax = 0;
+  const buffered = new Gauge({ name: 'slipway_sandbox_session_buffered_bytes_max', help: 'Most output bytes the server held at once for one session reader (bounded by back-pressure).', registers: [registry] });
   return {
     registry,
+    sessionOpened: (account, platform, transport, pty) => sessions.inc({ account, platform, transport, pty: String(pty) }),
+    sessionBytes: (account, direction, bytes) => sessionBytes.inc({ account, direction }, bytes),
+    sessionBuffered: (bytes) => {
+      if (bytes > bufferedMax) buffered.set((bufferedMax = bytes));
+    },
     provisioned: (platform, kind, ms) => provisioning.observe({ platform, kind }, ms / 1000),
     exec: (account, platform, ms) => exec.observe({ account, platform }, ms / 1000),
     suspended: (ms) => suspend.observe(ms / 1000),

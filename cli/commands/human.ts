@@ -8,7 +8,7 @@ import { guidanceUpdate } from '../../workflows/stream';
 import { CliError, EXIT } from '../exit-codes';
 import { describeObjective, openRuntime } from '../runtime';
 
-async function objectiveStatus(client: Client, objectiveId: string): Promise<ObjectiveStatus> {
+export async function objectiveStatus(client: Client, objectiveId: string): Promise<ObjectiveStatus> {
   const { handle, description } = await describeObjective(client, objectiveId);
   if (description.status.name !== 'RUNNING') throw new CliError(`objective "${objectiveId}" is not running (${description.status.name.toLowerCase()})`);
   return handle.query(objectiveStatusQuery);

@@ -7,8 +7,62 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import { ApiClientError, DEFAULT_API_URL, SandboxApiClient } from '../../api/client';
 import type { SandboxView } from '../../api/schemas';
+import type { SessionServerFrame } from '../../api/schemas';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
+import { exitStatus, runTerminal, terminalSize } from '../terminal';
+
+/** bash where the sandbox has it, sh otherwise; interactive either way. */
+export const DEFAULT_SHELL = ['/bin/sh', '-c', 'if command -v bash >/dev/null 2>&1; then exec bash -i; fi; exec sh -i'];
+
+/** A terminal session over the exec WebSocket; resolves with the remote exit code. */
+async function openShell(api: SandboxApiClient, id: string, argv: string[], cwd?: string): Promise<number> {
+  const ws = api.sessionSocket(id);
+  await new Promise<void>((resolve, reject) => {
+    ws.once('open', resolve);
+    ws.once('error', reject);
+    ws.once('unexpected-response', (_req, res) => {
+      let body = '';
+      res.on('data', (c: Buffer) => (body += c.toString()));
+      res.on('end', () => {
+        let code = 'http_error';
+        let message = `HTTP ${res.statusCode}`;
+        try {
+          ({ code, message } = (JSON.parse(body) as { error: { code: string; message: string } }).error);
+        } catch {
+          /* not JSON */
+        }
+        reject(new ApiClientError(res.statusCode ?? 500, code, message));
+      });
+    });
+  });
+  let exitCode: number | undefined;
+  let lastError: { code: string; message: string } | undefined;
+  const closed = new Promise<number>((resolve, reject) =>
+    ws.on('close', (code) => {
+      // 4000 + status: the session was refused (bad start, sandbox ended, limit reached).
+      if (code >= 4000 && code < 5000 && lastError) reject(new ApiClientError(code - 4000, lastError.code, lastError.message));
+      else resolve(exitCode ?? (code === 1000 ? 0 : EXIT.runFailed));
+    }),
+  );
+  ws.on('message', (data: Buffer) => {
+    const frame = JSON.parse(data.toString('utf8')) as SessionServerFrame;
+    if (frame.type === 'stdout' || frame.type === 'stderr') (frame.type === 'stdout' ? process.stdout : process.stderr).write(Buffer.from(frame.data, 'base64'));
+    else if (frame.type === 'exit') exitCode = exitStatus(frame.exit_code, frame.signal);
+    else {
+      lastError = frame;
+      process.stderr.write(`\r\nslipway: ${frame.code}: ${frame.message}\r\n`);
+    }
+  });
+  const [command, ...args] = argv;
+  ws.send(JSON.stringify({ type: 'start', command, args, ...(cwd ? { cwd } : {}), pty: terminalSize(), output_encoding: 'base64' }));
+  return runTerminal({
+    write: (bytes) => ws.send(bytes),
+    resize: (cols, rows) => ws.send(JSON.stringify({ type: 'resize', cols, rows })),
+    interrupt: () => ws.send(JSON.stringify({ type: 'signal', signal: 'SIGINT' })),
+    exit: closed,
+  });
+}
 
 export function apiClientFromEnv(env: NodeJS.ProcessEnv = process.env): SandboxApiClient {
   const token = env.SLIPWAY_API_TOKEN;
@@ -111,14 +165,32 @@ export function registerSandboxCommands(program: Command): void {
       }
       const api = apiClientFromEnv();
       const stdin = opts.stdin ? readFileSync(0, 'utf8') : undefined;
-      const r = await call(() => api.exec(id, { command, args, env, cwd: opts.cwd, stdin, timeout_seconds: opts.timeout }));
-      if (opts.json) out(JSON.stringify(r));
-      else {
-        process.stdout.write(r.stdout);
-        process.stderr.write(r.stderr);
-        if (r.timed_out) process.stderr.write(`slipway: the command timed out\n`);
+      if (opts.json) {
+        const r = await call(() => api.exec(id, { command, args, env, cwd: opts.cwd, stdin, timeout_seconds: opts.timeout }));
+        out(JSON.stringify(r));
+        process.exitCode = r.timed_out ? 124 : (r.exit_code ?? 1);
+        return;
       }
-      process.exitCode = r.timed_out ? 124 : (r.exit_code ?? 1);
+      // The output as it comes; a full stdout (a slow pipe) holds the stream, and so the command.
+      const exit = await call(() =>
+        api.execStream(id, { command, args, env, cwd: opts.cwd, stdin, timeout_seconds: opts.timeout, output_encoding: 'base64' }, (stream, data) => {
+          const target = stream === 'stdout' ? process.stdout : process.stderr;
+          if (!target.write(Buffer.from(data, 'base64'))) return new Promise<void>((resolve) => target.once('drain', resolve));
+        }),
+      );
+      if (exit.timed_out) process.stderr.write(`slipway: the command timed out\n`);
+      process.exitCode = exit.timed_out ? 124 : exitStatus(exit.exit_code, exit.signal);
+    });
+
+  sandbox
+    .command('shell')
+    .argument('<id>')
+    .argument('[command...]', 'what to run (default: bash, or sh)')
+    .option('--cwd <dir>', 'working directory inside the sandbox')
+    .description('open a terminal in a sandbox; exits with the remote exit code (use -- before a command)')
+    .action(async (id: string, command: string[], opts) => {
+      const api = apiClientFromEnv();
+      process.exitCode = await call(() => openShell(api, id, command.length > 0 ? command : DEFAULT_SHELL, opts.cwd));
     });
 
   const files = sandbox.command('files').description('read, write and delete files in a sandbox');

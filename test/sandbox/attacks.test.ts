@@ -309,6 +309,30 @@ describe('a hostile agent in a confined stream sandbox', () => {
     expect(r.stdout.trim().endsWith('END')).toBe(true);
   });
 
+  it('a terminal session gets a terminal of its own inside the sandbox, never one of the host (ADR 0014)', async () => {
+    const session = await confined.openSession(h, {
+      command: 'sh',
+      args: ['-c', 'echo "pts=$(stat -c %d /dev/pts) tty=$(stat -L -c %d /proc/$$/fd/0) err=$(stat -L -c %d /proc/$$/fd/2) name=$(tty)"; ls /dev/pts'],
+      pty: { cols: 80, rows: 24 },
+    });
+    let out = '';
+    session.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    const ended = new Promise((resolve) => session.stdout.once('end', resolve));
+    expect((await session.exit).exitCode).toBe(0);
+    await ended;
+    const m = /pts=(\d+) tty=(\d+) err=(\d+) name=(\S+)/.exec(out);
+    expect(m, out).not.toBeNull();
+    const hostPts = (await fs.stat('/dev/pts')).dev;
+    // The command's terminal lives on the sandbox's own devpts instance, which is not the host's:
+    // nothing typed into it (TIOCSTI included) can reach a terminal outside.
+    expect(m![2]).toBe(m![1]);
+    expect(m![3]).toBe(m![1]);
+    expect(Number(m![1])).not.toBe(hostPts);
+    expect(m![4]).toMatch(/^\/dev\/pts\/\d+$/);
+    // Its devpts shows the sandbox's terminals only (the one of this session), not the host's.
+    expect(out.split(/\r?\n/).filter((l) => /^\d+(\s+\d+)*$/.test(l.trim()) || l.includes('ptmx')).join(' ').match(/\b\d+\b/g) ?? []).toEqual(['0']);
+  });
+
   it('after all attacks: the repository is byte-identical and fsck-clean, and Slipway still merges honest work', async () => {
     await expectRepositoryUntouched();
     const activities = createActivities({ sandboxes: confined });
