@@ -8,7 +8,8 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { handleMcpHttp } from './mcp';
 import { buildOpenApiDocument } from './openapi';
-import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, zodIssues } from './schemas';
+import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, OpenPortBody, zodIssues } from './schemas';
+import { handlePreviewRequest, handlePreviewUpgrade, previewTarget, type PreviewCounters } from './preview-proxy';
 import { ApiError, idempotencyKeyOf, SandboxService, type Principal } from './service';
 
 declare module 'fastify' {
@@ -103,6 +104,21 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
     socket.end(`HTTP/1.1 ${status} ${status === 431 ? 'Request Header Fields Too Large' : status === 408 ? 'Request Timeout' : 'Bad Request'}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
   });
 
+  // Preview origins (`<id>-<port>.<domain>`) are proxied to the sandbox before any API route sees them.
+  const m = service.metrics;
+  const counters: PreviewCounters | undefined = m && { request: (k, o) => m.previewRequest(k, o), bytes: (d, n) => m.interactiveBytes('preview', d, n) };
+  app.addHook('onRequest', async (req, reply) => {
+    const target = previewTarget(service, req.raw);
+    if (!target) return;
+    reply.hijack();
+    await handlePreviewRequest(service, target, req.raw, reply.raw, counters);
+  });
+  app.server.on('upgrade', (req, socket, head) => {
+    const target = previewTarget(service, req);
+    if (!target) return void socket.end('HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n');
+    void handlePreviewUpgrade(service, target, req, socket, head, counters);
+  });
+
   app.addHook('onResponse', async (req, reply) => {
     req.log.info({ req: { method: req.method, url: redactUrl(req.url) }, res: { statusCode: reply.statusCode }, responseTime: Math.round(reply.elapsedTime) }, 'request completed');
   });
@@ -170,6 +186,19 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
       } finally {
         if (!gone.signal.aborted) reply.raw.off('close', onClose);
       }
+    });
+
+    // Preview ports (ADR 0015).
+    const originOf = (req: FastifyRequest) => ({ scheme: req.protocol, port: /:(\d+)$/.exec(req.headers.host ?? '')?.[1] });
+    api.post<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ports', async (req, reply) => {
+      const body = parse(OpenPortBody, req.body, 'body');
+      return reply.status(201).send(await service.openPort(req.principal!, req.params.id, body, originOf(req)));
+    });
+    api.get<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ports', async (req) => ({ ports: await service.listPorts(req.principal!, req.params.id, originOf(req)) }));
+    api.delete<{ Params: { id: string; port: string } }>('/api/v1/sandboxes/:id/ports/:port', async (req, reply) => {
+      const port = parse(OpenPortBody.shape.port, Number(req.params.port), 'path');
+      await service.closePort(req.principal!, req.params.id, port);
+      return reply.status(204).send();
     });
 
     // Files: raw bytes in and out, whatever the content type says.

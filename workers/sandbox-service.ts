@@ -20,7 +20,7 @@ import { createServiceMetrics, type ServiceMetrics } from '../activities/service
 import { defaultProviderFor, type ProviderFor } from '../activities/service/providers';
 import { probeBwrap, requireBwrap } from '../activities/sandbox/bubblewrap';
 import { buildApiServer } from '../api/server';
-import { SandboxService } from '../api/service';
+import { SandboxService, type PreviewSettings } from '../api/service';
 import { sandboxReaperWorkflow } from '../workflows/service-sandbox';
 import { startSandboxWatcher, type SandboxWatcher } from './sandbox-watcher';
 import { bundleWorkflows } from './worker';
@@ -59,6 +59,8 @@ export interface SandboxServiceHostOptions {
   execConcurrency?: number;
   /** Requests per second per account (more get 429 with Retry-After); 0 turns it off. */
   requestsPerSecond?: number;
+  /** Preview ports (ADR 0015): link key and domain; absent: previews are off. */
+  preview?: PreviewSettings;
   /** Payload codecs of the client and the worker; default: from the environment (workers/payload-codec.ts). */
   dataConverter?: DataConverter;
 }
@@ -175,6 +177,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     fileLimitBytes: opts.fileLimitBytes,
     execConcurrency: opts.execConcurrency,
     requestsPerSecond: opts.requestsPerSecond,
+    preview: opts.preview,
   });
   let app: FastifyInstance | undefined;
   let url: string | undefined;

@@ -749,3 +749,31 @@ export async function finishIdempotent(db: Queryable, k: { accountId: string; sc
 export async function releaseIdempotencyKey(db: Queryable, k: { accountId: string; scope: string; key: string }): Promise<void> {
   await db.query('DELETE FROM idempotency_keys WHERE account_id = $1 AND scope = $2 AND key = $3 AND response IS NULL', [k.accountId, k.scope, k.key]);
 }
+
+export interface PreviewPortRow {
+  port: number;
+  opened_at: Date;
+}
+
+/** Opens `port` of a sandbox for previews (already open: its row). */
+export async function openPreviewPort(db: Queryable, p: { sandboxId: string; accountId: string; port: number }): Promise<PreviewPortRow> {
+  const inserted = await db.query<PreviewPortRow>(
+    `INSERT INTO preview_ports (sandbox_id, account_id, port) VALUES ($1, $2, $3) ON CONFLICT (sandbox_id, port) WHERE closed_at IS NULL DO NOTHING RETURNING port, opened_at`,
+    [p.sandboxId, p.accountId, p.port],
+  );
+  if (inserted.rows[0]) return inserted.rows[0];
+  return (await db.query<PreviewPortRow>('SELECT port, opened_at FROM preview_ports WHERE sandbox_id = $1 AND port = $2 AND closed_at IS NULL', [p.sandboxId, p.port])).rows[0]!;
+}
+
+export async function listPreviewPorts(db: Queryable, sandboxId: string): Promise<PreviewPortRow[]> {
+  return (await db.query<PreviewPortRow>('SELECT port, opened_at FROM preview_ports WHERE sandbox_id = $1 AND closed_at IS NULL ORDER BY port', [sandboxId])).rows;
+}
+
+export async function isPreviewPortOpen(db: Queryable, sandboxId: string, port: number): Promise<boolean> {
+  return (await db.query('SELECT 1 FROM preview_ports WHERE sandbox_id = $1 AND port = $2 AND closed_at IS NULL', [sandboxId, port])).rows.length > 0;
+}
+
+/** Closes an open port; false when it was not open. */
+export async function closePreviewPort(db: Queryable, sandboxId: string, port: number): Promise<boolean> {
+  return (await db.query('UPDATE preview_ports SET closed_at = now() WHERE sandbox_id = $1 AND port = $2 AND closed_at IS NULL RETURNING id', [sandboxId, port])).rows.length > 0;
+}

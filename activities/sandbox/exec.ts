@@ -15,6 +15,7 @@ import { randomBytes } from 'node:crypto';
 import { spawnSync } from 'node:child_process';
 import type { ExecRequest } from './provider';
 import { seccompFilter } from './seccomp';
+import { trackSandboxProcess } from './port-relay';
 import type { Writable } from 'node:stream';
 
 export interface ExecTarget {
@@ -43,6 +44,8 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
   }
   const cmd = await confinedCommand(target, req, { seccomp: true });
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
+  // Recorded while it runs: preview ports reach a port only in a namespace of a running command (port-relay.ts).
+  let untrack: (() => void) | undefined;
   try {
     return await runProcess({
       ...commonOptions(req),
@@ -51,24 +54,23 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
       env: cmd.env,
       cwd: cmd.cwd,
       pwd: cmd.pwd,
-      ...(cmd.egress || cmd.seccomp
-        ? {
-            extraPipes: cmd.seccomp ? cmd.seccomp.fd - 2 : 2,
-            prepare: async (child) => {
-              // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.
-              // A bwrap that died first closes the pipe: its exit is the error reported, not EPIPE here.
-              const pipe = cmd.seccomp ? (child.stdio[cmd.seccomp.fd] as Writable | null) : null;
-              pipe?.on('error', () => undefined).end(cmd.seccomp!.program);
-              await cmd.egress?.prepare(child);
-            },
-          }
-        : {}),
+      ...(cmd.egress || cmd.seccomp ? { extraPipes: cmd.seccomp ? cmd.seccomp.fd - 2 : 2 } : {}),
+      prepare: async (child) => {
+        if (child.pid !== undefined) untrack = trackSandboxProcess(target.root, child.pid);
+        // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.
+        // A bwrap that died first closes the pipe: its exit is the error reported, not EPIPE here.
+        const pipe = cmd.seccomp ? (child.stdio[cmd.seccomp.fd] as Writable | null) : null;
+        pipe?.on('error', () => undefined).end(cmd.seccomp!.program);
+        await cmd.egress?.prepare(child);
+      },
       onExit: async () => {
+        untrack?.();
         await cmd.egress?.stop();
         await limited.cleanup();
       },
     });
   } finally {
+    untrack?.();
     await cmd.egress?.stop();
     await limited.cleanup();
   }
