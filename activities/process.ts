@@ -141,6 +141,11 @@ const WRAPPERS = new Set(['bwrap', 'setpriv', 'unshare']);
  * bubblewrap, and a signal to a wrapper would kill the command at once instead).
  */
 export function terminateTree(pid: number | undefined): void {
+  signalTree(pid, 'SIGTERM');
+}
+
+/** `signal` to every descendant of `pid` (and `pid` itself) that is not a wrapper: see terminateTree. */
+export function signalTree(pid: number | undefined, signal: NodeJS.Signals): void {
   if (!pid) return;
   const children = new Map<number, Array<{ pid: number; comm: string }>>();
   let entries: string[] = [];
@@ -180,7 +185,7 @@ export function terminateTree(pid: number | undefined): void {
     seen.add(p.pid);
     if (!WRAPPERS.has(p.comm)) {
       try {
-        process.kill(p.pid, 'SIGTERM');
+        process.kill(p.pid, signal);
       } catch {
         /* gone */
       }

@@ -12,7 +12,7 @@ import { resolveInside } from './paths';
 import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, loopbackResolver, PASTA_DNS_HOST_MISSING, PASTA_MISSING_MESSAGE, pastaHasDnsHost, sandboxResolvConf } from './egress';
 import { limitedCommand, type SandboxLimits } from './limits';
 import { randomBytes } from 'node:crypto';
-import { spawnSync } from 'node:child_process';
+import { spawnSync, type ChildProcess } from 'node:child_process';
 import type { ExecRequest } from './provider';
 import { seccompFilter } from './seccomp';
 import { trackSandboxProcess } from './port-relay';
@@ -32,6 +32,35 @@ async function realpathOrSelf(p: string): Promise<string> {
 }
 
 export async function execInWorktree(target: ExecTarget, req: ExecRequest): Promise<RunResult> {
+  const cmd = await preparedCommand(target, req);
+  try {
+    return await runProcess({ ...commonOptions(req), ...cmd.spawn, onExit: cmd.cleanup });
+  } finally {
+    await cmd.cleanup();
+  }
+}
+
+/**
+ * A request turned into the process to spawn: confinement, limits, environment scrubbing and
+ * host-path translation applied. One place for exec and interactive sessions (session.ts), so
+ * both run under exactly the same rules. `cleanup` (idempotent) kills what the limits' cgroup
+ * still holds and stops the network helper; call it once the leader exited.
+ */
+export interface PreparedCommand {
+  spawn: {
+    command: string;
+    args: string[];
+    env: NodeJS.ProcessEnv;
+    cwd: string;
+    pwd?: string;
+    /** Pipes after stdin/stdout/stderr the wrappers use (fds 3, 4, ...); a caller's own pipes come after them. */
+    extraPipes: number;
+    prepare?: (child: ChildProcess) => Promise<void>;
+  };
+  cleanup: () => Promise<void>;
+}
+
+export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>): Promise<PreparedCommand> {
   const confinement = target.confinement;
   if (!confinement) {
     const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
@@ -40,22 +69,22 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
     if (req.env?.IS_SANDBOX === undefined) delete env.IS_SANDBOX;
     const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
     const [command, ...args] = [...unconfinedReaper(), ...inner];
-    return runProcess({ ...commonOptions(req), cwd, command, args, env });
+    return { spawn: { command, args, env, cwd, extraPipes: 0 }, cleanup: async () => undefined };
   }
   const cmd = await confinedCommand(target, req, { seccomp: true });
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
-  // Recorded while it runs: preview ports reach a port only in a namespace of a running command (port-relay.ts).
+  // Recorded while it runs (exec and sessions alike): preview ports reach a port only in the
+  // network namespace of a running command of the sandbox (port-relay.ts).
   let untrack: (() => void) | undefined;
-  try {
-    return await runProcess({
-      ...commonOptions(req),
+  return {
+    spawn: {
       command: limited.command,
       args: limited.args,
       env: cmd.env,
       cwd: cmd.cwd,
       pwd: cmd.pwd,
-      ...(cmd.egress || cmd.seccomp ? { extraPipes: cmd.seccomp ? cmd.seccomp.fd - 2 : 2 } : {}),
-      prepare: async (child) => {
+      extraPipes: cmd.seccomp ? cmd.seccomp.fd - 2 : cmd.egress ? 2 : 0,
+      prepare: async (child: ChildProcess) => {
         if (child.pid !== undefined) untrack = trackSandboxProcess(target.root, child.pid);
         // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.
         // A bwrap that died first closes the pipe: its exit is the error reported, not EPIPE here.
@@ -63,17 +92,13 @@ export async function execInWorktree(target: ExecTarget, req: ExecRequest): Prom
         pipe?.on('error', () => undefined).end(cmd.seccomp!.program);
         await cmd.egress?.prepare(child);
       },
-      onExit: async () => {
-        untrack?.();
-        await cmd.egress?.stop();
-        await limited.cleanup();
-      },
-    });
-  } finally {
-    untrack?.();
-    await cmd.egress?.stop();
-    await limited.cleanup();
-  }
+    },
+    cleanup: async () => {
+      untrack?.();
+      await cmd.egress?.stop();
+      await limited.cleanup();
+    },
+  };
 }
 let execCount = 0;
 

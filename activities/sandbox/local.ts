@@ -29,13 +29,14 @@ import type { CopyMethod } from './copy-ignored';
 import type { Duplex } from 'node:stream';
 import { connectSandboxPort, PortUnreachableError } from './port-relay';
 import { combineConfinement, confinedCommand, execInWorktree, type ExecTarget } from './exec';
+import { openSessionInWorktree } from './session';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
 import { deleteLocalSnapshot, probeLocal, restoreLocal, SnapshotError, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
 import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
 import { claimPoolEntry, fillPool, poolKey, type PoolSpec } from './pool';
 import { populateWorktree } from './populate';
-import { SANDBOX_BASE_ENV, type ExecRequest, type ProjectSetup, type SandboxCreateRequest, type SandboxHandle, type SandboxProvider } from './provider';
+import { SANDBOX_BASE_ENV, type ExecRequest, type ProjectSetup, type SandboxCreateRequest, type SandboxHandle, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
 import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
 import { adminDirOf, removeLockedWorktree } from './worktree-admin';
@@ -364,6 +365,10 @@ export class LocalSandboxProvider implements SandboxProvider {
 
   async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
     return execInWorktree(await this.execTarget(handle.root), req);
+  }
+
+  async openSession(handle: Pick<SandboxHandle, 'root'>, req: SessionRequest): Promise<SandboxSession> {
+    return openSessionInWorktree(await this.execTarget(handle.root), req);
   }
 
   async connectPort(handle: Pick<SandboxHandle, 'root'>, port: number): Promise<Duplex> {

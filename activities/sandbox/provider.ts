@@ -2,6 +2,7 @@
  * The sandbox provider contract. Local worktrees implement it now; Daytona and Kubernetes
  * providers implement the same interface and pass the same contract suite (test/sandbox/contract.ts).
  */
+import type { Readable, Writable } from 'node:stream';
 import type { RunResult } from '../process';
 import type { Duplex } from 'node:stream';
 import type { BubblewrapConfinement } from './bubblewrap';
@@ -101,10 +102,53 @@ export interface ExecRequest {
   maxCaptureBytes?: number;
 }
 
+/** An interactive process in a sandbox (session.ts): a shell, a terminal, a streaming exec. */
+export interface SessionRequest {
+  command: string;
+  args?: string[];
+  shell?: boolean;
+  /** Working directory relative to the sandbox root. */
+  cwd?: string;
+  env?: Record<string, string>;
+  /** As ExecRequest.inheritEnv. */
+  inheritEnv?: boolean;
+  /** Run under a terminal of this size, allocated inside the sandbox (stdout and stderr merged; TERM defaults to xterm-256color). */
+  pty?: { cols: number; rows: number };
+}
+
+export interface SessionExit {
+  exitCode: number | null;
+  signal: NodeJS.Signals | null;
+}
+
+export interface SandboxSession {
+  readonly pid: number | undefined;
+  readonly pty: boolean;
+  /** The command's input (bytes); end it to send EOF. */
+  stdin: Writable;
+  /**
+   * The command's output. Back-pressure reaches the command: a paused stream stops reading
+   * the pipe, and the command blocks once the pipe is full. Under a pty, the terminal's output.
+   */
+  stdout: Readable;
+  /** Under a pty only the wrapper's own errors (the command's stderr is the terminal). */
+  stderr: Readable;
+  /** Settles when the command ended (its leftovers killed). Read stdout/stderr to their end for all output. */
+  exit: Promise<SessionExit>;
+  /** Changes the terminal's size (the command gets SIGWINCH); only with a pty. */
+  resize(cols: number, rows: number): void;
+  /** Under a pty, SIGINT/SIGQUIT/SIGTSTP are typed as ^C ^\\ ^Z (the terminal's foreground group gets them); otherwise every process of the command gets `sig`. */
+  signal(sig: NodeJS.Signals): void;
+  /** Kills every process of the session at once. */
+  kill(): void;
+}
+
 export interface SandboxProvider {
   readonly kind: string;
   create(request: SandboxCreateRequest): Promise<SandboxHandle>;
   exec(handle: Pick<SandboxHandle, 'root'>, request: ExecRequest): Promise<RunResult>;
+  /** Starts an interactive process under the same confinement, limits and environment rules as exec. */
+  openSession(handle: Pick<SandboxHandle, 'root'>, request: SessionRequest): Promise<SandboxSession>;
   readFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<Buffer>;
   writeFile(handle: Pick<SandboxHandle, 'root'>, path: string, content: Buffer | string): Promise<void>;
   deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<void>;

@@ -11,7 +11,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PathEscapeError } from '../../activities/sandbox/paths';
 import { SANDBOX_WORKSPACE } from '../../activities/sandbox/bubblewrap';
-import type { SandboxCreateRequest, SandboxHandle, SandboxProvider } from '../../activities/sandbox/provider';
+import type { SandboxCreateRequest, SandboxHandle, SandboxProvider, SandboxSession } from '../../activities/sandbox/provider';
 import { exists, gitIn, makeRepo, processesWith, tempDir, waitFor } from './helpers';
 
 export interface SandboxContractOptions {
@@ -193,6 +193,106 @@ export function describeSandboxContract(
         const result = await provider.exec(shared, { command: 'touch should-not-exist', shell: true, signal: controller.signal });
         expect(result.cancelled).toBe(true);
         await expect(provider.readFile(shared, 'should-not-exist')).rejects.toThrow();
+      });
+    });
+
+    describe('sessions', () => {
+      /** Everything the session printed so far (stdout and stderr), read as it comes. */
+      const output = (session: SandboxSession) => {
+        const seen = { text: '', ended: Promise.all([ended(session.stdout), ended(session.stderr)]) };
+        session.stdout.on('data', (d: Buffer) => (seen.text += d.toString()));
+        session.stderr.on('data', (d: Buffer) => (seen.text += d.toString()));
+        return seen;
+      };
+      const ended = (stream: NodeJS.ReadableStream) => new Promise<void>((resolve) => stream.once('end', resolve));
+      const confined = () => (provider as { confined?: boolean }).confined === true;
+
+      it('echoes what it is given on stdin and reports the exit code', async () => {
+        const session = await provider.openSession(shared, { command: 'cat; echo err >&2; exit 7', shell: true });
+        expect(session.pty).toBe(false);
+        const out: Buffer[] = [];
+        const err: Buffer[] = [];
+        session.stdout.on('data', (d: Buffer) => out.push(d));
+        session.stderr.on('data', (d: Buffer) => err.push(d));
+        const done = Promise.all([ended(session.stdout), ended(session.stderr)]);
+        session.stdin.write(Buffer.from([0x68, 0x69, 0x00, 0xff, 0x0a]));
+        session.stdin.end('bye\n');
+        expect(await session.exit).toEqual({ exitCode: 7, signal: null });
+        await done;
+        expect([...Buffer.concat(out)]).toEqual([0x68, 0x69, 0x00, 0xff, 0x0a, ...Buffer.from('bye\n')]);
+        expect(Buffer.concat(err).toString()).toBe('err\n');
+      });
+
+      it('under a pty the command sees a terminal, and resize changes its size', async () => {
+        const session = await provider.openSession(shared, {
+          command: 'test -t 0 && test -t 1 && echo "tty: yes"; echo "term: $TERM"; while read line; do stty size; done',
+          shell: true,
+          pty: { cols: 80, rows: 24 },
+        });
+        expect(session.pty).toBe(true);
+        const seen = output(session);
+        session.stdin.write('\n');
+        expect(await waitFor(async () => seen.text.includes('24 80'), 30_000), seen.text).toBe(true);
+        expect(seen.text).toContain('tty: yes');
+        expect(seen.text).toContain('term: xterm-256color');
+        session.resize(132, 50);
+        // The resize reaches the terminal on its own pipe: ask again until the new size shows.
+        expect(await waitFor(async () => (session.stdin.write('\n'), seen.text.includes('50 132')), 30_000), seen.text).toBe(true);
+        session.stdin.write('\x04'); // ^D: end of input at the terminal
+        expect((await session.exit).exitCode).toBe(0);
+        expect(() => session.resize(0, 10)).toThrow(/resize.cols/);
+      });
+
+      it('under a pty, SIGINT reaches the foreground command as ^C does; the exit code comes back', async () => {
+        const session = await provider.openSession(shared, {
+          command: 'trap "echo interrupted; exit 4" INT; echo ready; while :; do sleep 1; done',
+          shell: true,
+          pty: { cols: 80, rows: 24 },
+        });
+        const seen = output(session);
+        expect(await waitFor(async () => seen.text.includes('ready'), 30_000)).toBe(true);
+        session.signal('SIGINT');
+        expect((await session.exit).exitCode).toBe(4);
+        await seen.ended;
+        expect(seen.text).toContain('interrupted');
+      });
+
+      it('signal reaches the command without a pty', async () => {
+        const session = await provider.openSession(shared, { command: 'trap "echo terminated; exit 5" TERM; echo ready; while :; do sleep 1; done', shell: true });
+        const seen = output(session);
+        expect(await waitFor(async () => seen.text.includes('ready'), 30_000)).toBe(true);
+        session.signal('SIGTERM');
+        expect((await session.exit).exitCode).toBe(5);
+        expect(seen.text).toContain('terminated');
+      });
+
+      it.each([false, true])('kill leaves no process behind (pty: %s)', async (pty) => {
+        const m = marker();
+        const session = await provider.openSession(shared, { command: `sleep ${m} & echo started; sleep 60`, shell: true, ...(pty ? { pty: { cols: 80, rows: 24 } } : {}) });
+        const seen = output(session);
+        expect(await waitFor(async () => seen.text.includes('started'), 30_000)).toBe(true);
+        expect(await processRunning(m)).toBe(true);
+        session.kill();
+        await session.exit;
+        expect(await waitFor(async () => !(await processRunning(m)), 30_000)).toBe(true);
+      });
+
+      it('runs where exec runs, and a confined session sees no host path', async () => {
+        const session = await provider.openSession(shared, { command: `pwd -P; ls '${outside}' || echo no-outside; cat '${path.join(outside, 'secret.txt')}' || echo no-secret`, shell: true, pty: { cols: 80, rows: 24 } });
+        const seen = output(session);
+        await session.exit;
+        await seen.ended;
+        const lines = seen.text.split(/\r?\n/);
+        if (confined()) {
+          expect(lines[0]).toBe(SANDBOX_WORKSPACE);
+          expect(seen.text).toContain('no-outside');
+          expect(seen.text).toContain('no-secret');
+          expect(lines).not.toContain('secret');
+          expect(seen.text).not.toContain(shared.root);
+        } else {
+          expect(lines[0]).toBe(await fs.realpath(shared.root));
+        }
+        await expect(provider.openSession(shared, { command: 'pwd', cwd: '../..' })).rejects.toBeInstanceOf(PathEscapeError);
       });
     });
 
