@@ -3,7 +3,7 @@
  * the stdio MCP server use. The token comes from the caller (SLIPWAY_API_TOKEN), never argv.
  */
 import type { z } from 'zod';
-import type { CreateSandboxBody, ExecBody, ExecResult, SandboxView } from './schemas';
+import type { CreateSandboxBody, ExecBody, ExecResult, MintSshTokenBody, OpenPortBody, PreviewPortView, SandboxView, SshTokenView } from './schemas';
 
 export type CreateSandboxInput = z.input<typeof CreateSandboxBody>;
 export type ExecInput = z.input<typeof ExecBody>;
@@ -19,6 +19,8 @@ export interface SandboxOps {
   readFile(id: string, path: string): Promise<Buffer>;
   writeFile(id: string, path: string, content: Buffer): Promise<void>;
   deleteFile(id: string, path: string): Promise<void>;
+  openPort(id: string, body: z.input<typeof OpenPortBody>): Promise<PreviewPortView>;
+  closePort(id: string, port: number): Promise<void>;
 }
 
 export class ApiClientError extends Error {
@@ -102,5 +104,20 @@ export class SandboxApiClient implements SandboxOps {
   }
   async deleteFile(id: string, path: string) {
     await this.request('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}/files/${filePath(path)}`);
+  }
+  openPort(id: string, body: z.input<typeof OpenPortBody>) {
+    return this.json<PreviewPortView>('POST', `/api/v1/sandboxes/${encodeURIComponent(id)}/ports`, body);
+  }
+  async listPorts(id: string) {
+    return (await this.json<{ ports: PreviewPortView[] }>('GET', `/api/v1/sandboxes/${encodeURIComponent(id)}/ports`)).ports;
+  }
+  async closePort(id: string, port: number) {
+    await this.request('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}/ports/${port}`);
+  }
+  mintSshToken(id: string, body: z.input<typeof MintSshTokenBody> = {}) {
+    return this.json<SshTokenView>('POST', `/api/v1/sandboxes/${encodeURIComponent(id)}/ssh_tokens`, body);
+  }
+  async revokeSshToken(id: string, tokenId: string) {
+    await this.request('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}/ssh_tokens/${encodeURIComponent(tokenId)}`);
   }
 }

@@ -21,6 +21,9 @@ export interface PreviewCounters {
 
 type Target = { sandboxId: string; port: number };
 
+/** Scheme and port of the API as the caller reached it: preview URLs use the same. */
+export const requestOrigin = (req: { protocol: string; headers: IncomingHttpHeaders }) => ({ scheme: req.protocol, port: /:(\d+)$/.exec(req.headers.host ?? '')?.[1] });
+
 /** The preview a request is for, or undefined when it is an API request. */
 export function previewTarget(service: SandboxService, req: IncomingMessage): Target | undefined {
   const domain = service.previewDomain;

@@ -110,6 +110,23 @@ export const PreviewPortView = z.object({
 export type PreviewPortView = z.infer<typeof PreviewPortView>;
 export const PreviewPortList = z.object({ ports: z.array(PreviewPortView) });
 
+export const MintSshTokenBody = z.strictObject({
+  ttl_minutes: z.number().int().min(1).max(7 * 24 * 60).optional().describe("how long the token opens SSH sessions (default 60; at most the server's --ssh-max-token-minutes)"),
+});
+export type MintSshTokenBody = z.infer<typeof MintSshTokenBody>;
+
+export const SshTokenView = z.object({
+  token_id: z.string().describe('for DELETE .../ssh_tokens/{token_id}'),
+  token: z.string().describe('shown once; stored hashed'),
+  host: z.string(),
+  port: z.number(),
+  user: z.string().describe('the token itself: `ssh -p PORT TOKEN@HOST`'),
+  password_user: z.string().describe('or log in as the sandbox id with the token as the password (keeps the token out of argv)'),
+  command: z.string().describe('what to type'),
+  expires_at: z.string(),
+});
+export type SshTokenView = z.infer<typeof SshTokenView>;
+
 export const ErrorBody = z.object({
   error: z.object({
     code: z.string(),

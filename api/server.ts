@@ -8,8 +8,8 @@ import type { Logger } from 'pino';
 import { z } from 'zod';
 import { handleMcpHttp } from './mcp';
 import { buildOpenApiDocument } from './openapi';
-import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, OpenPortBody, zodIssues } from './schemas';
-import { handlePreviewRequest, handlePreviewUpgrade, previewTarget, type PreviewCounters } from './preview-proxy';
+import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, MintSshTokenBody, OpenPortBody, zodIssues } from './schemas';
+import { handlePreviewRequest, handlePreviewUpgrade, previewTarget, requestOrigin, type PreviewCounters } from './preview-proxy';
 import { ApiError, idempotencyKeyOf, SandboxService, type Principal } from './service';
 
 declare module 'fastify' {
@@ -189,15 +189,24 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
     });
 
     // Preview ports (ADR 0015).
-    const originOf = (req: FastifyRequest) => ({ scheme: req.protocol, port: /:(\d+)$/.exec(req.headers.host ?? '')?.[1] });
     api.post<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ports', async (req, reply) => {
       const body = parse(OpenPortBody, req.body, 'body');
-      return reply.status(201).send(await service.openPort(req.principal!, req.params.id, body, originOf(req)));
+      return reply.status(201).send(await service.openPort(req.principal!, req.params.id, body, requestOrigin(req)));
     });
-    api.get<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ports', async (req) => ({ ports: await service.listPorts(req.principal!, req.params.id, originOf(req)) }));
+    api.get<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ports', async (req) => ({ ports: await service.listPorts(req.principal!, req.params.id, requestOrigin(req)) }));
     api.delete<{ Params: { id: string; port: string } }>('/api/v1/sandboxes/:id/ports/:port', async (req, reply) => {
       const port = parse(OpenPortBody.shape.port, Number(req.params.port), 'path');
       await service.closePort(req.principal!, req.params.id, port);
+      return reply.status(204).send();
+    });
+
+    // SSH through the broker (ADR 0015).
+    api.post<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ssh_tokens', async (req, reply) => {
+      const body = parse(MintSshTokenBody, req.body, 'body');
+      return reply.status(201).header('cache-control', 'no-store').send(await service.mintSshToken(req.principal!, req.params.id, body, req.headers.host));
+    });
+    api.delete<{ Params: { id: string; tokenId: string } }>('/api/v1/sandboxes/:id/ssh_tokens/:tokenId', async (req, reply) => {
+      await service.revokeSshToken(req.principal!, req.params.id, req.params.tokenId);
       return reply.status(204).send();
     });
 

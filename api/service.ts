@@ -34,12 +34,12 @@ import {
   writeSandboxFile,
   type OpenedFile,
 } from '../activities/sandbox/file-io';
-import type { SandboxProvider } from '../activities/sandbox/provider';
+import type { SandboxProvider, SandboxSession, SessionRequest } from '../activities/sandbox/provider';
 import { PortUnreachableError } from '../activities/sandbox/port-relay';
 import { DEFAULT_LINK_TTL_SECONDS, PREVIEW_LINK_PARAM, previewHost, signPreviewLink, verifyPreviewLink, type LinkCheck } from '../activities/service/preview';
 import type { Duplex } from 'node:stream';
 import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../workflows/service-sandbox';
-import type { CreateSandboxBody, ExecBody, OpenPortBody, PreviewPortView, SandboxView } from './schemas';
+import type { CreateSandboxBody, ExecBody, MintSshTokenBody, OpenPortBody, PreviewPortView, SandboxView, SshTokenView } from './schemas';
 
 /**
  * Ends every live sandbox of an account now (`slipway account set --disable`): each sandbox
@@ -96,7 +96,21 @@ export interface SandboxServiceDeps {
   requestsPerSecond?: number;
   /** Preview ports (ADR 0015): the link key and the domain preview origins live under; absent: off. */
   preview?: PreviewSettings;
+  /** The SSH broker (ADR 0015): where it listens as clients reach it; absent: off. */
+  ssh?: SshSettings;
 }
+
+export interface SshSettings {
+  /** The port clients connect to. */
+  port: number;
+  /** The host name clients connect to (default: the host of the API request that minted the token). */
+  publicHost?: string;
+  /** Longest token lifetime a caller may ask for (minutes; default 24 hours). */
+  maxTokenMinutes?: number;
+}
+
+export const DEFAULT_SSH_TOKEN_MINUTES = 60;
+export const DEFAULT_SSH_MAX_TOKEN_MINUTES = 24 * 60;
 
 export interface PreviewSettings {
   /** HMAC key of signed links (`$SLIPWAY_HOME/preview-link.key`). */
@@ -437,16 +451,7 @@ export class SandboxService {
       try {
         const root = row.root!;
         if (body.cwd !== undefined) await checkCwd(root, body.cwd);
-        // Values travel in the process environment (not argv, where `ps` shows them), and the
-        // server's own environment never reaches the command.
-        const env = {
-          ...SANDBOX_BASE_ENV,
-          HOME: root,
-          SLIPWAY_SANDBOX_ID: id,
-          SLIPWAY_SANDBOX_ROOT: root,
-          ...(row.grants.length > 0 ? { SLIPWAY_GRANTS_FILE: `${root}/${GRANTS_FILE}` } : {}),
-          ...body.env,
-        };
+        const env = { ...sandboxEnv(row), ...body.env };
         const run = await provider
           .exec(
             { root },
@@ -520,6 +525,11 @@ export class SandboxService {
     } finally {
       release();
     }
+  }
+
+  /** Turns the SSH broker's token API on (the host calls this once the broker listens). */
+  configureSsh(settings: SshSettings): void {
+    this.deps.ssh = settings;
   }
 
   /** The domain preview origins live under; undefined when previews are off. */
@@ -610,12 +620,96 @@ export class SandboxService {
     }
   }
 
+  /** Mints an SSH credential for one live sandbox (shown once, stored hashed). */
+  async mintSshToken(principal: Principal, id: string, body: MintSshTokenBody, requestHost: string | undefined): Promise<SshTokenView> {
+    const ssh = this.deps.ssh;
+    if (!ssh) throw new ApiError(501, 'ssh_off', 'the SSH broker is not enabled on this server (slipway api --ssh-port)');
+    const row = await this.row(principal, id);
+    if (['terminating', 'terminated', 'failed'].includes(row.status)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${row.status}`);
+    const max = ssh.maxTokenMinutes ?? DEFAULT_SSH_MAX_TOKEN_MINUTES;
+    const minutes = body.ttl_minutes ?? Math.min(DEFAULT_SSH_TOKEN_MINUTES, max);
+    if (minutes > max) throw new ApiError(400, 'invalid_body', `invalid body: ttl_minutes: may be at most ${max} on this server`, [{ path: 'ttl_minutes', message: `at most ${max}` }]);
+    const minted = await billing.createSshToken(this.deps.db, { accountId: principal.accountId, sandboxId: id, createdBy: principal.tokenId, expiresAtMs: Date.now() + minutes * 60_000 });
+    const host = ssh.publicHost ?? (requestHost ?? '127.0.0.1').replace(/:\d+$/, '').replace(/^\[(.*)\]$/, '$1');
+    this.deps.logger.info({ sandboxId: id, sshTokenId: minted.id, tokenId: principal.tokenId, minutes }, 'ssh token minted');
+    return {
+      token_id: minted.id,
+      token: minted.token,
+      host,
+      port: ssh.port,
+      user: minted.token,
+      password_user: id,
+      command: `ssh -p ${ssh.port} ${minted.token}@${host}`,
+      expires_at: minted.expiresAt.toISOString(),
+    };
+  }
+
+  async revokeSshToken(principal: Principal, id: string, tokenId: string): Promise<void> {
+    await this.row(principal, id);
+    if (!(await billing.revokeSshToken(this.deps.db, principal.accountId, id, tokenId))) throw new ApiError(404, 'not_found', `no live SSH token ${tokenId} for sandbox ${id}`);
+    this.deps.logger.info({ sandboxId: id, sshTokenId: tokenId, tokenId: principal.tokenId }, 'ssh token revoked');
+  }
+
+  /**
+   * The sandbox an SSH login may open: the token must be live and, when the client named a
+   * sandbox as its user, be that sandbox's. Undefined: refused (no reason is told to the client).
+   */
+  async authenticateSsh(token: string, claimedSandbox?: string): Promise<{ accountId: string; sandboxId: string; tokenId: string } | undefined> {
+    const found = await billing.authenticateSshToken(this.deps.db, token);
+    if (!found || (claimedSandbox !== undefined && claimedSandbox !== found.sandboxId)) return undefined;
+    return found;
+  }
+
+  /**
+   * An interactive session in the sandbox of an SSH login: the token is checked again (a
+   * revoked or expired one opens no new channel), the call counts as an exec (per-account
+   * limit) and as activity (no idle suspend) until `release`.
+   */
+  async openSession(login: { accountId: string; sandboxId: string; tokenId: string }, req: SessionRequest): Promise<{ session: SandboxSession; release: () => void }> {
+    if (!(await billing.sshTokenLive(this.deps.db, login.tokenId))) throw new ApiError(401, 'unauthorized', 'this SSH token was revoked or has expired');
+    const releaseSlot = this.claimExecSlot(login.accountId);
+    try {
+      const { row, provider, release } = await this.admit({ accountId: login.accountId, tokenId: login.tokenId, sandboxesEnabled: true }, login.sandboxId);
+      try {
+        const session = await provider.openSession({ root: row.root! }, { ...req, env: { ...sandboxEnv(row), ...req.env }, inheritEnv: false });
+        return {
+          session,
+          release: () => {
+            release();
+            releaseSlot();
+          },
+        };
+      } catch (e) {
+        release();
+        throw e;
+      }
+    } catch (e) {
+      releaseSlot();
+      throw e;
+    }
+  }
+
   async introspectGrant(token: string | undefined) {
     if (!token) throw new ApiError(401, 'unauthorized', 'missing bearer token');
     const grant = await billing.introspectGrant(this.deps.db, token);
     if (!grant) throw new ApiError(401, 'unauthorized', 'invalid, expired or revoked grant token');
     return { grant_id: grant.grantId, sandbox_id: grant.sandboxId, project_id: grant.projectId, scopes: grant.scopes, expires_at: grant.expiresAt.toISOString() };
   }
+}
+
+/**
+ * The environment of a tenant's command (exec, SSH): values travel in the process environment
+ * (not argv, where `ps` shows them), and the server's own environment never reaches it.
+ */
+function sandboxEnv(row: billing.SandboxRow): Record<string, string> {
+  const root = row.root!;
+  return {
+    ...SANDBOX_BASE_ENV,
+    HOME: root,
+    SLIPWAY_SANDBOX_ID: row.id,
+    SLIPWAY_SANDBOX_ROOT: root,
+    ...(row.grants.length > 0 ? { SLIPWAY_GRANTS_FILE: `${root}/${GRANTS_FILE}` } : {}),
+  };
 }
 
 /** Refuses a malformed path before anything is woken or touched. */

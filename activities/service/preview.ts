@@ -9,9 +9,9 @@
  * turns it into a host-only, HttpOnly cookie of that preview origin, valid until the link expires.
  */
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
-import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SANDBOX_ID_PATTERN } from '../../core/sandbox-service';
+import { readOrCreateSecret } from '../../lib/secret-file';
 
 export const PREVIEW_KEY_FILE = 'preview-link.key';
 /** The query parameter of a signed link, and the cookie it becomes. */
@@ -25,26 +25,8 @@ export const MIN_PREVIEW_PORT = 1;
 export const MAX_PREVIEW_PORT = 65535;
 
 /** The link key: read from `$SLIPWAY_HOME/preview-link.key`, made (32 random bytes, 0600) the first time. */
-export async function loadPreviewKey(dataDir: string): Promise<Buffer> {
-  const file = path.join(dataDir, PREVIEW_KEY_FILE);
-  const existing = await fs.readFile(file).catch((e: NodeJS.ErrnoException) => {
-    if (e.code === 'ENOENT') return undefined;
-    throw e;
-  });
-  if (existing) {
-    if (existing.length < 32) throw new Error(`${file}: the preview link key is shorter than 32 bytes; delete it to make a new one`);
-    return existing;
-  }
-  await fs.mkdir(dataDir, { recursive: true, mode: 0o700 });
-  const key = randomBytes(32);
-  try {
-    // wx: two processes starting together keep the first one's key.
-    await fs.writeFile(file, key, { mode: 0o600, flag: 'wx' });
-    return key;
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'EEXIST') return fs.readFile(file);
-    throw e;
-  }
+export function loadPreviewKey(dataDir: string): Promise<Buffer> {
+  return readOrCreateSecret(path.join(dataDir, PREVIEW_KEY_FILE), () => randomBytes(32), (k) => (k.length < 32 ? 'the preview link key is shorter than 32 bytes' : undefined));
 }
 
 const mac = (key: Buffer, sandboxId: string, port: number, expires: number) =>

@@ -14,6 +14,9 @@ import { slipwayDataConverter } from '../../workers/payload-codec';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv } from '../../core/sandbox-service';
 import { probeBwrap, requireBwrap } from '../../activities/sandbox/bubblewrap';
 import { CliError, EXIT } from '../exit-codes';
+import { DEFAULT_PREVIEW_DOMAIN, loadPreviewKey } from '../../activities/service/preview';
+
+const PREVIEW_DOMAIN = /^(?=.{1,200}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/;
 import { apiClientFromEnv } from './sandbox';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
@@ -28,8 +31,13 @@ export async function apiCommand(opts: {
   allowUnconfined?: boolean;
   maxFileMb?: number;
   rate?: number;
+  previewDomain?: string | false;
 }): Promise<number> {
   if (!opts.worker && !opts.http) throw new CliError('--no-worker and --no-http together leave nothing to run');
+  const previewDomain = opts.previewDomain === false ? undefined : (opts.previewDomain ?? DEFAULT_PREVIEW_DOMAIN).toLowerCase();
+  if (previewDomain !== undefined && !PREVIEW_DOMAIN.test(previewDomain)) {
+    throw new CliError(`--preview-domain: "${previewDomain}" is not a domain name (letters, digits, "-" and ".", e.g. preview.example.com)`);
+  }
   const allowUnconfined = opts.allowUnconfined ?? false;
   if (allowUnconfined) {
     log(`WARNING: --allow-unconfined: profiles with confinement "none" run tenants' commands on this host as this user; use it only for a single-tenant setup`);
@@ -84,8 +92,9 @@ export async function apiCommand(opts: {
     dataConverter,
     ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
     ...(opts.rate !== undefined ? { requestsPerSecond: opts.rate } : {}),
+    ...(previewDomain !== undefined ? { preview: { key: await loadPreviewKey(settings.dataDir), domain: previewDomain } } : {}),
   });
-  if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); billing database: ${db.engine}`);
+  if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics${previewDomain ? `, previews at <id>-<port>.${previewDomain}` : ''}); billing database: ${db.engine}`);
   else log(`sandbox service worker on task queue ${host.serviceTaskQueue} (no HTTP); billing database: ${db.engine}`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', () => resolve());
@@ -131,6 +140,8 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
     .option('--allow-unconfined', `serve profiles with confinement "none" (commands run on this host; single-tenant setups only; env ${ALLOW_UNCONFINED_ENV}=1)`, allowUnconfinedFromEnv())
     .option('--max-file-mb <n>', 'largest file the files API accepts or returns (MiB)', int)
     .option('--rate <n>', 'requests per second per account, bursts of twice that (0: off; default 50)', int)
+    .option('--preview-domain <domain>', `preview ports are served at <id>-<port>.<domain> on this listener (env SLIPWAY_PREVIEW_DOMAIN; default ${DEFAULT_PREVIEW_DOMAIN})`, process.env.SLIPWAY_PREVIEW_DOMAIN || undefined)
+    .option('--no-preview-domain', 'turn preview ports off')
     .action(async (opts) => setExit(await apiCommand(opts)));
   program
     .command('mcp')
