@@ -543,7 +543,7 @@ export class SandboxService {
 
   private previewSettings(): PreviewSettings {
     const p = this.deps.preview;
-    if (!p) throw new ApiError(501, 'previews_off', 'preview ports are not enabled on this server');
+    if (!p) throw new ApiError(404, 'previews_off', 'preview ports are not enabled on this server (slipway api --preview-domain)');
     return p;
   }
 
@@ -623,7 +623,7 @@ export class SandboxService {
   /** Mints an SSH credential for one live sandbox (shown once, stored hashed). */
   async mintSshToken(principal: Principal, id: string, body: MintSshTokenBody, requestHost: string | undefined): Promise<SshTokenView> {
     const ssh = this.deps.ssh;
-    if (!ssh) throw new ApiError(501, 'ssh_off', 'the SSH broker is not enabled on this server (slipway api --ssh-port)');
+    if (!ssh) throw new ApiError(404, 'ssh_off', 'the SSH broker is not enabled on this server (slipway api --ssh-port)');
     const row = await this.row(principal, id);
     if (['terminating', 'terminated', 'failed'].includes(row.status)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${row.status}`);
     const max = ssh.maxTokenMinutes ?? DEFAULT_SSH_MAX_TOKEN_MINUTES;

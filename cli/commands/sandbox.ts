@@ -59,6 +59,7 @@ async function runSsh(t: SshTokenView, id: string, command: string[]): Promise<n
       '-p', String(t.port),
       '-o', `UserKnownHostsFile=${path.join(home, 'ssh_known_hosts')}`,
       '-o', 'StrictHostKeyChecking=accept-new',
+      '-o', 'LogLevel=ERROR',
       '-o', 'PreferredAuthentications=password',
       '-o', 'PubkeyAuthentication=no',
       '-o', 'NumberOfPasswordPrompts=1',

@@ -220,6 +220,47 @@ describe('the OpenSSH client through the broker', () => {
   });
 });
 
+describe('the CLI', () => {
+  const BIN = path.join(__dirname, '..', '..', 'bin', 'slipway.cjs');
+  const cli = (args: string[], env: NodeJS.ProcessEnv = {}) =>
+    new Promise<Run>((resolve) => {
+      const child = spawn(process.execPath, [BIN, ...args], { env: { PATH: process.env.PATH, HOME: tmp, SLIPWAY_HOME: path.join(tmp, 'cli-home'), ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (d) => (stdout += d));
+      child.stderr.on('data', (d) => (stderr += d));
+      child.on('close', (code) => resolve({ code, stdout, stderr }));
+    });
+
+  it('slipway sandbox ssh <id> <command> mints a fresh token and runs ssh with it', async () => {
+    const before = (await h.database.db.query<{ n: number }>('SELECT count(*)::int AS n FROM ssh_tokens WHERE sandbox_id = $1', [sa])).rows[0]!.n;
+    const r = await cli(['sandbox', 'ssh', sa, 'echo', 'from-cli', '$SLIPWAY_SANDBOX_ID'], { SLIPWAY_API_URL: h.url, SLIPWAY_API_TOKEN: a.token });
+    expect(r.stderr).toBe('');
+    expect(r.stdout).toBe(`from-cli ${sa}\n`);
+    expect(r.code).toBe(0);
+    expect((await h.database.db.query<{ n: number }>('SELECT count(*)::int AS n FROM ssh_tokens WHERE sandbox_id = $1', [sa])).rows[0]!.n).toBe(before + 1);
+    expect((await cli(['sandbox', 'ssh', sa, 'exit', '5'], { SLIPWAY_API_URL: h.url, SLIPWAY_API_TOKEN: a.token })).code).toBe(5);
+    // Another account's sandbox: a 404 from the API, exit 2, no ssh run.
+    const other = await cli(['sandbox', 'ssh', sb, 'echo', 'x'], { SLIPWAY_API_URL: h.url, SLIPWAY_API_TOKEN: a.token });
+    expect(other.code).toBe(2);
+    expect(other.stderr).toContain('not_found');
+  });
+
+  it('slipway api refuses a bad --ssh-port, SLIPWAY_SSH_PORT or --preview-domain by name, starting nothing', async () => {
+    const bad = [
+      [['api', '--ssh-port', '70000'], {}, '--ssh-port'],
+      [['api'], { SLIPWAY_SSH_PORT: 'twenty-two' }, 'SLIPWAY_SSH_PORT'],
+      [['api', '--preview-domain', 'not a domain'], {}, '--preview-domain'],
+    ] as const;
+    for (const [args, env, name] of bad) {
+      const r = await cli([...args], env);
+      expect(r.code).toBe(2);
+      expect(r.stderr).toContain(name);
+      expect(r.stderr).not.toContain('started the embedded Temporal');
+    }
+  });
+});
+
 describe('refusals', () => {
   const refused = (r: Run) => {
     expect(r.code).toBe(255);
