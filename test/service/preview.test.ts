@@ -10,6 +10,8 @@ import { randomBytes } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import type { AddressInfo } from 'node:net';
+import { Client as McpClient } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
 import { listeningPorts } from '../../activities/sandbox/port-relay';
@@ -283,6 +285,37 @@ describe('preview ports over the API', () => {
     expect((await rawRequest(h.url, 'DELETE', `/api/v1/sandboxes/${sa}/ports/9998`, { token: a.token })).status).toBe(204);
     expect((await previewRequest(extra.url, { headers: { authorization: `Bearer ${a.token}` } })).status).toBe(404);
     expect((await rawRequest(h.url, 'DELETE', `/api/v1/sandboxes/${sa}/ports/9998`, { token: a.token })).status).toBe(404);
+  });
+});
+
+describe('MCP and metrics', () => {
+  it('open_sandbox_port and close_sandbox_port over MCP (HTTP), with the account token', async () => {
+    const transport = new StreamableHTTPClientTransport(new URL('/mcp', h.url), { requestInit: { headers: { authorization: `Bearer ${a.token}` } } });
+    const mcp = new McpClient({ name: 'test', version: '1.0.0' });
+    await mcp.connect(transport);
+    try {
+      const opened = (await mcp.callTool({ name: 'open_sandbox_port', arguments: { sandbox_id: sa, port: 8123 } })) as { structuredContent?: PreviewPortView; isError?: boolean };
+      expect(opened.isError).toBeFalsy();
+      expect(opened.structuredContent!.url).toBe(`http://${previewHost(sa, 8123, 'localhost')}:${apiPort}/`);
+      const listed = (await (await rawRequest(h.url, 'GET', `/api/v1/sandboxes/${sa}/ports`, { token: a.token })).json()) as { ports: PreviewPortView[] };
+      expect(listed.ports.map((p) => p.port)).toContain(8123);
+      const closed = (await mcp.callTool({ name: 'close_sandbox_port', arguments: { sandbox_id: sa, port: 8123 } })) as { isError?: boolean };
+      expect(closed.isError).toBeFalsy();
+      // B's sandbox through A's MCP session: refused as not found.
+      const foreign = (await mcp.callTool({ name: 'open_sandbox_port', arguments: { sandbox_id: sb, port: 8123 } })) as { isError?: boolean; content: Array<{ text: string }> };
+      expect(foreign.isError).toBe(true);
+      expect(foreign.content[0]!.text).toContain('not_found');
+    } finally {
+      await mcp.close();
+    }
+  });
+
+  it('counts proxied requests, refusals and bytes', async () => {
+    const m = await (await rawRequest(h.url, 'GET', '/metrics')).text();
+    expect(m).toMatch(/slipway_preview_requests_total\{kind="http",outcome="proxied"\} [1-9]/);
+    expect(m).toMatch(/slipway_preview_requests_total\{kind="http",outcome="invalid_link"\} [1-9]/);
+    expect(m).toMatch(/slipway_preview_requests_total\{kind="upgrade",outcome="proxied"\} [1-9]/);
+    expect(m).toMatch(/slipway_interactive_bytes_total\{surface="preview",direction="out"\} [1-9]/);
   });
 });
 

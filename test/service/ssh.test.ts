@@ -9,6 +9,7 @@
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { Client as SshClient } from 'ssh2';
@@ -70,7 +71,7 @@ beforeAll(async () => {
   askpass = path.join(tmp, 'askpass');
   writeFileSync(askpass, '#!/bin/sh\nprintf \'%s\\n\' "$TEST_SSH_PASSWORD"\n', { mode: 0o700 });
   dataDir = path.join(tmp, 'home');
-  h = await startServiceHarness({ ssh: { host: '127.0.0.1', port: 0, hostKey: await loadSshHostKey(dataDir), maxTokenMinutes: 120 } });
+  h = await startServiceHarness({ ssh: { host: '127.0.0.1', port: 0, hostKey: await loadSshHostKey(dataDir), maxTokenMinutes: 120 }, preview: { key: randomBytes(32), domain: 'localhost' } });
   sshPort = h.host.sshPort!;
   a = await h.account({ limit: 3 });
   b = await h.account({ limit: 3 });
@@ -219,6 +220,53 @@ describe('the OpenSSH client through the broker', () => {
     }
   });
 });
+
+describe('a preview served from an SSH session', () => {
+  it('a server started over ssh is reachable at its preview origin while the session runs, and not after', async () => {
+    const t = await mint(a, sa);
+    const server = spawn('ssh', ['-p', String(sshPort), ...batch(), t.token + '@127.0.0.1', `node -e "require('http').createServer((q, r) => r.end('served over ssh')).listen(8099, '127.0.0.1', () => console.log('up'))"`], {
+      env: { PATH: process.env.PATH, HOME: tmp },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
+    let out = '';
+    server.stdout.on('data', (d) => (out += d));
+    const exited = new Promise((r) => server.once('exit', r));
+    try {
+      const end = Date.now() + 30_000;
+      while (!out.includes('up') && Date.now() < end) await new Promise((r) => setTimeout(r, 50));
+      expect(out).toContain('up');
+      const port = (await (await rawRequest(h.url, 'POST', `/api/v1/sandboxes/${sa}/ports`, { token: a.token, body: JSON.stringify({ port: 8099 }) })).json()) as { url: string };
+      const host = new URL(port.url).host;
+      const get = () => fetchVia(host, a.token);
+      expect(await get()).toEqual({ status: 200, body: 'served over ssh' });
+      server.kill('SIGTERM');
+      await exited;
+      // The session ends with the client: its server with it.
+      const after = Date.now() + 30_000;
+      let last = await get();
+      while (last.status !== 502 && Date.now() < after) {
+        await new Promise((r) => setTimeout(r, 100));
+        last = await get();
+      }
+      expect(last.status).toBe(502);
+    } finally {
+      server.kill('SIGKILL');
+    }
+  });
+});
+
+/** A GET to a preview origin through the API's listener (the Host header names the preview). */
+function fetchVia(host: string, token: string): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port: Number(new URL(h.url).port), path: '/', headers: { host, authorization: `Bearer ${token}` } }, (res) => {
+      let body = '';
+      res.on('data', (d) => (body += d));
+      res.on('end', () => resolve({ status: res.statusCode!, body }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
 
 describe('the CLI', () => {
   const BIN = path.join(__dirname, '..', '..', 'bin', 'slipway.cjs');
