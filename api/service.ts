@@ -527,6 +527,13 @@ export class SandboxService {
     }
   }
 
+  private readonly sshRevokeListeners: Array<(tokenId: string) => void> = [];
+
+  /** The broker hears of revoked tokens, to end their open connections. */
+  onSshTokenRevoked(listener: (tokenId: string) => void): void {
+    this.sshRevokeListeners.push(listener);
+  }
+
   /** Turns the SSH broker's token API on (the host calls this once the broker listens). */
   configureSsh(settings: SshSettings): void {
     this.deps.ssh = settings;
@@ -647,6 +654,8 @@ export class SandboxService {
   async revokeSshToken(principal: Principal, id: string, tokenId: string): Promise<void> {
     await this.row(principal, id);
     if (!(await billing.revokeSshToken(this.deps.db, principal.accountId, id, tokenId))) throw new ApiError(404, 'not_found', `no live SSH token ${tokenId} for sandbox ${id}`);
+    // This process's connections made with it end now (another replica's at their next channel).
+    for (const listener of this.sshRevokeListeners) listener(tokenId);
     this.deps.logger.info({ sandboxId: id, sshTokenId: tokenId, tokenId: principal.tokenId }, 'ssh token revoked');
   }
 

@@ -54,9 +54,12 @@ function credentials(ctx: AuthContext): { token: string; claimed?: string } | un
 export async function startSshBroker(opts: { service: SandboxService; hostKey: Buffer; host: string; port: number; logger: Logger }): Promise<SshBroker> {
   const { service, logger } = opts;
   const metrics = service.metrics;
-  const clients = new Set<{ end(): unknown }>();
+  const clients = new Map<{ end(): unknown }, Login | undefined>();
+  service.onSshTokenRevoked((tokenId) => {
+    for (const [c, login] of clients) if (login?.tokenId === tokenId) c.end();
+  });
   const server = new Server({ hostKeys: [opts.hostKey], ident: 'slipway' }, (client) => {
-    clients.add(client);
+    clients.set(client, undefined);
     client.on('close', () => clients.delete(client));
     let login: Login | undefined;
     client.on('error', (e) => logger.debug({ err: e }, 'ssh client error'));
@@ -73,6 +76,7 @@ export async function startSshBroker(opts: { service: SandboxService; hostKey: B
             return ctx.reject(['password']);
           }
           login = found;
+          clients.set(client, found);
           metrics?.ssh('authenticated');
           logger.info({ sandboxId: found.sandboxId, sshTokenId: found.tokenId }, 'ssh login');
           ctx.accept();
@@ -166,7 +170,7 @@ export async function startSshBroker(opts: { service: SandboxService; hostKey: B
     close: () =>
       new Promise<void>((resolve) => {
         server.close(() => resolve());
-        for (const c of clients) c.end();
+        for (const c of clients.keys()) c.end();
       }),
   };
 }

@@ -336,6 +336,20 @@ describe('refusals', () => {
     expect((await rawRequest(h.url, 'DELETE', `/api/v1/sandboxes/${sa}/ssh_tokens/${t.token_id}`, { token: a.token })).status).toBe(404);
   });
 
+  it('revoking a token ends the connections made with it', async () => {
+    const t = await mint(a, sa);
+    const client = new SshClient();
+    await new Promise<void>((resolve, reject) => {
+      client.on('ready', () => resolve()).on('error', reject);
+      client.connect({ host: '127.0.0.1', port: sshPort, username: t.token, hostVerifier: () => true, tryKeyboard: false });
+    });
+    const closed = new Promise<void>((r) => client.once('close', () => r()));
+    const stream = await new Promise<import('ssh2').ClientChannel>((resolve, reject) => client.exec('sleep 300', (e, s) => (e ? reject(e) : resolve(s))));
+    stream.on('data', () => undefined);
+    expect((await rawRequest(h.url, 'DELETE', `/api/v1/sandboxes/${sa}/ssh_tokens/${t.token_id}`, { token: a.token })).status).toBe(204);
+    await closed;
+  });
+
   it("another sandbox's token opens only its own sandbox", async () => {
     const t2 = await mint(a, sa2);
     await a.api.writeFile(sa, 'whoami.txt', Buffer.from('sa'));
