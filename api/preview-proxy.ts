@@ -138,7 +138,11 @@ export async function handlePreviewRequest(service: SandboxService, t: Target, r
     const err = asApiError(e);
     counters?.request('http', err.code);
     if (!res.headersSent) {
-      res.writeHead(err.status, { 'content-type': 'application/json; charset=utf-8', ...(err.status === 401 ? { 'www-authenticate': 'Bearer' } : {}) });
+      res.writeHead(err.status, {
+        'content-type': 'application/json; charset=utf-8',
+        ...(err.status === 401 ? { 'www-authenticate': 'Bearer' } : {}),
+        ...(err.retryAfterSeconds !== undefined ? { 'retry-after': String(Math.max(1, Math.ceil(err.retryAfterSeconds))) } : {}),
+      });
       res.end(errorJson(err));
     } else {
       res.destroy();

@@ -615,6 +615,8 @@ export class SandboxService {
     const owner = SANDBOX_ID_PATTERN.test(sandboxId) ? await billing.getSandboxById(this.deps.db, sandboxId) : undefined;
     if (!owner) throw new ApiError(404, 'not_found', `no sandbox ${sandboxId}`);
     if (!(await billing.isPreviewPortOpen(this.deps.db, sandboxId, port))) throw new ApiError(404, 'port_not_open', `port ${port} of sandbox ${sandboxId} is not open for preview`);
+    // Each request starts a relay process: previews count against the owner's request rate.
+    this.rateLimit(owner.account_id);
     const { row, provider, release } = await this.admit({ accountId: owner.account_id, tokenId: 'preview', sandboxesEnabled: true }, sandboxId);
     try {
       if (!provider.connectPort) throw new ApiError(501, 'previews_unsupported', `the ${provider.kind} provider cannot reach sandbox ports`);
