@@ -16,7 +16,10 @@
  */
 import { spawn } from 'node:child_process';
 import { promises as fs, realpathSync } from 'node:fs';
-import { Duplex } from 'node:stream';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import type { Duplex } from 'node:stream';
 import { findExecutable } from './bubblewrap';
 
 const running = new Map<string, Set<number>>();
@@ -29,7 +32,7 @@ const keyOf = (root: string) => {
   }
 };
 
-/** Records a confined command running in the sandbox at `root`; the returned function forgets it. */
+/** Records a confined command running in the sandbox at `root`; the returned function forgets it (and stops its relays). */
 export function trackSandboxProcess(root: string, pid: number): () => void {
   const key = keyOf(root);
   let set = running.get(key);
@@ -39,6 +42,7 @@ export function trackSandboxProcess(root: string, pid: number): () => void {
     const s = running.get(key);
     s?.delete(pid);
     if (s && s.size === 0) running.delete(key);
+    for (const [k, r] of relays) if (r.owner === pid) stopRelay(k);
   };
 }
 
@@ -103,19 +107,42 @@ export function listeningPorts(table: string): Set<number> {
   return ports;
 }
 
-// Runs in the sandbox's network namespace only: connects to 127.0.0.1:PORT there, says 'K'
-// once connected (so the caller can tell "refused" from an empty answer), then copies bytes.
+// Runs in the sandbox's network namespace only (the host's filesystem, none of the sandbox's
+// other namespaces): listens on a Unix socket in a private folder of this process, and for each
+// connection there connects to 127.0.0.1:PORT in that namespace, says 'K' once connected (so the
+// caller can tell "refused" from an empty answer), then copies bytes. It ends with its stdin
+// (this process gone) or when the command it serves ends (stopRelay).
 const RELAY_SOURCE = `
 const net = require('net');
-const s = net.connect({ host: '127.0.0.1', port: Number(process.argv[1]) }, () => {
-  process.stdout.write('K');
-  process.stdin.pipe(s);
-  s.pipe(process.stdout);
+const [sock, port] = process.argv.slice(1);
+const server = net.createServer((c) => {
+  c.on('error', () => {});
+  const s = net.connect({ host: '127.0.0.1', port: Number(port) }, () => { c.write('K'); c.pipe(s); s.pipe(c); });
+  s.on('error', () => c.destroy());
+  s.on('close', () => c.destroy());
+  c.on('close', () => s.destroy());
 });
-s.on('error', (e) => { process.stderr.write(String(e.code || e.message)); process.exit(2); });
-s.on('close', () => process.exit(0));
-process.stdin.on('end', () => s.end());
+server.listen(sock, () => process.stdout.write('L'));
+process.stdin.on('end', () => process.exit(0));
+process.stdin.resume();
 `;
+
+interface Relay {
+  /** The tracked command whose namespace it is in: it stops when that command ends. */
+  owner: number;
+  socket: Promise<string>;
+  child: ReturnType<typeof spawn>;
+}
+/** One relay per network namespace and port, reused by every connection to it. */
+const relays = new Map<string, Relay>();
+let socketDir: string | undefined;
+
+function stopRelay(key: string): void {
+  const r = relays.get(key);
+  if (!r) return;
+  relays.delete(key);
+  r.child.kill('SIGKILL');
+}
 
 /**
  * Opens a byte stream to 127.0.0.1:`port` inside the sandbox at `root`. Rejects with
@@ -124,7 +151,7 @@ process.stdin.on('end', () => s.end());
 export async function connectSandboxPort(root: string, port: number): Promise<Duplex> {
   const pids = [...(running.get(keyOf(root)) ?? [])];
   const hostNs = await netnsOf('self');
-  if (!hostNs) throw new Error('cannot read this process\'s network namespace (/proc)');
+  if (!hostNs) throw new Error("cannot read this process's network namespace (/proc)");
   const seen = new Set<string>();
   for (const pid of pids) {
     const inner = await namespacedDescendant(pid, hostNs);
@@ -132,38 +159,61 @@ export async function connectSandboxPort(root: string, port: number): Promise<Du
     const ns = await netnsOf(inner);
     if (!ns || seen.has(ns)) continue;
     seen.add(ns);
-    if (await listensOn(inner, port)) return relay(inner, port);
+    if (await listensOn(inner, port)) return dial(await relayFor(pid, inner, ns, port), port);
   }
   throw new PortUnreachableError(port, pids.length === 0 ? 'no command is running in it' : '');
 }
 
-function relay(pid: number, port: number): Promise<Duplex> {
-  const nsenter = findExecutable('nsenter');
-  if (!nsenter) throw new Error('nsenter (util-linux) is needed to reach ports inside confined sandboxes');
-  // Root may enter any namespace; another user enters the sandbox's user namespace (its own) first.
-  const ns = process.getuid?.() === 0 ? ['--net'] : ['--user', '--net', '--preserve-credentials'];
-  const child = spawn(nsenter, [`--target=${pid}`, ...ns, '--', process.execPath, '-e', RELAY_SOURCE, String(port)], {
-    stdio: ['pipe', 'pipe', 'pipe'],
-    env: { PATH: '/usr/bin:/bin' },
-  });
+async function relayFor(owner: number, pid: number, ns: string, port: number): Promise<string> {
+  const key = `${ns}:${port}`;
+  let r = relays.get(key);
+  if (!r) {
+    const nsenter = findExecutable('nsenter');
+    if (!nsenter) throw new Error('nsenter (util-linux) is needed to reach ports inside confined sandboxes');
+    socketDir ??= await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-relays-'));
+    const socket = path.join(socketDir, `${ns.replace(/\D/g, '')}-${port}.sock`);
+    await fs.rm(socket, { force: true });
+    // Root may enter any namespace; another user enters the sandbox's user namespace (its own) first.
+    const enter = process.getuid?.() === 0 ? ['--net'] : ['--user', '--net', '--preserve-credentials'];
+    const child = spawn(nsenter, [`--target=${pid}`, ...enter, '--', process.execPath, '-e', RELAY_SOURCE, socket, String(port)], {
+      stdio: ['pipe', 'pipe', 'pipe'],
+      env: { PATH: '/usr/bin:/bin' },
+    });
+    const created: Relay = {
+      owner,
+      child,
+      socket: new Promise<string>((resolve, reject) => {
+        let stderr = '';
+        child.stderr!.on('data', (d: Buffer) => (stderr = (stderr + d.toString('utf8')).slice(-500)));
+        child.once('error', reject);
+        child.once('exit', (code) => reject(new PortUnreachableError(port, stderr.trim() || `relay exited with ${code}`)));
+        child.stdout!.once('data', () => resolve(socket));
+      }),
+    };
+    child.once('exit', () => {
+      if (relays.get(key) === created) relays.delete(key);
+    });
+    relays.set(key, (r = created));
+  }
+  return r.socket;
+}
+
+function dial(socket: string, port: number): Promise<Duplex> {
   return new Promise((resolve, reject) => {
-    let stderr = '';
-    child.stderr.on('data', (d: Buffer) => (stderr = (stderr + d.toString('utf8')).slice(-500)));
-    const onExit = (code: number | null) => reject(new PortUnreachableError(port, stderr.trim() || `relay exited with ${code}`));
-    child.once('exit', onExit);
-    child.once('error', reject);
-    child.stdout.once('readable', function first() {
-      const head = child.stdout.read(1) as Buffer | null;
-      if (head === null) return void child.stdout.once('readable', first);
-      child.off('exit', onExit);
+    const c = net.connect(socket);
+    const failed = (e?: Error) => reject(new PortUnreachableError(port, e?.message ?? 'connection refused'));
+    c.once('error', failed);
+    c.once('close', failed);
+    c.once('readable', function first() {
+      const head = c.read(1) as Buffer | null;
+      if (head === null) return void c.once('readable', first);
+      c.off('error', failed);
+      c.off('close', failed);
       if (head.toString() !== 'K') {
-        child.kill('SIGKILL');
+        c.destroy();
         return reject(new PortUnreachableError(port, 'relay failed'));
       }
-      const duplex = Duplex.from({ readable: child.stdout, writable: child.stdin });
-      duplex.on('close', () => child.kill('SIGKILL'));
-      child.stdin.on('error', () => undefined);
-      resolve(duplex);
+      resolve(c);
     });
   });
 }
