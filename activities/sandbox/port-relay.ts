@@ -5,12 +5,13 @@
  * sandbox" exists only inside the namespace of the command that listens there. The relay is a
  * small program of ours, run with `nsenter --net` into that namespace (and nothing else: it is
  * not in the sandbox's mount, PID or user namespace, so sandbox processes can neither see nor
- * signal it), that connects to 127.0.0.1:port there and copies bytes between the socket and
- * its stdio. The connection is made from inside the sandbox's namespace, so no host address
- * (loopback or other) is reachable through it: the namespace has no route to the host.
+ * signal it), listening on a Unix socket in a private folder of this process; for each
+ * connection there it connects to 127.0.0.1:port in the sandbox's namespace and copies bytes.
+ * The connection is made from inside that namespace, so no host address (loopback or other) is
+ * reachable through it: the namespace has no route to the host.
  *
  * Which namespaces belong to a sandbox: the confined commands running in it, recorded by
- * execInWorktree as they start (trackSandboxProcess). Their first descendant in another
+ * preparedCommand (exec and sessions) as they start (trackSandboxProcess). Their first descendant in another
  * network namespace than ours is the bwrap child; the kernel's own /proc/<pid>/net/tcp{,6}
  * tables (not anything the sandbox writes) say whether something listens on the port there.
  */
