@@ -118,7 +118,7 @@ const net = require('net');
 const [sock, port] = process.argv.slice(1);
 const server = net.createServer((c) => {
   c.on('error', () => {});
-  const s = net.connect({ host: '127.0.0.1', port: Number(port) }, () => { c.write('K'); c.pipe(s); s.pipe(c); });
+  const s = net.connect({ host: '127.0.0.1', port: Number(port), noDelay: true }, () => { c.write('K'); c.pipe(s); s.pipe(c); });
   s.on('error', () => c.destroy());
   s.on('close', () => c.destroy());
   c.on('close', () => s.destroy());
