@@ -4,7 +4,7 @@
  */
 import type { z } from 'zod';
 import WebSocket from 'ws';
-import type { CreateSandboxBody, ExecBody, ExecResult, SandboxView, SessionServerFrame, StreamExecBody } from './schemas';
+import type { CreateSandboxBody, ExecBody, ExecResult, MintSshTokenBody, OpenPortBody, PreviewPortView, SandboxView, SessionServerFrame, SshTokenView, StreamExecBody } from './schemas';
 
 export type CreateSandboxInput = z.input<typeof CreateSandboxBody>;
 export type ExecInput = z.input<typeof ExecBody>;
@@ -24,6 +24,8 @@ export interface SandboxOps {
   readFile(id: string, path: string): Promise<Buffer>;
   writeFile(id: string, path: string, content: Buffer): Promise<void>;
   deleteFile(id: string, path: string): Promise<void>;
+  openPort(id: string, body: z.input<typeof OpenPortBody>): Promise<PreviewPortView>;
+  closePort(id: string, port: number): Promise<void>;
 }
 
 export class ApiClientError extends Error {
@@ -133,5 +135,20 @@ export class SandboxApiClient implements SandboxOps {
   }
   async deleteFile(id: string, path: string) {
     await this.request('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}/files/${filePath(path)}`);
+  }
+  openPort(id: string, body: z.input<typeof OpenPortBody>) {
+    return this.json<PreviewPortView>('POST', `/api/v1/sandboxes/${encodeURIComponent(id)}/ports`, body);
+  }
+  async listPorts(id: string) {
+    return (await this.json<{ ports: PreviewPortView[] }>('GET', `/api/v1/sandboxes/${encodeURIComponent(id)}/ports`)).ports;
+  }
+  async closePort(id: string, port: number) {
+    await this.request('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}/ports/${port}`);
+  }
+  mintSshToken(id: string, body: z.input<typeof MintSshTokenBody> = {}) {
+    return this.json<SshTokenView>('POST', `/api/v1/sandboxes/${encodeURIComponent(id)}/ssh_tokens`, body);
+  }
+  async revokeSshToken(id: string, tokenId: string) {
+    await this.request('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}/ssh_tokens/${encodeURIComponent(tokenId)}`);
   }
 }

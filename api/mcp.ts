@@ -11,11 +11,12 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { ApiClientError, type SandboxOps } from './client';
 import { tail } from '../activities/process';
-import { CreateSandboxBody, ExecBody, ExecResult, SandboxView, StreamExecBody, type SessionServerFrame } from './schemas';
+import { CreateSandboxBody, ExecBody, ExecResult, OpenPortBody, PreviewPortView, SandboxView, StreamExecBody, type SessionServerFrame } from './schemas';
 import { relaySession, writeInput } from './session-relay';
 import { ApiError, type Principal, type SandboxService } from './service';
+import { requestOrigin } from './preview-proxy';
 
-export const MCP_TOOLS = ['create_sandbox', 'exec_in_sandbox', 'read_sandbox_file', 'write_sandbox_file', 'destroy_sandbox', 'wait_sandbox_ready'] as const;
+export const MCP_TOOLS = ['create_sandbox', 'exec_in_sandbox', 'read_sandbox_file', 'write_sandbox_file', 'destroy_sandbox', 'wait_sandbox_ready', 'open_sandbox_port', 'close_sandbox_port'] as const;
 
 /** Objects go out as text (for older clients) and as structured content matching the tool's output schema. */
 const text = (value: unknown): CallToolResult => ({
@@ -131,11 +132,34 @@ export function buildMcpServer(ops: SandboxOps): McpServer {
     },
     async ({ sandbox_id }) => guard(async () => text(await ops.destroy(sandbox_id))),
   );
+  server.registerTool(
+    'open_sandbox_port',
+    {
+      description: 'Expose a port a process in the sandbox listens on at a preview URL (its own origin). Returns the URL and a signed, short-lived link for a browser. The preview lives while the process serving the port runs.',
+      inputSchema: { sandbox_id: sandboxId, ...OpenPortBody.shape },
+      outputSchema: PreviewPortView.shape,
+      annotations: { title: 'Open a preview port', readOnlyHint: false, destructiveHint: false, idempotentHint: true, openWorldHint: false },
+    },
+    async ({ sandbox_id, ...body }) => guard(async () => text(await ops.openPort(sandbox_id, body))),
+  );
+  server.registerTool(
+    'close_sandbox_port',
+    {
+      description: 'Close a preview port: its URL and links stop working.',
+      inputSchema: { sandbox_id: sandboxId, port: OpenPortBody.shape.port },
+      annotations: { title: 'Close a preview port', readOnlyHint: false, destructiveHint: true, idempotentHint: false, openWorldHint: false },
+    },
+    async ({ sandbox_id, port }) =>
+      guard(async () => {
+        await ops.closePort(sandbox_id, port);
+        return text(`closed port ${port} of ${sandbox_id}`);
+      }),
+  );
   return server;
 }
 
 /** The service bound to one principal, as SandboxOps (the HTTP MCP endpoint's view). */
-export function inProcessOps(service: SandboxService, principal: Principal): SandboxOps {
+export function inProcessOps(service: SandboxService, principal: Principal, origin: { scheme: string; port: string | undefined } = { scheme: 'http', port: undefined }): SandboxOps {
   const parse = <T extends z.ZodType>(schema: T, value: unknown): z.infer<T> => {
     const r = schema.safeParse(value);
     if (!r.success) throw new ApiError(400, 'invalid_body', r.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; '));
@@ -176,12 +200,15 @@ export function inProcessOps(service: SandboxService, principal: Principal): San
     readFile: (id, path) => service.readFile(principal, id, path),
     writeFile: (id, path, content) => service.writeFile(principal, id, path, content),
     deleteFile: (id, path) => service.deleteFile(principal, id, path),
+    openPort: (id, body) => service.openPort(principal, id, parse(OpenPortBody, body), origin),
+    closePort: (id, port) => service.closePort(principal, id, port),
   };
 }
 
 /** One stateless MCP exchange over HTTP (JSON responses, no session). */
 export async function handleMcpHttp(service: SandboxService, principal: Principal, req: FastifyRequest, reply: FastifyReply): Promise<void> {
-  const server = buildMcpServer(inProcessOps(service, principal));
+  // Preview URLs name the port the MCP client reached this server on.
+  const server = buildMcpServer(inProcessOps(service, principal, requestOrigin(req)));
   // Progress notifications (streamed exec output) need an SSE answer; everything else is plain JSON.
   const wantsProgress = (Array.isArray(req.body) ? req.body : [req.body]).some((m) => (m as { params?: { _meta?: { progressToken?: unknown } } } | undefined)?.params?._meta?.progressToken !== undefined);
   const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: !wantsProgress });

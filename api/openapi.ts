@@ -4,7 +4,7 @@
  * a test fails when the two drift apart.
  */
 import { z } from 'zod';
-import { CreateSandboxBody, ErrorBody, ExecBody, ExecResult, GrantIntrospection, SandboxList, SandboxView, SessionClientFrame, SessionServerFrame, SessionStartFrame, StreamExecBody } from './schemas';
+import { CreateSandboxBody, ErrorBody, ExecBody, ExecResult, GrantIntrospection, MintSshTokenBody, OpenPortBody, PreviewPortList, PreviewPortView, SandboxList, SandboxView, SessionClientFrame, SessionServerFrame, SessionStartFrame, SshTokenView, StreamExecBody } from './schemas';
 
 const schema = (s: z.ZodType, io: 'input' | 'output') => {
   const json = z.toJSONSchema(s, { io, target: 'draft-2020-12', unrepresentable: 'any' }) as Record<string, unknown>;
@@ -72,6 +72,11 @@ export function buildOpenApiDocument() {
         SessionClientFrame: schema(SessionClientFrame, 'input'),
         SessionFrame: schema(SessionServerFrame, 'output'),
         ExecResult: schema(ExecResult, 'output'),
+        OpenPort: schema(OpenPortBody, 'input'),
+        PreviewPort: schema(PreviewPortView, 'output'),
+        PreviewPortList: schema(PreviewPortList, 'output'),
+        MintSshToken: schema(MintSshTokenBody, 'input'),
+        SshToken: schema(SshTokenView, 'output'),
         Sandbox: schema(SandboxView, 'output'),
         SandboxList: schema(SandboxList, 'output'),
         GrantIntrospection: schema(GrantIntrospection, 'output'),
@@ -180,6 +185,71 @@ export function buildOpenApiDocument() {
           summary: 'Delete a file (a link is removed, never its target)',
           parameters: [ID, PATH],
           responses: { '204': { description: 'deleted' }, ...CALL_ERRORS, '400': FILE_ERRORS['400'] },
+        },
+      },
+      '/api/v1/sandboxes/{id}/ports': {
+        post: {
+          operationId: 'openSandboxPort',
+          summary: 'Expose a port a process in the sandbox listens on at a preview origin (ADR 0015)',
+          description:
+            'The preview is served by this server at `http://<id without sbx_>-<port>.<preview domain>:<this port>/` (its own origin), to the account token (Authorization: Bearer) ' +
+            'or a signed, short-lived link (`?slipway_preview=...`, answered with 303 and a host-only cookie). HTTP and WebSockets are proxied into the sandbox\'s own network: ' +
+            'the port is reached as 127.0.0.1:<port> inside the sandbox, never on the host. It answers while a command of the sandbox listens there (else 502). ' +
+            'Opening an open port again returns a fresh link.',
+          parameters: [ID],
+          requestBody: { required: true, ...json('OpenPort') },
+          responses: {
+            '201': { description: 'the open port, its URL and a signed link', ...json('PreviewPort') },
+            ...SANDBOX_ERRORS,
+            '400': error('malformed URL or body (port 1 to 65535, link_ttl_seconds up to 86400)'),
+            '404': error("no such sandbox in this account (another account's is a 404 too), or preview ports are off on this server (previews_off)"),
+            '409': error('the sandbox ended (sandbox_ended)'),
+            '422': error('the sandbox is not confined: it has no network of its own (preview_needs_confinement)'),
+          },
+        },
+        get: {
+          operationId: 'listSandboxPorts',
+          summary: 'The open preview ports, each with a fresh signed link',
+          parameters: [ID],
+          responses: {
+            '200': { description: 'open ports', ...json('PreviewPortList') },
+            ...SANDBOX_ERRORS,
+            '404': error("no such sandbox in this account (another account's is a 404 too), or preview ports are off on this server (previews_off)"),
+          },
+        },
+      },
+      '/api/v1/sandboxes/{id}/ports/{port}': {
+        delete: {
+          operationId: 'closeSandboxPort',
+          summary: 'Close a preview port: its URL and links stop working',
+          parameters: [ID, { name: 'port', in: 'path', required: true, schema: { type: 'integer', minimum: 1, maximum: 65535 } }],
+          responses: { '204': { description: 'closed' }, ...SANDBOX_ERRORS, '400': error('the port is not a number from 1 to 65535'), '404': error('no such sandbox, or the port is not open (port_not_open)') },
+        },
+      },
+      '/api/v1/sandboxes/{id}/ssh_tokens': {
+        post: {
+          operationId: 'mintSshToken',
+          summary: 'Mint a short-lived SSH credential bound to this sandbox (ADR 0015)',
+          description:
+            'The token is shown once and stored hashed. Log in with `ssh -p <port> <token>@<host>`, or as user `<sandbox id>` with the token as password. ' +
+            'Sessions run in the sandbox under its confinement: exec, shells with a PTY, and SFTP (scp, sftp, VS Code Remote-SSH). No port forwarding.',
+          parameters: [ID],
+          requestBody: { required: false, ...json('MintSshToken') },
+          responses: {
+            '201': { description: 'the token and how to use it', ...json('SshToken') },
+            ...SANDBOX_ERRORS,
+            '400': error("malformed URL or body, or ttl_minutes over the server's maximum"),
+            '404': error("no such sandbox in this account (another account's is a 404 too), or the SSH broker is off on this server (ssh_off)"),
+            '409': error('the sandbox ended (sandbox_ended)'),
+          },
+        },
+      },
+      '/api/v1/sandboxes/{id}/ssh_tokens/{tokenId}': {
+        delete: {
+          operationId: 'revokeSshToken',
+          summary: 'Revoke an SSH token: no new login or channel with it',
+          parameters: [ID, { name: 'tokenId', in: 'path', required: true, schema: { type: 'string' } }],
+          responses: { '204': { description: 'revoked' }, ...SANDBOX_ERRORS, '404': error('no such sandbox, or no live token with that id for it') },
         },
       },
       '/api/v1/grants/introspect': {

@@ -4,6 +4,7 @@
  */
 import { z } from 'zod';
 import { SANDBOX_STATES } from '../core/states';
+import { DEFAULT_LINK_TTL_SECONDS, MAX_LINK_TTL_SECONDS, MAX_PREVIEW_PORT, MIN_PREVIEW_PORT } from '../activities/service/preview';
 import { END_REASONS, PLATFORMS, PROVISIONING_KINDS, SANDBOX_ID_PATTERN } from '../core/sandbox-service';
 
 export const SandboxIdSchema = z.string().regex(SANDBOX_ID_PATTERN, 'must be a sandbox id (sbx_ followed by 20 characters)');
@@ -130,6 +131,45 @@ export const SandboxView = z.object({
 export type SandboxView = z.infer<typeof SandboxView>;
 
 export const SandboxList = z.object({ sandboxes: z.array(SandboxView) });
+
+export const OpenPortBody = z.strictObject({
+  port: z.number().int().min(MIN_PREVIEW_PORT).max(MAX_PREVIEW_PORT).describe('the port a process in the sandbox listens on (127.0.0.1 or all addresses inside the sandbox)'),
+  link_ttl_seconds: z
+    .number()
+    .int()
+    .min(1)
+    .max(MAX_LINK_TTL_SECONDS)
+    .optional()
+    .describe(`how long the signed link in the answer stays valid (default ${DEFAULT_LINK_TTL_SECONDS})`),
+});
+export type OpenPortBody = z.infer<typeof OpenPortBody>;
+
+export const PreviewPortView = z.object({
+  port: z.number(),
+  opened_at: z.string(),
+  url: z.string().describe('the preview origin; needs Authorization: Bearer <account token>, or the signed link once'),
+  link: z.string().describe('a signed, short-lived URL for a browser: its first use sets a cookie of the preview origin'),
+  link_expires_at: z.string(),
+});
+export type PreviewPortView = z.infer<typeof PreviewPortView>;
+export const PreviewPortList = z.object({ ports: z.array(PreviewPortView) });
+
+export const MintSshTokenBody = z.strictObject({
+  ttl_minutes: z.number().int().min(1).max(7 * 24 * 60).optional().describe("how long the token opens SSH sessions (default 60; at most the server's --ssh-max-token-minutes)"),
+});
+export type MintSshTokenBody = z.infer<typeof MintSshTokenBody>;
+
+export const SshTokenView = z.object({
+  token_id: z.string().describe('for DELETE .../ssh_tokens/{token_id}'),
+  token: z.string().describe('shown once; stored hashed'),
+  host: z.string(),
+  port: z.number(),
+  user: z.string().describe('the token itself: `ssh -p PORT TOKEN@HOST`'),
+  password_user: z.string().describe('or log in as the sandbox id with the token as the password (keeps the token out of argv)'),
+  command: z.string().describe('what to type'),
+  expires_at: z.string(),
+});
+export type SshTokenView = z.infer<typeof SshTokenView>;
 
 export const ErrorBody = z.object({
   error: z.object({

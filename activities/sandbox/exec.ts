@@ -15,6 +15,7 @@ import { randomBytes } from 'node:crypto';
 import { spawnSync, type ChildProcess } from 'node:child_process';
 import type { ExecRequest } from './provider';
 import { seccompFilter } from './seccomp';
+import { trackSandboxProcess } from './port-relay';
 import type { Writable } from 'node:stream';
 
 export interface ExecTarget {
@@ -72,6 +73,9 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
   }
   const cmd = await confinedCommand(target, req, { seccomp: true });
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
+  // Recorded while it runs (exec and sessions alike): preview ports reach a port only in the
+  // network namespace of a running command of the sandbox (port-relay.ts).
+  let untrack: (() => void) | undefined;
   return {
     spawn: {
       command: limited.command,
@@ -80,19 +84,17 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
       cwd: cmd.cwd,
       pwd: cmd.pwd,
       extraPipes: cmd.seccomp ? cmd.seccomp.fd - 2 : cmd.egress ? 2 : 0,
-      ...(cmd.egress || cmd.seccomp
-        ? {
-            prepare: async (child: ChildProcess) => {
-              // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.
-              // A bwrap that died first closes the pipe: its exit is the error reported, not EPIPE here.
-              const pipe = cmd.seccomp ? (child.stdio[cmd.seccomp.fd] as Writable | null) : null;
-              pipe?.on('error', () => undefined).end(cmd.seccomp!.program);
-              await cmd.egress?.prepare(child);
-            },
-          }
-        : {}),
+      prepare: async (child: ChildProcess) => {
+        if (child.pid !== undefined) untrack = trackSandboxProcess(target.root, child.pid);
+        // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.
+        // A bwrap that died first closes the pipe: its exit is the error reported, not EPIPE here.
+        const pipe = cmd.seccomp ? (child.stdio[cmd.seccomp.fd] as Writable | null) : null;
+        pipe?.on('error', () => undefined).end(cmd.seccomp!.program);
+        await cmd.egress?.prepare(child);
+      },
     },
     cleanup: async () => {
+      untrack?.();
       await cmd.egress?.stop();
       await limited.cleanup();
     },

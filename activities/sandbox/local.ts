@@ -26,6 +26,8 @@ import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, reso
 import type { RunResult } from '../process';
 import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
+import type { Duplex } from 'node:stream';
+import { connectSandboxPort, PortUnreachableError } from './port-relay';
 import { combineConfinement, confinedCommand, execInWorktree, type ExecTarget } from './exec';
 import { openSessionInWorktree } from './session';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
@@ -372,6 +374,13 @@ export class LocalSandboxProvider implements SandboxProvider {
 
   async openSession(handle: Pick<SandboxHandle, 'root'>, req: SessionRequest): Promise<SandboxSession> {
     return openSessionInWorktree(await this.execTarget(handle.root), req);
+  }
+
+  async connectPort(handle: Pick<SandboxHandle, 'root'>, port: number): Promise<Duplex> {
+    const target = await this.execTarget(handle.root);
+    // Unconfined commands share the host's network: 127.0.0.1 there is the host's loopback.
+    if (!target.confinement) throw new PortUnreachableError(port, 'only confined sandboxes have a network of their own');
+    return connectSandboxPort(target.root, port);
   }
 
   /**

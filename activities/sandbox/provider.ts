@@ -4,6 +4,7 @@
  */
 import type { Readable, Writable } from 'node:stream';
 import type { RunResult } from '../process';
+import type { Duplex } from 'node:stream';
 import type { BubblewrapConfinement } from './bubblewrap';
 
 /** Commands that prepare a new sandbox (`npm ci`), and checks that it is ready. */
@@ -170,6 +171,12 @@ export interface SandboxProvider {
   deleteSnapshot?(handle: Pick<SandboxHandle, 'root'>): Promise<void>;
   /** Watcher probe (optional): is the sandbox still alive, or did it die outside Slipway? */
   probe?(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness>;
+  /**
+   * Preview ports (optional, ADR 0015): a byte stream to 127.0.0.1:`port` as the sandbox sees
+   * it, made from inside the sandbox's network, never from the host's. Rejects when nothing of
+   * the sandbox listens there (PortUnreachableError) or the sandbox has no network of its own.
+   */
+  connectPort?(handle: Pick<SandboxHandle, 'root'>, port: number): Promise<Duplex>;
 }
 
 export type SandboxLiveness = { alive: true } | { alive: false; reason: string; detail: string };

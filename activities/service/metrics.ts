@@ -21,6 +21,12 @@ export interface ServiceMetrics {
   sessionBytes(accountId: string, direction: 'in' | 'out', bytes: number): void;
   /** Output bytes the server holds for one slow reader right now; the gauge keeps the highest seen. */
   sessionBuffered(bytes: number): void;
+  /** Preview proxy requests (kind http or upgrade), by outcome (proxied, link, or the error code). */
+  previewRequest(kind: string, outcome: string): void;
+  /** Bytes through the interactive surfaces (surface preview or ssh; in = towards the sandbox). */
+  interactiveBytes(surface: 'preview' | 'ssh', direction: 'in' | 'out', n: number): void;
+  /** SSH sessions and channels, by what happened (authenticated, refused, shell, exec, sftp). */
+  ssh(event: string): void;
 }
 
 export function createServiceMetrics(db: Queryable, opts: { defaultMetrics?: boolean; allowUnconfined?: boolean } = {}): ServiceMetrics {
@@ -45,6 +51,9 @@ export function createServiceMetrics(db: Queryable, opts: { defaultMetrics?: boo
   const suspend = new Histogram({ name: 'slipway_sandbox_suspend_seconds', help: 'Idle offload: time to snapshot and free a sandbox.', buckets: SECONDS, registers: [registry] });
   const restore = new Histogram({ name: 'slipway_sandbox_restore_seconds', help: 'Wake: time to restore a suspended sandbox.', buckets: SECONDS, registers: [registry] });
   const transitions = new Counter({ name: 'slipway_sandbox_transitions_total', help: 'Lifecycle transitions recorded, by the state entered.', labelNames: ['state'], registers: [registry] });
+  const previewRequests = new Counter({ name: 'slipway_preview_requests_total', help: 'Preview proxy requests, by kind (http, upgrade) and outcome (proxied, link, or the refusal code).', labelNames: ['kind', 'outcome'], registers: [registry] });
+  const interactiveBytes = new Counter({ name: 'slipway_interactive_bytes_total', help: 'Bytes through previews and SSH, by surface and direction (in: towards the sandbox).', labelNames: ['surface', 'direction'], registers: [registry] });
+  const ssh = new Counter({ name: 'slipway_ssh_events_total', help: 'SSH broker events: authenticated, refused, and channels opened (shell, exec, sftp).', labelNames: ['event'], registers: [registry] });
   new Gauge({
     name: 'slipway_sandboxes',
     help: 'Sandboxes not yet terminated, by account, platform and state.',
@@ -74,5 +83,8 @@ export function createServiceMetrics(db: Queryable, opts: { defaultMetrics?: boo
     suspended: (ms) => suspend.observe(ms / 1000),
     restored: (ms) => restore.observe(ms / 1000),
     transition: (state) => transitions.inc({ state }),
+    previewRequest: (kind, outcome) => previewRequests.inc({ kind, outcome }),
+    interactiveBytes: (surface, direction, n) => interactiveBytes.inc({ surface, direction }, n),
+    ssh: (event) => ssh.inc({ event }),
   };
 }

@@ -15,6 +15,14 @@ import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv } from '../../core/sandbox
 import { probeBwrap, requireBwrap } from '../../activities/sandbox/bubblewrap';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
+import { DEFAULT_PREVIEW_DOMAIN, loadPreviewKey } from '../../activities/service/preview';
+
+const portNumber = (name: string, v: string) => {
+  if (!/^\d{1,5}$/.test(v) || Number(v) > 65535) throw new CliError(`${name} must be a port number (0 to 65535), got "${v}"`);
+  return Number(v);
+};
+
+const PREVIEW_DOMAIN = /^(?=.{1,200}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/;
 import { apiClientFromEnv } from './sandbox';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
@@ -29,8 +37,18 @@ export async function apiCommand(opts: {
   allowUnconfined?: boolean;
   maxFileMb?: number;
   rate?: number;
+  previewDomain?: string | false;
+  sshPort?: number;
+  sshHost?: string;
+  sshPublicHost?: string;
+  sshMaxTokenMinutes?: number;
 }): Promise<number> {
   if (!opts.worker && !opts.http) throw new CliError('--no-worker and --no-http together leave nothing to run');
+  const sshPort = opts.sshPort ?? (process.env.SLIPWAY_SSH_PORT ? portNumber('SLIPWAY_SSH_PORT', process.env.SLIPWAY_SSH_PORT) : undefined);
+  const previewDomain = opts.previewDomain === false ? undefined : (opts.previewDomain ?? DEFAULT_PREVIEW_DOMAIN).toLowerCase();
+  if (previewDomain !== undefined && !PREVIEW_DOMAIN.test(previewDomain)) {
+    throw new CliError(`--preview-domain: "${previewDomain}" is not a domain name (letters, digits, "-" and ".", e.g. preview.example.com)`);
+  }
   const allowUnconfined = opts.allowUnconfined ?? false;
   if (allowUnconfined) {
     log(`WARNING: --allow-unconfined: profiles with confinement "none" run tenants' commands on this host as this user; use it only for a single-tenant setup`);
@@ -85,8 +103,21 @@ export async function apiCommand(opts: {
     dataConverter,
     ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
     ...(opts.rate !== undefined ? { requestsPerSecond: opts.rate } : {}),
+    ...(previewDomain !== undefined ? { preview: { key: await loadPreviewKey(settings.dataDir), domain: previewDomain } } : {}),
+    ...(sshPort !== undefined
+      ? {
+          ssh: {
+            host: opts.sshHost ?? opts.host,
+            port: sshPort,
+            hostKey: await (require('../../api/ssh-server') as typeof import('../../api/ssh-server')).loadSshHostKey(settings.dataDir),
+            ...(opts.sshPublicHost ? { publicHost: opts.sshPublicHost } : {}),
+            ...(opts.sshMaxTokenMinutes !== undefined ? { maxTokenMinutes: opts.sshMaxTokenMinutes } : {}),
+          },
+        }
+      : {}),
   });
-  if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics); billing database: ${db.engine}`);
+  if (host.sshPort !== undefined) log(`SSH broker on port ${host.sshPort} (tokens: POST /api/v1/sandboxes/{id}/ssh_tokens)`);
+  if (host.url) log(`sandbox API on ${host.url} (OpenAPI ${host.url}/api/v1/openapi.json, MCP ${host.url}/mcp, metrics ${host.url}/metrics${previewDomain ? `, previews at <id>-<port>.${previewDomain}` : ''}); billing database: ${db.engine}`);
   else log(`sandbox service worker on task queue ${host.serviceTaskQueue} (no HTTP); billing database: ${db.engine}`);
   await new Promise<void>((resolve) => {
     process.once('SIGINT', () => resolve());
@@ -120,6 +151,7 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
     if (!Number.isInteger(n) || n < 0) throw new CliError(`expected a whole number, got "${v}"`);
     return n;
   };
+
   program
     .command('api')
     .description(GROUP_DESCRIPTIONS.api)
@@ -132,6 +164,12 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
     .option('--allow-unconfined', `serve profiles with confinement "none" (commands run on this host; single-tenant setups only; env ${ALLOW_UNCONFINED_ENV}=1)`, allowUnconfinedFromEnv())
     .option('--max-file-mb <n>', 'largest file the files API accepts or returns (MiB)', int)
     .option('--rate <n>', 'requests per second per account, bursts of twice that (0: off; default 50)', int)
+    .option('--preview-domain <domain>', `preview ports are served at <id>-<port>.<domain> on this listener (env SLIPWAY_PREVIEW_DOMAIN; default ${DEFAULT_PREVIEW_DOMAIN})`, process.env.SLIPWAY_PREVIEW_DOMAIN || undefined)
+    .option('--no-preview-domain', 'turn preview ports off')
+    .option('--ssh-port <port>', 'serve the SSH broker on this port (env SLIPWAY_SSH_PORT; off unless set)', (v: string) => portNumber('--ssh-port', v))
+    .option('--ssh-host <host>', 'listen address of the SSH broker (default: --host)')
+    .option('--ssh-public-host <host>', 'the host name SSH clients are told to connect to (default: the API request\'s host)')
+    .option('--ssh-max-token-minutes <n>', 'longest SSH token lifetime a caller may ask for (default 1440)', int)
     .action(async (opts) => setExit(await apiCommand(opts)));
   program
     .command('mcp')

@@ -3,11 +3,14 @@
  * http://127.0.0.1:8787, and SLIPWAY_API_TOKEN: the token never goes on the command line,
  * where `ps` would show it).
  */
-import { readFileSync, writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { slipwayHome } from '../../lib/settings';
 import type { Command } from 'commander';
 import { ApiClientError, DEFAULT_API_URL, SandboxApiClient } from '../../api/client';
-import type { SandboxView } from '../../api/schemas';
-import type { SessionServerFrame } from '../../api/schemas';
+import type { SandboxView, SessionServerFrame, SshTokenView } from '../../api/schemas';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 import { exitStatus, runTerminal, terminalSize } from '../terminal';
@@ -93,6 +96,41 @@ const show = (s: SandboxView, json?: boolean) => {
 };
 
 const collect = (value: string, previous: string[] = []) => [...previous, value];
+
+/**
+ * Runs OpenSSH against the broker: the sandbox id as the user and the token as the password,
+ * handed over by an askpass helper from the environment, so the token is never in argv. The
+ * broker's host key is remembered in `$SLIPWAY_HOME/ssh_known_hosts` on first use.
+ */
+async function runSsh(t: SshTokenView, id: string, command: string[]): Promise<number> {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-ssh-'));
+  try {
+    const askpass = path.join(dir, 'askpass');
+    writeFileSync(askpass, '#!/bin/sh\nprintf \'%s\\n\' "$SLIPWAY_SSH_TOKEN"\n', { mode: 0o700 });
+    const home = slipwayHome();
+    mkdirSync(home, { recursive: true, mode: 0o700 });
+    const args = [
+      '-p', String(t.port),
+      '-o', `UserKnownHostsFile=${path.join(home, 'ssh_known_hosts')}`,
+      '-o', 'StrictHostKeyChecking=accept-new',
+      '-o', 'LogLevel=ERROR',
+      '-o', 'PreferredAuthentications=password',
+      '-o', 'PubkeyAuthentication=no',
+      '-o', 'NumberOfPasswordPrompts=1',
+      '-l', id,
+      t.host,
+      ...command,
+    ];
+    const env = { ...process.env, SLIPWAY_SSH_TOKEN: t.token, SSH_ASKPASS: askpass, SSH_ASKPASS_REQUIRE: 'force' };
+    return await new Promise<number>((resolve, reject) => {
+      const child = spawn('ssh', args, { stdio: 'inherit', env });
+      child.on('error', (e) => reject(new CliError(`cannot run ssh (install openssh-client): ${e.message}`, EXIT.runFailed)));
+      child.on('exit', (code, signal) => resolve(code ?? (signal ? 128 : 1)));
+    });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
 
 export function registerSandboxCommands(program: Command): void {
   const sandbox = program.command('sandbox').description(GROUP_DESCRIPTIONS.sandbox);
@@ -226,6 +264,57 @@ export function registerSandboxCommands(program: Command): void {
     .action(async (id: string, p: string) => {
       const api = apiClientFromEnv();
       await call(() => api.deleteFile(id, p));
+    });
+
+  sandbox
+    .command('ssh')
+    .argument('<id>')
+    .argument('[command...]', 'run this instead of a login shell (use -- before it)')
+    .option('--minutes <n>', 'lifetime of the fresh token (default 60)', Number)
+    .option('--print', 'print the token and the ssh command instead of running ssh')
+    .description('open SSH into a sandbox through the broker with a fresh short-lived token (runs `ssh`)')
+    .action(async (id: string, command: string[], opts) => {
+      const api = apiClientFromEnv();
+      const t = await call(() => api.mintSshToken(id, opts.minutes !== undefined ? { ttl_minutes: opts.minutes } : {}));
+      if (opts.print) {
+        out(t.command);
+        out(`  token ${t.token_id} expires ${t.expires_at}`);
+        return;
+      }
+      process.exitCode = await runSsh(t, id, command);
+    });
+
+  const ports = sandbox.command('ports').description('preview ports: expose a port a process in the sandbox listens on');
+  ports
+    .command('open')
+    .argument('<id>')
+    .argument('<port>', 'the port inside the sandbox', Number)
+    .option('--link-seconds <n>', 'lifetime of the signed link', Number)
+    .option('--json', 'print JSON')
+    .description('expose a port; prints its preview URL and a signed link for a browser')
+    .action(async (id: string, port: number, opts) => {
+      const api = apiClientFromEnv();
+      const p = await call(() => api.openPort(id, { port, ...(opts.linkSeconds !== undefined ? { link_ttl_seconds: opts.linkSeconds } : {}) }));
+      if (opts.json) return out(JSON.stringify(p));
+      out(`port ${p.port}: ${p.url}`);
+      out(`  link (until ${p.link_expires_at}): ${p.link}`);
+    });
+  ports
+    .command('list')
+    .argument('<id>')
+    .description('list the open preview ports')
+    .action(async (id: string) => {
+      const api = apiClientFromEnv();
+      for (const p of await call(() => api.listPorts(id))) out(`${p.port}  ${p.url}`);
+    });
+  ports
+    .command('close')
+    .argument('<id>')
+    .argument('<port>', 'the port inside the sandbox', Number)
+    .description('close a preview port')
+    .action(async (id: string, port: number) => {
+      const api = apiClientFromEnv();
+      await call(() => api.closePort(id, port));
     });
 
   sandbox

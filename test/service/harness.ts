@@ -58,7 +58,7 @@ export function slowCreates(inner: ProviderFor, ms: number): ProviderFor {
 }
 
 export async function startServiceHarness(
-  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency' | 'requestsPerSecond'>> = {},
+  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency' | 'requestsPerSecond' | 'preview' | 'ssh'>> = {},
 ): Promise<ServiceHarness> {
   installRuntimeLogging();
   const database = await freshPostgres();
@@ -86,6 +86,8 @@ export async function startServiceHarness(
     execConcurrency: opts.execConcurrency,
     // Attack tests fire requests as fast as they can: no rate limit unless a test asks for one.
     requestsPerSecond: opts.requestsPerSecond ?? 0,
+    preview: opts.preview,
+    ssh: opts.ssh,
   });
   const repo = makeServiceRepo();
   let n = 0;

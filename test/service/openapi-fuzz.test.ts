@@ -6,6 +6,8 @@
  * lists for the operation, and every JSON body matches the schema documented for that status.
  * Seeded (SLIPWAY_FUZZ_SEED to replay; the seed is printed), bounded by a request count.
  */
+import { randomBytes } from 'node:crypto';
+import { utils } from 'ssh2';
 import { Ajv2020 } from 'ajv/dist/2020';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
@@ -86,7 +88,8 @@ let doc: Doc;
 const ajv = new Ajv2020({ strict: false, allErrors: true, validateFormats: false });
 
 beforeAll(async () => {
-  h = await startServiceHarness();
+  // Preview ports and the SSH broker on, so their routes are fuzzed too.
+  h = await startServiceHarness({ preview: { key: randomBytes(32), domain: 'localhost' }, ssh: { host: '127.0.0.1', port: 0, hostKey: Buffer.from(utils.generateKeyPairSync('ed25519').private) } });
   a = await h.account({ limit: 2 });
   await a.profile({ name: 'linux' });
   sandboxId = (await a.api.create({ profile: 'linux' })).id;
