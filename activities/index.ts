@@ -23,6 +23,8 @@ import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
 import type { SandboxProvider } from './sandbox/provider';
 import type { TemporalHome } from './sandbox/registry';
+import { SandboxProviders } from './sandbox/router';
+import { parseContainerRoot } from './sandbox/container';
 
 /** Characters of command output kept in workflow history per gate or agent run. */
 export const OUTPUT_TAIL_CHARS = 6_000;
@@ -34,7 +36,8 @@ export interface ActivityDeps {
 }
 
 export function defaultActivityDeps(): ActivityDeps {
-  return { sandboxes: new LocalSandboxProvider() };
+  // Each sandbox on the provider its options name (local, podman, docker); the merger is local.
+  return { sandboxes: new SandboxProviders(new LocalSandboxProvider()) };
 }
 
 export interface GateResult {
@@ -251,7 +254,8 @@ function sandboxGit(sandboxes: SandboxProvider, root: string) {
   let unlocked: Promise<unknown> | undefined;
   return async (args: string[], stdin?: string): Promise<string> => {
     const parsed = parseSandboxRoot(path.resolve(root));
-    identity ??= parsed ? commitIdentityVariables(parsed.repository) : Promise.resolve({});
+    const repository = parsed?.repository ?? parseContainerRoot(path.resolve(root))?.repository;
+    identity ??= repository ? commitIdentityVariables(repository) : Promise.resolve({});
     unlocked ??= parsed ? clearSandboxLocks(parsed.repository, parsed.group, root) : Promise.resolve();
     await unlocked;
     // The sandbox's config is the agent's: its hooks and fsmonitor do not run for Slipway's own

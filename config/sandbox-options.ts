@@ -12,7 +12,9 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
   if (!config) return undefined;
   const setup = config.project_setup;
   const confined = config.confinement === 'bubblewrap';
+  const container = config.provider !== 'local';
   return {
+    ...(container ? { provider: config.provider } : {}),
     confinement: config.confinement,
     network: config.network,
     copyIgnored: config.copy_ignored,
@@ -24,7 +26,8 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
     ...(confined && config.hidden.length > 0 ? { hidden: config.hidden.map(expandHome) } : {}),
     // Script agents and prompt files live beside the objective file; keep it readable even
     // when it sits under /tmp, which the sandbox replaces with a private one.
-    ...(confined ? { readable: [objectiveDir] } : {}),
-    ...(confined && config.limits && limitsFromConfig(config.limits) ? { limits: limitsFromConfig(config.limits) } : {}),
+    // A container sees them only if bound in (read-only).
+    ...(confined || container ? { readable: [objectiveDir] } : {}),
+    ...((confined || container) && config.limits && limitsFromConfig(config.limits) ? { limits: limitsFromConfig(config.limits) } : {}),
   };
 }

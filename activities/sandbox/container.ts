@@ -187,6 +187,8 @@ export class ContainerSandboxProvider implements SandboxProvider {
   private readonly image?: string;
   private readonly defaults: ContainerSettings;
   private readonly maxBundleBytes?: number;
+  /** Containers this process has already swept of a dead worker's commands. */
+  private readonly swept = new Set<string>();
 
   constructor(options: ContainerProviderOptions = {}) {
     this.kind = options.engine ?? 'podman';
@@ -215,7 +217,7 @@ export class ContainerSandboxProvider implements SandboxProvider {
     return JSON.parse(r.stdout.trim()) as { Status: string; OOMKilled: boolean; ExitCode: number };
   }
 
-  async create(req: SandboxCreateRequest & { container?: ContainerSettings }): Promise<SandboxHandle> {
+  async create(req: SandboxCreateRequest): Promise<SandboxHandle> {
     const started = Date.now();
     const settings = req.container ?? this.defaults;
     validateContainerSettings(settings);
@@ -289,7 +291,14 @@ export class ContainerSandboxProvider implements SandboxProvider {
     // The worker's environment never enters a container; values travel in the engine's
     // environment (`--env NAME` takes it from there), never in argv.
     const env: Record<string, string> = { ...SANDBOX_BASE_ENV, HOME: '/root', ...req.env };
-    const id = `slipway-exec-${randomBytes(8).toString('hex')}`;
+    // A worker that died (kill -9) left its commands running in the container: the first exec
+    // of this process in it ends them, so a retried agent never races the one it replaces.
+    if (!this.swept.has(w.container)) {
+      this.swept.add(w.container);
+      await this.killOrphans(w.container);
+    }
+    // The id names this process (its host pid): how a later worker tells whose commands these are.
+    const id = `slipway-exec-${process.pid}-${randomBytes(8).toString('hex')}`;
     const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
     const args = [
       'exec', ...(req.stdin !== undefined ? ['-i'] : []), '--workdir', workdir,
@@ -319,6 +328,13 @@ export class ContainerSandboxProvider implements SandboxProvider {
       await this.killExec(w.container, id, 'KILL');
     }
     return result;
+  }
+
+  /** Kills what the execs of worker processes that no longer exist (on this host) left running. */
+  private async killOrphans(container: string): Promise<void> {
+    const scan = await engine(this.kind, ['exec', container, '/bin/sh', '-c', 'for d in /proc/[0-9]*; do tr "\\000" " " < "$d/cmdline" 2>/dev/null; echo; done'], { allowFail: true });
+    const ids = new Set([...scan.stdout.matchAll(/slipway-exec-(\d+)-[0-9a-f]{16}/g)].filter((m) => !hostProcessAlive(Number(m[1]))).map((m) => m[0]));
+    for (const id of ids) await this.killExec(container, id, 'KILL');
   }
 
   private async killExec(container: string, id: string, signal: 'TERM' | 'KILL'): Promise<void> {
@@ -433,6 +449,16 @@ export class ContainerSandboxProvider implements SandboxProvider {
     }
     if (!(await fs.stat(w.root).then((s) => s.isDirectory(), () => false))) return { alive: false, reason: 'directory_removed', detail: `${w.root} no longer exists` };
     return { alive: true };
+  }
+}
+
+function hostProcessAlive(pid: number): boolean {
+  if (pid === process.pid) return true;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 

@@ -4,6 +4,7 @@
  */
 import type { RunResult } from '../process';
 import type { BubblewrapConfinement } from './bubblewrap';
+import type { ContainerSettings } from './container';
 
 /** Commands that prepare a new sandbox (`npm ci`), and checks that it is ready. */
 export interface ProjectSetup {
@@ -36,6 +37,10 @@ export interface SandboxCreateRequest {
    * network setting wins).
    */
   confinement?: BubblewrapConfinement;
+  /** Which provider makes it (a router's choice; default local). The merger worktree is always local. */
+  provider?: 'local' | 'podman' | 'docker';
+  /** For container providers: network, limits, read-only host paths (ADR 0012). */
+  container?: ContainerSettings;
   /** Run after creation (under the sandbox's confinement); a failure fails the create with the output. */
   setup?: ProjectSetup;
   /** Keep this many ready sandboxes for the repository and base commit; create claims one (0: off). */
