@@ -199,15 +199,18 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
      * inside the sandbox, and the branch follows through collect.
      */
     async resetOntoIntegration(input: { path: string; onto: string }): Promise<{ head: string; previousDiff: string }> {
-      const parsed = parseSandboxRoot(path.resolve(input.path));
+      const local = parseSandboxRoot(path.resolve(input.path));
+      const parsed = local ?? parseContainerRoot(path.resolve(input.path));
       if (!parsed) throw failure('sandbox_failure', `${input.path} is not a Slipway sandbox`);
       const onto = await resolveCommit(parsed.repository, input.onto);
+      // A container sandbox has only the commits it started with and made: bring the new tip in.
+      await sandboxes.bringCommits?.({ root: input.path }, [onto]);
       const run = sandboxGit(sandboxes, input.path);
       const head = await run(['rev-parse', 'HEAD']);
       // A retry after the reset already happened (the worker died before reporting it) must
       // return the same previous change, not the empty diff of `onto` against itself: the head
       // before the reset is recorded outside the sandbox first.
-      const record = `${sandboxRecordPath(parsed.repository, parsed.group, parsed.name)}.rebuild`;
+      const record = local ? `${sandboxRecordPath(local.repository, local.group, local.name)}.rebuild` : `${path.resolve(input.path)}.rebuild.json`;
       const saved = await readJson<{ onto?: string; previous?: string }>(record);
       let previous = head;
       if (saved?.onto === onto && head === onto && saved.previous && OBJECT_ID.test(saved.previous)) previous = saved.previous;

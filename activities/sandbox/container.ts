@@ -364,6 +364,7 @@ export class ContainerSandboxProvider implements SandboxProvider {
     const w = await this.where(root);
     await this.removeAll(w);
     await fs.rm(w.recordFile, { force: true });
+    await fs.rm(`${w.root}.rebuild.json`, { force: true });
     await fs.rmdir(path.dirname(w.root)).catch(() => undefined);
   }
 
@@ -392,6 +393,24 @@ export class ContainerSandboxProvider implements SandboxProvider {
     };
     const imported = await importBundle(w.repository, producer, { branch: record.branch, baseCommit: record.startCommit, maxBytes: this.maxBundleBytes, signal: options.signal });
     return { head: imported.head, imported: true };
+  }
+
+  /**
+   * A fresh bundle of the repository's branches and tags, fetched inside under
+   * `refs/slipway/upstream/` (the sandbox's own branch is never touched), so `commits` (the new
+   * integration tip of a rebuild) can be checked out there.
+   */
+  async bringCommits(handle: Pick<SandboxHandle, 'root'>, commits: string[]): Promise<void> {
+    const w = await this.where(handle.root);
+    const file = path.join(w.inDir, 'update.bundle');
+    await fs.rm(file, { force: true });
+    await git(w.repository, ['bundle', 'create', '-q', file, '--branches', '--tags']);
+    const fetch = await this.exec({ root: w.root }, { command: 'git', args: ['fetch', '-q', '--no-tags', `${CONTAINER_IN}/update.bundle`, '+refs/heads/*:refs/slipway/upstream/heads/*', '+refs/tags/*:refs/slipway/upstream/tags/*'], timeoutMs: 10 * 60_000 });
+    if (fetch.exitCode !== 0) throw new Error(`fetching the repository's branches into the sandbox failed (exit ${fetch.exitCode}): ${fetch.stderr.trim()}`);
+    for (const c of commits) {
+      const has = await this.exec({ root: w.root }, { command: 'git', args: ['cat-file', '-e', `${c}^{commit}`], timeoutMs: 60_000 });
+      if (has.exitCode !== 0) throw new Error(`commit ${c} is on no branch or tag of ${w.repository}: it cannot be brought into the sandbox`);
+    }
   }
 
   async list(repository: string) {

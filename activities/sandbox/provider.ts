@@ -129,6 +129,12 @@ export interface SandboxProvider {
   restore?(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }): Promise<{ root: string; branch?: string; head: string }>;
   /** Drops the snapshot of a sandbox terminated while suspended. */
   deleteSnapshot?(handle: Pick<SandboxHandle, 'root'>): Promise<void>;
+  /**
+   * Makes commits of the repository reachable inside the sandbox (optional: a sandbox that shares
+   * the repository's objects has them already). Container sandboxes fetch a fresh bundle of the
+   * repository's branches and tags (ADR 0012).
+   */
+  bringCommits?(handle: Pick<SandboxHandle, 'root'>, commits: string[]): Promise<void>;
   /** Watcher probe (optional): is the sandbox still alive, or did it die outside Slipway? */
   probe?(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness>;
 }

@@ -71,6 +71,9 @@ export class SandboxProviders implements SandboxProvider {
   async deleteSnapshot(handle: Pick<SandboxHandle, 'root'>) {
     await this.owner(handle.root).deleteSnapshot?.(handle);
   }
+  async bringCommits(handle: Pick<SandboxHandle, 'root'>, commits: string[]) {
+    await this.owner(handle.root).bringCommits?.(handle, commits);
+  }
   async probe(handle: Pick<SandboxHandle, 'root'>) {
     return (await this.owner(handle.root).probe?.(handle)) ?? { alive: true as const };
   }

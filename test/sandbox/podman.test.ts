@@ -9,6 +9,9 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { checkPodman, containerName, ContainerSandboxProvider, engineEnv } from '../../activities/sandbox/container';
 import { BundleRefusedError } from '../../activities/sandbox/git-transport';
+import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import { SandboxProviders } from '../../activities/sandbox/router';
+import { createActivities } from '../../activities';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
 import { describeSandboxContract } from './contract';
 import { gitIn, makeRepo, sandboxRequest, tempDir, waitFor } from './helpers';
@@ -131,15 +134,37 @@ describe('podman sandboxes: isolation and lifecycle', () => {
     expect((await provider.collect(handle)).head).toBe(second);
   });
 
+  it('a rebuild resets the sandbox onto an integration tip it never had, brought in by bundle, and collects it', async () => {
+    // The integration branch moved on in the repository after the sandbox started.
+    gitIn(repo, 'checkout', '-q', '-b', 'slipway/podman/integration', 'main');
+    await fs.writeFile(path.join(repo, 'merged.txt'), 'merged elsewhere\n');
+    gitIn(repo, 'add', 'merged.txt');
+    gitIn(repo, 'commit', '-q', '-m', 'another stream merged');
+    gitIn(repo, 'checkout', '-q', 'main');
+    const tip = gitIn(repo, 'rev-parse', 'slipway/podman/integration');
+    expect((await sh(`git cat-file -e ${tip}`)).exitCode).not.toBe(0);
+    await provider.writeFile(handle, 'own-work.txt', 'mine');
+    expect((await sh('git add -A && git -c user.name=a -c user.email=a@a commit -q -m own')).exitCode).toBe(0);
+    const activities = createActivities({ sandboxes: new SandboxProviders(new LocalSandboxProvider(), () => provider) });
+    const reset = await activities.resetOntoIntegration({ path: handle.root, onto: 'slipway/podman/integration' });
+    expect(reset.head).toBe(tip);
+    expect(reset.previousDiff).toContain('own-work.txt');
+    expect((await sh('git rev-parse HEAD && git symbolic-ref --short HEAD')).stdout.trim().split('\n')).toEqual([tip, handle.branch]);
+    expect(gitIn(repo, 'rev-parse', `refs/heads/${handle.branch}`)).toBe(tip);
+    // The sandbox's own branch was never overwritten by the fetched copies.
+    expect((await sh('git for-each-ref --format="%(refname)" refs/slipway/upstream/heads')).stdout).toContain('refs/slipway/upstream/heads/main');
+  });
+
   it('suspends (container stopped, workspace kept) and restores', async () => {
     await provider.writeFile(handle, 'kept.txt', 'kept');
     const { snapshotRef } = await provider.suspend!(handle, { templateIgnored: false });
     expect(snapshotRef).toBe(`podman:${containerName(handle.root)}`);
     expect(podman('inspect', '--format', '{{.State.Status}}', containerName(handle.root))).toBe('exited');
     expect(await provider.probe!(handle)).toEqual({ alive: true });
-    expect((await provider.list(repo)).find((s) => s.root === handle.root)?.head).toBe(second);
+    const head = gitIn(repo, 'rev-parse', `refs/heads/${handle.branch}`);
+    expect((await provider.list(repo)).find((s) => s.root === handle.root)?.head).toBe(head);
     const restored = await provider.restore!(handle, { templateIgnored: false });
-    expect(restored.head).toBe(second);
+    expect(restored.head).toBe(head);
     expect((await sh('cat kept.txt')).stdout).toBe('kept');
   });
 
