@@ -415,11 +415,13 @@ export class ContainerSandboxProvider implements SandboxProvider {
 
   async list(repository: string) {
     const repo = await fs.realpath(repository);
-    const r = await engine(this.kind, ['ps', '-a', '--filter', `label=slipway.repository=${repo}`, '--format', 'json']);
-    const rows = (JSON.parse(r.stdout.trim() || '[]') as Array<{ Labels?: Record<string, string>; State?: string }>) ?? [];
+    // Ids, then each one's labels: the same two calls on podman and docker (their `ps` JSON differs).
+    const ids = (await engine(this.kind, ['ps', '-a', '-q', '--filter', `label=slipway.repository=${repo}`])).stdout.split('\n').filter(Boolean);
     const out: Array<{ root: string; branch?: string; head: string; sandboxId?: string }> = [];
-    for (const row of rows) {
-      const labels = row.Labels ?? {};
+    for (const id of ids) {
+      const inspected = await engine(this.kind, ['inspect', '--type', 'container', '--format', '{{json .Config.Labels}}', id], { allowFail: true });
+      if (inspected.code !== 0) continue; // removed meanwhile
+      const labels = (JSON.parse(inspected.stdout.trim() || '{}') ?? {}) as Record<string, string>;
       const root = labels['slipway.root'];
       if (!root) continue;
       const record = await readRecord(`${root}.json`);

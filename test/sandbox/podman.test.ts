@@ -99,6 +99,17 @@ describe('podman sandboxes: isolation and lifecycle', () => {
     expect(gitIn(repo, 'worktree', 'list', '--porcelain')).not.toContain(handle.root);
   });
 
+  it('a sandbox with the network gets a user-mode interface (slirp4netns), not the host\'s', async () => {
+    const online = new ContainerSandboxProvider({ engine: 'podman', defaults: { network: true } });
+    const box = await online.create(sandboxRequest(repo, 'online', { group: 'podman' }));
+    try {
+      const net = await online.exec(box, { command: 'tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d " "', shell: true });
+      expect(net.stdout.trim().split('\n').sort()).toEqual(['lo', 'tap0']);
+    } finally {
+      await online.destroy({ repository: repo, root: box.root });
+    }
+  });
+
   it('holds the pids and memory limits', async () => {
     // 200 short sleeps against a limit of 64 processes: the shell cannot fork them all.
     const fork = await sh('i=0; while [ $i -lt 200 ]; do sleep 2 & i=$((i+1)); done; echo "made $i"');
