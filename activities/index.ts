@@ -23,6 +23,8 @@ import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
 import type { SandboxProvider } from './sandbox/provider';
 import type { TemporalHome } from './sandbox/registry';
+import { SandboxProviders } from './sandbox/router';
+import { parseContainerRoot } from './sandbox/container';
 
 /** Characters of command output kept in workflow history per gate or agent run. */
 export const OUTPUT_TAIL_CHARS = 6_000;
@@ -34,7 +36,8 @@ export interface ActivityDeps {
 }
 
 export function defaultActivityDeps(): ActivityDeps {
-  return { sandboxes: new LocalSandboxProvider() };
+  // Each sandbox on the provider its options name (local, podman, docker); the merger is local.
+  return { sandboxes: new SandboxProviders(new LocalSandboxProvider()) };
 }
 
 export interface GateResult {
@@ -196,15 +199,18 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
      * inside the sandbox, and the branch follows through collect.
      */
     async resetOntoIntegration(input: { path: string; onto: string }): Promise<{ head: string; previousDiff: string }> {
-      const parsed = parseSandboxRoot(path.resolve(input.path));
+      const local = parseSandboxRoot(path.resolve(input.path));
+      const parsed = local ?? parseContainerRoot(path.resolve(input.path));
       if (!parsed) throw failure('sandbox_failure', `${input.path} is not a Slipway sandbox`);
       const onto = await resolveCommit(parsed.repository, input.onto);
+      // A container sandbox has only the commits it started with and made: bring the new tip in.
+      await sandboxes.bringCommits?.({ root: input.path }, [onto]);
       const run = sandboxGit(sandboxes, input.path);
       const head = await run(['rev-parse', 'HEAD']);
       // A retry after the reset already happened (the worker died before reporting it) must
       // return the same previous change, not the empty diff of `onto` against itself: the head
       // before the reset is recorded outside the sandbox first.
-      const record = `${sandboxRecordPath(parsed.repository, parsed.group, parsed.name)}.rebuild`;
+      const record = local ? `${sandboxRecordPath(local.repository, local.group, local.name)}.rebuild` : `${path.resolve(input.path)}.rebuild.json`;
       const saved = await readJson<{ onto?: string; previous?: string }>(record);
       let previous = head;
       if (saved?.onto === onto && head === onto && saved.previous && OBJECT_ID.test(saved.previous)) previous = saved.previous;
@@ -251,7 +257,8 @@ function sandboxGit(sandboxes: SandboxProvider, root: string) {
   let unlocked: Promise<unknown> | undefined;
   return async (args: string[], stdin?: string): Promise<string> => {
     const parsed = parseSandboxRoot(path.resolve(root));
-    identity ??= parsed ? commitIdentityVariables(parsed.repository) : Promise.resolve({});
+    const repository = parsed?.repository ?? parseContainerRoot(path.resolve(root))?.repository;
+    identity ??= repository ? commitIdentityVariables(repository) : Promise.resolve({});
     unlocked ??= parsed ? clearSandboxLocks(parsed.repository, parsed.group, root) : Promise.resolve();
     await unlocked;
     // The sandbox's config is the agent's: its hooks and fsmonitor do not run for Slipway's own

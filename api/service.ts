@@ -267,7 +267,8 @@ export class SandboxService {
 
   /** Unconfined tenants own the host: refused unless the operator started the server allowing them. */
   private requireConfined(profile: billing.ProfileRow): void {
-    if (profile.confinement === 'none' && !this.deps.allowUnconfined) {
+    // A container profile is confined by its container (ADR 0012).
+    if (profile.provider === 'local' && profile.confinement === 'none' && !this.deps.allowUnconfined) {
       const message = `profile "${profile.name}" has confinement "none", which this server refuses: its commands would run on the host; use a bubblewrap profile (the operator may allow unconfined profiles with \`slipway api --allow-unconfined\`)`;
       throw new ApiError(422, 'unconfined_refused', message, [{ path: 'profile.confinement', message: 'must be "bubblewrap" on this server' }]);
     }

@@ -7,6 +7,11 @@
  *   plain copy   `git worktree add` + `cp -R node_modules`            (what simpler tools do)
  *   cold         Slipway create: worktree + ignored files + setup     (goal: within 1.5x plain copy)
  *   warm pool    Slipway create claiming a warm-pool entry            (goal: under 100 ms)
+ *   podman       container sandbox create to ready: base bundle, container start, clone inside
+ *                (no ignored files, no setup: a container runs project_setup itself; ADR 0012)
+ *
+ * Then the exec round trip (`true`), local worktree against podman container, interleaved.
+ * `--no-podman` leaves the container cases out (they need `npm run setup`'s podman and image).
  *
  * Pool refills happen between measurements and cleanup after each round, untimed; every
  * measurement starts after a `sync`, and each round starts with another variant.
@@ -22,6 +27,7 @@ import { mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from 'nod
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
+import { checkPodman, ContainerSandboxProvider } from '../activities/sandbox/container';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
 import type { ProjectSetup } from '../activities/sandbox/provider';
 
@@ -30,6 +36,8 @@ const argv = process.argv.slice(2);
 const quick = argv.includes('--quick');
 const asJson = argv.includes('--json');
 const keep = argv.includes('--keep');
+const withPodman = !argv.includes('--no-podman');
+const EXEC_ROUNDS = 15;
 const roundsArg = argv.indexOf('--rounds');
 const ROUNDS = roundsArg >= 0 ? Number(argv[roundsArg + 1]) : 3;
 const dirArg = argv.indexOf('--dir');
@@ -105,9 +113,12 @@ async function main() {
   log(`fixture: ${fixture.tracked} tracked files, node_modules ${fixture.ignoredFiles} files / ${(fixture.ignoredBytes / 1e6).toFixed(0)} MB (${((Date.now() - started) / 1000).toFixed(1)} s)`);
 
   const provider = new LocalSandboxProvider({ log: (l) => log(l) });
+  const podmanCheck = withPodman ? await checkPodman() : undefined;
+  if (podmanCheck && !podmanCheck.ok) throw new Error(`podman cannot run here (${podmanCheck.detail}); run \`npm run setup\` or pass --no-podman`);
+  const podman = withPodman ? new ContainerSandboxProvider({ engine: 'podman' }) : undefined;
   const scratch = path.join(parent, 'scratch');
   mkdirSync(scratch);
-  const results: Record<'floor' | 'plainCopy' | 'cold' | 'warm', number[]> = { floor: [], plainCopy: [], cold: [], warm: [] };
+  const results: Record<'floor' | 'plainCopy' | 'cold' | 'warm' | 'podman', number[]> = { floor: [], plainCopy: [], cold: [], warm: [], podman: [] };
   const origins: string[] = [];
   let n = 0;
 
@@ -124,7 +135,7 @@ async function main() {
   await provider.fillWarmPool({ repository: repo, base: 'main', setup: SETUP, size: POOL });
 
   type Variant = keyof typeof results;
-  const variants: Record<Variant, (round: number) => Promise<{ ms: number; cleanup: () => Promise<void> }>> = {
+  const variants: Partial<Record<Variant, (round: number) => Promise<{ ms: number; cleanup: () => Promise<void> }>>> = {
     floor: async (round) => {
       const root = path.join(scratch, `floor-${round}`);
       const ms = await timed(() => execFileAsync('git', ['-C', repo, 'worktree', 'add', '-q', '-b', `bench/floor-${round}`, root, 'main']));
@@ -156,6 +167,18 @@ async function main() {
       origins.push(origin);
       return { ms, cleanup: () => provider.destroy({ repository: repo, root: path.join(repo, '.slipway/worktrees/bench', req.name) }) };
     },
+    ...(podman
+      ? {
+          podman: async () => {
+            const { setup: _none, ...req } = request('podman');
+            let root = '';
+            const ms = await timed(async () => {
+              root = (await podman.create({ ...req, provider: 'podman' })).root;
+            });
+            return { ms, cleanup: () => podman.destroy({ repository: repo, root }) };
+          },
+        }
+      : {}),
   };
   const order = Object.keys(variants) as Variant[];
   for (let round = 1; round <= ROUNDS; round++) {
@@ -167,7 +190,7 @@ async function main() {
       // The pool refills in the background after a claim; let it finish, untimed, before measuring anything.
       await provider.whenPoolIdle();
       sync();
-      const { ms, cleanup } = await variants[name](round);
+      const { ms, cleanup } = await variants[name]!(round);
       results[name].push(ms);
       cleanups.push(cleanup);
     }
@@ -175,13 +198,37 @@ async function main() {
     for (const cleanup of cleanups) await cleanup();
     log(
       `round ${round}/${ROUNDS} (${rotated.join(', ')}): floor ${results.floor.at(-1)!.toFixed(0)} ms, plain copy ${results.plainCopy.at(-1)!.toFixed(0)} ms, ` +
-        `cold ${results.cold.at(-1)!.toFixed(0)} ms, warm ${results.warm.at(-1)!.toFixed(1)} ms (${origins.at(-1)})`,
+        `cold ${results.cold.at(-1)!.toFixed(0)} ms, warm ${results.warm.at(-1)!.toFixed(1)} ms (${origins.at(-1)})` +
+        (podman ? `, podman ${results.podman.at(-1)!.toFixed(0)} ms` : ''),
     );
+  }
+
+  // Exec round trip of `true`: local worktree and podman container, interleaved.
+  const exec: { local: number[]; podman: number[] } = { local: [], podman: [] };
+  if (podman) {
+    const { setup: _none, ...plain } = request('exec');
+    const local = await provider.create({ ...plain, copyIgnored: false });
+    const boxed = await podman.create({ ...request('exec-podman'), setup: undefined, provider: 'podman' });
+    await podman.exec(boxed, { command: 'true' }); // the first exec sweeps a dead worker's leftovers: untimed
+    for (let i = 0; i < EXEC_ROUNDS; i++) {
+      exec.local.push(await timed(() => provider.exec(local, { command: 'true' })));
+      exec.podman.push(await timed(() => podman.exec(boxed, { command: 'true' })));
+    }
+    await provider.destroy({ repository: repo, root: local.root });
+    await podman.destroy({ repository: repo, root: boxed.root });
+    log(`exec round trip (median of ${EXEC_ROUNDS}): local ${median(exec.local).toFixed(1)} ms, podman ${median(exec.podman).toFixed(1)} ms`);
   }
   if (origins.some((o) => o !== 'pool')) throw new Error(`a warm create did not come from the pool: ${origins.join(', ')}`);
 
-  const m = Object.fromEntries(Object.entries(results).map(([k, v]) => [k, median(v)])) as Record<keyof typeof results, number>;
-  const ratios = { coldVsPlainCopy: m.cold / m.plainCopy, coldVsFloor: m.cold / m.floor, warmVsFloor: m.warm / m.floor, plainCopyVsFloor: m.plainCopy / m.floor };
+  const m = Object.fromEntries(Object.entries(results).map(([k, v]) => [k, v.length ? median(v) : NaN])) as Record<keyof typeof results, number>;
+  const execMedians = podman ? { local: median(exec.local), podman: median(exec.podman) } : undefined;
+  const ratios = {
+    coldVsPlainCopy: m.cold / m.plainCopy,
+    coldVsFloor: m.cold / m.floor,
+    warmVsFloor: m.warm / m.floor,
+    plainCopyVsFloor: m.plainCopy / m.floor,
+    ...(podman ? { podmanVsCold: m.podman / m.cold, podmanExecVsLocalExec: execMedians!.podman / execMedians!.local } : {}),
+  };
   const goals = { warmUnder100ms: m.warm < 100, coldWithin1_5xPlainCopy: ratios.coldVsPlainCopy <= 1.5 };
   const cpVersion = execFileSync('cp', ['--version'], { encoding: 'utf8' }).split('\n')[0];
   const fsType = (() => {
@@ -201,6 +248,7 @@ async function main() {
     fixture: { trackedFiles: fixture.tracked, ignoredFiles: fixture.ignoredFiles, ignoredMB: Math.round(fixture.ignoredBytes / 1e6) },
     mediansMs: m,
     samplesMs: results,
+    ...(execMedians ? { execMediansMs: execMedians, execSamplesMs: exec } : {}),
     ratios,
     goals,
     durationS: Math.round((Date.now() - started) / 1000),
@@ -222,6 +270,13 @@ async function main() {
       row('git worktree add + cp -R node_modules', m.plainCopy, `   ${ratios.plainCopyVsFloor.toFixed(1)}x floor`),
       row('Slipway cold create (worktree+ignored+setup)', m.cold, `   ${ratios.coldVsPlainCopy.toFixed(2)}x plain copy  (goal <= 1.5x: ${goals.coldWithin1_5xPlainCopy ? 'met' : 'MISSED'})`),
       row('Slipway create from the warm pool', m.warm, `   ${ratios.warmVsFloor.toFixed(2)}x floor  (goal < 100 ms: ${goals.warmUnder100ms ? 'met' : 'MISSED'})`),
+      ...(execMedians
+        ? [
+            row('podman create to ready (bundle, container, clone)', m.podman, `   ${ratios.podmanVsCold!.toFixed(2)}x local cold`),
+            row('exec round trip, local worktree', execMedians.local),
+            row('exec round trip, podman container', execMedians.podman, `   ${ratios.podmanExecVsLocalExec!.toFixed(1)}x local`),
+          ]
+        : []),
       `total ${report.durationS} s`,
       '',
     ].join('\n'),

@@ -12,7 +12,9 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
   if (!config) return undefined;
   const setup = config.project_setup;
   const confined = config.confinement === 'bubblewrap';
+  const container = config.provider !== 'local';
   return {
+    ...(container ? { provider: config.provider } : {}),
     confinement: config.confinement,
     network: config.network,
     copyIgnored: config.copy_ignored,
@@ -24,8 +26,8 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
     ...(confined && config.hidden.length > 0 ? { hidden: config.hidden.map(expandHome) } : {}),
     // Script agents and prompt files live beside the objective file; keep it readable even
     // when it sits under /tmp, which the sandbox replaces with a private one.
-    // `readable:` of the file (agent CLIs, their config) beside it.
-    ...(confined ? { readable: [objectiveDir, ...config.readable.map(expandHome)] } : {}),
-    ...(confined && config.limits && limitsFromConfig(config.limits) ? { limits: limitsFromConfig(config.limits) } : {}),
+    // `readable:` of the file (agent CLIs, their config) beside it. A container sees them only if bound in (read-only).
+    ...(confined ? { readable: [objectiveDir, ...config.readable.map(expandHome)] } : container ? { readable: [objectiveDir] } : {}),
+    ...((confined || container) && config.limits && limitsFromConfig(config.limits) ? { limits: limitsFromConfig(config.limits) } : {}),
   };
 }

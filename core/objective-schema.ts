@@ -151,12 +151,21 @@ export const AgentSchema = z
   });
 export type AgentSpec = z.infer<typeof AgentSchema>;
 
+/** Where sandboxes can run (the `sandbox:` section's `provider`). */
+export const SANDBOX_PROVIDERS = ['local', 'podman', 'docker'] as const;
+export type SandboxProviderKind = (typeof SANDBOX_PROVIDERS)[number];
+
 /** Absolute path, or `~/...` (the worker's home). */
 const hostPath = z.string().refine((p) => p.startsWith('/') || p === '~' || p.startsWith('~/'), { message: 'must be an absolute path or start with ~/' });
 
 /** The `sandbox:` section: how every sandbox of the objective is made and confined. */
 export const SandboxConfigSchema = z.strictObject({
-  /** `bubblewrap`: agents, gates and setup commands can write only to their worktree. */
+  /**
+   * Where sandboxes run: `local` (a worktree of the repository on the worker's host), `podman` or
+   * `docker` (one container per sandbox, carried by git bundles: ADR 0012).
+   */
+  provider: z.enum(SANDBOX_PROVIDERS).default('local'),
+  /** `bubblewrap`: agents, gates and setup commands can write only to their worktree (local provider). */
   confinement: z.enum(['none', 'bubblewrap']).default('none'),
   /** Under bubblewrap: false leaves the sandbox a loopback device only. */
   network: z.boolean().default(true),
@@ -183,6 +192,15 @@ export const SandboxConfigSchema = z.strictObject({
   readable: z.array(hostPath).default([]),
   /** Under bubblewrap: limits every command of a sandbox gets (cgroups where the host has them). */
   limits: LimitsConfigSchema.optional(),
+}).superRefine((sandbox, ctx) => {
+  if (sandbox.provider === 'local') return;
+  // Options of the local provider that a container cannot honour: refused, not ignored.
+  const localOnly = (field: string, why: string) => ctx.addIssue({ code: 'custom', path: [field], message: `${why}; it is an option of the local provider, not of provider: ${sandbox.provider}` });
+  if (sandbox.confinement !== 'none') localOnly('confinement', 'a container is its own confinement (ADR 0012)');
+  if (sandbox.warm_pool > 0) localOnly('warm_pool', 'container sandboxes have no warm pool');
+  if (sandbox.writable.length > 0) localOnly('writable', 'a container writes only its workspace');
+  if (sandbox.hidden.length > 0) localOnly('hidden', 'a container sees no host path it is not given');
+  if (sandbox.limits?.disk_mb !== undefined) ctx.addIssue({ code: 'custom', path: ['limits', 'disk_mb'], message: `is not supported by provider: ${sandbox.provider} (use the local provider)` });
 });
 export type SandboxConfig = z.infer<typeof SandboxConfigSchema>;
 

@@ -62,7 +62,8 @@ export type ProvisioningKind = (typeof PROVISIONING_KINDS)[number];
 export const PLATFORMS = ['linux', 'macos'] as const;
 export type Platform = (typeof PLATFORMS)[number];
 
-export const SERVICE_PROVIDERS = ['local'] as const;
+/** `podman`, `docker`: container sandboxes (ADR 0012); the container is their confinement. */
+export const SERVICE_PROVIDERS = ['local', 'podman', 'docker'] as const;
 export type ServiceProviderKind = (typeof SERVICE_PROVIDERS)[number];
 
 /** Defaults from the proposal; each profile may override them. */
@@ -96,7 +97,7 @@ export interface SandboxPolicy {
   profileName: string;
   provider: ServiceProviderKind;
   platform: Platform;
-  /** Local provider: the repository each sandbox is a worktree of, and the ref it starts from. */
+  /** The repository each sandbox starts from (local: a worktree of it; containers: a bundle of it), and the ref. */
   repository: string;
   baseRef: string;
   copyIgnored: boolean;

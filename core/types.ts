@@ -85,6 +85,8 @@ export interface ObjectiveCarry {
  * of the objective: streams and the merger. No secrets: commands and paths only.
  */
 export interface SandboxOptions {
+  /** Where the objective's stream sandboxes run (absent: local; the merger is always local). */
+  provider?: 'local' | 'podman' | 'docker';
   /** `bubblewrap`: every command in the sandbox (agents, gates, setup) runs confined. */
   confinement: 'none' | 'bubblewrap';
   /** Under bubblewrap: false gives the sandbox a network namespace with loopback only. */
@@ -116,7 +118,7 @@ export interface ProjectSetupSpec {
 
 export interface SandboxInfo {
   sandboxId: string;
-  provider: 'local';
+  provider: 'local' | 'podman' | 'docker';
   path: string;
   branch: string;
   baseCommit: string;

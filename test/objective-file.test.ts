@@ -510,3 +510,26 @@ describe('loadObjectiveFile: the blueprint is checked for the level it runs at',
     expect(input.blueprint.root.id).toBe('standard');
   });
 });
+
+describe('loadObjectiveFile: sandbox provider (ADR 0012)', () => {
+  const withSandbox = (...section: string[]) => lines(...VALID.trimEnd().split('\n'), 'sandbox:', ...section.map((l) => `  ${l}`));
+
+  it('defaults to local; provider: podman carries network, limits and the objective folder (read-only) to the sandboxes', async () => {
+    expect((await loadObjectiveFile(await writeObjective(VALID))).sandbox?.provider).toBeUndefined();
+    const input = await loadObjectiveFile(await writeObjective(withSandbox('provider: podman', 'network: false', 'limits:', '  memory_mb: 512', '  processes: 128')));
+    expect(input.sandbox).toMatchObject({ provider: 'podman', network: false, readable: [objectivesDir], limits: { memoryBytes: 512 * 1024 ** 2, pids: 128 } });
+  });
+
+  it('refuses local-only options with a container provider, naming the field and line', async () => {
+    const file = await writeObjective(withSandbox('provider: podman', 'confinement: bubblewrap', 'warm_pool: 2', 'limits:', '  disk_mb: 100'));
+    const err = await loadError(file);
+    expectProblem(err, file, 18, 'sandbox.confinement', /a container is its own confinement/);
+    expectProblem(err, file, 19, 'sandbox.warm_pool', /no warm pool/);
+    expectProblem(err, file, 21, 'sandbox.limits.disk_mb', /not supported by provider: podman/);
+  });
+
+  it('refuses an unknown provider', async () => {
+    const file = await writeObjective(withSandbox('provider: kubernetes'));
+    expectProblem(await loadError(file), file, 17, 'sandbox.provider', /local|podman|docker/);
+  });
+});

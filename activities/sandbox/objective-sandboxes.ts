@@ -57,7 +57,7 @@ export async function createStreamSandbox(sandboxes: SandboxProvider, input: San
   }
   return {
     sandboxId: handle.sandboxId,
-    provider: 'local',
+    provider: handle.provider === 'podman' || handle.provider === 'docker' ? handle.provider : 'local',
     path: handle.root,
     branch: handle.branch,
     baseCommit: handle.baseCommit,
@@ -91,7 +91,8 @@ export async function createMergerSandbox(
         branch: input.branch,
         base: input.baseCommit,
       },
-      input.sandbox,
+      // The merger works in the user's repository (merges, the planner): always a local worktree.
+      input.sandbox?.provider && input.sandbox.provider !== 'local' ? { ...input.sandbox, provider: 'local' } : input.sandbox,
     );
   } catch (e) {
     throw sandboxFailure(e, `could not create the merger sandbox of ${input.objectiveId}`, await redactorFor(input.repository).catch(() => redact));

@@ -4,6 +4,7 @@
  */
 import type { SandboxOptions } from '../../core/types';
 import type { BubblewrapConfinement } from './bubblewrap';
+import type { ContainerSettings } from './container';
 import type { SandboxCreateRequest } from './provider';
 
 /** The confinement a sandbox made with these options runs under (undefined: none). */
@@ -19,11 +20,21 @@ export function confinementOf(options: SandboxOptions | undefined): BubblewrapCo
   };
 }
 
+/** How a container sandbox made with these options runs: its network, limits and the read-only host paths it sees. */
+export function containerSettingsOf(options: SandboxOptions): ContainerSettings {
+  return {
+    network: options.network,
+    ...(options.limits ? { limits: options.limits } : {}),
+    ...(options.readable?.length ? { readable: options.readable } : {}),
+  };
+}
+
 /** The create-request fields for a sandbox made with these options. */
-export function createFieldsOf(options: SandboxOptions | undefined): Pick<SandboxCreateRequest, 'confinement' | 'copyIgnored' | 'setup' | 'warmPool'> {
+export function createFieldsOf(options: SandboxOptions | undefined): Pick<SandboxCreateRequest, 'confinement' | 'copyIgnored' | 'setup' | 'warmPool' | 'provider' | 'container'> {
   if (!options) return {};
   const setup = options.projectSetup;
   return {
+    ...(options.provider && options.provider !== 'local' ? { provider: options.provider, container: containerSettingsOf(options) } : {}),
     confinement: confinementOf(options),
     copyIgnored: options.copyIgnored,
     ...(setup ? { setup: { commands: setup.commands, verify: setup.verify, timeoutMs: setup.timeoutSeconds * 1000, attempts: setup.attempts } } : {}),

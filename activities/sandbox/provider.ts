@@ -6,6 +6,7 @@ import type { Readable, Writable } from 'node:stream';
 import type { RunResult } from '../process';
 import type { Duplex } from 'node:stream';
 import type { BubblewrapConfinement } from './bubblewrap';
+import type { ContainerSettings } from './container';
 
 /** Commands that prepare a new sandbox (`npm ci`), and checks that it is ready. */
 export interface ProjectSetup {
@@ -38,6 +39,10 @@ export interface SandboxCreateRequest {
    * network setting wins).
    */
   confinement?: BubblewrapConfinement;
+  /** Which provider makes it (a router's choice; default local). The merger worktree is always local. */
+  provider?: 'local' | 'podman' | 'docker';
+  /** For container providers: network, limits, read-only host paths (ADR 0012). */
+  container?: ContainerSettings;
   /** Run after creation (under the sandbox's confinement); a failure fails the create with the output. */
   setup?: ProjectSetup;
   /** Keep this many ready sandboxes for the repository and base commit; create claims one (0: off). */
@@ -169,6 +174,12 @@ export interface SandboxProvider {
   restore?(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }): Promise<{ root: string; branch?: string; head: string }>;
   /** Drops the snapshot of a sandbox terminated while suspended. */
   deleteSnapshot?(handle: Pick<SandboxHandle, 'root'>): Promise<void>;
+  /**
+   * Makes commits of the repository reachable inside the sandbox (optional: a sandbox that shares
+   * the repository's objects has them already). Container sandboxes fetch a fresh bundle of the
+   * repository's branches and tags (ADR 0012).
+   */
+  bringCommits?(handle: Pick<SandboxHandle, 'root'>, commits: string[]): Promise<void>;
   /** Watcher probe (optional): is the sandbox still alive, or did it die outside Slipway? */
   probe?(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness>;
   /**

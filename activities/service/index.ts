@@ -142,7 +142,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
     async provisionSandbox(input: ProvisionInput): Promise<ProvisionResult> {
       const started = Date.now();
       // The API refuses these already; a workflow started before a restart without the opt-in must not slip through.
-      if (input.policy.confinement === 'none' && !deps.allowUnconfined) {
+      if (input.policy.provider === 'local' && input.policy.confinement === 'none' && !deps.allowUnconfined) {
         throw failure('configuration_error', `profile "${input.policy.profileName}" has confinement "none", which this server refuses (start it with --allow-unconfined to allow)`);
       }
       return withHeartbeat(async (signal) => {

@@ -1,7 +1,8 @@
 /**
- * Provider instances for service sandboxes, one per distinct confinement setting, shared by
+ * Provider instances for service sandboxes, one per distinct provider and confinement setting, shared by
  * the API (exec and files run straight against the provider) and the worker (lifecycle).
  */
+import { ContainerSandboxProvider } from '../sandbox/container';
 import { LocalSandboxProvider } from '../sandbox/local';
 import type { SandboxProvider } from '../sandbox/provider';
 import type { SandboxPolicy } from '../../core/sandbox-service';
@@ -14,6 +15,11 @@ export function defaultProviderFor(): ProviderFor {
   return (policy) => {
     const key = `${policy.provider}:${policy.confinement}:${policy.network}:${policy.copyIgnored}:${JSON.stringify(policy.limits ?? {})}`;
     let provider = cache.get(key);
+    if (!provider && (policy.provider === 'podman' || policy.provider === 'docker')) {
+      // The container is the confinement: a profile's bubblewrap setting does not apply to it.
+      provider = new ContainerSandboxProvider({ engine: policy.provider, defaults: { network: policy.network, ...(policy.limits ? { limits: policy.limits } : {}) } });
+      cache.set(key, provider);
+    }
     if (!provider) {
       provider = new LocalSandboxProvider({
         copyIgnored: policy.copyIgnored,

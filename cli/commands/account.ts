@@ -8,7 +8,7 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import { openBillingDb, type Db } from '../../activities/billing/db';
 import * as billing from '../../activities/billing/records';
-import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS } from '../../core/sandbox-service';
+import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS, SERVICE_PROVIDERS } from '../../core/sandbox-service';
 import { slipwaySettings } from '../../lib/settings';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
@@ -179,6 +179,7 @@ export function registerAccountCommands(program: Command): void {
     .requiredOption('--account <id>', 'account')
     .requiredOption('--repo <path>', 'repository each sandbox is a worktree of (local provider)')
     .option('--base <ref>', 'branch or commit sandboxes start from', 'HEAD')
+    .option('--provider <kind>', 'local (worktrees), podman or docker (one container per sandbox, ADR 0012)', 'local')
     .option('--platform <platform>', 'linux or macos', 'linux')
     .option('--resources <json>', 'enforced under bubblewrap: {"cpu":2,"memory_mb":4096,"processes":256,"file_size_mb":1024,"disk_mb":8192} (memory_gb also accepted)', '{}')
     .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positive('--idle-seconds'))
@@ -205,9 +206,11 @@ export function registerAccountCommands(program: Command): void {
       } catch (e) {
         throw new CliError(`--resources: ${(e as Error).message}`);
       }
+      if (!(SERVICE_PROVIDERS as readonly string[]).includes(opts.provider)) throw new CliError(`--provider must be one of ${SERVICE_PROVIDERS.join(', ')}`);
+      if (opts.provider !== 'local' && opts.warm) throw new CliError('--warm: container profiles have no warm pool');
       if (!['linux', 'macos'].includes(opts.platform)) throw new CliError('--platform must be linux or macos');
       if (!['none', 'bubblewrap'].includes(opts.confinement)) throw new CliError('--confinement must be none or bubblewrap');
-      if (opts.confinement === 'none' && !opts.allowUnconfined) {
+      if (opts.provider === 'local' && opts.confinement === 'none' && !opts.allowUnconfined) {
         throw new CliError('--confinement none would run tenants\' commands on the host as the API server\'s user; pass --allow-unconfined as well for a single-tenant setup (and start `slipway api --allow-unconfined`)');
       }
       await withBillingDb(async (db) => {
@@ -217,6 +220,7 @@ export function registerAccountCommands(program: Command): void {
             name,
             repository: path.resolve(opts.repo),
             baseRef: opts.base,
+            provider: opts.provider,
             platform: opts.platform,
             resources,
             idleTimeoutSeconds: opts.idleSeconds,

@@ -1,0 +1,516 @@
+/**
+ * Container sandboxes (`provider: podman`, and `docker` through the same code: ADR 0012). One
+ * container per sandbox, from the image scripts/sandbox-image.sh builds, kept alive by
+ * `sleep infinity`; every command runs through `<engine> exec`.
+ *
+ *   <repo>/.slipway/containers/<group>/<name>/       the workspace, bind-mounted at /workspace
+ *   <repo>/.slipway/containers/<group>/<name>.in/    the base bundle, read-only at /run/slipway/in
+ *   <repo>/.slipway/containers/<group>/<name>.json   Slipway's record (branch, start commit, state)
+ *
+ * The workspace is not a directory of the user's repository: it is a repository of its own,
+ * made inside the container from a bundle, and its work comes back as a bundle (git-transport.ts).
+ * Slipway never runs git on it from outside. Files are read and written from the host through
+ * the bind mount with the same descriptor-relative confinement as local sandboxes (file-io.ts).
+ *
+ * Containers run with every capability dropped, `no-new-privileges`, no network unless the
+ * sandbox has it, and CPU, memory and pids limits from its settings.
+ */
+import { spawn } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, promises as fs, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { SLIPWAY_DIR } from '../../core/ids';
+import { writeJsonAtomic } from '../../lib/atomic-write';
+import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
+import { runProcess, type RunResult } from '../process';
+import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
+import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
+import type { SandboxLimits } from './limits';
+import { resolveInside } from './paths';
+import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
+import { SessionRequestError } from './session';
+import { OBJECT_ID } from './sandbox-git';
+import { runProjectSetup } from './setup';
+
+export type ContainerEngine = 'podman' | 'docker';
+
+/** Where a container sees its workspace (the same path a bubblewrap sandbox sees). */
+export const CONTAINER_WORKSPACE = '/workspace';
+const CONTAINER_IN = '/run/slipway/in';
+export const CONTAINERS_DIR = `${SLIPWAY_DIR}/containers`;
+const PROJECT_TOOLS = path.resolve(__dirname, '..', '..', '.tools', 'containers');
+/** The containers.conf scripts/setup.sh writes (runc, cgroupfs, no default ulimits). */
+export const PROJECT_CONTAINERS_CONF = path.join(PROJECT_TOOLS, 'containers.conf');
+/** The name of the image scripts/setup.sh built last. */
+export const PROJECT_IMAGE_FILE = path.join(PROJECT_TOOLS, 'image');
+export const PODMAN_INSTALL = 'apt-get install -y podman runc && bash scripts/setup.sh';
+
+/** How a container sandbox is made: the `sandbox:` section's network, limits and read-only paths. */
+export interface ContainerSettings {
+  network: boolean;
+  limits?: SandboxLimits;
+  /** Host paths bound read-only at the same path (script agents, prompt files). */
+  readable?: string[];
+}
+
+export interface ContainerProviderOptions {
+  engine?: ContainerEngine;
+  /** Image to run; default SLIPWAY_SANDBOX_IMAGE, else the one scripts/setup.sh built. */
+  image?: string;
+  /** Settings for sandboxes whose create request names none. */
+  defaults?: ContainerSettings;
+  /** Largest bundle a collect accepts (bytes). */
+  maxBundleBytes?: number;
+}
+
+interface ContainerRecord {
+  version: 1;
+  sandboxId: string;
+  group: string;
+  name: string;
+  branch: string;
+  baseCommit: string;
+  /** The commit the workspace started at: collected work must descend from it. */
+  startCommit: string;
+  container: string;
+  state: 'creating' | 'ready' | 'suspended';
+  /** HEAD when suspended (list reports it without starting the container). */
+  suspendedHead?: string;
+  createdAt: string;
+}
+
+export function containerSandboxRoot(repository: string, group: string, name: string): string {
+  return path.join(repository, CONTAINERS_DIR, group, name);
+}
+
+/** `<repo>/.slipway/containers/<group>/<name>` -> its parts, or undefined for other paths. */
+export function parseContainerRoot(root: string): { repository: string; group: string; name: string } | undefined {
+  const name = path.basename(root);
+  const groupDir = path.dirname(root);
+  const containersDir = path.dirname(groupDir);
+  const slipwayDir = path.dirname(containersDir);
+  if (path.join(path.basename(slipwayDir), path.basename(containersDir)) !== path.normalize(CONTAINERS_DIR)) return undefined;
+  return { repository: path.dirname(slipwayDir), group: path.basename(groupDir), name };
+}
+
+/** Container names are derived from the workspace path: one container per sandbox, found again after a restart. */
+export function containerName(root: string): string {
+  return `slipway-${createHash('sha256').update(path.resolve(root)).digest('hex').slice(0, 24)}`;
+}
+
+/** The environment every engine call gets: the project's containers.conf unless one is set. */
+export function engineEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH ?? SANDBOX_BASE_ENV.PATH, HOME: process.env.HOME ?? '/root' };
+  for (const k of ['CONTAINERS_CONF', 'CONTAINERS_STORAGE_CONF', 'XDG_RUNTIME_DIR', 'DOCKER_HOST', 'TMPDIR']) if (process.env[k]) env[k] = process.env[k];
+  if (!env.CONTAINERS_CONF && existsSync(PROJECT_CONTAINERS_CONF)) env.CONTAINERS_CONF = PROJECT_CONTAINERS_CONF;
+  return { ...env, ...extra };
+}
+
+/** The sandbox image: SLIPWAY_SANDBOX_IMAGE, else the one scripts/setup.sh built (undefined: none). */
+export function defaultSandboxImage(): string | undefined {
+  if (process.env.SLIPWAY_SANDBOX_IMAGE) return process.env.SLIPWAY_SANDBOX_IMAGE;
+  try {
+    return readFileSync(PROJECT_IMAGE_FILE, 'utf8').trim() || undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Runs the engine with trusted arguments; rejects with its stderr on a non-zero exit. */
+export function engine(bin: ContainerEngine, args: string[], opts: { env?: Record<string, string>; allowFail?: boolean; timeoutMs?: number } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(bin, args, { env: engineEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 120_000);
+    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
+    child.stderr.on('data', (c: Buffer) => (stderr = (stderr + c.toString()).slice(-8000)));
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      reject((e as NodeJS.ErrnoException).code === 'ENOENT' ? new Error(`${bin} is not installed: ${PODMAN_INSTALL}`) : e);
+    });
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      if (code !== 0 && !opts.allowFail) reject(new Error(`${bin} ${args[0]} failed (exit ${code}): ${stderr.trim()}`));
+      else resolve({ code, stdout, stderr });
+    });
+  });
+}
+
+/** The engine arguments for a sandbox's resource limits and network. */
+export function runArgs(settings: ContainerSettings, engineName: ContainerEngine): string[] {
+  // --init: a real init (podman's catatonit) reaps orphans; `sleep` as pid 1 would not, and
+  // zombies would count against the pids limit until the sandbox could start nothing.
+  const args = ['--init', '--cap-drop=all', '--security-opt', 'no-new-privileges'];
+  // A sandbox with the network gets the engine's user-mode network (no host ports, no host namespace).
+  args.push('--network', settings.network ? (engineName === 'podman' ? 'slirp4netns' : 'bridge') : 'none');
+  const l = settings.limits ?? {};
+  if (l.pids !== undefined) args.push('--pids-limit', String(l.pids));
+  if (l.memoryBytes !== undefined) args.push('--memory', `${l.memoryBytes}b`, '--memory-swap', `${l.memoryBytes}b`);
+  if (l.cpus !== undefined) args.push('--cpus', String(l.cpus));
+  if (l.fileSizeBytes !== undefined) args.push('--ulimit', `fsize=${l.fileSizeBytes}:${l.fileSizeBytes}`);
+  if (l.cpuSeconds !== undefined) args.push('--ulimit', `cpu=${l.cpuSeconds}:${l.cpuSeconds}`);
+  return args;
+}
+
+/** Refuses settings a container cannot honour, naming the field. */
+export function validateContainerSettings(settings: ContainerSettings): void {
+  if (settings.limits?.diskBytes !== undefined) throw new Error('sandbox.limits.disk is not supported by container sandboxes (use the local provider)');
+  for (const p of settings.readable ?? []) if (!path.isAbsolute(p)) throw new Error(`sandbox.readable: ${JSON.stringify(p)} must be an absolute path`);
+}
+
+const readRecord = async (file: string): Promise<ContainerRecord | undefined> => {
+  try {
+    return JSON.parse(await fs.readFile(file, 'utf8')) as ContainerRecord;
+  } catch {
+    return undefined;
+  }
+};
+
+/** Kills every process whose command line holds the exec id, with its process group. The id comes in two halves so this script's own argv never matches. */
+const KILL_EXEC_SCRIPT = [
+  'id="$1$2"; sig=$3',
+  'for d in /proc/[0-9]*; do',
+  '  [ "${d#/proc/}" = "$$" ] && continue',
+  '  if tr "\\000" " " < "$d/cmdline" 2>/dev/null | grep -qF -- "$id"; then',
+  '    pg=$(sed "s/.*) //" "$d/stat" 2>/dev/null | cut -d" " -f3)',
+  '    [ -n "$pg" ] && [ "$pg" != 0 ] && kill -s "$sig" -- "-$pg" 2>/dev/null',
+  '    kill -s "$sig" "${d#/proc/}" 2>/dev/null',
+  '  fi',
+  'done',
+  'exit 0',
+].join('\n');
+
+export class ContainerSandboxProvider implements SandboxProvider {
+  readonly kind: ContainerEngine;
+  /** Commands see the workspace at a fixed path (the contract suite checks it). */
+  readonly confined = true;
+  private readonly image?: string;
+  private readonly defaults: ContainerSettings;
+  private readonly maxBundleBytes?: number;
+  /** Containers this process has already swept of a dead worker's commands. */
+  private readonly swept = new Set<string>();
+
+  constructor(options: ContainerProviderOptions = {}) {
+    this.kind = options.engine ?? 'podman';
+    this.image = options.image;
+    this.defaults = options.defaults ?? { network: false };
+    this.maxBundleBytes = options.maxBundleBytes;
+  }
+
+  private imageName(): string {
+    const image = this.image ?? defaultSandboxImage();
+    if (!image) throw new Error(`no sandbox image: run scripts/setup.sh (it builds one) or set SLIPWAY_SANDBOX_IMAGE`);
+    return image;
+  }
+
+  private async where(root: string) {
+    const resolved = path.resolve(root);
+    const parsed = parseContainerRoot(resolved);
+    if (!parsed) throw new Error(`not a container sandbox root (<repo>/${CONTAINERS_DIR}/<group>/<name>): ${root}`);
+    const recordFile = `${resolved}.json`;
+    return { ...parsed, root: resolved, recordFile, inDir: `${resolved}.in`, container: containerName(resolved) };
+  }
+
+  private async inspect(container: string): Promise<{ Status: string; OOMKilled: boolean; ExitCode: number } | undefined> {
+    const r = await engine(this.kind, ['inspect', '--type', 'container', '--format', '{{json .State}}', container], { allowFail: true });
+    if (r.code !== 0) return undefined;
+    return JSON.parse(r.stdout.trim()) as { Status: string; OOMKilled: boolean; ExitCode: number };
+  }
+
+  async create(req: SandboxCreateRequest): Promise<SandboxHandle> {
+    const started = Date.now();
+    const settings = req.container ?? this.defaults;
+    validateContainerSettings(settings);
+    const image = this.imageName();
+    const repo = await fs.realpath(req.repository);
+    await ensureSlipwayExcluded(repo);
+    const w = await this.where(containerSandboxRoot(repo, req.group, req.name));
+    const [baseCommit, record, state] = await Promise.all([resolveCommit(repo, req.base), readRecord(w.recordFile), this.inspect(w.container)]);
+
+    if (record && record.state !== 'creating' && state) {
+      if (record.branch !== req.branch) throw new Error(`sandbox ${w.root} exists on branch ${record.branch}, expected ${req.branch}`);
+      if (state.Status !== 'running') await engine(this.kind, ['start', w.container]);
+      const headCommit = await this.head(w.root);
+      return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: true };
+    }
+    // A half-made sandbox (or one whose container is gone): start it again. The branch stays.
+    await this.removeAll(w);
+    if (!(await branchExists(repo, req.branch))) await git(repo, ['update-ref', `refs/heads/${req.branch}`, baseCommit, '']);
+    const startCommit = await resolveCommit(repo, `refs/heads/${req.branch}`);
+    const base: ContainerRecord = {
+      version: 1,
+      sandboxId: req.sandboxId,
+      group: req.group,
+      name: req.name,
+      branch: req.branch,
+      baseCommit,
+      startCommit,
+      container: w.container,
+      state: 'creating',
+      createdAt: new Date().toISOString(),
+    };
+    await writeJsonAtomic(w.recordFile, base, { mkdir: true });
+    await makeBaseBundle(repo, req.branch, path.join(w.inDir, 'base.bundle'));
+    await fs.mkdir(w.root, { recursive: true });
+    const mounts = ['-v', `${w.root}:${CONTAINER_WORKSPACE}:rw`, '-v', `${w.inDir}:${CONTAINER_IN}:ro`];
+    for (const p of settings.readable ?? []) mounts.push('-v', `${p}:${p}:ro`);
+    const labels = { 'slipway.sandbox': req.sandboxId, 'slipway.group': req.group, 'slipway.branch': req.branch, 'slipway.root': w.root, 'slipway.repository': repo };
+    await engine(this.kind, [
+      'run', '-d', '--name', w.container,
+      ...Object.entries(labels).flatMap(([k, v]) => ['--label', `${k}=${v}`]),
+      ...runArgs(settings, this.kind),
+      ...mounts,
+      '--workdir', CONTAINER_WORKSPACE,
+      image, 'sleep', 'infinity',
+    ]);
+    const { name, email } = await commitIdentity(repo);
+    const start = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', START_FROM_BUNDLE_SCRIPT, 'start', `${CONTAINER_IN}/base.bundle`, req.branch, name, email], timeoutMs: 10 * 60_000, signal: req.signal });
+    if (start.exitCode !== 0) throw new Error(`starting the sandbox from its bundle failed (exit ${start.exitCode}): ${start.stderr.trim()}`);
+    let setup: SandboxHandle['setup'];
+    if (req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0)) {
+      setup = await runProjectSetup((r) => this.exec({ root: w.root }, r), req.setup, { signal: req.signal, onProgress: req.onProgress });
+    }
+    const headCommit = await this.head(w.root);
+    await writeJsonAtomic(w.recordFile, { ...base, state: 'ready' }, { mkdir: true });
+    return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
+  }
+
+  /** HEAD inside the sandbox (untrusted: only ever compared or collected through a bundle). */
+  private async head(root: string): Promise<string> {
+    const r = await this.exec({ root }, { command: 'git', args: ['rev-parse', '--verify', '--quiet', 'HEAD^{commit}'], timeoutMs: 60_000 });
+    const head = r.stdout.trim();
+    if (r.exitCode !== 0 || !OBJECT_ID.test(head)) throw new Error(`the sandbox at ${root} has no commit at HEAD`);
+    return head;
+  }
+
+  async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
+    const w = await this.where(handle.root);
+    const real = await fs.realpath(w.root);
+    const cwd = req.cwd ? await resolveInside(real, req.cwd) : real;
+    const workdir = path.posix.join(CONTAINER_WORKSPACE, path.relative(real, cwd).split(path.sep).join('/'));
+    // The worker's environment never enters a container; values travel in the engine's
+    // environment (`--env NAME` takes it from there), never in argv.
+    const env: Record<string, string> = { ...SANDBOX_BASE_ENV, HOME: '/root', ...req.env };
+    // A worker that died (kill -9) left its commands running in the container: the first exec
+    // of this process in it ends them, so a retried agent never races the one it replaces.
+    if (!this.swept.has(w.container)) {
+      this.swept.add(w.container);
+      await this.killOrphans(w.container);
+    }
+    // The id names this process (its host pid): how a later worker tells whose commands these are.
+    const id = `slipway-exec-${process.pid}-${randomBytes(8).toString('hex')}`;
+    const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
+    const args = [
+      'exec', ...(req.stdin !== undefined ? ['-i'] : []), '--workdir', workdir,
+      ...Object.keys(env).flatMap((k) => ['--env', k]),
+      w.container,
+      // Its own session and process group inside, so a timeout kills everything it started.
+      // The shell stays (a command follows) with the id in its argv: that is how a kill finds it.
+      'setsid', '-w', '/bin/sh', '-c', '"$@"; s=$?; exit $s', id, ...inner,
+    ];
+    const result = await runProcess({
+      command: this.kind,
+      args,
+      cwd: real,
+      env: engineEnv(env),
+      stdin: req.stdin,
+      timeoutMs: req.timeoutMs,
+      signal: req.signal,
+      onLine: req.onLine,
+      maxCaptureBytes: req.maxCaptureBytes,
+    });
+    if (result.timedOut || result.cancelled) {
+      // Killing the engine client leaves the command running in the container: end it there.
+      if (req.killGraceMs) {
+        await this.killExec(w.container, id, 'TERM');
+        await new Promise((r) => setTimeout(r, req.killGraceMs));
+      }
+      await this.killExec(w.container, id, 'KILL');
+    }
+    return result;
+  }
+
+  /** Kills what the execs of worker processes that no longer exist (on this host) left running. */
+  private async killOrphans(container: string): Promise<void> {
+    const scan = await engine(this.kind, ['exec', container, '/bin/sh', '-c', 'for d in /proc/[0-9]*; do tr "\\000" " " < "$d/cmdline" 2>/dev/null; echo; done'], { allowFail: true });
+    const ids = new Set([...scan.stdout.matchAll(/slipway-exec-(\d+)-[0-9a-f]{16}/g)].filter((m) => !hostProcessAlive(Number(m[1]))).map((m) => m[0]));
+    for (const id of ids) await this.killExec(container, id, 'KILL');
+  }
+
+  private async killExec(container: string, id: string, signal: 'TERM' | 'KILL'): Promise<void> {
+    const half = Math.floor(id.length / 2);
+    await engine(this.kind, ['exec', container, '/bin/sh', '-c', KILL_EXEC_SCRIPT, 'kill', id.slice(0, half), id.slice(half), signal], { allowFail: true });
+  }
+
+  // eslint-disable-next-line @typescript-eslint/no-unused-vars
+  async openSession(_handle: Pick<SandboxHandle, 'root'>, _req: SessionRequest): Promise<SandboxSession> {
+    throw new SessionRequestError(`interactive sessions are not available in ${this.kind} sandboxes yet`);
+  }
+
+  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
+    return readSandboxFile(handle.root, file, { maxBytes: MAX_BUFFER_BYTES });
+  }
+
+  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string): Promise<void> {
+    return writeSandboxFile(handle.root, file, content);
+  }
+
+  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<void> {
+    return deleteSandboxFile(handle.root, file);
+  }
+
+  private async removeAll(w: { root: string; inDir: string; container: string }): Promise<void> {
+    await engine(this.kind, ['rm', '-f', '-t', '0', w.container], { allowFail: true });
+    await fs.rm(w.root, { recursive: true, force: true });
+    await fs.rm(w.inDir, { recursive: true, force: true });
+  }
+
+  async destroy({ root }: { repository: string; root: string }): Promise<void> {
+    const w = await this.where(root);
+    await this.removeAll(w);
+    await fs.rm(w.recordFile, { force: true });
+    await fs.rm(`${w.root}.rebuild.json`, { force: true });
+    await fs.rmdir(path.dirname(w.root)).catch(() => undefined);
+  }
+
+  /**
+   * The sandbox's HEAD comes back as a bundle (git-transport.ts) and becomes the tip of its
+   * branch; a head the repository has already only moves the branch, if it descends from the
+   * sandbox's start.
+   */
+  async collect(handle: Pick<SandboxHandle, 'root'>, options: { known?: string[]; signal?: AbortSignal } = {}): Promise<{ head: string; imported: boolean }> {
+    const w = await this.where(handle.root);
+    const record = await readRecord(w.recordFile);
+    if (!record) throw new Error(`no record of the sandbox at ${w.root}`);
+    const head = await this.head(w.root);
+    if ((await gitMaybe(w.repository, ['cat-file', '-e', `${head}^{commit}`])) !== undefined) {
+      if (!(await isAncestor(w.repository, record.startCommit, head))) throw new BundleRefusedError(`its head ${head} does not descend from the sandbox's base ${record.startCommit}`);
+      await git(w.repository, ['update-ref', '-m', 'slipway: collected from its sandbox', `refs/heads/${record.branch}`, head]);
+      return { head, imported: false };
+    }
+    const tip = await gitMaybe(w.repository, ['rev-parse', '--verify', '--quiet', `refs/heads/${record.branch}^{commit}`]);
+    const known = [...new Set([record.startCommit, tip, ...(options.known ?? [])])].filter((k): k is string => !!k && OBJECT_ID.test(k));
+    const producer = {
+      command: this.kind,
+      args: ['exec', w.container, '/bin/sh', '-c', BUNDLE_HEAD_SCRIPT, 'collect', ...known],
+      env: engineEnv(),
+      cwd: w.root,
+    };
+    const imported = await importBundle(w.repository, producer, { branch: record.branch, baseCommit: record.startCommit, maxBytes: this.maxBundleBytes, signal: options.signal });
+    return { head: imported.head, imported: true };
+  }
+
+  /**
+   * A fresh bundle of the repository's branches and tags, fetched inside under
+   * `refs/slipway/upstream/` (the sandbox's own branch is never touched), so `commits` (the new
+   * integration tip of a rebuild) can be checked out there.
+   */
+  async bringCommits(handle: Pick<SandboxHandle, 'root'>, commits: string[]): Promise<void> {
+    const w = await this.where(handle.root);
+    const file = path.join(w.inDir, 'update.bundle');
+    await fs.rm(file, { force: true });
+    await git(w.repository, ['bundle', 'create', '-q', file, '--branches', '--tags']);
+    const fetch = await this.exec({ root: w.root }, { command: 'git', args: ['fetch', '-q', '--no-tags', `${CONTAINER_IN}/update.bundle`, '+refs/heads/*:refs/slipway/upstream/heads/*', '+refs/tags/*:refs/slipway/upstream/tags/*'], timeoutMs: 10 * 60_000 });
+    if (fetch.exitCode !== 0) throw new Error(`fetching the repository's branches into the sandbox failed (exit ${fetch.exitCode}): ${fetch.stderr.trim()}`);
+    for (const c of commits) {
+      const has = await this.exec({ root: w.root }, { command: 'git', args: ['cat-file', '-e', `${c}^{commit}`], timeoutMs: 60_000 });
+      if (has.exitCode !== 0) throw new Error(`commit ${c} is on no branch or tag of ${w.repository}: it cannot be brought into the sandbox`);
+    }
+  }
+
+  async list(repository: string) {
+    const repo = await fs.realpath(repository);
+    // Ids, then each one's labels: the same two calls on podman and docker (their `ps` JSON differs).
+    const ids = (await engine(this.kind, ['ps', '-a', '-q', '--filter', `label=slipway.repository=${repo}`])).stdout.split('\n').filter(Boolean);
+    const out: Array<{ root: string; branch?: string; head: string; sandboxId?: string }> = [];
+    for (const id of ids) {
+      const inspected = await engine(this.kind, ['inspect', '--type', 'container', '--format', '{{json .Config.Labels}}', id], { allowFail: true });
+      if (inspected.code !== 0) continue; // removed meanwhile
+      const labels = (JSON.parse(inspected.stdout.trim() || '{}') ?? {}) as Record<string, string>;
+      const root = labels['slipway.root'];
+      if (!root) continue;
+      const record = await readRecord(`${root}.json`);
+      if (!record || record.state === 'creating') continue;
+      const head = record.state === 'suspended' && record.suspendedHead ? record.suspendedHead : await this.head(root).catch(() => record.startCommit);
+      out.push({ root, branch: record.branch, head, sandboxId: record.sandboxId });
+    }
+    return out;
+  }
+
+  /** Stops the container; its workspace stays on disk, so restore is a start. */
+  async suspend(handle: Pick<SandboxHandle, 'root'>, _options?: { templateIgnored: boolean }): Promise<{ snapshotRef: string; bytes: number }> {
+    const w = await this.where(handle.root);
+    const record = await readRecord(w.recordFile);
+    if (!record) throw new Error(`no record of the sandbox at ${w.root}`);
+    const suspendedHead = record.state === 'suspended' ? record.suspendedHead : await this.head(w.root).catch(() => undefined);
+    await engine(this.kind, ['stop', '-t', '5', w.container]);
+    await writeJsonAtomic(w.recordFile, { ...record, state: 'suspended', ...(suspendedHead ? { suspendedHead } : {}) });
+    return { snapshotRef: `${this.kind}:${w.container}`, bytes: await directoryBytes(w.root) };
+  }
+
+  async restore(handle: Pick<SandboxHandle, 'root'>, _options?: { templateIgnored: boolean }): Promise<{ root: string; branch?: string; head: string }> {
+    const w = await this.where(handle.root);
+    const record = await readRecord(w.recordFile);
+    if (!record) throw new Error(`no record of the sandbox at ${w.root}`);
+    const state = await this.inspect(w.container);
+    if (!state) throw new Error(`the container of the sandbox at ${w.root} is gone`);
+    if (state.Status !== 'running') await engine(this.kind, ['start', w.container]);
+    const head = await this.head(w.root);
+    await writeJsonAtomic(w.recordFile, { ...record, state: 'ready', suspendedHead: undefined });
+    return { root: w.root, branch: record.branch, head };
+  }
+
+  /** Nothing to drop: a suspended container sandbox is its stopped container and workspace, which destroy removes. */
+  async deleteSnapshot(): Promise<void> {}
+
+  async probe(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness> {
+    const w = await this.where(handle.root);
+    const state = await this.inspect(w.container);
+    if (!state) return { alive: false, reason: 'container_removed', detail: `container ${w.container} no longer exists` };
+    if (state.OOMKilled) return { alive: false, reason: 'out_of_memory', detail: `container ${w.container} was killed for lack of memory` };
+    if (state.Status !== 'running') {
+      const record = await readRecord(w.recordFile);
+      if (record?.state === 'suspended') return { alive: true };
+      return { alive: false, reason: 'container_exited', detail: `container ${w.container} is ${state.Status} (exit ${state.ExitCode})` };
+    }
+    if (!(await fs.stat(w.root).then((s) => s.isDirectory(), () => false))) return { alive: false, reason: 'directory_removed', detail: `${w.root} no longer exists` };
+    return { alive: true };
+  }
+}
+
+function hostProcessAlive(pid: number): boolean {
+  if (pid === process.pid) return true;
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+async function directoryBytes(dir: string): Promise<number> {
+  let total = 0;
+  const walk = async (d: string): Promise<void> => {
+    for (const e of await fs.readdir(d, { withFileTypes: true }).catch(() => [])) {
+      const p = path.join(d, e.name);
+      if (e.isDirectory()) await walk(p);
+      else total += (await fs.lstat(p).catch(() => ({ size: 0 }))).size;
+    }
+  };
+  await walk(dir);
+  return total;
+}
+
+/** Can podman run sandboxes here? For `slipway doctor`. */
+export async function checkPodman(): Promise<{ ok: boolean; detail: string; install?: string }> {
+  const version = await engine('podman', ['version', '--format', '{{.Client.Version}}']).catch((e: Error) => e);
+  if (version instanceof Error) return { ok: false, detail: `podman is not usable: ${version.message}`, install: PODMAN_INSTALL };
+  const image = defaultSandboxImage();
+  if (!image) return { ok: false, detail: `podman ${version.stdout.trim()}, but no sandbox image was built`, install: 'bash scripts/setup.sh' };
+  const exists = await engine('podman', ['image', 'exists', image], { allowFail: true });
+  if (exists.code !== 0) return { ok: false, detail: `podman ${version.stdout.trim()}, but the sandbox image ${image} is missing`, install: 'bash scripts/setup.sh' };
+  const run = await engine('podman', ['run', '--rm', '--network', 'none', '--cap-drop=all', image, 'git', '--version'], { allowFail: true });
+  if (run.code !== 0) return { ok: false, detail: `podman cannot run a container: ${run.stderr.trim().split('\n').pop()}`, install: 'bash scripts/setup.sh (writes .tools/containers/containers.conf: runc, cgroupfs)' };
+  return { ok: true, detail: `podman ${version.stdout.trim()}, image ${image}, ${run.stdout.trim()}` };
+}

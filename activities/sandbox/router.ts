@@ -1,0 +1,89 @@
+/**
+ * One SandboxProvider in front of several: create picks the provider the request names
+ * (`provider`, default local); every later call on a sandbox goes to the provider that owns its
+ * root (a container sandbox's root is `<repo>/.slipway/containers/...`, ADR 0012), so a handle
+ * needs no more than its root, as before. Container providers are made on first use.
+ */
+import path from 'node:path';
+import { ContainerSandboxProvider, parseContainerRoot, type ContainerEngine } from './container';
+import { PortUnreachableError } from './port-relay';
+import type { ExecRequest, SandboxCreateRequest, SandboxHandle, SandboxProvider, SessionRequest } from './provider';
+
+export class SandboxProviders implements SandboxProvider {
+  readonly kind = 'router';
+  private readonly containers = new Map<ContainerEngine, SandboxProvider>();
+
+  constructor(
+    readonly local: SandboxProvider,
+    private readonly makeContainer: (engine: ContainerEngine) => SandboxProvider = (engine) => new ContainerSandboxProvider({ engine }),
+  ) {}
+
+  /** The provider of a kind (`local`, `podman`, `docker`). */
+  provider(kind: string | undefined): SandboxProvider {
+    if (!kind || kind === 'local') return this.local;
+    if (kind !== 'podman' && kind !== 'docker') throw new Error(`unknown sandbox provider "${kind}" (known: local, podman, docker)`);
+    let p = this.containers.get(kind);
+    if (!p) this.containers.set(kind, (p = this.makeContainer(kind)));
+    return p;
+  }
+
+  /** The provider that owns a sandbox root. The engine is in the container's record; podman unless docker made it. */
+  private owner(root: string): SandboxProvider {
+    if (!parseContainerRoot(path.resolve(root))) return this.local;
+    // One engine per worker in practice: the one already made, else podman.
+    return this.containers.get('docker') ?? this.provider('podman');
+  }
+
+  create(req: SandboxCreateRequest): Promise<SandboxHandle> {
+    return this.provider(req.provider).create(req);
+  }
+  exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest) {
+    return this.owner(handle.root).exec(handle, req);
+  }
+  openSession(handle: Pick<SandboxHandle, 'root'>, req: SessionRequest) {
+    return this.owner(handle.root).openSession(handle, req);
+  }
+  async connectPort(handle: Pick<SandboxHandle, 'root'>, port: number) {
+    const p = this.owner(handle.root);
+    if (!p.connectPort) throw new PortUnreachableError(port, `the ${p.kind} provider cannot reach a sandbox's ports yet`);
+    return p.connectPort(handle, port);
+  }
+  readFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
+    return this.owner(handle.root).readFile(handle, file);
+  }
+  writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string) {
+    return this.owner(handle.root).writeFile(handle, file, content);
+  }
+  deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
+    return this.owner(handle.root).deleteFile(handle, file);
+  }
+  destroy(request: { repository: string; root: string }) {
+    return this.owner(request.root).destroy(request);
+  }
+  collect(handle: Pick<SandboxHandle, 'root'>, options?: { known?: string[]; signal?: AbortSignal }) {
+    return this.owner(handle.root).collect(handle, options);
+  }
+  async list(repository: string) {
+    const lists = await Promise.all([this.local, ...this.containers.values()].map((p) => p.list(repository)));
+    return lists.flat();
+  }
+  async suspend(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
+    const p = this.owner(handle.root);
+    if (!p.suspend) throw new Error(`the ${p.kind} provider cannot suspend sandboxes`);
+    return p.suspend(handle, options);
+  }
+  async restore(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
+    const p = this.owner(handle.root);
+    if (!p.restore) throw new Error(`the ${p.kind} provider cannot restore sandboxes`);
+    return p.restore(handle, options);
+  }
+  async deleteSnapshot(handle: Pick<SandboxHandle, 'root'>) {
+    await this.owner(handle.root).deleteSnapshot?.(handle);
+  }
+  async bringCommits(handle: Pick<SandboxHandle, 'root'>, commits: string[]) {
+    await this.owner(handle.root).bringCommits?.(handle, commits);
+  }
+  async probe(handle: Pick<SandboxHandle, 'root'>) {
+    return (await this.owner(handle.root).probe?.(handle)) ?? { alive: true as const };
+  }
+}
