@@ -108,7 +108,8 @@ export function buildProgram(): Command {
   program
     .command('worker')
     .description('run a worker against TEMPORAL_ADDRESS or the running embedded server')
-    .action(async () => setExit(await workerCommand()));
+    .option('--id <worker-id>', 'this worker\'s id (default: SLIPWAY_WORKER_ID, else the one kept in $SLIPWAY_HOME/worker-id)')
+    .action(async (opts: { id?: string }) => setExit(await workerCommand(opts)));
 
   // The sandbox service: `sandbox ...` (API client), `api`, `mcp`, and ledger administration.
   registerSandboxCommands(program);

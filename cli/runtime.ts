@@ -8,6 +8,7 @@ import { objectiveWorkflowId } from '../core/ids';
 import { slipwaySettings, type SlipwaySettings } from '../lib/settings';
 import { connectClient, resolveTemporal, type TemporalTarget } from '../workers/temporal';
 import { createSlipwayWorkers, type SlipwayWorkers } from '../workers/worker';
+import { resolveWorkerId } from '../lib/worker-id';
 import { installRuntimeLogging } from '../workers/logging';
 import { slipwayDataConverter } from '../workers/payload-codec';
 import { CliError, EXIT } from './exit-codes';
@@ -47,6 +48,7 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
       activityConcurrency: settings.activityConcurrency,
       shutdownGraceMs: settings.shutdownGraceMs,
       dataConverter,
+      workerId: await resolveWorkerId(settings.dataDir, settings.workerId),
     });
     workerRun = workers.run();
   }

@@ -2,6 +2,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { DEFAULT_TASK_QUEUE } from '../core/ids';
+import { DEFAULT_OWNER_GRACE_SECONDS } from '../core/routing';
 
 export interface SlipwaySettings {
   /** Set when TEMPORAL_ADDRESS is given: connect there and start nothing. */
@@ -15,6 +16,10 @@ export interface SlipwaySettings {
   agentConcurrency: number;
   activityConcurrency: number;
   shutdownGraceMs: number;
+  /** SLIPWAY_WORKER_ID: this worker's id, instead of the one kept under dataDir (lib/worker-id.ts). */
+  workerId?: string;
+  /** How long a sandbox's owner may be unreachable before its sandboxes are given up (SLIPWAY_OWNER_GRACE_SECONDS). */
+  ownerGraceSeconds: number;
 }
 
 const int = (value: string | undefined, fallback: number, name: string): number => {
@@ -40,5 +45,7 @@ export function slipwaySettings(env: NodeJS.ProcessEnv = process.env): SlipwaySe
     agentConcurrency: int(env.SLIPWAY_AGENT_CONCURRENCY, 2, 'SLIPWAY_AGENT_CONCURRENCY'),
     activityConcurrency: int(env.SLIPWAY_ACTIVITY_CONCURRENCY, 4, 'SLIPWAY_ACTIVITY_CONCURRENCY'),
     shutdownGraceMs: int(env.SLIPWAY_SHUTDOWN_GRACE_MS, 10_000, 'SLIPWAY_SHUTDOWN_GRACE_MS'),
+    workerId: env.SLIPWAY_WORKER_ID || undefined,
+    ownerGraceSeconds: int(env.SLIPWAY_OWNER_GRACE_SECONDS, DEFAULT_OWNER_GRACE_SECONDS, 'SLIPWAY_OWNER_GRACE_SECONDS'),
   };
 }

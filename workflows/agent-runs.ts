@@ -20,6 +20,7 @@
 import { ApplicationFailure, sleep } from '@temporalio/workflow';
 import type { AgentRunInput, AgentRunResult } from '../activities';
 import type { AgentRunRecord } from '../core/types';
+import type { ActivityRoute } from '../core/routing';
 import { agentActivities, type RetrySpec } from './activity-options';
 import { rootCause } from './failure-info';
 import { rateLimitWaitMs } from './stream-interpreter';
@@ -48,11 +49,13 @@ export interface AgentLoopOptions {
   state: AgentLoopState;
   /** Called after every run (usage, commits, feed), before the loop decides what comes next. */
   onRun(run: AgentRunResult, record: AgentRunRecord): Promise<void>;
+  /** The agent-run queue of the worker that owns the sandbox (absent: the shared one). */
+  route?: ActivityRoute;
 }
 
-export async function runAgentLoop({ input, step, retry, state, onRun }: AgentLoopOptions): Promise<AgentLoopOutcome> {
+export async function runAgentLoop({ input, step, retry, state, onRun, route }: AgentLoopOptions): Promise<AgentLoopOutcome> {
   const { spec } = input;
-  const acts = agentActivities(spec.timeout_minutes, retry);
+  const acts = agentActivities(spec.timeout_minutes, retry, route);
   let runs = 0;
   let last: AgentRunResult | undefined;
   while (state.agentIteration <= spec.max_iterations) {

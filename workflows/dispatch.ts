@@ -86,6 +86,7 @@ export function streamStart(
       onExhausted: input.onExhausted,
       parentWorkflowId: at.parentWorkflowId,
       sandbox: input.sandbox,
+      ...(input.ownerGraceSeconds ? { ownerGraceSeconds: input.ownerGraceSeconds } : {}),
     },
     summary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
     details: `Objective \`${input.id}\`, blueprint \`${at.blueprint.id}\`, builds on \`${at.base === at.baseCommit ? input.baseBranch : at.base}\`.`,

@@ -10,6 +10,7 @@ import {
   defineSignal,
   getExternalWorkflowHandle,
   isCancellation,
+  patched,
   setCurrentDetails,
   setHandler,
   upsertSearchAttributes,
@@ -18,8 +19,11 @@ import {
 import { SlipwayKind, SlipwayObjective, SlipwaySandboxState } from '../core/search-attributes';
 import type { SandboxState } from '../core/states';
 import type { SandboxInfo, SandboxInput, SandboxResult } from '../core/types';
-import { gitActivities } from './activity-options';
-import { failureMessage } from './failure-info';
+import { gitActivities, ownerRoute } from './activity-options';
+import { failureMessage, isOwnerUnreachable } from './failure-info';
+
+/** Activities on a sandbox run on the worker that owns it (docs/adr/0013-worker-ownership.md). */
+export const OWNER_ROUTING = 'sandbox-owner-routing';
 
 /** Sent by the sandbox to its owner once it is ready. */
 export const sandboxReadySignal = defineSignal<[SandboxInfo]>('sandboxReady');
@@ -107,7 +111,13 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   // Cleanup must run even when the owner was cancelled.
   await CancellationScope.nonCancellable(async () => {
     enter('terminating', 'removing the worktree');
-    await acts.destroySandbox({ repository: input.repository, path: info!.path });
+    // The worker that holds the sandbox removes it (docs/adr/0013); one gone longer than the grace time cannot.
+    const owned = info!.owner !== undefined && patched(OWNER_ROUTING);
+    const destroyer = owned ? gitActivities(undefined, ownerRoute(info!.owner, { graceSeconds: input.ownerGraceSeconds })) : acts;
+    await destroyer.destroySandbox({ repository: input.repository, path: info!.path }).catch((e) => {
+      if (!(owned && e instanceof TemporalFailure && isOwnerUnreachable(e))) throw e;
+      log.warn('the owner of the sandbox is gone; its worktree stays on its host for the janitor', { sandboxId: input.sandboxId, owner: info!.owner });
+    });
   });
   enter('terminated', 'worktree removed; the branch is kept');
   return ended({ sandboxId: input.sandboxId, state: 'terminated' });

@@ -55,12 +55,12 @@ import {
   type StreamStatus,
 } from '../core/types';
 import type { AgentRunResult } from '../activities';
-import { gateActivities, gitActivities } from './activity-options';
+import { gateActivities, gitActivities, ownerRoute } from './activity-options';
 import { newAgentLoop, runAgentLoop, type AgentLoopState } from './agent-runs';
 import { retryFor } from './blueprint-walker';
 import { FEED_BATCH_LIMIT, FEED_FLUSH_DELAY_MS, flushNow } from './feed';
 import { failureKindOf, failureMessage, rootCause } from './failure-info';
-import { ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
+import { OWNER_ROUTING, ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 import {
   LEDGER_KEPT_BY_STREAM,
   agentStepOutcome,
@@ -259,6 +259,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           base: input.base,
           ownerWorkflowId: workflowInfo().workflowId,
           options: input.sandbox,
+          ...(input.ownerGraceSeconds ? { ownerGraceSeconds: input.ownerGraceSeconds } : {}),
           ...(bounded ? { notifyOwnerOnEnd: true, ...(input.sandboxOwnerProbeMs ? { ownerProbeMs: input.sandboxOwnerProbeMs } : {}) } : {}),
         },
       ],
@@ -317,7 +318,12 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   async function interpret(box: SandboxInfo): Promise<StreamResult> {
     const config = interpreterConfig(input);
     const bp = input.blueprint;
-    const git = gitActivities();
+    // Every activity on the sandbox runs on the worker that holds it (docs/adr/0013-worker-ownership.md).
+    const owned = box.owner !== undefined && patched(OWNER_ROUTING);
+    const graceSeconds = input.ownerGraceSeconds;
+    const route = owned ? ownerRoute(box.owner, { graceSeconds }) : undefined;
+    const agentRoute = owned ? ownerRoute(box.owner, { graceSeconds, agents: true }) : undefined;
+    const git = gitActivities(undefined, route);
     let sessionId: string | undefined = carried?.sessionId;
     // A step re-entered after a rate-limit wait or guidance continues its iteration loop where it stopped.
     const agentLoops: Record<string, AgentLoopState> = { ...carried?.agentLoops };
@@ -347,6 +353,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           step: step.id,
           retry: retryFor(bp, step),
           state: loop,
+          route: agentRoute,
           onRun: async (run, record) => {
             addUsage(run);
             (status.agentRuns ??= []).push(record);
@@ -374,7 +381,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       if (step.action === 'run_quality_gates') {
         const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
         try {
-          return gateStepOutcome(await gateActivities(timeout, retryFor(bp, step)).runGates({ path: box.path, gates: input.gates }));
+          return gateStepOutcome(await gateActivities(timeout, retryFor(bp, step), route).runGates({ path: box.path, gates: input.gates }));
         } catch (err) {
           if (isCancellation(err)) throw err;
           return { ok: false, failure: toStepFailure(err) };

@@ -102,6 +102,11 @@ export interface ExecRequest {
 
 export interface SandboxProvider {
   readonly kind: string;
+  /**
+   * The sandbox lives on the host of the worker that created it (a directory, a local container):
+   * only that worker reaches it, so it owns it. False for a remote provider any worker reaches.
+   */
+  readonly hostBound: boolean;
   create(request: SandboxCreateRequest): Promise<SandboxHandle>;
   exec(handle: Pick<SandboxHandle, 'root'>, request: ExecRequest): Promise<RunResult>;
   readFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<Buffer>;

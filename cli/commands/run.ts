@@ -4,6 +4,7 @@ import { SlipwayKind, SlipwayObjective } from '../../core/search-attributes';
 import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamView } from '../../core/types';
 import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
+import { slipwaySettings } from '../../lib/settings';
 import { objectiveWorkflow } from '../../workflows/objective';
 import { objectiveIdInUse } from '../../activities/objective-id';
 import { CliError, EXIT } from '../exit-codes';
@@ -22,6 +23,7 @@ export async function runCommand(file: string, opts: RunOptions): Promise<number
   let input: ObjectiveInput;
   try {
     input = await loadObjectiveFile(file, { repository: opts.repo, id: opts.id, baseBranch: opts.base });
+    if (process.env.SLIPWAY_OWNER_GRACE_SECONDS) input.ownerGraceSeconds = slipwaySettings().ownerGraceSeconds;
   } catch (e) {
     if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
     throw e;

@@ -1,0 +1,152 @@
+/**
+ * Ownership and routing across workers (docs/adr/0013-worker-ownership.md): two worker processes
+ * with their own worker ids and their own SLIPWAY_HOMEs, as if on two hosts, serve one task queue.
+ * Every activity on a sandbox must run on the queue of the worker that created it (read from the
+ * histories: ActivityTaskScheduled's task queue and ActivityTaskStarted's worker identity), and a
+ * worker killed for good has its streams recreated on the other.
+ */
+import { randomUUID } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterEach, describe, expect, inject, it } from 'vitest';
+import { Client, Connection } from '@temporalio/client';
+import { loadObjectiveFile } from '../config/objective-file';
+import { agentTaskQueue, integrationBranch, objectiveWorkflowId, ownerTaskQueue, streamSandboxId, streamSandboxWorkflowId, streamWorkflowId } from '../core/ids';
+import type { ObjectiveResult } from '../core/types';
+import { WORKER_ID_FILE } from '../lib/worker-id';
+import { objectiveWorkflow } from '../workflows/objective';
+import { waitFor } from './helpers/cli';
+import { PLAN_BUILDER, helperFiles, writeObjective, type Plan } from './helpers/objective';
+import { gitIn, makeDemoRepo, tempDir } from './helpers/repo';
+import { startWorkerProcess, type WorkerProcess } from './helpers/worker-process';
+
+const workers: WorkerProcess[] = [];
+afterEach(() => {
+  for (const w of workers.splice(0)) w.crash();
+});
+
+const STREAMS = ['alpha', 'beta', 'gamma', 'delta'];
+
+async function client(): Promise<Client> {
+  return new Client({ connection: await Connection.connect({ address: inject('temporalAddress') }) });
+}
+
+interface ActivityEvent {
+  workflowId: string;
+  type: string;
+  queue: string;
+  /** The identity of the worker that started it (workers/worker.ts puts the worker id last). */
+  startedBy?: string;
+}
+
+/** Every activity a workflow (all its runs) scheduled, with its queue and who started it. */
+async function activitiesOf(c: Client, workflowId: string): Promise<ActivityEvent[]> {
+  const out: ActivityEvent[] = [];
+  let runId: string | undefined = (await c.workflow.getHandle(workflowId).describe()).runId;
+  while (runId) {
+    const history = await c.workflow.getHandle(workflowId, runId).fetchHistory();
+    const byId = new Map<string, ActivityEvent>();
+    for (const e of history.events ?? []) {
+      const scheduled = e.activityTaskScheduledEventAttributes;
+      if (scheduled) {
+        const a = { workflowId, type: scheduled.activityType!.name!, queue: scheduled.taskQueue!.name! };
+        byId.set(String(e.eventId), a);
+        out.push(a);
+      }
+      const started = e.activityTaskStartedEventAttributes;
+      if (started) byId.get(String(started.scheduledEventId))!.startedBy = started.identity ?? undefined;
+    }
+    runId = history.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId || undefined;
+  }
+  return out;
+}
+
+/** The worker id an owner-routed queue belongs to, or undefined for the shared queues. */
+function ownerOfQueue(queue: string, taskQueue: string): string | undefined {
+  const m = queue.match(new RegExp(`^${taskQueue}@(.+?)(-agents)?$`));
+  return m?.[1];
+}
+
+function objectiveSpec(repo: string) {
+  return {
+    objective: 'four helpers on two workers',
+    repository: repo,
+    max_parallel_streams: 4,
+    gates: [{ name: 'test', command: 'node --test' }],
+    agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+    streams: STREAMS.map((id) => ({ id, task: `helper ${id}` })),
+  };
+}
+
+async function twoWorkers(taskQueue: string, extra: NodeJS.ProcessEnv = {}) {
+  const homes = [tempDir('slipway-home-a-'), tempDir('slipway-home-b-')];
+  // One id given, one kept under its home (lib/worker-id.ts): both are how a host gets its id.
+  const envs = [
+    { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: taskQueue, SLIPWAY_HOME: homes[0], SLIPWAY_WORKER_ID: 'host-a', ...extra },
+    { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: taskQueue, SLIPWAY_HOME: homes[1], ...extra },
+  ];
+  const procs = await Promise.all(envs.map((env) => startWorkerProcess(env)));
+  workers.push(...procs);
+  const ids = ['host-a', readFileSync(path.join(homes[1], WORKER_ID_FILE), 'utf8').trim()];
+  expect(ids[1]).toMatch(/^[A-Za-z0-9][A-Za-z0-9._-]*$/);
+  expect(ids[1]).not.toBe(ids[0]);
+  expect(procs[1].output()).toContain(`as worker ${ids[1]} `);
+  return { procs, ids };
+}
+
+/**
+ * Checks every activity of every sandbox (its sandbox workflow and its stream's runs) and of the
+ * merger: the owner recorded at creation is the queue each later activity was scheduled on and
+ * the worker that started it. Returns the owner of each stream's (last) sandbox.
+ */
+async function expectOwnerRouting(c: Client, objectiveId: string, taskQueue: string) {
+  const objective = await activitiesOf(c, objectiveWorkflowId(objectiveId));
+  const prepare = objective.find((a) => a.type === 'prepareObjective')!;
+  expect(prepare.queue).toBe(taskQueue);
+  const mergerOwner = prepare.startedBy!.split('/').at(-1)!;
+  const merger = objective.filter((a) => a.type !== 'prepareObjective');
+  expect(merger.map((a) => a.type)).toContain('mergeStream');
+  for (const a of merger) {
+    expect(a.queue, `${a.type} of the objective`).toBe(ownerTaskQueue(taskQueue, mergerOwner));
+    if (a.startedBy) expect(a.startedBy.endsWith(`/${mergerOwner}`), `${a.type} started by ${a.startedBy}`).toBe(true);
+  }
+
+  const owners: Record<string, string> = {};
+  for (const stream of STREAMS) {
+    const box = await activitiesOf(c, streamSandboxWorkflowId(streamSandboxId(objectiveId, stream)));
+    const create = box.find((a) => a.type === 'createSandbox')!;
+    // Creation goes to any worker: the one that takes it holds the sandbox from then on.
+    expect(create.queue).toBe(taskQueue);
+    const owner = create.startedBy!.split('/').at(-1)!;
+    owners[stream] = owner;
+    const later = [...box.filter((a) => a !== create), ...(await activitiesOf(c, streamWorkflowId(objectiveId, stream)))];
+    expect(later.map((a) => a.type)).toEqual(expect.arrayContaining(['runAgent', 'runGates', 'commitWork', 'destroySandbox']));
+    for (const a of later) {
+      const expected = a.type === 'runAgent' ? agentTaskQueue(ownerTaskQueue(taskQueue, owner)) : ownerTaskQueue(taskQueue, owner);
+      expect(a.queue, `${a.type} of ${stream}`).toBe(expected);
+      expect(a.startedBy?.endsWith(`/${owner}`), `${a.type} of ${stream} started by ${a.startedBy}`).toBe(true);
+    }
+  }
+  return { mergerOwner, owners };
+}
+
+describe('sandboxes owned by workers', () => {
+  it('two workers, one objective of four streams: every activity of a sandbox runs on its owner', async () => {
+    const taskQueue = `own-${randomUUID().slice(0, 8)}`;
+    const { ids } = await twoWorkers(taskQueue);
+    const repo = makeDemoRepo();
+    const plan: Plan = Object.fromEntries(STREAMS.map((id) => [id, [{ files: helperFiles(id), sleep_ms: 300 }]]));
+    const file = writeObjective(objectiveSpec(repo), plan);
+    const id = `own-${randomUUID().slice(0, 6)}`;
+    const c = await client();
+    const handle = await c.workflow.start(objectiveWorkflow, { taskQueue, workflowId: objectiveWorkflowId(id), args: [await loadObjectiveFile(file, { id })] });
+    const result = (await handle.result()) as ObjectiveResult;
+    expect(result.outcome).toBe('completed');
+    expect(result.mergeOrder.sort()).toEqual([...STREAMS].sort());
+    for (const s of STREAMS) expect(gitIn(repo, 'show', `${integrationBranch(id)}:src/${s}.js`)).toContain(s);
+
+    const { mergerOwner, owners } = await expectOwnerRouting(c, id, taskQueue);
+    expect(ids).toContain(mergerOwner);
+    for (const owner of Object.values(owners)) expect(ids).toContain(owner);
+  }, 300_000);
+});
