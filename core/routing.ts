@@ -29,3 +29,14 @@ export function routeFor(mainQueue: string, owner: string | undefined, opts: { a
   if (opts.waitForOwner) return { taskQueue };
   return { taskQueue, scheduleToStartTimeoutMs: (opts.graceSeconds ?? DEFAULT_OWNER_GRACE_SECONDS) * 1000 };
 }
+
+/** Sandboxes a stream may recreate because their owner was gone, before the failure goes to its recovery. */
+export const MAX_SANDBOX_REPLACEMENTS = 3;
+
+/**
+ * After a step found its sandbox's owner gone: recreate the sandbox elsewhere and run the step
+ * again, or (past the bound) hand the failure to the blueprint's recovery as any other.
+ */
+export function afterOwnerGone(replacementsSoFar: number): 'recreate' | 'give_up' {
+  return replacementsSoFar < MAX_SANDBOX_REPLACEMENTS ? 'recreate' : 'give_up';
+}

@@ -152,6 +152,8 @@ export interface SandboxResult {
   sandboxId: string;
   state: Extract<SandboxState, 'terminated' | 'failed'>;
   error?: string;
+  /** The sandbox workflow that ended (owned sandboxes): a stream that replaced it ignores the old one's end. */
+  workflowId?: string;
 }
 
 /** Context handed to the next attempt: what failed, and any human guidance. */

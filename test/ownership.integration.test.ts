@@ -15,6 +15,7 @@ import { agentTaskQueue, integrationBranch, objectiveWorkflowId, ownerTaskQueue,
 import type { ObjectiveResult } from '../core/types';
 import { WORKER_ID_FILE } from '../lib/worker-id';
 import { objectiveWorkflow } from '../workflows/objective';
+import { sandboxStateQuery } from '../workflows/sandbox';
 import { waitFor } from './helpers/cli';
 import { PLAN_BUILDER, helperFiles, writeObjective, type Plan } from './helpers/objective';
 import { gitIn, makeDemoRepo, tempDir } from './helpers/repo';
@@ -149,4 +150,69 @@ describe('sandboxes owned by workers', () => {
     expect(ids).toContain(mergerOwner);
     for (const owner of Object.values(owners)) expect(ids).toContain(owner);
   }, 300_000);
+
+  it('a worker killed for good: its streams are recreated on the other and the objective completes the same', async () => {
+    const taskQueue = `gone-${randomUUID().slice(0, 8)}`;
+    // One activity at a time per worker, so sandbox creations go to both (the poller that waits longest gets the next task).
+    const { procs, ids } = await twoWorkers(taskQueue, { SLIPWAY_ACTIVITY_CONCURRENCY: '1' });
+    const repo = makeDemoRepo();
+    const plan: Plan = Object.fromEntries(STREAMS.map((id) => [id, [{ files: helperFiles(id), sleep_ms: 8000 }]]));
+    const file = writeObjective(objectiveSpec(repo), plan);
+    const id = `gone-${randomUUID().slice(0, 6)}`;
+    const c = await client();
+    const input = { ...(await loadObjectiveFile(file, { id })), ownerGraceSeconds: 10 };
+    const handle = await c.workflow.start(objectiveWorkflow, { taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+
+    // Every sandbox is ready and the repository's worker is known; the other worker is the victim.
+    const placed = await waitFor(async () => {
+      const prepare = (await activitiesOf(c, objectiveWorkflowId(id))).find((a) => a.type === 'prepareObjective');
+      if (!prepare?.startedBy) return undefined;
+      const owners: Record<string, string> = {};
+      for (const s of STREAMS) {
+        const st = await c.workflow
+          .getHandle(streamSandboxWorkflowId(streamSandboxId(id, s)))
+          .query(sandboxStateQuery)
+          .catch(() => undefined);
+        if (st?.state !== 'ready' || !st.info?.owner) return undefined;
+        owners[s] = st.info.owner;
+      }
+      return { mergerOwner: prepare.startedBy.split('/').at(-1)!, owners };
+    }, 'every sandbox to be ready');
+    const victim = ids.find((w) => w !== placed.mergerOwner)!;
+    const survivor = placed.mergerOwner;
+    const victimStreams = STREAMS.filter((s) => placed.owners[s] === victim);
+    expect(victimStreams.length, `sandboxes: ${JSON.stringify(placed.owners)}`).toBeGreaterThan(0);
+
+    procs[ids.indexOf(victim)].crash();
+    const result = (await handle.result()) as ObjectiveResult;
+    expect(result.outcome).toBe('completed');
+    expect(result.mergeOrder.sort()).toEqual([...STREAMS].sort());
+    for (const s of STREAMS) expect(gitIn(repo, 'show', `${integrationBranch(id)}:src/${s}.js`)).toBe(helperFiles(s)[`src/${s}.js`]!.trim());
+    const merges = gitIn(repo, 'log', '--first-parent', '--merges', '--format=%s', integrationBranch(id)).split('\n');
+    expect(merges).toHaveLength(STREAMS.length);
+
+    for (const s of STREAMS) {
+      const replaced = await c.workflow
+        .getHandle(`${streamSandboxWorkflowId(streamSandboxId(id, s))}.r1`)
+        .query(sandboxStateQuery)
+        .catch(() => undefined);
+      if (!victimStreams.includes(s)) {
+        expect(replaced, `${s} kept its sandbox`).toBeUndefined();
+        continue;
+      }
+      // Recreated on the survivor, which ran everything after; the ledger says why.
+      expect(replaced?.info?.owner).toBe(survivor);
+      const stream = await activitiesOf(c, streamWorkflowId(id, s));
+      for (const a of stream) {
+        if (a.type === 'ownerAlive') expect(a.queue).toBe(taskQueue);
+        else if (!a.startedBy) expect(a.queue.startsWith(ownerTaskQueue(taskQueue, victim)), `${a.type} of ${s} never started, on ${a.queue}`).toBe(true);
+        else expect(a.queue.startsWith(ownerTaskQueue(taskQueue, a.startedBy.split('/').at(-1)!)), `${a.type} of ${s} on ${a.queue} by ${a.startedBy}`).toBe(true);
+      }
+      const bySurvivor = stream.filter((a) => a.startedBy?.endsWith(`/${survivor}`) && a.queue !== taskQueue).map((a) => a.type);
+      expect(bySurvivor).toEqual(expect.arrayContaining(['runAgent', 'runGates', 'commitWork']));
+      const view = result.streams.find((v) => v.id === s)!;
+      expect(result.ledger.some((e) => e.stream === s && e.kind === 'sandbox_failure' && e.summary.includes(`"${victim}"`)), `ledger of ${s}`).toBe(true);
+      expect(view.phase).toBe('merged');
+    }
+  }, 480_000);
 });

@@ -2,7 +2,8 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { DEFAULT_OWNER_GRACE_SECONDS, routeFor } from '../core/routing';
+import { DEFAULT_OWNER_GRACE_SECONDS, MAX_SANDBOX_REPLACEMENTS, afterOwnerGone, routeFor } from '../core/routing';
+import { POLLER_FRESH_MS, ownerPolls } from '../activities/owners';
 import { WORKER_ID_FILE, WorkerIdError, newWorkerId, resolveWorkerId } from '../lib/worker-id';
 import { tempDir } from './helpers/repo';
 
@@ -53,5 +54,34 @@ describe('worker ids', () => {
     expect(a).toMatch(/^Host-Name\.example\.com-[0-9a-f]{8}$/);
     expect(newWorkerId('x')).not.toBe(newWorkerId('x'));
     expect(newWorkerId('___')).toMatch(/^worker-[0-9a-f]{8}$/);
+  });
+});
+
+describe('afterOwnerGone', () => {
+  it.each([
+    [0, 'recreate'],
+    [MAX_SANDBOX_REPLACEMENTS - 1, 'recreate'],
+    [MAX_SANDBOX_REPLACEMENTS, 'give_up'],
+    [MAX_SANDBOX_REPLACEMENTS + 5, 'give_up'],
+  ] as const)('after %i replacements: %s', (n, expected) => {
+    expect(afterOwnerGone(n)).toBe(expected);
+  });
+});
+
+describe('ownerPolls', () => {
+  const now = 1_000_000_000_000;
+  const at = (msAgo: number) => ({ seconds: Math.floor((now - msAgo) / 1000), nanos: ((now - msAgo) % 1000) * 1e6 });
+  const long = (n: number) => ({ toNumber: () => n });
+  it.each([
+    ['a fresh poller of the worker', [{ identity: '12@h/w1', lastAccessTime: at(5_000) }], true],
+    ['Long seconds, as the client gives them', [{ identity: '12@h/w1', lastAccessTime: { seconds: long(Math.floor((now - 1000) / 1000)), nanos: 0 } }], true],
+    ['a stale poller of the worker', [{ identity: '12@h/w1', lastAccessTime: at(POLLER_FRESH_MS + 1) }], false],
+    ['another worker only', [{ identity: '12@h/w2', lastAccessTime: at(1_000) }], false],
+    ['a worker whose id ends the same', [{ identity: '12@h/xw1', lastAccessTime: at(1_000) }], false],
+    ['no access time', [{ identity: '12@h/w1' }], false],
+    ['nobody', [], false],
+    ['one stale, one fresh', [{ identity: '1@h/w1', lastAccessTime: at(600_000) }, { identity: '2@h/w1', lastAccessTime: at(100) }], true],
+  ])('%s', (_name, pollers, expected) => {
+    expect(ownerPolls(pollers, 'w1', now)).toBe(expected);
   });
 });

@@ -12,6 +12,7 @@ import { NativeConnection, Worker, bundleWorkflowCode, type WorkflowBundleWithSo
 import { agentTaskQueue, ownerTaskQueue } from '../core/ids';
 import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
 import { createJanitorActivities, temporalHomeOf } from '../activities/sandbox/janitor';
+import { createOwnerActivities } from '../activities/owners';
 import { slipwayDataConverter } from './payload-codec';
 
 export const WORKFLOWS_PATH = path.join(__dirname, '..', 'workflows', 'index.ts');
@@ -63,7 +64,7 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
   const deps = { temporalHome: home, ...(opts.deps ?? defaultActivityDeps()), ...(opts.workerId ? { workerId: opts.workerId } : {}) };
   const shutdownGraceTime = opts.shutdownGraceMs ?? 10_000;
   // One set of activities serves the shared and the owner queues (their in-process state is shared).
-  const activities = { ...createActivities(deps), ...createJanitorActivities({ client, temporalHome: home }) };
+  const activities = { ...createActivities(deps), ...createJanitorActivities({ client, temporalHome: home }), ...createOwnerActivities({ client }) };
   const agentActivities = createAgentActivities(deps);
   // The history's ActivityTaskStarted events name the worker id, so where each activity ran can be read there.
   const identity = opts.workerId ? { identity: `${process.pid}@${os.hostname()}/${opts.workerId}` } : {};

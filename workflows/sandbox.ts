@@ -14,6 +14,7 @@ import {
   setCurrentDetails,
   setHandler,
   upsertSearchAttributes,
+  workflowInfo,
   log,
 } from '@temporalio/workflow';
 import { SlipwayKind, SlipwayObjective, SlipwaySandboxState } from '../core/search-attributes';
@@ -67,7 +68,8 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   enter('pending', `creating ${input.provider} sandbox on branch \`${input.branch}\``);
 
   /** Tells an owner that asked for it; best effort: the owner may be gone. */
-  const ended = async (result: SandboxResult): Promise<SandboxResult> => {
+  const ended = async (ending: SandboxResult): Promise<SandboxResult> => {
+    const result = info?.owner !== undefined ? { ...ending, workflowId: workflowInfo().workflowId } : ending;
     if (input.notifyOwnerOnEnd) {
       await CancellationScope.nonCancellable(() => getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxEndedSignal, result)).catch(() => undefined);
     }
