@@ -1,10 +1,11 @@
 /** Owner routing (core/routing.ts) and worker ids (lib/worker-id.ts). */
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_OWNER_GRACE_SECONDS, MAX_SANDBOX_REPLACEMENTS, afterOwnerGone, routeFor } from '../core/routing';
 import { POLLER_FRESH_MS, ownerPolls } from '../activities/owners';
 import { WORKER_ID_FILE, WorkerIdError, newWorkerId, resolveWorkerId } from '../lib/worker-id';
+import { slipway } from './helpers/cli';
 import { tempDir } from './helpers/repo';
 
 describe('routeFor', () => {
@@ -83,5 +84,19 @@ describe('ownerPolls', () => {
     ['one stale, one fresh', [{ identity: '1@h/w1', lastAccessTime: at(600_000) }, { identity: '2@h/w1', lastAccessTime: at(100) }], true],
   ])('%s', (_name, pollers, expected) => {
     expect(ownerPolls(pollers, 'w1', now)).toBe(expected);
+  });
+});
+
+describe('slipway worker: a bad worker id', () => {
+  it.each([
+    ['the flag', ['worker', '--id', 'a/b'], {}, '--id: worker id "a/b" is not valid'],
+    ['the environment', ['worker'], { SLIPWAY_WORKER_ID: 'a b' }, 'SLIPWAY_WORKER_ID: worker id "a b" is not valid'],
+  ])('from %s: exit 2 naming it, nothing started', async (_name, args, env, message) => {
+    const home = tempDir();
+    // An address nothing listens on: the id is checked before any connection is tried.
+    const run = await slipway(args, { ...env, SLIPWAY_HOME: home, TEMPORAL_ADDRESS: '127.0.0.1:1' });
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain(message);
+    expect(existsSync(path.join(home, WORKER_ID_FILE))).toBe(false);
   });
 });
