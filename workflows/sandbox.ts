@@ -21,7 +21,8 @@ import { SlipwayKind, SlipwayObjective, SlipwaySandboxState } from '../core/sear
 import type { SandboxState } from '../core/states';
 import type { SandboxInfo, SandboxInput, SandboxResult } from '../core/types';
 import { gitActivities, ownerRoute } from './activity-options';
-import { failureMessage, isOwnerUnreachable } from './failure-info';
+import { failureMessage } from './failure-info';
+import { onOwner, ownerGoneOf } from './owner';
 
 /** Activities on a sandbox run on the worker that owns it (docs/adr/0013-worker-ownership.md). */
 export const OWNER_ROUTING = 'sandbox-owner-routing';
@@ -116,8 +117,8 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
     // The worker that holds the sandbox removes it (docs/adr/0013); one gone longer than the grace time cannot.
     const owned = info!.owner !== undefined && patched(OWNER_ROUTING);
     const destroyer = owned ? gitActivities(undefined, ownerRoute(info!.owner, { graceSeconds: input.ownerGraceSeconds })) : acts;
-    await destroyer.destroySandbox({ repository: input.repository, path: info!.path }).catch((e) => {
-      if (!(owned && e instanceof TemporalFailure && isOwnerUnreachable(e))) throw e;
+    await onOwner(owned ? info!.owner : undefined, () => destroyer.destroySandbox({ repository: input.repository, path: info!.path })).catch((e) => {
+      if (ownerGoneOf(e) === undefined) throw e;
       log.warn('the owner of the sandbox is gone; its worktree stays on its host for the janitor', { sandboxId: input.sandboxId, owner: info!.owner });
     });
   });
