@@ -213,6 +213,11 @@ describe('sandboxes owned by workers', () => {
       const view = result.streams.find((v) => v.id === s)!;
       expect(result.ledger.some((e) => e.stream === s && e.kind === 'sandbox_failure' && e.summary.includes(`"${victim}"`)), `ledger of ${s}`).toBe(true);
       expect(view.phase).toBe('merged');
+      // The given-up sandbox workflow ends too: its destroy, routed to the gone owner, is given up.
+      const old = c.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, s)));
+      await waitFor(async () => ((await old.describe()).status.name === 'COMPLETED' ? true : undefined), `the replaced sandbox of ${s} to end`);
     }
+    // Nothing is left behind: the replacements reused and then removed the worktrees.
+    await waitFor(async () => (gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)?.length === 1 ? true : undefined), 'every worktree to be removed');
   }, 480_000);
 });
