@@ -8,7 +8,7 @@ import { objectiveWorkflowId } from '../core/ids';
 import { slipwaySettings, type SlipwaySettings } from '../lib/settings';
 import { connectClient, resolveTemporal, type TemporalTarget } from '../workers/temporal';
 import { createSlipwayWorkers, type SlipwayWorkers } from '../workers/worker';
-import { resolveWorkerId } from '../lib/worker-id';
+import { resolveWorkerId, WorkerIdError } from '../lib/worker-id';
 import { installRuntimeLogging } from '../workers/logging';
 import { slipwayDataConverter } from '../workers/payload-codec';
 import { CliError, EXIT } from './exit-codes';
@@ -26,6 +26,12 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
   const settings = slipwaySettings();
   // Read (and checked: PayloadKeyError, exit 2) before anything starts; clients and the worker share it.
   const dataConverter = slipwayDataConverter();
+  // Checked before anything starts, like the payload key: a bad SLIPWAY_WORKER_ID is bad input.
+  const workerId = opts.startIfMissing
+    ? await resolveWorkerId(settings.dataDir, settings.workerId).catch((e: Error) => {
+        throw e instanceof WorkerIdError ? new CliError(e.message, EXIT.badInput) : e;
+      })
+    : undefined;
   let target: TemporalTarget;
   try {
     target = await resolveTemporal(settings, { startIfMissing: opts.startIfMissing });
@@ -48,7 +54,7 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
       activityConcurrency: settings.activityConcurrency,
       shutdownGraceMs: settings.shutdownGraceMs,
       dataConverter,
-      workerId: await resolveWorkerId(settings.dataDir, settings.workerId),
+      workerId,
     });
     workerRun = workers.run();
   }
