@@ -3,7 +3,7 @@
  * real dependencies (sandbox provider, logger).
  */
 import path from 'node:path';
-import { BRANCH_PREFIX, integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
+import { ANY_OWNER, BRANCH_PREFIX, integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
 import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
@@ -33,6 +33,8 @@ export interface ActivityDeps {
   sandboxes: SandboxProvider;
   /** The Temporal cluster and namespace this worker serves, recorded for the janitor (activities/sandbox/registry.ts). */
   temporalHome?: () => Promise<TemporalHome>;
+  /** This worker's id (workers/worker.ts): the owner of what it creates on a host-bound provider. */
+  workerId?: string;
 }
 
 export function defaultActivityDeps(): ActivityDeps {
@@ -64,6 +66,12 @@ export type MergeOutcome =
 
 export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   const { sandboxes } = deps;
+  // Who holds what this worker creates: itself for a host-bound provider, any worker otherwise.
+  const ownedOn = (provider: SandboxProvider) => {
+    const owner = provider.hostBound ? deps.workerId : ANY_OWNER;
+    return owner ? { owner } : {};
+  };
+  const owned = ownedOn(sandboxes instanceof SandboxProviders ? sandboxes.local : sandboxes);
   const activities = {
     /** Creates the integration branch at the base commit and the merger worktree. Idempotent. */
     async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions }) {
@@ -77,12 +85,13 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       const branch = integrationBranch(input.objectiveId);
       const temporal = await deps.temporalHome?.().catch(() => undefined);
       const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit, branch, sandbox: input.sandbox, temporal });
-      return { baseCommit, integrationBranch: branch, mergerPath: merger.root, integrationTip: merger.headCommit };
+      return { baseCommit, integrationBranch: branch, mergerPath: merger.root, integrationTip: merger.headCommit, ...owned };
     },
 
     /** Creates (or finds again) a stream's sandbox with the objective's sandbox options; heartbeats through setup. */
     async createSandbox(input: SandboxInput): Promise<SandboxInfo> {
-      return createStreamSandbox(sandboxes, input);
+      const made = await createStreamSandbox(sandboxes, input);
+      return { ...made, ...ownedOn(sandboxes instanceof SandboxProviders ? sandboxes.provider(made.provider) : sandboxes) };
     },
 
     async destroySandbox(input: { repository: string; path: string }): Promise<void> {

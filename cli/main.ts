@@ -165,7 +165,8 @@ export function buildProgram(argv: string[] = process.argv): Command {
   program
     .command('worker')
     .description('run a worker against TEMPORAL_ADDRESS or the running embedded server')
-    .action(async () => setExit(await commands.serve().workerCommand()));
+    .option('--id <worker-id>', 'this worker\'s id (default: SLIPWAY_WORKER_ID, else the one kept in $SLIPWAY_HOME/worker-id)')
+    .action(async (opts: { id?: string }) => setExit(await commands.serve().workerCommand(opts)));
 
   // The groups: the one named is registered for real; for help or an unknown word, only their
   // names and descriptions (commander lists them and suggests the nearest).

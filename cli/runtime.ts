@@ -8,6 +8,7 @@ import { objectiveWorkflowId } from '../core/ids';
 import { slipwaySettings, type SlipwaySettings } from '../lib/settings';
 import type { TemporalTarget } from '../workers/temporal';
 import type { SlipwayWorkers } from '../workers/worker';
+import { resolveWorkerId, WorkerIdError } from '../lib/worker-id';
 import { CliError, EXIT } from './exit-codes';
 
 // Loaded when a command opens the runtime, not when its module is loaded: command modules import
@@ -37,6 +38,12 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
   const settings = slipwaySettings();
   // Read (and checked: PayloadKeyError, exit 2) before anything starts; clients and the worker share it.
   const dataConverter = slipwayDataConverter();
+  // Checked before anything starts, like the payload key: a bad SLIPWAY_WORKER_ID is bad input.
+  const workerId = opts.startIfMissing
+    ? await resolveWorkerId(settings.dataDir, settings.workerId).catch((e: Error) => {
+        throw e instanceof WorkerIdError ? new CliError(e.message, EXIT.badInput) : e;
+      })
+    : undefined;
   let target: TemporalTarget;
   try {
     target = await resolveTemporal(settings, { startIfMissing: opts.startIfMissing });
@@ -61,6 +68,7 @@ export async function openRuntime(opts: { startIfMissing: boolean; log?: (line: 
       activityConcurrency: settings.activityConcurrency,
       shutdownGraceMs: settings.shutdownGraceMs,
       dataConverter,
+      workerId,
     });
     workerRun = workers.run();
   }

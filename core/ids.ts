@@ -60,3 +60,13 @@ export const MERGER_SANDBOX_NAME = '_merge';
 
 /** Mailbox of the agent that acts on a blocked stream's guidance, e.g. `builder-api`. */
 export const mailboxName = (role: string, streamId: string) => `${role}-${streamId}`;
+
+/**
+ * A worker's id names its own task queues (`<queue>@<worker id>`, Temporal's worker-specific
+ * task queue pattern): letters, digits, ".", "_" and "-", at most 63 characters.
+ */
+export const WORKER_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+/** The owner of a sandbox any worker can reach (a remote provider's): routed to the shared queue. */
+export const ANY_OWNER = 'any';
+/** The task queue only the worker `workerId` polls, for the sandboxes it holds. */
+export const ownerTaskQueue = (mainTaskQueue: string, workerId: string) => `${mainTaskQueue}@${workerId}`;

@@ -51,6 +51,8 @@ export interface ObjectiveInput {
   continueAsNewAfterEvents?: number;
   /** Set by the objective itself when it continues as new: where the previous run stopped. */
   resume?: ObjectiveCarry;
+  /** How long a sandbox's owner may be unreachable before it is given up (SLIPWAY_OWNER_GRACE_SECONDS; default core/routing.ts). */
+  ownerGraceSeconds?: number;
 }
 
 /**
@@ -61,7 +63,7 @@ export interface ObjectiveInput {
 export interface ObjectiveCarry {
   /** Runs before this one. */
   runs: number;
-  prepared: { integrationBranch: string; baseCommit: string; mergerPath: string; integrationTip: string };
+  prepared: { integrationBranch: string; baseCommit: string; mergerPath: string; integrationTip: string; owner?: string };
   integrationTip?: string;
   status: ObjectiveStatus;
   /** The last feed lines and the feed's sequence number (watchers keep their cursor). */
@@ -123,6 +125,11 @@ export interface SandboxInfo {
   branch: string;
   baseCommit: string;
   headCommit: string;
+  /**
+   * The worker that holds the sandbox (its id), or `any` when every worker reaches it; every
+   * later activity on it runs there (core/routing.ts). Absent in sandboxes made before owners existed.
+   */
+  owner?: string;
 }
 
 export interface SandboxInput {
@@ -142,12 +149,16 @@ export interface SandboxInput {
   ownerProbeMs?: number;
   /** The objective's sandbox settings; recorded with the sandbox, so every command in it honours them. */
   options?: SandboxOptions;
+  /** The objective's owner grace time (ObjectiveInput.ownerGraceSeconds). */
+  ownerGraceSeconds?: number;
 }
 
 export interface SandboxResult {
   sandboxId: string;
   state: Extract<SandboxState, 'terminated' | 'failed'>;
   error?: string;
+  /** The sandbox workflow that ended (owned sandboxes): a stream that replaced it ignores the old one's end. */
+  workflowId?: string;
 }
 
 /** Context handed to the next attempt: what failed, and any human guidance. */
@@ -249,6 +260,8 @@ export interface StreamInput {
   budget?: StreamBudget;
   /** Tests: how often the stream's sandbox checks that the stream still runs (default hourly). */
   sandboxOwnerProbeMs?: number;
+  /** The objective's owner grace time (ObjectiveInput.ownerGraceSeconds). */
+  ownerGraceSeconds?: number;
 }
 
 export interface MergeRequest {

@@ -2,6 +2,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { DEFAULT_TASK_QUEUE } from '../core/ids';
+import { DEFAULT_OWNER_GRACE_SECONDS } from '../core/routing';
 
 export interface SlipwaySettings {
   /** Set when TEMPORAL_ADDRESS is given: connect there and start nothing. */
@@ -16,6 +17,10 @@ export interface SlipwaySettings {
   activityConcurrency: number;
   workflowTaskConcurrency: number;
   shutdownGraceMs: number;
+  /** SLIPWAY_WORKER_ID: this worker's id, instead of the one kept under dataDir (lib/worker-id.ts). */
+  workerId?: string;
+  /** How long a sandbox's owner may be unreachable before its sandboxes are given up (SLIPWAY_OWNER_GRACE_SECONDS). */
+  ownerGraceSeconds: number;
 }
 
 /**
@@ -49,5 +54,7 @@ export function slipwaySettings(env: NodeJS.ProcessEnv = process.env): SlipwaySe
     activityConcurrency: int(env.SLIPWAY_ACTIVITY_CONCURRENCY, 4, 'SLIPWAY_ACTIVITY_CONCURRENCY'),
     workflowTaskConcurrency: int(env.SLIPWAY_WORKFLOW_TASK_CONCURRENCY, DEFAULT_WORKFLOW_TASK_CONCURRENCY, 'SLIPWAY_WORKFLOW_TASK_CONCURRENCY'),
     shutdownGraceMs: int(env.SLIPWAY_SHUTDOWN_GRACE_MS, 10_000, 'SLIPWAY_SHUTDOWN_GRACE_MS'),
+    workerId: env.SLIPWAY_WORKER_ID || undefined,
+    ownerGraceSeconds: int(env.SLIPWAY_OWNER_GRACE_SECONDS, DEFAULT_OWNER_GRACE_SECONDS, 'SLIPWAY_OWNER_GRACE_SECONDS'),
   };
 }

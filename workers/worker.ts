@@ -1,15 +1,19 @@
 /**
  * Slipway's workers: one hosts the workflows and the git/gate/sandbox activities; agent runs
- * have their own task queue with a small, explicit concurrency.
+ * have their own task queue with a small, explicit concurrency. A worker with an id also polls
+ * its own queues (`<queue>@<id>` and its agents queue) for the activities of the sandboxes it
+ * holds (docs/adr/0013-worker-ownership.md).
  */
 import { existsSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { Client } from '@temporalio/client';
 import type { DataConverter } from '@temporalio/common';
 import { NativeConnection, Worker, bundleWorkflowCode, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
-import { agentTaskQueue } from '../core/ids';
+import { agentTaskQueue, ownerTaskQueue } from '../core/ids';
 import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
 import { createJanitorActivities, temporalHomeOf } from '../activities/sandbox/janitor';
+import { createOwnerActivities } from '../activities/owners';
 import { slipwayDataConverter } from './payload-codec';
 import { DEFAULT_WORKFLOW_TASK_CONCURRENCY } from '../lib/settings';
 
@@ -33,6 +37,11 @@ export interface SlipwayWorkerOptions {
   deps?: ActivityDeps;
   /** Payload codecs shared with the clients; default: from the environment (workers/payload-codec.ts). */
   dataConverter?: DataConverter;
+  /**
+   * This worker's stable id (lib/worker-id.ts): the sandboxes it creates are owned by it and
+   * their activities come to its own queues. Without one, every activity runs on the shared queues.
+   */
+  workerId?: string;
 }
 
 export interface SlipwayWorkers {
@@ -68,32 +77,42 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
   // objectives are registered with this cluster and namespace, so a janitor sweeps only its own.
   const client = new Client({ connection: opts.connection, namespace: opts.namespace ?? 'default', dataConverter });
   const home = temporalHomeOf(client);
-  const deps = { temporalHome: home, ...(opts.deps ?? defaultActivityDeps()) };
+  const deps = { temporalHome: home, ...(opts.deps ?? defaultActivityDeps()), ...(opts.workerId ? { workerId: opts.workerId } : {}) };
   const shutdownGraceTime = opts.shutdownGraceMs ?? 10_000;
+  // One set of activities serves the shared and the owner queues (their in-process state is shared).
+  const activities = { ...createActivities(deps), ...createJanitorActivities({ client, temporalHome: home }), ...createOwnerActivities({ client }) };
+  const agentActivities = createAgentActivities(deps);
+  // The history's ActivityTaskStarted events name the worker id, so where each activity ran can be read there.
+  const identity = opts.workerId ? { identity: `${process.pid}@${os.hostname()}/${opts.workerId}` } : {};
   const main = await Worker.create({
+    ...identity,
     connection: opts.connection,
     namespace: opts.namespace ?? 'default',
     taskQueue: opts.taskQueue,
     workflowBundle: opts.workflowBundle ?? prebuiltWorkflowBundle() ?? (await bundleWorkflows()),
     dataConverter,
-    activities: {
-      ...createActivities(deps),
-      ...createJanitorActivities({ client, temporalHome: home }),
-    },
+    activities,
     maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 4,
     maxConcurrentWorkflowTaskExecutions: opts.workflowTaskConcurrency ?? DEFAULT_WORKFLOW_TASK_CONCURRENCY,
     shutdownGraceTime,
   });
-  const agents = await Worker.create({
-    connection: opts.connection,
-    namespace: opts.namespace ?? 'default',
-    taskQueue: agentTaskQueue(opts.taskQueue),
-    dataConverter,
-    activities: createAgentActivities(deps),
-    maxConcurrentActivityTaskExecutions: opts.agentConcurrency ?? 2,
-    shutdownGraceTime,
-  });
-  const workers = [main, agents];
+  const activityWorker = (taskQueue: string, acts: object, concurrency: number) =>
+    Worker.create({
+      ...identity,
+      connection: opts.connection,
+      namespace: opts.namespace ?? 'default',
+      taskQueue,
+      dataConverter,
+      activities: acts,
+      maxConcurrentActivityTaskExecutions: concurrency,
+      shutdownGraceTime,
+    });
+  const workers = [main, await activityWorker(agentTaskQueue(opts.taskQueue), agentActivities, opts.agentConcurrency ?? 2)];
+  if (opts.workerId) {
+    const own = ownerTaskQueue(opts.taskQueue, opts.workerId);
+    workers.push(await activityWorker(own, activities, opts.activityConcurrency ?? 4));
+    workers.push(await activityWorker(agentTaskQueue(own), agentActivities, opts.agentConcurrency ?? 2));
+  }
   return {
     async run() {
       const runs = workers.map((w) => w.run());

@@ -5,6 +5,7 @@ import { proxyActivities, workflowInfo, type ActivityOptions } from '@temporalio
 import { NON_RETRYABLE_FAILURE_KINDS } from '../core/failures';
 import { agentTaskQueue } from '../core/ids';
 import { RETRY_PROFILES } from '../core/retry-profiles';
+import { routeFor, type ActivityRoute } from '../core/routing';
 import type { SlipwayActivities, SlipwayAgentActivities } from '../activities';
 
 /** Attempts and first back-off for one step's activities. */
@@ -25,9 +26,26 @@ export function retryPolicy({ maximumAttempts, initialIntervalMs = 1_000 }: Retr
 
 const DEFAULT_RETRY: RetrySpec = { maximumAttempts: RETRY_PROFILES.balanced.maximumAttempts };
 
+/**
+ * The route to the worker that owns a sandbox (`owner` from its SandboxInfo), or the shared
+ * queues when it has none. `agents`: that owner's agent-run queue.
+ */
+export function ownerRoute(owner: string | undefined, opts: { graceSeconds?: number; agents?: boolean; waitForOwner?: boolean } = {}): ActivityRoute {
+  return routeFor(workflowInfo().taskQueue, owner, opts);
+}
+
+function routed(route: ActivityRoute | undefined): Partial<ActivityOptions> {
+  if (!route) return {};
+  return {
+    ...(route.taskQueue ? { taskQueue: route.taskQueue } : {}),
+    ...(route.scheduleToStartTimeoutMs ? { scheduleToStartTimeout: route.scheduleToStartTimeoutMs } : {}),
+  };
+}
+
 /** Git and sandbox plumbing: quick, retried by the balanced profile. */
-export function gitActivities(retry: RetrySpec = DEFAULT_RETRY) {
+export function gitActivities(retry: RetrySpec = DEFAULT_RETRY, route?: ActivityRoute) {
   return proxyActivities<SlipwayActivities>({
+    ...routed(route),
     startToCloseTimeout: '10 minutes',
     heartbeatTimeout: '30 seconds',
     retry: retryPolicy(retry),
@@ -35,8 +53,9 @@ export function gitActivities(retry: RetrySpec = DEFAULT_RETRY) {
 }
 
 /** Gates may run long; they heartbeat while the command runs. */
-export function gateActivities(timeoutSeconds: number, retry: RetrySpec = DEFAULT_RETRY) {
+export function gateActivities(timeoutSeconds: number, retry: RetrySpec = DEFAULT_RETRY, route?: ActivityRoute) {
   return proxyActivities<SlipwayActivities>({
+    ...routed(route),
     startToCloseTimeout: `${timeoutSeconds + 60} seconds`,
     heartbeatTimeout: '15 seconds',
     retry: retryPolicy(retry),
@@ -44,9 +63,10 @@ export function gateActivities(timeoutSeconds: number, retry: RetrySpec = DEFAUL
 }
 
 /** Agent runs go to the agents task queue, which has its own small concurrency. */
-export function agentActivities(timeoutMinutes: number, retry: RetrySpec = DEFAULT_RETRY) {
+export function agentActivities(timeoutMinutes: number, retry: RetrySpec = DEFAULT_RETRY, route?: ActivityRoute) {
   return proxyActivities<SlipwayAgentActivities>({
     taskQueue: agentTaskQueue(workflowInfo().taskQueue),
+    ...routed(route),
     startToCloseTimeout: `${Math.ceil(timeoutMinutes * 60) + 60} seconds`,
     heartbeatTimeout: '15 seconds',
     retry: retryPolicy(retry),

@@ -20,7 +20,9 @@
 import { ApplicationFailure, sleep } from '@temporalio/workflow';
 import type { AgentRunInput, AgentRunResult } from '../activities';
 import type { AgentRunRecord } from '../core/types';
+import type { ActivityRoute } from '../core/routing';
 import { agentActivities, type RetrySpec } from './activity-options';
+import { onOwner } from './owner';
 import { rootCause } from './failure-info';
 import { rateLimitWaitMs } from './stream-interpreter';
 
@@ -51,18 +53,22 @@ export interface AgentLoopOptions {
   onRun(run: AgentRunResult, record: AgentRunRecord): Promise<void>;
   /** Asked before every run: a reason the run may not start (the budget is spent), or undefined. */
   beforeRun?: () => string | undefined;
+  /** The agent-run queue of the worker that owns the sandbox (absent: the shared one). */
+  route?: ActivityRoute;
+  /** That worker, checked when a run is not taken up within the grace time (./owner.ts). */
+  owner?: string;
 }
 
-export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun }: AgentLoopOptions): Promise<AgentLoopOutcome> {
+export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun, route, owner }: AgentLoopOptions): Promise<AgentLoopOutcome> {
   const { spec } = input;
-  const acts = agentActivities(spec.timeout_minutes, retry);
+  const acts = agentActivities(spec.timeout_minutes, retry, route);
   let runs = 0;
   let last: AgentRunResult | undefined;
   while (state.agentIteration <= spec.max_iterations) {
     const held = beforeRun?.();
     if (held !== undefined) return { ok: false, summary: held, kind: 'budget_exhausted' };
     const resumed = state.outputError !== undefined ? state.retrySessionId : state.agentIteration === 1 ? input.resumeSessionId : undefined;
-    const run = await acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError });
+    const run = await onOwner(owner, () => acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError }));
     runs += 1;
     const record: AgentRunRecord = {
       at: new Date().toISOString(),

@@ -88,6 +88,7 @@ export function streamStart(
       parentWorkflowId: at.parentWorkflowId,
       sandbox: input.sandbox,
       ...(at.budget ? { budget: at.budget } : {}),
+      ...(input.ownerGraceSeconds ? { ownerGraceSeconds: input.ownerGraceSeconds } : {}),
     },
     summary: `Stream ${spec.id}: ${truncate(spec.task, 120)}`,
     details: `Objective \`${input.id}\`, blueprint \`${at.blueprint.id}\`, builds on \`${at.base === at.baseCommit ? input.baseBranch : at.base}\`.`,

@@ -48,7 +48,7 @@ import {
   type StreamSpec,
 } from '../core/types';
 import { addRunUsage, addTotals, formatUsage } from '../core/usage';
-import { gateActivities, gitActivities } from './activity-options';
+import { gateActivities, gitActivities, ownerRoute } from './activity-options';
 import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
 import { dispatch, streamStart, type DispatchDecision } from './dispatch';
@@ -83,6 +83,8 @@ const ABANDONED_CHILDREN = 'objective-children-abandoned';
 const PARALLEL_STARTS = 'parallel-stream-starts';
 /** The objective's cost is kept in the `SlipwayCostUsd` search attribute (a command 0.1.0 never issued). */
 const COST_ATTRIBUTE = 'objective-cost-attribute';
+/** The merger worktree's activities run on the worker that prepared it (docs/adr/0013-worker-ownership.md). */
+const MERGER_OWNER_ROUTING = 'merger-owner-routing';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 
@@ -394,13 +396,20 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
 
   // --- the merge queue (workflows/merge-queue.ts decides) -------------------------------------------
   let integrationTip: string | undefined = resume ? resume.integrationTip : prepared.integrationTip;
+  // The merger worktree is held by the worker that prepared the objective (it holds the
+  // repository); its activities wait for that worker, since the repository cannot move (docs/adr/0013).
+  const mergerRoute = () => (prepared.owner !== undefined && patched(MERGER_OWNER_ROUTING) ? ownerRoute(prepared.owner, { waitForOwner: true }) : undefined);
+  const mergerGit = () => {
+    const route = mergerRoute();
+    return route ? gitActivities(retryFor(root, root.steps[0]), route) : git;
+  };
   const mergeOne = async (request: MergeRequest) => {
     enter('merging', `merging stream ${request.streamId}`);
     view(request.streamId)!.phase = 'merging';
     let merge = startMerge(request.streamId, integrationTip);
     let event: MergeEvent = {
       type: 'merge_finished',
-      result: await git.mergeStream({
+      result: await mergerGit().mergeStream({
         mergerPath: prepared.mergerPath,
         branch: request.branch,
         headCommit: request.headCommit,
@@ -415,10 +424,10 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       const action = step.action;
       if (action.type === 'run_post_merge_gates') {
         const timeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
-        const gates = await gateActivities(timeout).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
+        const gates = await gateActivities(timeout, undefined, mergerRoute()).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
         event = { type: 'post_merge_gates_finished', passed: gates.passed, failureReport: gates.failureReport };
       } else if (action.type === 'reset_integration') {
-        await git.resetIntegration({ mergerPath: prepared.mergerPath, commit: action.commit });
+        await mergerGit().resetIntegration({ mergerPath: prepared.mergerPath, commit: action.commit });
         event = { type: 'integration_reset' };
       } else {
         integrationTip = merge.tip;
@@ -451,7 +460,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     await condition(allHandlersFinished);
     const carry = trimCarry({
       runs: (resume?.runs ?? 0) + 1,
-      prepared: { integrationBranch: prepared.integrationBranch, baseCommit: prepared.baseCommit, mergerPath: prepared.mergerPath, integrationTip: prepared.integrationTip },
+      prepared: { integrationBranch: prepared.integrationBranch, baseCommit: prepared.baseCommit, mergerPath: prepared.mergerPath, integrationTip: prepared.integrationTip, ...(prepared.owner !== undefined ? { owner: prepared.owner } : {}) },
       integrationTip,
       status,
       feed,
@@ -496,6 +505,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           step: current.id,
           retry: retryFor(root, current),
           state: loop,
+          route: prepared.owner !== undefined && patched(MERGER_OWNER_ROUTING) ? ownerRoute(prepared.owner, { waitForOwner: true, agents: true }) : undefined,
           onRun: async (_run, record) => {
             addRunUsage(plannerUsage, record);
             (status.agentRuns ??= []).push(record);
@@ -579,7 +589,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
             await runMergeQueue(current.id);
           } else if (current.action === 'run_quality_gates' && input.gates.length > 0) {
             const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
-            const gates = await gateActivities(timeout, retryFor(root, current)).runGates({ path: prepared.mergerPath, gates: input.gates });
+            const gates = await gateActivities(timeout, retryFor(root, current), mergerRoute()).runGates({ path: prepared.mergerPath, gates: input.gates });
             if (!gates.passed) failure = `gates failed on ${prepared.integrationBranch}`;
           } else if (current.action === 'mark_complete') {
             step = undefined;
@@ -638,7 +648,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   }
 
   enter('finishing', 'removing the merger worktree');
-  const finished = await CancellationScope.nonCancellable(() => git.finishObjective({ repository: input.repository, objectiveId: input.id }));
+  const finished = await CancellationScope.nonCancellable(() => mergerGit().finishObjective({ repository: input.repository, objectiveId: input.id }));
   const outcome: ObjectiveOutcome = cancelled ? 'cancelled' : failure ? 'failed' : decideOutcome(status.streams);
   done = true;
   status.outcome = outcome;

@@ -10,16 +10,22 @@ import {
   defineSignal,
   getExternalWorkflowHandle,
   isCancellation,
+  patched,
   setCurrentDetails,
   setHandler,
   upsertSearchAttributes,
+  workflowInfo,
   log,
 } from '@temporalio/workflow';
 import { SlipwayKind, SlipwayObjective, SlipwaySandboxState } from '../core/search-attributes';
 import type { SandboxState } from '../core/states';
 import type { SandboxInfo, SandboxInput, SandboxResult } from '../core/types';
-import { gitActivities } from './activity-options';
+import { gitActivities, ownerRoute } from './activity-options';
 import { failureMessage } from './failure-info';
+import { onOwner, ownerGoneOf } from './owner';
+
+/** Activities on a sandbox run on the worker that owns it (docs/adr/0013-worker-ownership.md). */
+export const OWNER_ROUTING = 'sandbox-owner-routing';
 
 /** Sent by the sandbox to its owner once it is ready. */
 export const sandboxReadySignal = defineSignal<[SandboxInfo]>('sandboxReady');
@@ -63,7 +69,8 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   enter('pending', `creating ${input.provider} sandbox on branch \`${input.branch}\``);
 
   /** Tells an owner that asked for it; best effort: the owner may be gone. */
-  const ended = async (result: SandboxResult): Promise<SandboxResult> => {
+  const ended = async (ending: SandboxResult): Promise<SandboxResult> => {
+    const result = info?.owner !== undefined ? { ...ending, workflowId: workflowInfo().workflowId } : ending;
     if (input.notifyOwnerOnEnd) {
       await CancellationScope.nonCancellable(() => getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxEndedSignal, result)).catch(() => undefined);
     }
@@ -107,7 +114,13 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   // Cleanup must run even when the owner was cancelled.
   await CancellationScope.nonCancellable(async () => {
     enter('terminating', 'removing the worktree');
-    await acts.destroySandbox({ repository: input.repository, path: info!.path });
+    // The worker that holds the sandbox removes it (docs/adr/0013); one gone longer than the grace time cannot.
+    const owned = info!.owner !== undefined && patched(OWNER_ROUTING);
+    const destroyer = owned ? gitActivities(undefined, ownerRoute(info!.owner, { graceSeconds: input.ownerGraceSeconds })) : acts;
+    await onOwner(owned ? info!.owner : undefined, () => destroyer.destroySandbox({ repository: input.repository, path: info!.path })).catch((e) => {
+      if (ownerGoneOf(e) === undefined) throw e;
+      log.warn('the owner of the sandbox is gone; its worktree stays on its host for the janitor', { sandboxId: input.sandboxId, owner: info!.owner });
+    });
   });
   enter('terminated', 'worktree removed; the branch is kept');
   return ended({ sandboxId: input.sandboxId, state: 'terminated' });

@@ -49,6 +49,7 @@ import {
   type MergeDecision,
   type MergeRequest,
   type SandboxInfo,
+  type SandboxInput,
   type SandboxResult,
   type StreamEvent,
   type StreamInput,
@@ -56,12 +57,14 @@ import {
   type StreamStatus,
 } from '../core/types';
 import type { AgentRunResult } from '../activities';
-import { gateActivities, gitActivities } from './activity-options';
+import { gateActivities, gitActivities, ownerRoute } from './activity-options';
 import { newAgentLoop, runAgentLoop, type AgentLoopState } from './agent-runs';
 import { retryFor } from './blueprint-walker';
 import { FEED_BATCH_LIMIT, FEED_FLUSH_DELAY_MS, flushNow } from './feed';
 import { failureKindOf, failureMessage, rootCause } from './failure-info';
-import { ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
+import { MAX_SANDBOX_REPLACEMENTS, afterOwnerGone } from '../core/routing';
+import { onOwner, ownerGoneOf } from './owner';
+import { OWNER_ROUTING, ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 import {
   LEDGER_KEPT_BY_STREAM,
   agentStepOutcome,
@@ -100,10 +103,12 @@ export interface StreamCarried {
   /** A merge decision or guidance that arrived and was not taken yet. */
   decision?: MergeDecision;
   guidance?: Guidance;
-  /** The sandbox workflow's id, as the first run chose it (absent: the 0.1.0 `sandbox:` id). */
+  /** The sandbox workflow's id, as the first run chose it (absent: the 0.1.0 `sandbox:` id), or its latest replacement. */
   sandboxWorkflowId?: string;
   /** The budget as the objective last told it (raises and the objective's state arrive by signal). */
   budget?: StreamBudget;
+  /** Sandboxes recreated so far because their owner was gone (docs/adr/0013-worker-ownership.md). */
+  sandboxReplacements?: number;
 }
 
 export type StreamRunInput = StreamInput & { carried?: StreamCarried };
@@ -168,6 +173,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     decision = d;
   });
   setHandler(sandboxEndedSignal, (result) => {
+    // A sandbox given up for a gone owner still ends later; only the current one counts.
+    if (result.workflowId !== undefined && result.workflowId !== boxWorkflowId) return;
     sandboxEnded ??= result;
   });
   setHandler(ownerProbeSignal, () => undefined);
@@ -259,37 +266,38 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
 
   // --- sandbox ---------------------------------------------------------------------------------
   const sandboxId = streamSandboxId(objective.id, stream.id);
-  const boxWorkflowId = carried ? (carried.sandboxWorkflowId ?? sandboxWorkflowId(sandboxId)) : patched(STREAM_SANDBOX_ID) ? streamSandboxWorkflowId(sandboxId) : sandboxWorkflowId(sandboxId);
+  let boxWorkflowId = carried ? (carried.sandboxWorkflowId ?? sandboxWorkflowId(sandboxId)) : patched(STREAM_SANDBOX_ID) ? streamSandboxWorkflowId(sandboxId) : sandboxWorkflowId(sandboxId);
+  const sandboxArgs = (): SandboxInput => ({
+    sandboxId,
+    provider: 'local',
+    repository: objective.repository,
+    objectiveId: objective.id,
+    name: stream.id,
+    branch,
+    base: input.base,
+    ownerWorkflowId: workflowInfo().workflowId,
+    options: input.sandbox,
+    ...(input.ownerGraceSeconds ? { ownerGraceSeconds: input.ownerGraceSeconds } : {}),
+    ...(bounded ? { notifyOwnerOnEnd: true, ...(input.sandboxOwnerProbeMs ? { ownerProbeMs: input.sandboxOwnerProbeMs } : {}) } : {}),
+  });
   if (!carried) {
     await enter('provisioning', `starting a sandbox for \`${branch}\``);
     const sandboxHandle = await startChild(sandboxWorkflow, {
       workflowId: boxWorkflowId,
-      args: [
-        {
-          sandboxId,
-          provider: 'local',
-          repository: objective.repository,
-          objectiveId: objective.id,
-          name: stream.id,
-          branch,
-          base: input.base,
-          ownerWorkflowId: workflowInfo().workflowId,
-          options: input.sandbox,
-          ...(bounded ? { notifyOwnerOnEnd: true, ...(input.sandboxOwnerProbeMs ? { ownerProbeMs: input.sandboxOwnerProbeMs } : {}) } : {}),
-        },
-      ],
+      args: [sandboxArgs()],
       // A bounded stream continues as new, which closes the run that started the sandbox: the
       // sandbox must outlive it. Every run releases it on the way out (also when cancelled).
       parentClosePolicy: bounded ? ParentClosePolicy.ABANDON : ParentClosePolicy.REQUEST_CANCEL,
       staticSummary: `Sandbox for stream ${stream.id} of ${objective.id}`,
       staticDetails: `Local git worktree on branch \`${branch}\`, started from \`${input.base}\`.`,
     });
+    const first = boxWorkflowId;
     void sandboxHandle.result().then(
       (result) => {
-        sandboxEnded ??= result;
+        if (boxWorkflowId === first) sandboxEnded ??= result;
       },
       (err) => {
-        sandboxEnded ??= { sandboxId, state: 'failed', error: failureMessage(err) };
+        if (boxWorkflowId === first) sandboxEnded ??= { sandboxId, state: 'failed', error: failureMessage(err) };
       },
     );
   }
@@ -330,10 +338,46 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
 
 
   // --- the shell of the blueprint interpreter (workflows/stream-interpreter.ts decides) ---------------
-  async function interpret(box: SandboxInfo): Promise<StreamResult> {
+  async function interpret(firstBox: SandboxInfo): Promise<StreamResult> {
     const config = interpreterConfig(input);
     const bp = input.blueprint;
-    const git = gitActivities();
+    let box = firstBox;
+    // Every activity on the sandbox runs on the worker that holds it (docs/adr/0013-worker-ownership.md).
+    const owned = box.owner !== undefined && patched(OWNER_ROUTING);
+    const graceSeconds = input.ownerGraceSeconds;
+    const route = () => (owned ? ownerRoute(box.owner, { graceSeconds }) : undefined);
+    const agentRoute = () => (owned ? ownerRoute(box.owner, { graceSeconds, agents: true }) : undefined);
+    const git = () => gitActivities(undefined, route());
+    /** The owner found gone by the last call on it; the sandbox is recreated before the step is retried. */
+    let lostOwner: string | undefined;
+    const onBox = <T>(call: () => Promise<T>): Promise<T> =>
+      onOwner(owned ? box.owner : undefined, call).catch((err) => {
+        lostOwner ??= ownerGoneOf(err);
+        throw err;
+      });
+    let replacements = carried?.sandboxReplacements ?? 0;
+    /**
+     * A new sandbox for the stream on a live worker, from the branch's last commit: the old one
+     * is released (its owner is gone; its sandbox workflow gives up removing it after the grace time).
+     */
+    const replaceSandbox = async (gone: string) => {
+      const old = boxWorkflowId;
+      await getExternalWorkflowHandle(old).signal(releaseSandboxSignal).catch(() => undefined);
+      replacements += 1;
+      boxWorkflowId = `${streamSandboxWorkflowId(sandboxId)}.r${replacements}`;
+      sandbox = undefined;
+      sandboxEnded = undefined;
+      await startChild(sandboxWorkflow, {
+        workflowId: boxWorkflowId,
+        args: [{ ...sandboxArgs(), base: branch, notifyOwnerOnEnd: true }],
+        parentClosePolicy: ParentClosePolicy.ABANDON,
+        staticSummary: `Sandbox for stream ${stream.id} of ${objective.id} (replaces ${old})`,
+      });
+      await condition(() => sandbox !== undefined || sandboxEnded !== undefined);
+      if (!sandbox) throw ApplicationFailure.create({ type: 'sandbox_failure', nonRetryable: true, message: `the sandbox could not be recreated: ${sandboxEnded!.error ?? 'unknown error'}` });
+      box = sandbox;
+      status.sandboxPath = box.path;
+    };
     let sessionId: string | undefined = carried?.sessionId;
     // A step re-entered after a rate-limit wait or guidance continues its iteration loop where it stopped.
     const agentLoops: Record<string, AgentLoopState> = { ...carried?.agentLoops };
@@ -364,13 +408,15 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           retry: retryFor(bp, step),
           state: loop,
           ...(budgetWaived ? {} : { beforeRun: budgetHold }),
+          route: agentRoute(),
+          owner: owned ? box.owner : undefined,
           onRun: async (run, record) => {
             addUsage(run);
             (status.agentRuns ??= []).push(record);
             if (step.role === 'builder') {
               sessionId = run.sessionId ?? sessionId;
               const runNote = spec.max_iterations > 1 ? `, run ${record.agentIteration}` : '';
-              await git.commitWork({ path: box.path, message: `slipway(${stream.id}): iteration ${status.iteration}${runNote}\n\n${stream.task}` });
+              await onBox(() => git().commitWork({ path: box.path, message: `slipway(${stream.id}): iteration ${status.iteration}${runNote}\n\n${stream.task}` }));
             }
             const ending = record.result === 'signalled' ? '; completion signal' : record.result === 'invalid_output' ? '; answer unusable' : '';
             const text = `${step.role} run ${record.agentIteration}/${record.maxIterations} (${spec.provider}): ${formatUsage(record)}${ending}`;
@@ -383,6 +429,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
         return agentStepOutcome(step, outcome);
       } catch (err) {
         if (isCancellation(err)) throw err;
+        lostOwner ??= ownerGoneOf(err);
         return { ok: false, failure: toStepFailure(err) };
       }
     };
@@ -392,14 +439,20 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       if (step.action === 'run_quality_gates') {
         const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
         try {
-          return gateStepOutcome(await gateActivities(timeout, retryFor(bp, step)).runGates({ path: box.path, gates: input.gates }));
+          return gateStepOutcome(await onBox(() => gateActivities(timeout, retryFor(bp, step), route()).runGates({ path: box.path, gates: input.gates })));
         } catch (err) {
           if (isCancellation(err)) throw err;
           return { ok: false, failure: toStepFailure(err) };
         }
       }
       // signal_merge_ready: hand the head to the merge queue and wait for its decision.
-      const head = await git.commitWork({ path: box.path, message: `slipway(${stream.id}): leftovers before merge` });
+      let head;
+      try {
+        head = await onBox(() => git().commitWork({ path: box.path, message: `slipway(${stream.id}): leftovers before merge` }));
+      } catch (err) {
+        if (!lostOwner) throw err;
+        return { ok: false, failure: toStepFailure(err) };
+      }
       decision = undefined;
       await parent.signal(streamMergeReadySignal, { streamId: stream.id, branch: box.branch, headCommit: head.head });
       await condition(() => decision !== undefined);
@@ -453,6 +506,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           ...(guidance ? { guidance } : {}),
           sandboxWorkflowId: boxWorkflowId,
           ...(budget ? { budget } : {}),
+          ...(replacements > 0 ? { sandboxReplacements: replacements } : {}),
         },
       });
     };
@@ -488,7 +542,20 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             break;
           case 'run_step': {
             stepsRun += 1;
-            const outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
+            let outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
+            // The worker holding the sandbox is gone: the step runs again in a new sandbox on a
+            // live worker (core/routing.ts bounds how often); Temporal's retries cannot move it.
+            while (lostOwner && !outcome.ok && afterOwnerGone(replacements) === 'recreate') {
+              const gone = lostOwner;
+              lostOwner = undefined;
+              await record(
+                { step: d.step.id, kind: 'sandbox_failure', action: 'recreate_sandbox', attempt: replacements + 1, maxAttempts: MAX_SANDBOX_REPLACEMENTS, summary: outcome.failure.summary, result: 'retrying' },
+                `sandbox_failure -> recreate the sandbox from ${branch} on another worker (${replacements + 1}/${MAX_SANDBOX_REPLACEMENTS})`,
+              );
+              await replaceSandbox(gone);
+              outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
+            }
+            lostOwner = undefined;
             next = { type: 'step_finished', outcome, now: Date.now() };
             break;
           }
@@ -499,7 +566,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             next = { type: 'rate_limit_waited' };
             break;
           case 'reset_onto_integration': {
-            const reset = await git.resetOntoIntegration({ path: box.path, onto: input.integrationBranch });
+            const reset = await onBox(() => git().resetOntoIntegration({ path: box.path, onto: input.integrationBranch }));
             next = { type: 'reset_onto_integration_done', previousDiff: reset.previousDiff };
             break;
           }

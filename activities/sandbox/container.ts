@@ -182,6 +182,8 @@ const KILL_EXEC_SCRIPT = [
 ].join('\n');
 
 export class ContainerSandboxProvider implements SandboxProvider {
+  /** Containers run on this worker's host: its sandboxes are owned by this worker. */
+  readonly hostBound = true;
   readonly kind: ContainerEngine;
   /** Commands see the workspace at a fixed path (the contract suite checks it). */
   readonly confined = true;

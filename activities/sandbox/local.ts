@@ -131,6 +131,7 @@ interface Source {
 
 export class LocalSandboxProvider implements SandboxProvider {
   readonly kind = 'local';
+  readonly hostBound = true;
   private readonly copyIgnored: boolean;
   private readonly confinement?: BubblewrapConfinement;
   private readonly copyMethod?: CopyMethod;

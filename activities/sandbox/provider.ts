@@ -150,6 +150,11 @@ export interface SandboxSession {
 
 export interface SandboxProvider {
   readonly kind: string;
+  /**
+   * The sandbox lives on the host of the worker that created it (a directory, a local container):
+   * only that worker reaches it, so it owns it. False for a remote provider any worker reaches.
+   */
+  readonly hostBound: boolean;
   create(request: SandboxCreateRequest): Promise<SandboxHandle>;
   exec(handle: Pick<SandboxHandle, 'root'>, request: ExecRequest): Promise<RunResult>;
   /** Starts an interactive process under the same confinement, limits and environment rules as exec. */

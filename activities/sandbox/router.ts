@@ -11,6 +11,8 @@ import type { ExecRequest, SandboxCreateRequest, SandboxHandle, SandboxProvider,
 
 export class SandboxProviders implements SandboxProvider {
   readonly kind = 'router';
+  /** Per sandbox: `provider(kind).hostBound` says whether its owner is one worker. */
+  readonly hostBound = true;
   private readonly containers = new Map<ContainerEngine, SandboxProvider>();
 
   constructor(

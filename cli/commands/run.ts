@@ -1,6 +1,7 @@
 import { objectiveWorkflowId } from '../../core/ids';
 import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamView } from '../../core/types';
 import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
+import { slipwaySettings } from '../../lib/settings';
 import { CliError, EXIT } from '../exit-codes';
 import { followObjective } from '../follow';
 import { hasWorkflowPollers, openRuntime } from '../runtime';
@@ -25,6 +26,7 @@ export async function runCommand(file: string, opts: RunOptions): Promise<number
   let input: ObjectiveInput;
   try {
     input = await loadObjectiveFile(file, { repository: opts.repo, id: opts.id, baseBranch: opts.base });
+    if (process.env.SLIPWAY_OWNER_GRACE_SECONDS) input.ownerGraceSeconds = slipwaySettings().ownerGraceSeconds;
   } catch (e) {
     if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
     throw e;
