@@ -20,6 +20,11 @@ export interface SandboxContractOptions {
    * sandbox's commands run. Default: scans this host's /proc (right for local providers).
    */
   processRunning?: (marker: string) => Promise<boolean>;
+  /**
+   * Where the sandbox's commands see its workspace, for a remote provider whose path is its own
+   * (Daytona: ~/workspace in the remote sandbox). Default: the fixed confined path, else the root.
+   */
+  workspacePath?: (handle: SandboxHandle) => Promise<string>;
 }
 
 const hostProcessRunning = async (marker: string) => (await processesWith(marker)).length > 0;
@@ -147,7 +152,8 @@ export function describeSandboxContract(
         const atRoot = await provider.exec(shared, { command: 'pwd -P', shell: true });
         // A confined sandbox sees itself at a fixed path, never its host path (ADR 0006).
         const confined = (provider as { confined?: boolean }).confined === true;
-        expect(atRoot.stdout.trim()).toBe(confined ? SANDBOX_WORKSPACE : await fs.realpath(shared.root).catch(() => shared.root));
+        const expected = options.workspacePath ? await options.workspacePath(shared) : confined ? SANDBOX_WORKSPACE : await fs.realpath(shared.root).catch(() => shared.root);
+        expect(atRoot.stdout.trim()).toBe(expected);
         await provider.writeFile(shared, 'deep/er/file.txt', 'x');
         const inSub = await provider.exec(shared, { command: 'pwd -P && ls', shell: true, cwd: 'deep/er' });
         expect(inSub.stdout.trim().split('\n')).toEqual([path.join(atRoot.stdout.trim(), 'deep', 'er'), 'file.txt']);
