@@ -152,7 +152,7 @@ export const AgentSchema = z
 export type AgentSpec = z.infer<typeof AgentSchema>;
 
 /** Where sandboxes can run (the `sandbox:` section's `provider`). */
-export const SANDBOX_PROVIDERS = ['local', 'podman', 'docker'] as const;
+export const SANDBOX_PROVIDERS = ['local', 'podman', 'docker', 'daytona'] as const;
 export type SandboxProviderKind = (typeof SANDBOX_PROVIDERS)[number];
 
 /** Absolute path, or `~/...` (the worker's home). */
@@ -200,6 +200,8 @@ export const SandboxConfigSchema = z.strictObject({
   if (sandbox.warm_pool > 0) localOnly('warm_pool', 'container sandboxes have no warm pool');
   if (sandbox.writable.length > 0) localOnly('writable', 'a container writes only its workspace');
   if (sandbox.hidden.length > 0) localOnly('hidden', 'a container sees no host path it is not given');
+  // Daytona sizes a sandbox by its snapshot and account (ADR 0019): limits would be ignored, so they are refused.
+  if (sandbox.provider === 'daytona' && sandbox.limits) ctx.addIssue({ code: 'custom', path: ['limits'], message: 'is not supported by provider: daytona (a Daytona sandbox is sized by its snapshot)' });
   if (sandbox.limits?.disk_mb !== undefined) ctx.addIssue({ code: 'custom', path: ['limits', 'disk_mb'], message: `is not supported by provider: ${sandbox.provider} (use the local provider)` });
 });
 export type SandboxConfig = z.infer<typeof SandboxConfigSchema>;

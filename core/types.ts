@@ -88,7 +88,7 @@ export interface ObjectiveCarry {
  */
 export interface SandboxOptions {
   /** Where the objective's stream sandboxes run (absent: local; the merger is always local). */
-  provider?: 'local' | 'podman' | 'docker';
+  provider?: 'local' | 'podman' | 'docker' | 'daytona';
   /** `bubblewrap`: every command in the sandbox (agents, gates, setup) runs confined. */
   confinement: 'none' | 'bubblewrap';
   /** Under bubblewrap: false gives the sandbox a network namespace with loopback only. */
@@ -120,7 +120,7 @@ export interface ProjectSetupSpec {
 
 export interface SandboxInfo {
   sandboxId: string;
-  provider: 'local' | 'podman' | 'docker';
+  provider: 'local' | 'podman' | 'docker' | 'daytona';
   path: string;
   branch: string;
   baseCommit: string;

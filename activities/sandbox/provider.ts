@@ -40,7 +40,7 @@ export interface SandboxCreateRequest {
    */
   confinement?: BubblewrapConfinement;
   /** Which provider makes it (a router's choice; default local). The merger worktree is always local. */
-  provider?: 'local' | 'podman' | 'docker';
+  provider?: 'local' | 'podman' | 'docker' | 'daytona';
   /** For container providers: network, limits, read-only host paths (ADR 0012). */
   container?: ContainerSettings;
   /** Run after creation (under the sandbox's confinement); a failure fails the create with the output. */

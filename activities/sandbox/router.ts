@@ -6,6 +6,7 @@
  */
 import path from 'node:path';
 import { ContainerSandboxProvider, parseContainerRoot, type ContainerEngine } from './container';
+import { DaytonaSandboxProvider, parseDaytonaRoot } from './daytona';
 import { PortUnreachableError } from './port-relay';
 import type { ExecRequest, SandboxCreateRequest, SandboxHandle, SandboxProvider, SessionRequest } from './provider';
 
@@ -14,16 +15,20 @@ export class SandboxProviders implements SandboxProvider {
   /** Per sandbox: `provider(kind).hostBound` says whether its owner is one worker. */
   readonly hostBound = true;
   private readonly containers = new Map<ContainerEngine, SandboxProvider>();
+  private daytona?: SandboxProvider;
 
   constructor(
     readonly local: SandboxProvider,
     private readonly makeContainer: (engine: ContainerEngine) => SandboxProvider = (engine) => new ContainerSandboxProvider({ engine }),
+    // Credentials come from the worker's environment when the provider is first used (ADR 0019).
+    private readonly makeDaytona: () => SandboxProvider = () => new DaytonaSandboxProvider({ snapshot: process.env.DAYTONA_SNAPSHOT }),
   ) {}
 
   /** The provider of a kind (`local`, `podman`, `docker`). */
   provider(kind: string | undefined): SandboxProvider {
     if (!kind || kind === 'local') return this.local;
-    if (kind !== 'podman' && kind !== 'docker') throw new Error(`unknown sandbox provider "${kind}" (known: local, podman, docker)`);
+    if (kind === 'daytona') return (this.daytona ??= this.makeDaytona());
+    if (kind !== 'podman' && kind !== 'docker') throw new Error(`unknown sandbox provider "${kind}" (known: local, podman, docker, daytona)`);
     let p = this.containers.get(kind);
     if (!p) this.containers.set(kind, (p = this.makeContainer(kind)));
     return p;
@@ -31,6 +36,7 @@ export class SandboxProviders implements SandboxProvider {
 
   /** The provider that owns a sandbox root. The engine is in the container's record; podman unless docker made it. */
   private owner(root: string): SandboxProvider {
+    if (parseDaytonaRoot(path.resolve(root))) return this.provider('daytona');
     if (!parseContainerRoot(path.resolve(root))) return this.local;
     // One engine per worker in practice: the one already made, else podman.
     return this.containers.get('docker') ?? this.provider('podman');
@@ -66,7 +72,7 @@ export class SandboxProviders implements SandboxProvider {
     return this.owner(handle.root).collect(handle, options);
   }
   async list(repository: string) {
-    const lists = await Promise.all([this.local, ...this.containers.values()].map((p) => p.list(repository)));
+    const lists = await Promise.all([this.local, ...this.containers.values(), ...(this.daytona ? [this.daytona] : [])].map((p) => p.list(repository)));
     return lists.flat();
   }
   async suspend(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {

@@ -10,6 +10,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PathEscapeError } from '../../activities/sandbox/paths';
+import { SessionRequestError } from '../../activities/sandbox/session';
 import { SANDBOX_WORKSPACE } from '../../activities/sandbox/bubblewrap';
 import type { SandboxCreateRequest, SandboxHandle, SandboxProvider, SandboxSession } from '../../activities/sandbox/provider';
 import { exists, gitIn, makeRepo, processesWith, tempDir, waitFor } from './helpers';
@@ -20,6 +21,16 @@ export interface SandboxContractOptions {
    * sandbox's commands run. Default: scans this host's /proc (right for local providers).
    */
   processRunning?: (marker: string) => Promise<boolean>;
+  /**
+   * Where the sandbox's commands see its workspace, for a remote provider whose path is its own
+   * (Daytona: ~/workspace in the remote sandbox). Default: the fixed confined path, else the root.
+   */
+  workspacePath?: (handle: SandboxHandle) => Promise<string>;
+  /**
+   * False for a provider without interactive sessions yet: the suite then checks that it refuses
+   * them with a SessionRequestError (a clear 4xx through the API) instead of running the session tests.
+   */
+  sessions?: boolean;
 }
 
 const hostProcessRunning = async (marker: string) => (await processesWith(marker)).length > 0;
@@ -147,7 +158,8 @@ export function describeSandboxContract(
         const atRoot = await provider.exec(shared, { command: 'pwd -P', shell: true });
         // A confined sandbox sees itself at a fixed path, never its host path (ADR 0006).
         const confined = (provider as { confined?: boolean }).confined === true;
-        expect(atRoot.stdout.trim()).toBe(confined ? SANDBOX_WORKSPACE : await fs.realpath(shared.root).catch(() => shared.root));
+        const expected = options.workspacePath ? await options.workspacePath(shared) : confined ? SANDBOX_WORKSPACE : await fs.realpath(shared.root).catch(() => shared.root);
+        expect(atRoot.stdout.trim()).toBe(expected);
         await provider.writeFile(shared, 'deep/er/file.txt', 'x');
         const inSub = await provider.exec(shared, { command: 'pwd -P && ls', shell: true, cwd: 'deep/er' });
         expect(inSub.stdout.trim().split('\n')).toEqual([path.join(atRoot.stdout.trim(), 'deep', 'er'), 'file.txt']);
@@ -196,7 +208,15 @@ export function describeSandboxContract(
       });
     });
 
-    describe('sessions', () => {
+    if (options.sessions === false) {
+      it('refuses interactive sessions with a clear error', async () => {
+        await expect(provider.openSession(shared, { command: 'true' })).rejects.toBeInstanceOf(SessionRequestError);
+      });
+    }
+
+    // Not skipped (nothing to show as skipped): such a provider's suite has the refusal test instead.
+    const describeSessions = options.sessions === false ? (((_name: string, _body: () => void) => undefined) as unknown as typeof describe) : describe;
+    describeSessions('sessions', () => {
       /** Everything the session printed so far (stdout and stderr), read as it comes. */
       const output = (session: SandboxSession) => {
         const seen = { text: '', ended: Promise.all([ended(session.stdout), ended(session.stderr)]) };

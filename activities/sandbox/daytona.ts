@@ -1,0 +1,545 @@
+/**
+ * Daytona sandboxes (`provider: daytona`, ADR 0019): one Daytona sandbox per Slipway sandbox,
+ * made from a snapshot through the official SDK (@daytonaio/sdk). Credentials come from the
+ * worker's environment only (DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET).
+ *
+ *   <repo>/.slipway/daytona/<group>/<name>        the sandbox's root as Slipway names it (no folder)
+ *   <repo>/.slipway/daytona/<group>/<name>.json   Slipway's record (Daytona id, branch, start commit, state)
+ *
+ * The workspace is `~/workspace` inside the remote sandbox, a repository of its own started
+ * from a base bundle uploaded through the SDK's file API; work comes back as a bundle made
+ * inside, downloaded, and checked by importBundle in quarantine (git-transport.ts). Slipway
+ * never runs git on anything that came from the sandbox except through that check.
+ *
+ * Files go through the SDK's file API, confined to the workspace: `..` and absolute paths are
+ * refused here; symbolic links are resolved inside the sandbox (`realpath -m`) and a path that
+ * lands outside the workspace is refused. That check is confinement within a remote machine,
+ * not a host boundary: nothing of the worker's lives there (the VM is the boundary).
+ */
+import { randomBytes, createHash } from 'node:crypto';
+import { promises as fs } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Daytona, DaytonaError, type Sandbox } from '@daytonaio/sdk';
+import { quote } from 'shell-quote';
+import { SLIPWAY_DIR } from '../../core/ids';
+import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
+import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
+import type { RunResult } from '../process';
+import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
+import { PathEscapeError } from './paths';
+import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
+import { SessionRequestError } from './session';
+import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
+import { runProjectSetup } from './setup';
+
+export const DAYTONA_DIR = `${SLIPWAY_DIR}/daytona`;
+
+export interface DaytonaProviderOptions {
+  /** Default: DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET from the worker's environment. */
+  apiKey?: string;
+  apiUrl?: string;
+  target?: string;
+  /** Daytona snapshot sandboxes are made from (default: Daytona's default). */
+  snapshot?: string;
+  /** Minutes idle before Daytona stops a sandbox (default 30): nothing bills forever if Slipway disappears. */
+  autoStopMinutes?: number;
+  /** Minutes stopped before Daytona deletes it (default 7 days). */
+  autoDeleteMinutes?: number;
+  /** Extra labels (account, project) on every sandbox. */
+  labels?: Record<string, string>;
+  /** How often exec polls a running command (ms, default 100). */
+  pollMs?: number;
+  maxBundleBytes?: number;
+  /** Retries of a 5xx or a rate limit before giving up (default 4); longest rate-limit wait honoured (default 60 s). */
+  retries?: number;
+  maxRateLimitWaitMs?: number;
+}
+
+interface DaytonaRecord {
+  version: 1;
+  sandboxId: string;
+  daytonaId: string;
+  group: string;
+  name: string;
+  branch: string;
+  baseCommit: string;
+  startCommit: string;
+  /** The workspace's absolute path inside the Daytona sandbox. */
+  workspace: string;
+  state: 'creating' | 'ready' | 'suspended';
+  suspendedHead?: string;
+  createdAt: string;
+}
+
+/** Daytona refused or failed; `kind` says which (quota, rate_limit, not_found, transient, other). */
+export class DaytonaProviderError extends Error {
+  constructor(
+    message: string,
+    readonly kind: 'quota' | 'rate_limit' | 'not_found' | 'transient' | 'unauthorized' | 'other',
+    readonly status?: number,
+    readonly resetAt?: number,
+  ) {
+    super(message);
+    this.name = 'DaytonaProviderError';
+  }
+}
+
+export function daytonaSandboxRoot(repository: string, group: string, name: string): string {
+  return path.join(repository, DAYTONA_DIR, group, name);
+}
+
+export function parseDaytonaRoot(root: string): { repository: string; group: string; name: string } | undefined {
+  const groupDir = path.dirname(root);
+  const dir = path.dirname(groupDir);
+  const slipwayDir = path.dirname(dir);
+  if (path.join(path.basename(slipwayDir), path.basename(dir)) !== path.normalize(DAYTONA_DIR)) return undefined;
+  return { repository: path.dirname(slipwayDir), group: path.basename(groupDir), name: path.basename(root) };
+}
+
+/** The label that finds a repository's sandboxes (a hash: label values are short and path-free). */
+export const repositoryLabel = (repo: string) => createHash('sha256').update(repo).digest('hex').slice(0, 24);
+
+const q = (s: string) => quote([s]);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * Maps an SDK error to a DaytonaProviderError: quota (403 with a quota message, or 402), rate
+ * limit (429 with its reset from Retry-After or X-RateLimit-Reset), not found (404), transient (5xx).
+ */
+export function classifyDaytonaError(e: unknown): DaytonaProviderError {
+  if (e instanceof DaytonaProviderError) return e;
+  const err = e as DaytonaError & { statusCode?: number; headers?: Record<string, unknown> };
+  const status = err?.statusCode;
+  const message = `Daytona: ${err?.message ?? String(e)}`;
+  if (status === 429) {
+    const h = (name: string) => {
+      const headers = err.headers ?? {};
+      const v = Object.entries(headers).find(([k]) => k.toLowerCase() === name)?.[1];
+      return v === undefined ? undefined : Number(v);
+    };
+    const retryAfter = h('retry-after');
+    const reset = h('x-ratelimit-reset');
+    const now = Date.now();
+    const resetAt = retryAfter !== undefined && !Number.isNaN(retryAfter) ? now + retryAfter * 1000 : reset !== undefined && !Number.isNaN(reset) ? (reset > 1e9 ? reset * 1000 : now + reset * 1000) : now + 1000;
+    return new DaytonaProviderError(`${message} (rate limited until ${new Date(resetAt).toISOString()})`, 'rate_limit', status, resetAt);
+  }
+  if (status === 402 || (status === 403 && /quota|limit|exceed/i.test(err.message ?? ''))) return new DaytonaProviderError(message, 'quota', status);
+  if (status === 401 || status === 403) return new DaytonaProviderError(message, 'unauthorized', status);
+  if (status === 404) return new DaytonaProviderError(message, 'not_found', status);
+  if (status !== undefined && status >= 500) return new DaytonaProviderError(message, 'transient', status);
+  return new DaytonaProviderError(message, 'other', status);
+}
+
+export class DaytonaSandboxProvider implements SandboxProvider {
+  readonly kind = 'daytona';
+  /** Hosted: a sandbox is reachable from any worker with the credentials. */
+  readonly hostBound = false;
+  private client?: Daytona;
+  private readonly sandboxes = new Map<string, Sandbox>();
+  private readonly options: DaytonaProviderOptions;
+
+  constructor(options: DaytonaProviderOptions = {}) {
+    this.options = options;
+  }
+
+  private daytona(): Daytona {
+    if (this.client) return this.client;
+    const apiKey = this.options.apiKey ?? process.env.DAYTONA_API_KEY;
+    if (!apiKey) throw new DaytonaProviderError('DAYTONA_API_KEY is not set in the worker\'s environment: the daytona provider needs it', 'unauthorized');
+    this.client = new Daytona({ apiKey, apiUrl: this.options.apiUrl ?? process.env.DAYTONA_API_URL, target: this.options.target ?? process.env.DAYTONA_TARGET });
+    return this.client;
+  }
+
+  /** Runs a Daytona call, retrying 5xx and waiting out a rate limit; other errors are mapped and thrown. */
+  async call<T>(what: string, op: () => Promise<T>): Promise<T> {
+    const retries = this.options.retries ?? 4;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await op();
+      } catch (e) {
+        const err = classifyDaytonaError(e);
+        const wait = err.kind === 'rate_limit' ? Math.max(0, (err.resetAt ?? Date.now()) - Date.now()) : err.kind === 'transient' ? 200 * 2 ** attempt : undefined;
+        if (wait === undefined || attempt >= retries || wait > (this.options.maxRateLimitWaitMs ?? 60_000)) {
+          err.message = `${what}: ${err.message}`;
+          throw err;
+        }
+        await sleep(wait);
+      }
+    }
+  }
+
+  private where(root: string) {
+    const resolved = path.resolve(root);
+    const parsed = parseDaytonaRoot(resolved);
+    if (!parsed) throw new Error(`not a Daytona sandbox root (<repo>/${DAYTONA_DIR}/<group>/<name>): ${root}`);
+    return { ...parsed, root: resolved, recordFile: `${resolved}.json` };
+  }
+
+  private async record(root: string): Promise<DaytonaRecord> {
+    const w = this.where(root);
+    const r = await readJson<DaytonaRecord>(w.recordFile);
+    if (!r) throw new Error(`no record of the Daytona sandbox at ${w.root}`);
+    return r;
+  }
+
+  private async remote(daytonaId: string, fresh = false): Promise<Sandbox> {
+    const known = this.sandboxes.get(daytonaId);
+    if (known && !fresh) return known;
+    const s = await this.call('finding the sandbox', () => this.daytona().get(daytonaId));
+    this.sandboxes.set(daytonaId, s);
+    return s;
+  }
+
+  /** A trusted control command (mkdir, realpath, kill), output combined; never one of the agent's. */
+  private async control(s: Sandbox, script: string, args: string[] = []): Promise<{ exitCode: number; output: string }> {
+    const r = await this.call('running a command in the sandbox', () => s.process.executeCommand(`/bin/sh -c ${q(script)} slipway ${args.map(q).join(' ')}`));
+    return { exitCode: r.exitCode, output: r.result };
+  }
+
+  async create(req: SandboxCreateRequest): Promise<SandboxHandle> {
+    const started = Date.now();
+    const repo = await fs.realpath(req.repository);
+    await ensureSlipwayExcluded(repo);
+    const w = this.where(daytonaSandboxRoot(repo, req.group, req.name));
+    const [baseCommit, record] = await Promise.all([resolveCommit(repo, req.base), readJson<DaytonaRecord>(w.recordFile)]);
+    if (record && record.state !== 'creating') {
+      const s = await this.remote(record.daytonaId, true).catch((e: DaytonaProviderError) => {
+        if (e.kind === 'not_found') return undefined;
+        throw e;
+      });
+      if (s && s.state !== 'destroyed') {
+        if (record.branch !== req.branch) throw new Error(`sandbox ${w.root} exists on branch ${record.branch}, expected ${req.branch}`);
+        if (s.state !== 'started') await this.call('starting the sandbox', () => s.start());
+        const headCommit = await this.head(w.root);
+        return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: true };
+      }
+    }
+    if (record) await this.deleteRemote(record.daytonaId);
+    if (!(await branchExists(repo, req.branch))) await git(repo, ['update-ref', `refs/heads/${req.branch}`, baseCommit, '']);
+    const startCommit = await resolveCommit(repo, `refs/heads/${req.branch}`);
+    const labels = { ...this.options.labels, 'slipway.repository': repositoryLabel(repo), 'slipway.group': req.group, 'slipway.name': req.name, 'slipway.sandbox': req.sandboxId };
+    const s = await this.call('creating the sandbox', () =>
+      this.daytona().create(
+        {
+          ...(this.options.snapshot ? { snapshot: this.options.snapshot } : {}),
+          labels,
+          // The objective's `network: false` blocks the sandbox's network (Daytona's networkBlockAll).
+          ...(req.container && !req.container.network ? { networkBlockAll: true } : {}),
+          autoStopInterval: this.options.autoStopMinutes ?? 30,
+          autoDeleteInterval: this.options.autoDeleteMinutes ?? 7 * 24 * 60,
+        },
+        { timeout: 300 },
+      ),
+    );
+    this.sandboxes.set(s.id, s);
+    const home = (await this.control(s, 'printf %s "$HOME"')).output.trim();
+    if (!home.startsWith('/')) throw new Error(`the Daytona sandbox ${s.id} reports no home directory (${JSON.stringify(home.slice(0, 80))})`);
+    const workspace = path.posix.join(home, 'workspace');
+    const base: DaytonaRecord = { version: 1, sandboxId: req.sandboxId, daytonaId: s.id, group: req.group, name: req.name, branch: req.branch, baseCommit, startCommit, workspace, state: 'creating', createdAt: new Date().toISOString() };
+    await writeJsonAtomic(w.recordFile, base, { mkdir: true });
+    const local = await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-daytona-'));
+    const bundle = path.posix.join(home, '.slipway-in', 'base.bundle');
+    try {
+      await makeBaseBundle(repo, req.branch, path.join(local, 'base.bundle'));
+      await this.call('uploading the base bundle', async () => s.fs.uploadFile(await fs.readFile(path.join(local, 'base.bundle')), bundle));
+    } finally {
+      await fs.rm(local, { recursive: true, force: true });
+    }
+    await this.control(s, 'mkdir -p -- "$1"', [workspace]);
+    const { name, email } = await commitIdentity(repo);
+    const start = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', START_FROM_BUNDLE_SCRIPT, 'start', bundle, req.branch, name, email], timeoutMs: 10 * 60_000, signal: req.signal });
+    if (start.exitCode !== 0) throw new Error(`starting the sandbox from its bundle failed (exit ${start.exitCode}): ${start.stderr.trim()}`);
+    let setup: SandboxHandle['setup'];
+    if (req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0)) {
+      setup = await runProjectSetup((r) => this.exec({ root: w.root }, r), req.setup, { signal: req.signal, onProgress: req.onProgress });
+    }
+    const headCommit = await this.head(w.root);
+    await writeJsonAtomic(w.recordFile, { ...base, state: 'ready' });
+    return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
+  }
+
+  /** HEAD inside the sandbox (untrusted: only compared, or collected through a bundle). */
+  private async head(root: string): Promise<string> {
+    const r = await this.exec({ root }, { command: 'git', args: ['rev-parse', '--verify', '--quiet', 'HEAD^{commit}'], timeoutMs: 60_000 });
+    const head = r.stdout.trim();
+    if (r.exitCode !== 0 || !OBJECT_ID.test(head)) throw new Error(`the sandbox at ${root} has no commit at HEAD`);
+    return head;
+  }
+
+  /**
+   * `requested` resolved inside the sandbox, or PathEscapeError: lexically first, then with every
+   * symbolic link followed there (`realpath -m`; the last component only when `followFinal`).
+   */
+  private async resolve(s: Sandbox, workspace: string, requested: string, followFinal = true): Promise<string> {
+    if (requested.includes('\0')) throw new PathEscapeError(requested, 'it contains a NUL byte');
+    if (path.posix.isAbsolute(requested)) throw new PathEscapeError(requested, 'absolute paths are not allowed; use a path relative to the sandbox root');
+    const rel = path.posix.normalize(requested);
+    if (rel === '..' || rel.startsWith('../')) throw new PathEscapeError(requested, 'it leads outside the sandbox');
+    if (rel === '.' || rel === '') return workspace;
+    const [dir, last] = followFinal ? [rel, ''] : [path.posix.dirname(rel), path.posix.basename(rel)];
+    const r = await this.control(s, 'cd -- "$1" && realpath -m -- "$2" && realpath -m -- "$1"', [workspace, dir]);
+    const [resolved, ws] = r.output.trim().split('\n');
+    if (r.exitCode !== 0 || !resolved || !ws) throw new Error(`resolving ${JSON.stringify(requested)} in the sandbox failed: ${r.output.trim().slice(0, 400)}`);
+    const inside = resolved === ws || resolved.startsWith(`${ws}/`);
+    if (!inside) throw new PathEscapeError(requested, 'a symbolic link leads outside the sandbox');
+    return last ? path.posix.join(resolved, last) : resolved;
+  }
+
+  async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
+    const started = Date.now();
+    const record = await this.record(handle.root);
+    const s = await this.remote(record.daytonaId);
+    const cwd = req.cwd ? await this.resolve(s, record.workspace, req.cwd) : record.workspace;
+    const result = (over: Partial<RunResult>): RunResult => ({ exitCode: null, signal: null, stdout: '', stderr: '', timedOut: false, cancelled: false, durationMs: Date.now() - started, ...over });
+    if (req.signal?.aborted) return result({ cancelled: true });
+    const id = randomBytes(8).toString('hex');
+    const dir = path.posix.join(path.posix.dirname(record.workspace), '.slipway-exec');
+    const script = path.posix.join(dir, `${id}.sh`);
+    // Values travel in a script file the command's shell removes at once, never in argv.
+    const env: Record<string, string> = { ...SANDBOX_BASE_ENV, ...req.env };
+    const lines = [
+      `echo $$ > ${q(`${script}.pid`)}`,
+      `cd -- ${q(cwd)} || exit 1`,
+      ...Object.entries(env).map(([k, v]) => {
+        if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw new Error(`exec env: ${JSON.stringify(k)} is not a variable name`);
+        return `export ${k}=${q(v)}`;
+      }),
+      `rm -f -- "$0"`,
+      req.stdin !== undefined ? `exec 0< ${q(`${script}.in`)}; rm -f -- ${q(`${script}.in`)}` : 'exec 0</dev/null',
+      req.shell ? `exec /bin/sh -c ${q(req.command)}` : `exec ${[req.command, ...(req.args ?? [])].map(q).join(' ')}`,
+    ];
+    await this.call('uploading the command', () => s.fs.uploadFile(Buffer.from(`${lines.join('\n')}\n`), script));
+    if (req.stdin !== undefined) await this.call('uploading stdin', () => s.fs.uploadFile(Buffer.from(req.stdin!), `${script}.in`));
+    const session = `slipway-${id}`;
+    await this.call('opening a session', () => s.process.createSession(session));
+    try {
+      // Its own session (setsid) so a timeout kills everything it started, by process group.
+      const { cmdId } = await this.call('starting the command', () => s.process.executeSessionCommand(session, { command: `setsid -w /bin/sh ${q(script)}`, runAsync: true }));
+      if (!cmdId) throw new Error('Daytona started the command without an id');
+      const deadline = req.timeoutMs ? started + req.timeoutMs : Infinity;
+      const max = req.maxCaptureBytes ?? 64 * 1024 * 1024;
+      const streams = { stdout: { seen: 0, partial: '' }, stderr: { seen: 0, partial: '' } };
+      let out = { stdout: '', stderr: '' };
+      const emit = (final: boolean) => {
+        for (const name of ['stdout', 'stderr'] as const) {
+          const st = streams[name];
+          const text = out[name];
+          const fresh = st.partial + text.slice(st.seen);
+          st.seen = text.length;
+          const parts = fresh.split('\n');
+          st.partial = parts.pop() ?? '';
+          for (const line of parts) req.onLine?.(name, line);
+          if (final && st.partial) {
+            req.onLine?.(name, st.partial);
+            st.partial = '';
+          }
+        }
+      };
+      let ending: 'timedOut' | 'cancelled' | undefined;
+      let exitCode: number | undefined;
+      for (;;) {
+        const cmd = await this.call('polling the command', () => s.process.getSessionCommand(session, cmdId));
+        const logs = await this.call('reading the command output', () => s.process.getSessionCommandLogs(session, cmdId));
+        out = { stdout: logs.stdout ?? '', stderr: logs.stderr ?? '' };
+        if (cmd.exitCode !== undefined && cmd.exitCode !== null) {
+          exitCode = cmd.exitCode;
+          break;
+        }
+        emit(false);
+        if (req.signal?.aborted) ending = 'cancelled';
+        else if (Date.now() > deadline) ending = 'timedOut';
+        if (ending) break;
+        await sleep(this.options.pollMs ?? 100);
+      }
+      if (ending) {
+        if (req.killGraceMs) {
+          await this.killGroup(s, script, 'TERM');
+          await sleep(req.killGraceMs);
+        }
+        await this.killGroup(s, script, 'KILL');
+        const logs = await this.call('reading the command output', () => s.process.getSessionCommandLogs(session, cmdId)).catch(() => undefined);
+        if (logs) out = { stdout: logs.stdout ?? out.stdout, stderr: logs.stderr ?? out.stderr };
+      }
+      emit(true);
+      return result({
+        exitCode: ending ? (exitCode ?? 137) : (exitCode ?? null),
+        signal: ending ? 'SIGKILL' : null,
+        stdout: out.stdout.slice(-max),
+        stderr: out.stderr.slice(-max),
+        timedOut: ending === 'timedOut',
+        cancelled: ending === 'cancelled',
+      });
+    } finally {
+      await this.call('closing the session', () => s.process.deleteSession(session)).catch(() => undefined);
+      await this.control(s, 'rm -f -- "$1" "$1.pid" "$1.in"', [script]).catch(() => undefined);
+    }
+  }
+
+  private async killGroup(s: Sandbox, script: string, signal: 'TERM' | 'KILL'): Promise<void> {
+    await this.control(s, 'p=$(cat -- "$1.pid" 2>/dev/null) && [ -n "$p" ] && kill -s "$2" -- "-$p" 2>/dev/null; exit 0', [script, signal]).catch(() => undefined);
+  }
+
+  /** Not yet: Daytona's PTY sessions (SDK `process.createPty`) are not wired in; refused with a clear error. */
+  async openSession(_handle: Pick<SandboxHandle, 'root'>, _req: SessionRequest): Promise<SandboxSession> {
+    throw new SessionRequestError('interactive sessions are not available in daytona sandboxes yet');
+  }
+
+  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
+    const record = await this.record(handle.root);
+    const s = await this.remote(record.daytonaId);
+    const p = await this.resolve(s, record.workspace, file);
+    return this.call(`reading ${file}`, () => s.fs.downloadFile(p)).catch((e: DaytonaProviderError) => {
+      if (e.kind === 'not_found' || /no such file/i.test(e.message)) throw Object.assign(new Error(`ENOENT: no such file in the sandbox: ${file}`), { code: 'ENOENT' });
+      throw e;
+    });
+  }
+
+  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string): Promise<void> {
+    const record = await this.record(handle.root);
+    const s = await this.remote(record.daytonaId);
+    const p = await this.resolve(s, record.workspace, file);
+    await this.call(`writing ${file}`, () => s.fs.uploadFile(Buffer.isBuffer(content) ? content : Buffer.from(content), p));
+  }
+
+  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<void> {
+    const record = await this.record(handle.root);
+    const s = await this.remote(record.daytonaId);
+    const p = await this.resolve(s, record.workspace, file, false);
+    if (p === record.workspace) throw new PathEscapeError(file, 'the sandbox root itself cannot be deleted');
+    await this.call(`deleting ${file}`, () => s.fs.deleteFile(p)).catch((e: DaytonaProviderError) => {
+      if (e.kind !== 'not_found' && !/no such file/i.test(e.message)) throw e;
+    });
+  }
+
+  private async deleteRemote(daytonaId: string): Promise<void> {
+    this.sandboxes.delete(daytonaId);
+    await this.call('deleting the sandbox', async () => (await this.daytona().get(daytonaId)).delete()).catch((e: DaytonaProviderError) => {
+      if (e.kind !== 'not_found') throw e;
+    });
+  }
+
+  async destroy({ root }: { repository: string; root: string }): Promise<void> {
+    const w = this.where(root);
+    const record = await readJson<DaytonaRecord>(w.recordFile);
+    if (record) await this.deleteRemote(record.daytonaId);
+    await fs.rm(w.recordFile, { force: true });
+    await fs.rm(`${w.root}.rebuild.json`, { force: true });
+    await fs.rmdir(path.dirname(w.root)).catch(() => undefined);
+  }
+
+  async collect(handle: Pick<SandboxHandle, 'root'>, options: { known?: string[]; signal?: AbortSignal } = {}): Promise<{ head: string; imported: boolean }> {
+    const w = this.where(handle.root);
+    const record = await this.record(w.root);
+    const head = await this.head(w.root);
+    if ((await gitMaybe(w.repository, ['cat-file', '-e', `${head}^{commit}`])) !== undefined) {
+      if (!(await isAncestor(w.repository, record.startCommit, head))) throw new BundleRefusedError(`its head ${head} does not descend from the sandbox's base ${record.startCommit}`);
+      await git(w.repository, ['update-ref', '-m', 'slipway: collected from its sandbox', `refs/heads/${record.branch}`, head]);
+      return { head, imported: false };
+    }
+    const tip = await gitMaybe(w.repository, ['rev-parse', '--verify', '--quiet', `refs/heads/${record.branch}^{commit}`]);
+    const known = [...new Set([record.startCommit, tip, ...(options.known ?? [])])].filter((k): k is string => !!k && OBJECT_ID.test(k));
+    const s = await this.remote(record.daytonaId);
+    const remoteBundle = path.posix.join(path.posix.dirname(record.workspace), '.slipway-out', `${randomBytes(6).toString('hex')}.bundle`);
+    const made = await this.exec(handle, { command: '/bin/sh', args: ['-c', `mkdir -p "$(dirname "$1")" && out=$1 && shift && /bin/sh -c "$0" collect "$@" > "$out"`, BUNDLE_HEAD_SCRIPT, remoteBundle, ...known], timeoutMs: 10 * 60_000, signal: options.signal });
+    if (made.exitCode !== 0) throw new Error(`bundling the sandbox's work failed (exit ${made.exitCode}): ${made.stderr.trim()}`);
+    const max = this.options.maxBundleBytes ?? MAX_COLLECT_PACK_BYTES;
+    const size = Number((await this.control(s, 'stat -c %s -- "$1"', [remoteBundle])).output.trim());
+    if (!Number.isFinite(size) || size > max) throw new BundleRefusedError(`it exceeds ${max} bytes`);
+    const local = await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-daytona-'));
+    try {
+      const file = path.join(local, 'work.bundle');
+      await fs.writeFile(file, await this.call('downloading the bundle', () => s.fs.downloadFile(remoteBundle)));
+      // importBundle reads a producer's stdout: here, the downloaded file (still hostile; checked in quarantine).
+      const imported = await importBundle(w.repository, { command: 'cat', args: [file], env: { PATH: SANDBOX_BASE_ENV.PATH }, cwd: local }, { branch: record.branch, baseCommit: record.startCommit, maxBytes: max, signal: options.signal });
+      return { head: imported.head, imported: true };
+    } finally {
+      await fs.rm(local, { recursive: true, force: true });
+      await this.control(s, 'rm -f -- "$1"', [remoteBundle]).catch(() => undefined);
+    }
+  }
+
+  /** A fresh bundle of the repository's branches and tags, fetched inside under refs/slipway/upstream/ (as container sandboxes do). */
+  async bringCommits(handle: Pick<SandboxHandle, 'root'>, commits: string[]): Promise<void> {
+    const w = this.where(handle.root);
+    const record = await this.record(w.root);
+    const s = await this.remote(record.daytonaId);
+    const local = await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-daytona-'));
+    const remoteBundle = path.posix.join(path.posix.dirname(record.workspace), '.slipway-in', 'update.bundle');
+    try {
+      await git(w.repository, ['bundle', 'create', '-q', path.join(local, 'update.bundle'), '--branches', '--tags']);
+      await this.call('uploading the update bundle', async () => s.fs.uploadFile(await fs.readFile(path.join(local, 'update.bundle')), remoteBundle));
+    } finally {
+      await fs.rm(local, { recursive: true, force: true });
+    }
+    const fetch = await this.exec(handle, { command: 'git', args: ['fetch', '-q', '--no-tags', remoteBundle, '+refs/heads/*:refs/slipway/upstream/heads/*', '+refs/tags/*:refs/slipway/upstream/tags/*'], timeoutMs: 10 * 60_000 });
+    if (fetch.exitCode !== 0) throw new Error(`fetching the repository's branches into the sandbox failed (exit ${fetch.exitCode}): ${fetch.stderr.trim()}`);
+    for (const c of commits) {
+      const has = await this.exec(handle, { command: 'git', args: ['cat-file', '-e', `${c}^{commit}`], timeoutMs: 60_000 });
+      if (has.exitCode !== 0) throw new Error(`commit ${c} is on no branch or tag of ${w.repository}: it cannot be brought into the sandbox`);
+    }
+  }
+
+  /** Sandboxes of the repository, found by label (rediscovery after a restart, the janitor). */
+  async list(repository: string) {
+    const repo = await fs.realpath(repository);
+    const out: Array<{ root: string; branch?: string; head: string; sandboxId?: string }> = [];
+    const found = await this.call('listing sandboxes', async () => {
+      const all: Sandbox[] = [];
+      for await (const s of this.daytona().list({ labels: { 'slipway.repository': repositoryLabel(repo) } })) all.push(s);
+      return all;
+    });
+    for (const s of found) {
+      const group = s.labels?.['slipway.group'];
+      const name = s.labels?.['slipway.name'];
+      if (!group || !name || s.state === 'destroyed') continue;
+      const root = daytonaSandboxRoot(repo, group, name);
+      const record = await readJson<DaytonaRecord>(`${root}.json`);
+      if (!record || record.state === 'creating' || record.daytonaId !== s.id) continue;
+      this.sandboxes.set(s.id, s);
+      const head = record.state === 'suspended' && record.suspendedHead ? record.suspendedHead : s.state === 'started' ? await this.head(root).catch(() => record.startCommit) : record.startCommit;
+      out.push({ root, branch: record.branch, head, sandboxId: record.sandboxId });
+    }
+    return out;
+  }
+
+  /** Stops the Daytona sandbox; its disk stays, so restore is a start (processes do not survive). */
+  async suspend(handle: Pick<SandboxHandle, 'root'>): Promise<{ snapshotRef: string; bytes: number }> {
+    const w = this.where(handle.root);
+    const record = await this.record(w.root);
+    const suspendedHead = record.state === 'suspended' ? record.suspendedHead : await this.head(w.root).catch(() => undefined);
+    const s = await this.remote(record.daytonaId, true);
+    if (s.state !== 'stopped') await this.call('stopping the sandbox', () => s.stop());
+    await writeJsonAtomic(w.recordFile, { ...record, state: 'suspended', ...(suspendedHead ? { suspendedHead } : {}) });
+    return { snapshotRef: `daytona:${record.daytonaId}`, bytes: 0 };
+  }
+
+  async restore(handle: Pick<SandboxHandle, 'root'>): Promise<{ root: string; branch?: string; head: string }> {
+    const w = this.where(handle.root);
+    const record = await this.record(w.root);
+    const s = await this.remote(record.daytonaId, true);
+    if (s.state !== 'started') await this.call('starting the sandbox', () => s.start());
+    const head = await this.head(w.root);
+    await writeJsonAtomic(w.recordFile, { ...record, state: 'ready', suspendedHead: undefined });
+    return { root: w.root, branch: record.branch, head };
+  }
+
+  /** Nothing to drop: a suspended Daytona sandbox is the stopped sandbox, which destroy deletes. */
+  async deleteSnapshot(): Promise<void> {}
+
+  /** Polls Daytona's state: a sandbox stopped, archived or deleted outside Slipway is dead, with the reason. */
+  async probe(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness> {
+    const record = await this.record(handle.root);
+    const s = await this.remote(record.daytonaId, true).catch((e: DaytonaProviderError) => {
+      if (e.kind === 'not_found') return undefined;
+      throw e;
+    });
+    if (!s || s.state === 'destroyed' || s.state === 'destroying') return { alive: false, reason: 'sandbox_deleted', detail: `Daytona sandbox ${record.daytonaId} was deleted` };
+    if (s.state === 'started') return { alive: true };
+    if (s.state === 'stopped' && record.state === 'suspended') return { alive: true };
+    if (s.state === 'archived' || s.state === 'archiving') return { alive: false, reason: 'sandbox_archived', detail: `Daytona sandbox ${record.daytonaId} was archived` };
+    if (s.state === 'stopped' || s.state === 'stopping') return { alive: false, reason: 'sandbox_stopped', detail: `Daytona sandbox ${record.daytonaId} was stopped outside Slipway (auto-stop or by hand)` };
+    if (s.state === 'error' || s.state === 'build_failed') return { alive: false, reason: 'sandbox_error', detail: `Daytona sandbox ${record.daytonaId} is in error: ${s.errorReason ?? 'no reason given'}` };
+    return { alive: true };
+  }
+}
