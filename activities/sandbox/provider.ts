@@ -91,6 +91,12 @@ export interface ExecRequest {
    * in the process environment, never in argv. Default true (agents need PATH, HOME, credentials).
    */
   inheritEnv?: boolean;
+  /**
+   * An agent's run: under confinement, HOME is the sandbox's private agent home (sandbox-git.ts
+   * `sandboxAgentHome`, made by Slipway, kept between runs, seen by no other sandbox) instead of
+   * an empty tmpfs per command; any HOME in `env` or the worker's is replaced. Unconfined: no effect.
+   */
+  agentHome?: boolean;
   stdin?: string;
   timeoutMs?: number;
   signal?: AbortSignal;
