@@ -38,7 +38,7 @@ import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
 import { adminDirOf, removeLockedWorktree } from './worktree-admin';
 import { diskImagePath, ensureDiskMounted, isMountPoint, moveOntoNewDisk, mountNewDisk, releaseDisk, requireDiskQuota } from './disk';
-import { adoptSandboxGitWorktree, discardAgentHome, discardSandboxGit, importPack, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox-git';
+import { adoptSandboxGitWorktree, discardAgentHome, discardSandboxGit, importPack, locateWorktree, OBJECT_ID, sandboxAgentHome, trustedWorktreeArgs } from './sandbox-git';
 
 /** The environment of Slipway's own git commands inside a sandbox: nothing of the worker's. */
 export const SLIPWAY_GIT_ENV: Record<string, string> = { ...SANDBOX_BASE_ENV, HOME: '/tmp', GIT_TERMINAL_PROMPT: '0' };
@@ -369,6 +369,13 @@ export class LocalSandboxProvider implements SandboxProvider {
 
   async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
     return execInWorktree(await this.execTarget(handle.root), req);
+  }
+
+  async agentHome(handle: Pick<SandboxHandle, 'root'>): Promise<string | undefined> {
+    const target = await this.execTarget(handle.root);
+    if (!target.confinement || !target.repository) return undefined;
+    const loc = await locateWorktree(target.repository, target.root);
+    return sandboxAgentHome(loc.repository, loc.worktree);
   }
 
   /**

@@ -110,6 +110,8 @@ export interface SandboxProvider {
   readonly kind: string;
   create(request: SandboxCreateRequest): Promise<SandboxHandle>;
   exec(handle: Pick<SandboxHandle, 'root'>, request: ExecRequest): Promise<RunResult>;
+  /** The host path an agent run's HOME is (ExecRequest.agentHome), from Slipway's records, never from the sandbox; undefined when agent runs keep the worker's HOME (unconfined). */
+  agentHome?(handle: Pick<SandboxHandle, 'root'>): Promise<string | undefined>;
   readFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<Buffer>;
   writeFile(handle: Pick<SandboxHandle, 'root'>, path: string, content: Buffer | string): Promise<void>;
   deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<void>;
