@@ -222,7 +222,11 @@ async function runObjective(
   }
   const repo = makeDemoRepo();
   mkdirSync(path.join(repo, '.slipway'), { recursive: true });
-  const env = { HOME: home, SLIPWAY_TEST_MARKER: marker, ...cli.env(home, opts.agentKey ?? key) };
+  const env: Record<string, string> = { HOME: home, SLIPWAY_TEST_MARKER: marker, ...cli.env(home, opts.agentKey ?? key) };
+  // Confined, a CLI with no config files of its own (Claude Code) gets no folder from the test:
+  // its config and sessions go to the agent home Slipway makes (ADR 0011 decision 13), HOME here is replaced.
+  const slipwayHome = opts.confined && !cli.files;
+  if (slipwayHome) delete env.CLAUDE_CONFIG_DIR;
   writeFileSync(path.join(repo, '.slipway', '.env'), Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n') + '\n');
 
   let command = opts.command ?? `unshare --net -- node ${OFFLINE} ${endpoint.socketPath} ${PORT} -- ${path.join(AGENT_BIN, cli.exe)}`;
@@ -233,7 +237,7 @@ async function runObjective(
     // Bound at their real paths (`.tools` may be a link into another checkout).
     const agents = realpathSync(path.dirname(path.dirname(AGENT_BIN)));
     command = `node ${path.join(endpointDir, 'offline.mjs')} ${endpoint.socketPath} ${PORT} -- ${realpathSync(path.join(AGENT_BIN, cli.exe))}`;
-    sandbox = { confinement: 'bubblewrap', network: false, writable: [endpointDir, home], readable: [agents, ...Object.keys(cli.files?.(home) ?? {})] };
+    sandbox = { confinement: 'bubblewrap', network: false, writable: slipwayHome ? [endpointDir] : [endpointDir, home], readable: [agents, ...Object.keys(cli.files?.(home) ?? {})] };
   }
   const agent = { provider, command, ...(cli.model ? { model: cli.model } : {}), completion_grace_seconds: 2 };
   const file = writeObjective({
@@ -395,7 +399,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
         return [binary, ...configs].map((f) => `if touch -c ${f} 2>/dev/null || sh -c 'echo >> ${f}' 2>/dev/null; then echo "wrote ${f}"; exit 3; fi; `).join('');
       };
       const configsBefore = new Map<string, string>();
-      const { endpoint, repo, result } = await runObjective(`bwrap-${provider}`, provider, {
+      const { endpoint, repo, home, result } = await runObjective(`bwrap-${provider}`, provider, {
         confined: true,
         gate: (home) => {
           const script = attack(home);
@@ -411,6 +415,11 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       const runs = result.agentRuns ?? [];
       expect(runs[1].resumed).toBe(runs[0].sessionId);
       expect(endpoint.runs()).toHaveLength(3);
+      if (provider === 'claude-code') {
+        // Its session stayed in Slipway's agent home between runs (an empty tmpfs HOME would lose it), and nothing reached the HOME it was given.
+        expect(runs[1].resumeFailed).toBeUndefined();
+        expect(readdirSync(home)).toEqual([]);
+      }
     },
     360_000,
   );

@@ -189,7 +189,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       const baseline = input.resumeSessionId ? await readSessionTotals(spec.provider, input.resumeSessionId) : undefined;
       const provider = agentProvider(spec.provider, { baseline });
       // A builder's session follows the stream: restored into an agent home that lacks it (session-carry.ts).
-      const agentEnv = { ...process.env, ...env };
+      // Under confinement the agent's HOME is the sandbox's own (ExecRequest.agentHome): its sessions are there.
+      const sandboxHome = await sandboxes.agentHome?.({ root: input.sandboxPath });
+      const agentEnv = { ...process.env, ...env, ...(sandboxHome ? { HOME: sandboxHome } : {}) };
       const carry = (sessionId: string) => {
         const store = role === 'builder' ? sessionStoreDir(input.repository, input.objective.id, input.stream.id, spec.provider, sessionId) : undefined;
         const location = store ? provider.sessionLocation?.(sessionId, { env: agentEnv, home: agentEnv.HOME || os.homedir() }) : undefined;
@@ -308,6 +310,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
               shell: command.shell,
               stdin: command.stdin,
               env: { ...env, ...command.env },
+              agentHome: true,
               signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
               timeoutMs: spec.timeout_minutes * 60_000,
               // Stopped (timeout, idle, cancellation, lingering): SIGTERM first, so the agent can

@@ -7,7 +7,7 @@ import { promises as fs } from 'node:fs';
 import { runProcess, type RunResult } from '../process';
 import path from 'node:path';
 import { bwrapArgs, findExecutable, probeBwrap, requireBwrap, resolveExtraPaths, SANDBOX_WORKSPACE, toSandboxPath, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
-import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree, SANDBOX_GIT_MOUNT } from './sandbox-git';
+import { CONFINED_GIT_ENV, ensureSandboxGit, locateWorktree, SANDBOX_GIT_MOUNT, sandboxAgentHome } from './sandbox-git';
 import { resolveInside } from './paths';
 import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, loopbackResolver, PASTA_DNS_HOST_MISSING, PASTA_MISSING_MESSAGE, pastaHasDnsHost, sandboxResolvConf } from './egress';
 import { limitedCommand, type SandboxLimits } from './limits';
@@ -106,13 +106,21 @@ function commonOptions(req: ExecRequest) {
   return { stdin: req.stdin, timeoutMs: req.timeoutMs, signal: req.signal, killGraceMs: req.killGraceMs, onLine: req.onLine, maxCaptureBytes: req.maxCaptureBytes };
 }
 
+/** The sandbox's agent home, created private (0700) if missing; a link or non-folder there is refused, never followed. */
+async function makeAgentHome(dir: string): Promise<string> {
+  await fs.mkdir(dir, { recursive: true, mode: 0o700 });
+  const st = await fs.lstat(dir);
+  if (!st.isDirectory()) throw new Error(`the sandbox's agent home ${dir} is not a folder`);
+  return dir;
+}
+
 /**
  * The bwrap command line for a request in a confined sandbox, with the sandbox's own git
  * directory in place of the repository's (sandbox-git.ts).
  */
 export async function confinedCommand(
   target: ExecTarget,
-  req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>,
+  req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv' | 'agentHome'>,
   opts: { seccomp?: boolean } = {},
 ): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string; pwd: string; egress?: ReturnType<typeof egressSetup>; seccomp?: { fd: number; program: Buffer } }> {
   const confinement = target.confinement;
@@ -134,6 +142,10 @@ export async function confinedCommand(
     binds: [{ source: sg.gitDir, dest: SANDBOX_GIT_MOUNT }],
     roBinds: [...sg.sharedObjects, { source: sg.gitLink, dest: `${SANDBOX_WORKSPACE}/.git` }],
   };
+  // Made by Slipway (never a path the sandbox chose), bound at its host path so the worker's
+  // session carry (session-carry.ts) names the same files the agent writes.
+  const agentHome = req.agentHome ? await makeAgentHome(sandboxAgentHome(loc.repository, loc.worktree)) : undefined;
+  if (agentHome) layout.binds.push({ source: agentHome, dest: agentHome });
   // Host paths never reach the sandbox (ADR 0006): the worktree's are translated to
   // /workspace, and what still names the repository or Slipway's data (an inherited PWD,
   // INIT_CWD, npm_* of a worker started in the repository) means nothing inside and is dropped.
@@ -156,6 +168,7 @@ export async function confinedCommand(
   Object.assign(env, CONFINED_GIT_ENV);
   // True here: bubblewrap confines the command (Claude Code needs it for bypassPermissions as root).
   env.IS_SANDBOX = '1';
+  if (agentHome) env.HOME = agentHome;
   const inner = (req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])]).map((a) => toSandboxPath(roots, a));
   const inside = path.posix.join(SANDBOX_WORKSPACE, path.relative(loc.worktree, cwd).split(path.sep).join('/'));
   // Network on: egress only, through pasta (egress.ts); without pasta, the host's network.

@@ -41,7 +41,7 @@ import { runProjectSetup, type SetupResult } from './setup';
 import { usableTemplate, type TemplateManifest } from './template';
 import { adminDirOf, removeLockedWorktree } from './worktree-admin';
 import { diskImagePath, ensureDiskMounted, isMountPoint, moveOntoNewDisk, mountNewDisk, releaseDisk, requireDiskQuota } from './disk';
-import { adoptSandboxGitWorktree, discardSandboxGit, importPack, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox-git';
+import { adoptSandboxGitWorktree, discardAgentHome, discardSandboxGit, importPack, locateWorktree, OBJECT_ID, sandboxAgentHome, trustedWorktreeArgs } from './sandbox-git';
 
 /** The environment of Slipway's own git commands inside a sandbox: nothing of the worker's. */
 export const SLIPWAY_GIT_ENV: Record<string, string> = { ...SANDBOX_BASE_ENV, HOME: '/tmp', GIT_TERMINAL_PROMPT: '0' };
@@ -223,6 +223,7 @@ export class LocalSandboxProvider implements SandboxProvider {
         await git(root, [...trustedWorktreeArgs(loc), 'symbolic-ref', '-m', `checkout: moving from ${baseCommit} to ${req.branch}`, 'HEAD', `refs/heads/${req.branch}`]);
         // The entry's setup ran in a git directory of its own; the sandbox starts a fresh one.
         await discardSandboxGit(repo, root);
+        await discardAgentHome(repo, root);
         await writeRecord(recordFile, { ...base, state: 'ready', origin: 'pool', poolEntry: claimed.id, ...(claimed.template ? { template: claimed.template } : {}) });
         this.scheduleFill(repo, poolSpec(source), poolSize);
         return {
@@ -255,6 +256,7 @@ export class LocalSandboxProvider implements SandboxProvider {
     });
     // A sandbox made again at this place starts with a fresh private git directory.
     await discardSandboxGit(repo, root);
+    await discardAgentHome(repo, root);
     let ignoredCopy: SandboxHandle['ignoredCopy'];
     const copied = await populateWorktree({
       repo,
@@ -384,6 +386,13 @@ export class LocalSandboxProvider implements SandboxProvider {
     return connectSandboxPort(target.root, port);
   }
 
+  async agentHome(handle: Pick<SandboxHandle, 'root'>): Promise<string | undefined> {
+    const target = await this.execTarget(handle.root);
+    if (!target.confinement || !target.repository) return undefined;
+    const loc = await locateWorktree(target.repository, target.root);
+    return sandboxAgentHome(loc.repository, loc.worktree);
+  }
+
   /**
    * Where and how a command runs: the sandbox's confinement from Slipway's record (combined with
    * the provider's own), the branch it may move from the record and the repository, never from
@@ -430,6 +439,7 @@ export class LocalSandboxProvider implements SandboxProvider {
     // own (sandbox-controlled) `.git` file and could run git in it.
     await removeLockedWorktree(repo, root);
     await discardSandboxGit(repo, path.resolve(root));
+    await discardAgentHome(repo, path.resolve(root));
     // Remove the group folder once its last sandbox is gone.
     await fs.rmdir(path.dirname(root)).catch(() => undefined);
     const parsed = parseSandboxRoot(path.resolve(root));

@@ -98,6 +98,12 @@ export interface ExecRequest {
    * in the process environment, never in argv. Default true (agents need PATH, HOME, credentials).
    */
   inheritEnv?: boolean;
+  /**
+   * An agent's run: under confinement, HOME is the sandbox's private agent home (sandbox-git.ts
+   * `sandboxAgentHome`, made by Slipway, kept between runs, seen by no other sandbox) instead of
+   * an empty tmpfs per command; any HOME in `env` or the worker's is replaced. Unconfined: no effect.
+   */
+  agentHome?: boolean;
   stdin?: string;
   timeoutMs?: number;
   signal?: AbortSignal;
@@ -159,6 +165,8 @@ export interface SandboxProvider {
   exec(handle: Pick<SandboxHandle, 'root'>, request: ExecRequest): Promise<RunResult>;
   /** Starts an interactive process under the same confinement, limits and environment rules as exec. */
   openSession(handle: Pick<SandboxHandle, 'root'>, request: SessionRequest): Promise<SandboxSession>;
+  /** The host path an agent run's HOME is (ExecRequest.agentHome), from Slipway's records, never from the sandbox; undefined when agent runs keep the worker's HOME (unconfined). */
+  agentHome?(handle: Pick<SandboxHandle, 'root'>): Promise<string | undefined>;
   readFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<Buffer>;
   writeFile(handle: Pick<SandboxHandle, 'root'>, path: string, content: Buffer | string): Promise<void>;
   deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<void>;

@@ -56,6 +56,9 @@ export class SandboxProviders implements SandboxProvider {
     if (!p.connectPort) throw new PortUnreachableError(port, `the ${p.kind} provider cannot reach a sandbox's ports yet`);
     return p.connectPort(handle, port);
   }
+  async agentHome(handle: Pick<SandboxHandle, 'root'>) {
+    return this.owner(handle.root).agentHome?.(handle);
+  }
   readFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
     return this.owner(handle.root).readFile(handle, file);
   }

@@ -237,6 +237,22 @@ export async function discardSandboxGit(repository: string, worktree: string): P
 }
 
 /**
+ * The sandbox's private agent home under confinement: beside its git state, outside the
+ * worktree, so nothing the agent keeps there (sessions, caches) lands in its work or in the
+ * worker's own home; it lives and dies with the sandbox (not with its git state, which a merge
+ * may start afresh).
+ */
+export function sandboxAgentHome(repository: string, worktree: string): string {
+  return `${sandboxGitDir(repository, worktree)}.home`;
+}
+
+export async function discardAgentHome(repository: string, worktree: string): Promise<void> {
+  const top = path.join(repository, SLIPWAY_DIR, 'git');
+  const dir = sandboxAgentHome(repository, worktree);
+  if (isInside(top, dir)) await fs.rm(dir, { recursive: true, force: true });
+}
+
+/**
  * After a restore registered the worktree again, possibly under another id: the sandbox's own
  * record of it (HEAD, index, an in-progress merge) moves to that id, so nothing of it is lost.
  */

@@ -19,6 +19,8 @@ import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { DENIED_SYSCALLS } from '../../activities/sandbox/seccomp';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
+import { isInside } from '../../activities/sandbox/paths';
+import { sandboxAgentHome } from '../../activities/sandbox/sandbox-git';
 import { exists, gitIn, makeRepo, processesWith, sandboxRequest, sh, snapshotCheckout, tempDir, waitFor } from './helpers';
 
 const INTEGRATION = 'slipway/obj/integration';
@@ -356,5 +358,68 @@ describe('a hostile agent in a confined stream sandbox', () => {
     gitIn(repo, 'update-ref', `refs/heads/${merger.branch}`, tip);
     const merged = await activities.mergeStream({ mergerPath: merger.root, branch: h.branch, headCommit: head, message: 'merge', expectedTip: tip });
     expect(merged.status).toBe('merged');
+  });
+});
+
+describe('the agent home Slipway makes for a confined sandbox', () => {
+  beforeAll(() => {
+    if (!findExecutable('bwrap')) throw new Error(`the containment suite needs bubblewrap: ${BWRAP_MISSING_MESSAGE}`);
+  });
+
+  it("an agent run's HOME is the sandbox's own, made by Slipway outside the worktree and kept between runs; the host's home and the agent's binary stay unwritten; another sandbox cannot read it", async () => {
+    // A stand-in for the worker's home (bwrap hides $HOME) and an agent CLI bound read-only.
+    const parent = tempDir('agent-home');
+    const { repo } = makeRepo(parent);
+    const req = (label: string) => sandboxRequest(repo, label);
+    const hostHome = path.join(parent, 'host-home');
+    await fs.mkdir(hostHome);
+    await fs.writeFile(path.join(hostHome, '.bashrc'), 'HOST-HOME-FILE');
+    const cli = path.join(parent, 'agent-cli');
+    await fs.mkdir(cli);
+    await fs.writeFile(path.join(cli, 'agent'), '#!/bin/sh\necho AGENT-BINARY\n', { mode: 0o755 });
+    const withCli = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false, readable: [cli] }, backgroundFill: false });
+    const saved = process.env.HOME;
+    process.env.HOME = hostHome;
+    try {
+      const a = await withCli.create(req('home-a'));
+      const b = await withCli.create(req('home-b'));
+      // HOME in the agent's env (a user's .slipway/.env) does not win: the agent home does.
+      const agent = (handle: SandboxHandle, command: string) => withCli.exec(handle, { command, shell: true, agentHome: true, env: { HOME: hostHome } });
+      const first = await agent(a, [
+        'echo "$HOME"',
+        'echo SESSION-A > "$HOME/session"',
+        `echo pwned >> '${hostHome}/.bashrc'`,
+        `echo pwned > '${hostHome}/planted'`,
+        `echo pwned > '${cli}/agent'`,
+        `'${cli}/agent'`,
+        'true',
+      ].join('; '));
+      const agentHome = first.stdout.split('\n')[0]!;
+      expect(agentHome).toBe(sandboxAgentHome(repo, await fs.realpath(a.root)));
+      expect(isInside(await fs.realpath(a.root), agentHome)).toBe(false);
+      expect(first.stdout).toContain('AGENT-BINARY');
+      // On the host, beside the sandbox's state, and still there for the next run.
+      expect(await fs.readFile(path.join(agentHome, 'session'), 'utf8')).toBe('SESSION-A\n');
+      expect((await fs.stat(agentHome)).mode & 0o077).toBe(0);
+      expect((await agent(a, 'cat "$HOME/session"')).stdout).toBe('SESSION-A\n');
+      expect(await fs.readFile(path.join(hostHome, '.bashrc'), 'utf8')).toBe('HOST-HOME-FILE');
+      expect(await exists(path.join(hostHome, 'planted'))).toBe(false);
+      expect(await fs.readFile(path.join(cli, 'agent'), 'utf8')).toBe('#!/bin/sh\necho AGENT-BINARY\n');
+      // The other sandbox has a home of its own, empty, and cannot reach the first one's.
+      const other = await agent(b, `echo "$HOME"; ls -A "$HOME" | wc -l; cat '${agentHome}/session' 2>&1; ls '${path.dirname(agentHome)}' 2>&1; true`);
+      const [otherHome, count] = other.stdout.split('\n');
+      expect(otherHome).not.toBe(agentHome);
+      expect(count).toBe('0');
+      expect(other.stdout).not.toContain('SESSION-A');
+      // A command that is not an agent run (a gate) gets the empty private tmpfs as before.
+      expect((await withCli.exec(a, { command: 'cat "$HOME/session" 2>/dev/null; true', shell: true })).stdout).not.toContain('SESSION-A');
+      await withCli.destroy({ repository: repo, root: a.root });
+      await withCli.destroy({ repository: repo, root: b.root });
+      expect(await exists(agentHome)).toBe(false);
+      expect(await exists(otherHome!)).toBe(false);
+    } finally {
+      process.env.HOME = saved;
+      await fs.rm(parent, { recursive: true, force: true });
+    }
   });
 });
