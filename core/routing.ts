@@ -40,3 +40,35 @@ export const MAX_SANDBOX_REPLACEMENTS = 3;
 export function afterOwnerGone(replacementsSoFar: number): 'recreate' | 'give_up' {
   return replacementsSoFar < MAX_SANDBOX_REPLACEMENTS ? 'recreate' : 'give_up';
 }
+
+/**
+ * Largest file body or exec output a service call may carry through a remote owner: it travels
+ * in activity inputs/results, i.e. in history, which Temporal caps at 2 MB per payload.
+ */
+export const REMOTE_OWNER_PAYLOAD_LIMIT_BYTES = 1024 * 1024;
+
+export type ServiceCallKind = 'exec' | 'file' | 'stream';
+
+export type ServiceCallRoute =
+  | { kind: 'direct' }
+  | { kind: 'owner'; owner: string }
+  | { kind: 'refuse'; status: 413 | 501; code: string; message: string };
+
+/**
+ * Where the sandbox service runs an exec or file call (docs/adr/0013-worker-ownership.md,
+ * "Sandbox service calls"): on the API's own host when it owns the sandbox (or any host can reach
+ * it), else on the owner. Streams (sessions, SSH, preview) cannot go through history and are
+ * refused for remote owners; so are file bodies over the payload limit.
+ */
+export function serviceCallRoute(input: { owner: string | undefined; localWorkerId: string | undefined; call: ServiceCallKind; bytes?: number; limitBytes?: number }): ServiceCallRoute {
+  const { owner, localWorkerId, call } = input;
+  if (!owner || owner === ANY_OWNER || owner === localWorkerId) return { kind: 'direct' };
+  if (call === 'stream') {
+    return { kind: 'refuse', status: 501, code: 'remote_owner_stream', message: `the sandbox is held by worker "${owner}" on another host; sessions, SSH and previews run only on the owner's host` };
+  }
+  const limit = input.limitBytes ?? REMOTE_OWNER_PAYLOAD_LIMIT_BYTES;
+  if (call === 'file' && input.bytes !== undefined && input.bytes > limit) {
+    return { kind: 'refuse', status: 413, code: 'file_too_large', message: `the file is ${input.bytes} bytes, over the limit of ${limit} bytes for a sandbox held by worker "${owner}" on another host` };
+  }
+  return { kind: 'owner', owner };
+}
