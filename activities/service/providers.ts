@@ -3,6 +3,7 @@
  * the API (exec and files run straight against the provider) and the worker (lifecycle).
  */
 import { ContainerSandboxProvider } from '../sandbox/container';
+import { DaytonaSandboxProvider, type DaytonaProviderOptions } from '../sandbox/daytona';
 import { LocalSandboxProvider } from '../sandbox/local';
 import type { SandboxProvider } from '../sandbox/provider';
 import type { SandboxPolicy } from '../../core/sandbox-service';
@@ -10,7 +11,8 @@ import type { SandboxPolicy } from '../../core/sandbox-service';
 export type ProviderPolicy = Pick<SandboxPolicy, 'provider' | 'confinement' | 'network' | 'copyIgnored' | 'limits'>;
 export type ProviderFor = (policy: ProviderPolicy) => SandboxProvider;
 
-export function defaultProviderFor(): ProviderFor {
+/** `daytona`: connection settings for daytona profiles (default: DAYTONA_* from the worker's environment). */
+export function defaultProviderFor(options: { daytona?: DaytonaProviderOptions } = {}): ProviderFor {
   const cache = new Map<string, SandboxProvider>();
   return (policy) => {
     const key = `${policy.provider}:${policy.confinement}:${policy.network}:${policy.copyIgnored}:${JSON.stringify(policy.limits ?? {})}`;
@@ -18,6 +20,11 @@ export function defaultProviderFor(): ProviderFor {
     if (!provider && (policy.provider === 'podman' || policy.provider === 'docker')) {
       // The container is the confinement: a profile's bubblewrap setting does not apply to it.
       provider = new ContainerSandboxProvider({ engine: policy.provider, defaults: { network: policy.network, ...(policy.limits ? { limits: policy.limits } : {}) } });
+      cache.set(key, provider);
+    }
+    if (!provider && policy.provider === 'daytona') {
+      // Daytona's sandbox is the confinement; the key stays in the worker (never in the profile or history).
+      provider = new DaytonaSandboxProvider(options.daytona ?? { snapshot: process.env.DAYTONA_SNAPSHOT });
       cache.set(key, provider);
     }
     if (!provider) {

@@ -179,7 +179,7 @@ export function registerAccountCommands(program: Command): void {
     .requiredOption('--account <id>', 'account')
     .requiredOption('--repo <path>', 'repository each sandbox is a worktree of (local provider)')
     .option('--base <ref>', 'branch or commit sandboxes start from', 'HEAD')
-    .option('--provider <kind>', 'local (worktrees), podman or docker (one container per sandbox, ADR 0012)', 'local')
+    .option('--provider <kind>', 'local (worktrees), podman or docker (one container per sandbox, ADR 0012), daytona (one Daytona sandbox each, ADR 0019; the worker needs DAYTONA_API_KEY)', 'local')
     .option('--platform <platform>', 'linux or macos', 'linux')
     .option('--resources <json>', 'enforced under bubblewrap: {"cpu":2,"memory_mb":4096,"processes":256,"file_size_mb":1024,"disk_mb":8192} (memory_gb also accepted)', '{}')
     .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positive('--idle-seconds'))
@@ -207,7 +207,7 @@ export function registerAccountCommands(program: Command): void {
         throw new CliError(`--resources: ${(e as Error).message}`);
       }
       if (!(SERVICE_PROVIDERS as readonly string[]).includes(opts.provider)) throw new CliError(`--provider must be one of ${SERVICE_PROVIDERS.join(', ')}`);
-      if (opts.provider !== 'local' && opts.warm) throw new CliError('--warm: container profiles have no warm pool');
+      if (opts.provider !== 'local' && opts.warm) throw new CliError('--warm: container and daytona profiles have no warm pool');
       if (!['linux', 'macos'].includes(opts.platform)) throw new CliError('--platform must be linux or macos');
       if (!['none', 'bubblewrap'].includes(opts.confinement)) throw new CliError('--confinement must be none or bubblewrap');
       if (opts.provider === 'local' && opts.confinement === 'none' && !opts.allowUnconfined) {
