@@ -20,6 +20,7 @@
 import { ApplicationFailure, sleep } from '@temporalio/workflow';
 import type { AgentRunInput, AgentRunResult } from '../activities';
 import type { AgentRunRecord } from '../core/types';
+import type { RunAllowance } from '../core/budget';
 import { agentActivities, type RetrySpec } from './activity-options';
 import { rootCause } from './failure-info';
 import { rateLimitWaitMs } from './stream-interpreter';
@@ -51,9 +52,11 @@ export interface AgentLoopOptions {
   onRun(run: AgentRunResult, record: AgentRunRecord): Promise<void>;
   /** Asked before every run: a reason the run may not start (the budget is spent), or undefined. */
   beforeRun?: () => string | undefined;
+  /** Asked before every run under `budget.hard_limit`: what the run may spend before it is stopped. */
+  allowance?: () => RunAllowance | undefined;
 }
 
-export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun }: AgentLoopOptions): Promise<AgentLoopOutcome> {
+export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun, allowance }: AgentLoopOptions): Promise<AgentLoopOutcome> {
   const { spec } = input;
   const acts = agentActivities(spec.timeout_minutes, retry);
   let runs = 0;
@@ -62,7 +65,8 @@ export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun
     const held = beforeRun?.();
     if (held !== undefined) return { ok: false, summary: held, kind: 'budget_exhausted' };
     const resumed = state.outputError !== undefined ? state.retrySessionId : state.agentIteration === 1 ? input.resumeSessionId : undefined;
-    const run = await acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError });
+    const allowed = allowance?.();
+    const run = await acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError, ...(allowed ? { allowance: allowed } : {}) });
     runs += 1;
     const record: AgentRunRecord = {
       at: new Date().toISOString(),
@@ -88,6 +92,8 @@ export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun
       ended: run.ended,
     };
     await onRun(run, record);
+    // Stopped at the hard limit: its usage is counted (onRun); after a raise the step runs it again.
+    if (run.budgetStopped !== undefined) return { ok: false, summary: run.budgetStopped, kind: 'budget_exhausted' };
     if (run.outputError !== undefined) {
       if (state.outputRetries >= spec.max_output_retries) {
         return { ok: false, summary: `the ${input.role} gave no usable answer in ${state.outputRetries + 1} tries (max_output_retries: ${spec.max_output_retries}): ${run.outputError}` };

@@ -38,7 +38,7 @@ import { sandboxWorkflowId, streamBranch, streamSandboxId, streamSandboxWorkflow
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
 import type { StreamPhase } from '../core/states';
 import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
-import { streamBudgetBlock, type StreamBudget, type StreamBudgetUpdate } from '../core/budget';
+import { runAllowance, streamBudgetBlock, type StreamBudget, type StreamBudgetUpdate } from '../core/budget';
 import {
   emptyTotals,
   type BlockedInfo,
@@ -363,7 +363,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           step: step.id,
           retry: retryFor(bp, step),
           state: loop,
-          ...(budgetWaived ? {} : { beforeRun: budgetHold }),
+          ...(budgetWaived ? {} : { beforeRun: budgetHold, allowance: () => runAllowance(budget, stream.id, status.usage) }),
           onRun: async (run, record) => {
             addUsage(run);
             (status.agentRuns ??= []).push(record);
