@@ -243,7 +243,7 @@ describe('budget guardrail', () => {
     expect(run.events().some((e) => e.call === 1 && (e.event === 'finished' || e.n === 3))).toBe(false);
 
     const stopped = await run.status();
-    expect(stopped.agentRuns).toEqual([expect.objectContaining({ stream: 'greet', role: 'builder', inputTokens: 1600, outputTokens: 400 })]);
+    expect(stopped.agentRuns).toEqual([expect.objectContaining({ stream: 'greet', role: 'builder', inputTokens: 1600, outputTokens: 400, result: 'budget_stopped' })]);
     expect(stopped.usage).toMatchObject({ runs: 1, inputTokens: 1600, outputTokens: 400 });
 
     const raised = await slipway(['budget', 'raise', id, '--stream', 'greet', '--tokens', '100000'], cliEnv);
@@ -255,5 +255,26 @@ describe('budget guardrail', () => {
     expect(result.usage.runs).toBe(2);
     expect(result.usage.inputTokens).toBe((result.agentRuns ?? []).reduce((sum, r) => sum + r.inputTokens, 0));
     expect(result.ledger.map((e) => [e.stream, e.kind, e.result])).toEqual([['greet', 'budget_exhausted', 'blocked']]);
+  }, 240_000);
+
+  it('hard_limit with a usd limit and only tokens reported: the price table estimates the cost mid-run; on_exhausted: fail fails the stream', async () => {
+    const turn = { usage: { input: 800, output: 200 } }; // at $2 in / $8 out per million: $0.0032 a turn
+    const run = await start(
+      'budget-hard-usd',
+      {
+        agents: { builder: { provider: 'codex', command: `node ${FAKE} --format codex`, model: 'house-model', max_iterations: 1 } },
+        streams: [{ id: 'greet', task: 'add greet' }],
+        budget: { stream: { usd: 0.005 }, hard_limit: true, on_exhausted: 'fail' },
+      },
+      { 'builder:greet': [{ turns: [turn, turn, turn] }] },
+      'prices:\n  house-model: { input: 2, output: 8 }\n',
+    );
+    writeFileSync(path.join(run.dir, 'turn-1.go'), '');
+    const result = await run.result();
+    expect(result.outcome).toBe('failed');
+    expect(result.streams[0]).toMatchObject({ phase: 'failed', failure: { kind: 'budget_exhausted', summary: 'stream greet reached its budget during this run ($0.0064 of the $0.0050 left); the run was stopped (hard_limit)' } });
+    expect(run.events().filter((e) => e.event === 'turn').map((e) => e.n)).toEqual([1, 2]);
+    expect(result.agentRuns).toEqual([expect.objectContaining({ inputTokens: 1600, outputTokens: 400, estimated: true, result: 'budget_stopped' })]);
+    expect(result.usage.costUsd).toBeCloseTo(0.0064, 12);
   }, 240_000);
 });

@@ -88,7 +88,7 @@ export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun
       ...(run.usage.estimated ? { estimated: true as const } : {}),
       toolCalls: run.toolCalls,
       durationMs: run.durationMs,
-      result: run.outputError ? 'invalid_output' : run.completionSignal ? 'signalled' : 'finished',
+      result: run.budgetStopped !== undefined ? 'budget_stopped' : run.outputError ? 'invalid_output' : run.completionSignal ? 'signalled' : 'finished',
       ended: run.ended,
     };
     await onRun(run, record);

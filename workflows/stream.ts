@@ -372,7 +372,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
               const runNote = spec.max_iterations > 1 ? `, run ${record.agentIteration}` : '';
               await git.commitWork({ path: box.path, message: `slipway(${stream.id}): iteration ${status.iteration}${runNote}\n\n${stream.task}` });
             }
-            const ending = record.result === 'signalled' ? '; completion signal' : record.result === 'invalid_output' ? '; answer unusable' : '';
+            const ending = record.result === 'signalled' ? '; completion signal' : record.result === 'invalid_output' ? '; answer unusable' : record.result === 'budget_stopped' ? '; stopped at the budget (hard_limit)' : '';
             const text = `${step.role} run ${record.agentIteration}/${record.maxIterations} (${spec.provider}): ${formatUsage(record)}${ending}`;
             setCurrentDetails(`**${status.phase}** at step \`${step.id}\`${status.iteration ? ` (iteration ${status.iteration})` : ''} — ${text}\n\nStream usage: ${formatTotals(status.usage)}`);
             await emit(text, { agentRun: record });
