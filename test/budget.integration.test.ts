@@ -213,11 +213,11 @@ describe('budget guardrail', () => {
 
   it('hard_limit: a run in flight is stopped once its reported usage reaches the allowance, its usage so far is the spend, the stream blocks, a raise lets it go on', async () => {
     const id = 'budget-hard';
-    const turn = { usage: { input: 800, output: 200 } }; // 1,000 tokens a turn
+    const turn = { usage: { input: 800, output: 200, cost: 0.01 } }; // 1,000 tokens a model call
     const run = await start(
       id,
       {
-        agents: { builder: { provider: 'codex', command: `node ${FAKE} --format codex`, max_iterations: 1 } },
+        agents: { builder: { provider: 'opencode', command: `node ${FAKE} --format opencode`, max_iterations: 1 } },
         streams: [{ id: 'greet', task: 'add greet' }],
         budget: { stream: { tokens: 1500 }, hard_limit: true },
       },
@@ -243,8 +243,9 @@ describe('budget guardrail', () => {
     expect(run.events().some((e) => e.call === 1 && (e.event === 'finished' || e.n === 3))).toBe(false);
 
     const stopped = await run.status();
-    expect(stopped.agentRuns).toEqual([expect.objectContaining({ stream: 'greet', role: 'builder', inputTokens: 1600, outputTokens: 400, result: 'budget_stopped' })]);
+    expect(stopped.agentRuns).toEqual([expect.objectContaining({ stream: 'greet', role: 'builder', inputTokens: 1600, outputTokens: 400, costUsd: 0.02, result: 'budget_stopped' })]);
     expect(stopped.usage).toMatchObject({ runs: 1, inputTokens: 1600, outputTokens: 400 });
+    expect(stopped.usage.costUsd).toBeCloseTo(0.02, 12);
 
     const raised = await slipway(['budget', 'raise', id, '--stream', 'greet', '--tokens', '100000'], cliEnv);
     expect(raised.code, raised.stderr).toBe(0);
@@ -258,11 +259,11 @@ describe('budget guardrail', () => {
   }, 240_000);
 
   it('hard_limit with a usd limit and only tokens reported: the price table estimates the cost mid-run; on_exhausted: fail fails the stream', async () => {
-    const turn = { usage: { input: 800, output: 200 } }; // at $2 in / $8 out per million: $0.0032 a turn
+    const turn = { usage: { input: 800, output: 200 } }; // no cost reported; at $2 in / $8 out per million: $0.0032 a model call
     const run = await start(
       'budget-hard-usd',
       {
-        agents: { builder: { provider: 'codex', command: `node ${FAKE} --format codex`, model: 'house-model', max_iterations: 1 } },
+        agents: { builder: { provider: 'opencode', command: `node ${FAKE} --format opencode`, model: 'house/house-model', max_iterations: 1 } },
         streams: [{ id: 'greet', task: 'add greet' }],
         budget: { stream: { usd: 0.005 }, hard_limit: true, on_exhausted: 'fail' },
       },

@@ -273,7 +273,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
             usage.cachedTokens = (usage.cachedTokens ?? 0) + (event.cachedTokens ?? 0);
             if (event.costUsd !== undefined) usage.costUsd = (usage.costUsd ?? 0) + event.costUsd;
             if (input.allowance && budgetStopped === undefined) {
-              // Tokens only (codex): the price table's estimate stands in for the cost.
+              // Tokens but no cost reported: the price table's estimate stands in for it.
               const costUsd = usage.costUsd ?? (spec.price ? estimateCostUsd(usage, spec.price) : undefined);
               budgetStopped = allowanceUsed(input.allowance, { ...usage, costUsd });
               if (budgetStopped !== undefined) stop.abort();
