@@ -13,12 +13,15 @@ export interface BudgetSpec {
   objective?: BudgetLimit;
   stream?: BudgetLimit;
   onExhausted: 'block' | 'fail';
+  /** `hard_limit: true`: a run in flight is stopped when the stream's limit is reached. Absent: it finishes. */
+  hardLimit?: true;
 }
 
 /** What a stream knows of its budget: its own limit, and whether the objective's is spent. */
 export interface StreamBudget {
   limit?: BudgetLimit;
   onExhausted: 'block' | 'fail';
+  hardLimit?: true;
   /** Set by the objective (in the input, then by signal) while the objective's limit is spent: why. */
   objectiveExhausted?: string;
 }
@@ -42,7 +45,7 @@ export interface ObjectiveBudget extends BudgetSpec {
 /** What a stream is told of the budget when it starts. */
 export function streamBudgetOf(budget: ObjectiveBudget, streamId: string): StreamBudget {
   const limit = budget.streams?.[streamId] ?? budget.stream;
-  return { ...(limit ? { limit } : {}), onExhausted: budget.onExhausted, ...(budget.objectiveExhausted ? { objectiveExhausted: budget.objectiveExhausted } : {}) };
+  return { ...(limit ? { limit } : {}), onExhausted: budget.onExhausted, ...(budget.hardLimit ? { hardLimit: true as const } : {}), ...(budget.objectiveExhausted ? { objectiveExhausted: budget.objectiveExhausted } : {}) };
 }
 
 /** A raise asked for with `slipway budget raise`: new limits, not increments. */
@@ -59,7 +62,7 @@ export const spentTokens = (t: Pick<TokenTotals, 'inputTokens' | 'outputTokens'>
 /** The resolved budget of a file's `budget:` section; undefined when it sets no limit. */
 export function budgetSpec(config: BudgetConfig | undefined): BudgetSpec | undefined {
   if (!config || (!config.objective && !config.stream)) return undefined;
-  return { ...(config.objective ? { objective: config.objective } : {}), ...(config.stream ? { stream: config.stream } : {}), onExhausted: config.on_exhausted ?? 'block' };
+  return { ...(config.objective ? { objective: config.objective } : {}), ...(config.stream ? { stream: config.stream } : {}), onExhausted: config.on_exhausted ?? 'block', ...(config.hard_limit ? { hardLimit: true as const } : {}) };
 }
 
 /**
@@ -110,4 +113,43 @@ export function raisedLimit(limit: BudgetLimit | undefined, raise: BudgetRaise):
 /** `$1.00 / 200,000 tokens` for messages. */
 export function formatLimit(limit: BudgetLimit): string {
   return [limit.usd !== undefined ? formatCost(limit.usd) : undefined, limit.tokens !== undefined ? `${formatCount(limit.tokens)} tokens` : undefined].filter(Boolean).join(' / ');
+}
+
+/** What one agent run may still spend before a hard limit stops it (the run activity's input). */
+export interface RunAllowance {
+  usd?: number;
+  tokens?: number;
+  /** Whose limit it is, for the stop's wording (`stream api`). */
+  whose: string;
+}
+
+/**
+ * The allowance of a stream's next run under `hard_limit`: its limit less what it spent, figure by
+ * figure; undefined without a hard limit. The objective's limit is not in it: a stream learns of
+ * the objective's spend only when that limit is reached (ADR 0017, 3), never its remainder.
+ */
+export function runAllowance(budget: StreamBudget | undefined, streamId: string, spent: TokenTotals): RunAllowance | undefined {
+  if (!budget?.hardLimit || !budget.limit) return undefined;
+  const { usd, tokens } = budget.limit;
+  return {
+    ...(usd !== undefined ? { usd: Math.max(0, usd - spent.costUsd) } : {}),
+    ...(tokens !== undefined ? { tokens: Math.max(0, tokens - spentTokens(spent)) } : {}),
+    whose: `stream ${streamId}`,
+  };
+}
+
+/**
+ * Why a run's usage so far has used up its allowance (at or above it), or undefined. `costUsd`
+ * is what the agent reported, else the caller's estimate from the price table; unknown cost
+ * holds no USD allowance.
+ */
+export function allowanceUsed(allowance: RunAllowance | undefined, used: { inputTokens: number; outputTokens: number; costUsd?: number }): string | undefined {
+  if (!allowance) return undefined;
+  if (allowance.usd !== undefined && used.costUsd !== undefined && used.costUsd >= allowance.usd) {
+    return `${allowance.whose} reached its budget during this run (${formatCost(used.costUsd)} of the ${formatCost(allowance.usd)} left); the run was stopped (hard_limit)`;
+  }
+  if (allowance.tokens !== undefined && spentTokens(used) >= allowance.tokens) {
+    return `${allowance.whose} reached its budget during this run (${formatCount(spentTokens(used))} of the ${formatCount(allowance.tokens)} tokens left); the run was stopped (hard_limit)`;
+  }
+  return undefined;
 }

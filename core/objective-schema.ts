@@ -229,6 +229,8 @@ export const BudgetSchema = z
     /** For each stream on its own. */
     stream: BudgetLimitSchema,
     on_exhausted: z.enum(['block', 'fail']),
+    /** Stop an agent run in flight once its stream's limit is reached (default: the run finishes). */
+    hard_limit: z.boolean(),
   })
   .partial();
 export type BudgetConfig = z.infer<typeof BudgetSchema>;

@@ -237,7 +237,8 @@ export interface AgentRunRecord {
   toolCalls: number;
   durationMs: number;
   /** `signalled`: the output held a completion signal; `invalid_output`: its structured answer did not validate. */
-  result: 'finished' | 'signalled' | 'invalid_output';
+  /** `budget_stopped`: stopped at its stream's allowance (`budget.hard_limit`); its usage so far counts. */
+  result: 'finished' | 'signalled' | 'invalid_output' | 'budget_stopped';
   /** `grace_killed`: its process group was killed once the grace period after its completion signal or final result ran out. */
   ended: 'exited' | 'grace_killed';
 }

@@ -4,7 +4,7 @@
  * 1,200 tokens a fresh run). What is asserted is what the agent really did: the fake logs every
  * start, so "the run did not start" is a count of its calls, not a workflow's say-so.
  */
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { WorkflowUpdateFailedError } from '@temporalio/client';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
@@ -58,7 +58,12 @@ async function start(id: string, spec: Record<string, unknown>, plan: Record<str
   };
   const status = () => handle.query(objectiveStatusQuery);
   const blocked = (stream: string) => waitFor(async () => (await status()).streams.find((s) => s.id === stream && s.blocked), `stream ${stream} blocked`, 120_000);
-  return { handle, calls, status, blocked, result: () => handle.result() as Promise<ObjectiveResult> };
+  /** The fake agent's log lines after its `start` ones (`turn`, `finished`, ...). */
+  const events = () => {
+    const log = path.join(path.dirname(file), 'fake-calls.jsonl');
+    return existsSync(log) ? readFileSync(log, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as { key: string; event: string; call: number; n?: number; pid: number }) : [];
+  };
+  return { handle, calls, events, dir: path.dirname(file), status, blocked, result: () => handle.result() as Promise<ObjectiveResult> };
 }
 
 const helper = (name: string) => ({ [`src/${name}.js`]: `module.exports = { ${name}: (x) => x };\n` });
@@ -205,4 +210,72 @@ describe('budget guardrail', () => {
     expect(status.stdout).toMatch(/greet\s+merged.*cost=~\$0\.0155 \(estimated\)/);
     expect(status.stdout).toContain('builder (codex house-model): 1,000 in (400 cached) / 200 out tokens, ~$0.0030 (estimated)');
   });
+
+  it('hard_limit: a run in flight is stopped once its reported usage reaches the allowance, its usage so far is the spend, the stream blocks, a raise lets it go on', async () => {
+    const id = 'budget-hard';
+    const turn = { usage: { input: 800, output: 200, cost: 0.01 } }; // 1,000 tokens a model call
+    const run = await start(
+      id,
+      {
+        agents: { builder: { provider: 'opencode', command: `node ${FAKE} --format opencode`, max_iterations: 1 } },
+        streams: [{ id: 'greet', task: 'add greet' }],
+        budget: { stream: { tokens: 1500 }, hard_limit: true },
+      },
+      { 'builder:greet': [{ turns: [turn, turn, { ...turn, files: { 'late.txt': 'after turn 2\n' } }] }, { files: helper('greet'), signal: true }] },
+    );
+    // Turn 2 may follow turn 1 (1,000 < 1,500); turn 3 waits on a gate the test opens only after the stop.
+    writeFileSync(path.join(run.dir, 'turn-1.go'), '');
+    const view = await run.blocked('greet');
+    expect(view.blocked).toMatchObject({ kind: 'budget_exhausted', summary: 'stream greet reached its budget during this run (2,000 of the 1,500 tokens left); the run was stopped (hard_limit)' });
+    const first = run.events().filter((e) => e.key === 'builder:greet' && e.call === 1);
+    expect(first.filter((e) => e.event === 'turn').map((e) => e.n)).toEqual([1, 2]);
+    // The agent is gone: opening the gate to turn 3 now changes nothing.
+    const pid = first[0].pid;
+    await waitFor(async () => {
+      try {
+        process.kill(pid, 0);
+        return false;
+      } catch {
+        return true;
+      }
+    }, 'the stopped agent gone');
+    writeFileSync(path.join(run.dir, 'turn-2.go'), '');
+    expect(run.events().some((e) => e.call === 1 && (e.event === 'finished' || e.n === 3))).toBe(false);
+
+    const stopped = await run.status();
+    expect(stopped.agentRuns).toEqual([expect.objectContaining({ stream: 'greet', role: 'builder', inputTokens: 1600, outputTokens: 400, costUsd: 0.02, result: 'budget_stopped' })]);
+    expect(stopped.usage).toMatchObject({ runs: 1, inputTokens: 1600, outputTokens: 400 });
+    expect(stopped.usage.costUsd).toBeCloseTo(0.02, 12);
+
+    const raised = await slipway(['budget', 'raise', id, '--stream', 'greet', '--tokens', '100000'], cliEnv);
+    expect(raised.code, raised.stderr).toBe(0);
+    const result = await run.result();
+    expect(result.outcome).toBe('completed');
+    expect(run.calls('builder:greet')).toBe(2);
+    expect(run.events().some((e) => e.call === 1 && e.n === 3)).toBe(false);
+    expect(result.usage.runs).toBe(2);
+    expect(result.usage.inputTokens).toBe((result.agentRuns ?? []).reduce((sum, r) => sum + r.inputTokens, 0));
+    expect(result.ledger.map((e) => [e.stream, e.kind, e.result])).toEqual([['greet', 'budget_exhausted', 'blocked']]);
+  }, 240_000);
+
+  it('hard_limit with a usd limit and only tokens reported: the price table estimates the cost mid-run; on_exhausted: fail fails the stream', async () => {
+    const turn = { usage: { input: 800, output: 200 } }; // no cost reported; at $2 in / $8 out per million: $0.0032 a model call
+    const run = await start(
+      'budget-hard-usd',
+      {
+        agents: { builder: { provider: 'opencode', command: `node ${FAKE} --format opencode`, model: 'house/house-model', max_iterations: 1 } },
+        streams: [{ id: 'greet', task: 'add greet' }],
+        budget: { stream: { usd: 0.005 }, hard_limit: true, on_exhausted: 'fail' },
+      },
+      { 'builder:greet': [{ turns: [turn, turn, turn] }] },
+      'prices:\n  house-model: { input: 2, output: 8 }\n',
+    );
+    writeFileSync(path.join(run.dir, 'turn-1.go'), '');
+    const result = await run.result();
+    expect(result.outcome).toBe('failed');
+    expect(result.streams[0]).toMatchObject({ phase: 'failed', failure: { kind: 'budget_exhausted', summary: 'stream greet reached its budget during this run ($0.0064 of the $0.0050 left); the run was stopped (hard_limit)' } });
+    expect(run.events().filter((e) => e.event === 'turn').map((e) => e.n)).toEqual([1, 2]);
+    expect(result.agentRuns).toEqual([expect.objectContaining({ inputTokens: 1600, outputTokens: 400, estimated: true, result: 'budget_stopped' })]);
+    expect(result.usage.costUsd).toBeCloseTo(0.0064, 12);
+  }, 240_000);
 });

@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile, ObjectiveFileError } from '../config/objective-file';
 import { trustRepository } from '../config/trust';
-import { budgetExhausted, raisedLimit, raiseProblems, streamBudgetBlock, streamBudgetOf } from '../core/budget';
+import { allowanceUsed, budgetExhausted, raisedLimit, raiseProblems, runAllowance, streamBudgetBlock, streamBudgetOf } from '../core/budget';
 import { emptyTotals, type TokenTotals } from '../core/types';
 import { estimateCostUsd, MODEL_PRICES, priceFor } from '../core/prices';
 import { addRunUsage, addTotals, formatUsage } from '../core/usage';
@@ -93,6 +93,23 @@ describe('budget: in the objective file and .slipway/config.yaml', () => {
     );
   });
 
+  it('hard_limit: carried when true, absent by default and when false; the config can set it', async () => {
+    const { file } = await project(lines(...HEAD, 'budget:', '  stream: { tokens: 1000 }', '  hard_limit: true'));
+    expect((await loadObjectiveFile(file)).budget).toEqual({ stream: { tokens: 1000 }, onExhausted: 'block', hardLimit: true });
+    const { file: off } = await project(lines(...HEAD, 'budget:', '  stream: { tokens: 1000 }', '  hard_limit: false'), lines('budget:', '  hard_limit: true'));
+    expect((await loadObjectiveFile(off)).budget).toEqual({ stream: { tokens: 1000 }, onExhausted: 'block' });
+    const { file: fromConfig } = await project(lines(...HEAD, 'budget:', '  stream: { usd: 1 }'), lines('budget:', '  hard_limit: true'));
+    expect((await loadObjectiveFile(fromConfig)).budget).toEqual({ stream: { usd: 1 }, onExhausted: 'block', hardLimit: true });
+  });
+
+  it('a hard_limit that is not true or false is refused naming file, line and field', async () => {
+    const { file } = await project(lines(...HEAD, 'budget:', '  stream: { usd: 1 }', '  hard_limit: yes please'));
+    expect(await problems(file)).toEqual([`${file}:10:15: budget.hard_limit: expected true or false, got "yes please"`]);
+    const { file: obj, repo } = await project(lines(...HEAD), lines('budget:', '  hard_limit: 1'));
+    const config = path.join(repo, '.slipway', 'config.yaml');
+    expect(await problems(obj)).toEqual([`${config}:2:15: budget.hard_limit: expected true or false, got 1`]);
+  });
+
   it('a fractional token limit is refused', async () => {
     const { file } = await project(lines(...HEAD, 'budget:', '  stream: { tokens: 10.5 }'));
     expect(await problems(file)).toEqual([expect.stringMatching(new RegExp(`^${file}:9:\\d+: budget\\.stream\\.tokens: `))]);
@@ -142,6 +159,27 @@ describe('budget checks (core/budget.ts)', () => {
     { name: 'both figures', raise: { usd: 2, tokens: 10000 }, limit: { usd: 0.5, tokens: 1000 }, problems: [] },
   ])('raise: $name', ({ raise, limit, problems: expected }) => {
     expect(raiseProblems(raise, { limit: limit ?? { usd: 0.5 }, spent: spent({ costUsd: 0.75, inputTokens: 2000, outputTokens: 1000 }), whose: 'stream a' })).toEqual(expected);
+  });
+
+  it.each([
+    { name: 'no hard limit: no allowance', budget: { limit: { usd: 1 }, onExhausted: 'block' as const }, spent: spent({}), allowance: undefined },
+    { name: 'hard limit without a stream limit: none', budget: { onExhausted: 'block' as const, hardLimit: true as const }, spent: spent({}), allowance: undefined },
+    { name: 'usd: the limit less the spend', budget: { limit: { usd: 1 }, onExhausted: 'block' as const, hardLimit: true as const }, spent: spent({ costUsd: 0.25 }), allowance: { usd: 0.75, whose: 'stream a' } },
+    { name: 'tokens: input (with cached) plus output', budget: { limit: { tokens: 5000 }, onExhausted: 'block' as const, hardLimit: true as const }, spent: spent({ inputTokens: 1500, cachedTokens: 1000, outputTokens: 500 }), allowance: { tokens: 3000, whose: 'stream a' } },
+    { name: 'both figures', budget: { limit: { usd: 2, tokens: 100 }, onExhausted: 'fail' as const, hardLimit: true as const }, spent: spent({ costUsd: 0.5, inputTokens: 40 }), allowance: { usd: 1.5, tokens: 60, whose: 'stream a' } },
+    { name: 'already over (a guidance waiver): nothing left, not negative', budget: { limit: { usd: 1, tokens: 10 }, onExhausted: 'block' as const, hardLimit: true as const }, spent: spent({ costUsd: 3, outputTokens: 20 }), allowance: { usd: 0, tokens: 0, whose: 'stream a' } },
+  ])('run allowance: $name', ({ budget, spent: s, allowance }) => {
+    expect(runAllowance(budget, 'a', s)).toEqual(allowance);
+  });
+
+  it.each([
+    { name: 'below the tokens left', allowance: { tokens: 1000, whose: 'stream a' }, used: { inputTokens: 600, outputTokens: 399 }, reason: undefined },
+    { name: 'at the tokens left: stopped', allowance: { tokens: 1000, whose: 'stream a' }, used: { inputTokens: 600, outputTokens: 400 }, reason: 'stream a reached its budget during this run (1,000 of the 1,000 tokens left); the run was stopped (hard_limit)' },
+    { name: 'at the usd left: stopped', allowance: { usd: 0.5, whose: 'stream a' }, used: { inputTokens: 1, outputTokens: 1, costUsd: 0.5 }, reason: 'stream a reached its budget during this run ($0.5000 of the $0.5000 left); the run was stopped (hard_limit)' },
+    { name: 'cost unknown (no price): a usd allowance cannot stop it', allowance: { usd: 0.5, whose: 'stream a' }, used: { inputTokens: 1e9, outputTokens: 1e9 }, reason: undefined },
+    { name: 'no allowance', allowance: undefined, used: { inputTokens: 1e9, outputTokens: 0, costUsd: 1e9 }, reason: undefined },
+  ])('allowance used: $name', ({ allowance, used, reason }) => {
+    expect(allowanceUsed(allowance, used)).toBe(reason);
   });
 
   it('a raise replaces the figures it gives and keeps the others', () => {

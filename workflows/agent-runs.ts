@@ -21,6 +21,7 @@ import { ApplicationFailure, sleep } from '@temporalio/workflow';
 import type { AgentRunInput, AgentRunResult } from '../activities';
 import type { AgentRunRecord } from '../core/types';
 import type { ActivityRoute } from '../core/routing';
+import type { RunAllowance } from '../core/budget';
 import { agentActivities, type RetrySpec } from './activity-options';
 import { onOwner } from './owner';
 import { rootCause } from './failure-info';
@@ -57,9 +58,11 @@ export interface AgentLoopOptions {
   route?: ActivityRoute;
   /** That worker, checked when a run is not taken up within the grace time (./owner.ts). */
   owner?: string;
+  /** Asked before every run under `budget.hard_limit`: what the run may spend before it is stopped. */
+  allowance?: () => RunAllowance | undefined;
 }
 
-export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun, route, owner }: AgentLoopOptions): Promise<AgentLoopOutcome> {
+export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun, route, owner, allowance }: AgentLoopOptions): Promise<AgentLoopOutcome> {
   const { spec } = input;
   const acts = agentActivities(spec.timeout_minutes, retry, route);
   let runs = 0;
@@ -68,7 +71,8 @@ export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun
     const held = beforeRun?.();
     if (held !== undefined) return { ok: false, summary: held, kind: 'budget_exhausted' };
     const resumed = state.outputError !== undefined ? state.retrySessionId : state.agentIteration === 1 ? input.resumeSessionId : undefined;
-    const run = await onOwner(owner, () => acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError }));
+    const allowed = allowance?.();
+    const run = await onOwner(owner, () => acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError, ...(allowed ? { allowance: allowed } : {}) }));
     runs += 1;
     const record: AgentRunRecord = {
       at: new Date().toISOString(),
@@ -90,10 +94,12 @@ export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun
       ...(run.usage.estimated ? { estimated: true as const } : {}),
       toolCalls: run.toolCalls,
       durationMs: run.durationMs,
-      result: run.outputError ? 'invalid_output' : run.completionSignal ? 'signalled' : 'finished',
+      result: run.budgetStopped !== undefined ? 'budget_stopped' : run.outputError ? 'invalid_output' : run.completionSignal ? 'signalled' : 'finished',
       ended: run.ended,
     };
     await onRun(run, record);
+    // Stopped at the hard limit: its usage is counted (onRun); after a raise the step runs it again.
+    if (run.budgetStopped !== undefined) return { ok: false, summary: run.budgetStopped, kind: 'budget_exhausted' };
     if (run.outputError !== undefined) {
       if (state.outputRetries >= spec.max_output_retries) {
         return { ok: false, summary: `the ${input.role} gave no usable answer in ${state.outputRetries + 1} tries (max_output_retries: ${spec.max_output_retries}): ${run.outputError}` };

@@ -38,7 +38,7 @@ import { sandboxWorkflowId, streamBranch, streamSandboxId, streamSandboxWorkflow
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
 import type { StreamPhase } from '../core/states';
 import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
-import { streamBudgetBlock, type StreamBudget, type StreamBudgetUpdate } from '../core/budget';
+import { runAllowance, streamBudgetBlock, type StreamBudget, type StreamBudgetUpdate } from '../core/budget';
 import {
   emptyTotals,
   type BlockedInfo,
@@ -407,7 +407,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           step: step.id,
           retry: retryFor(bp, step),
           state: loop,
-          ...(budgetWaived ? {} : { beforeRun: budgetHold }),
+          ...(budgetWaived ? {} : { beforeRun: budgetHold, allowance: () => runAllowance(budget, stream.id, status.usage) }),
           route: agentRoute(),
           owner: owned ? box.owner : undefined,
           onRun: async (run, record) => {
@@ -418,7 +418,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
               const runNote = spec.max_iterations > 1 ? `, run ${record.agentIteration}` : '';
               await onBox(() => git().commitWork({ path: box.path, message: `slipway(${stream.id}): iteration ${status.iteration}${runNote}\n\n${stream.task}` }));
             }
-            const ending = record.result === 'signalled' ? '; completion signal' : record.result === 'invalid_output' ? '; answer unusable' : '';
+            const ending = record.result === 'signalled' ? '; completion signal' : record.result === 'invalid_output' ? '; answer unusable' : record.result === 'budget_stopped' ? '; stopped at the budget (hard_limit)' : '';
             const text = `${step.role} run ${record.agentIteration}/${record.maxIterations} (${spec.provider}): ${formatUsage(record)}${ending}`;
             setCurrentDetails(`**${status.phase}** at step \`${step.id}\`${status.iteration ? ` (iteration ${status.iteration})` : ''} — ${text}\n\nStream usage: ${formatTotals(status.usage)}`);
             await emit(text, { agentRun: record });

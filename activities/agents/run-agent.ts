@@ -39,6 +39,7 @@ import type { AgentEvent, SessionTotals, TokenUsage } from '../../agents/provide
 import { agentProvider } from '../../agents/registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
 import { estimateCostUsd } from '../../core/prices';
+import { allowanceUsed, type RunAllowance } from '../../core/budget';
 import { captureSession, readSession, restoreSession, sessionStoreDir } from './session-carry';
 import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } from '../../agents/structured';
 import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from '../../agents/template';
@@ -73,6 +74,8 @@ export interface AgentRunInput {
   resumeSessionId?: string;
   /** The previous run's structured answer could not be used: why. The agent is asked again. */
   outputError?: string;
+  /** `budget.hard_limit`: what this run may spend; the run is stopped once its reported usage reaches it. */
+  allowance?: RunAllowance;
 }
 
 export interface AgentRunResult {
@@ -94,6 +97,8 @@ export interface AgentRunResult {
   plan?: StreamSpec[];
   /** Why a reviewer's or planner's answer could not be used (redacted); absent when it could. */
   outputError?: string;
+  /** The run was stopped at its allowance (`budget.hard_limit`): why. `usage` is what it reported until then. */
+  budgetStopped?: string;
   durationMs: number;
 }
 
@@ -235,6 +240,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       let lastOutputAt = Date.now();
       let idleKilled = false;
       let graceKilled = false;
+      let budgetStopped: string | undefined;
       let graceTimer: NodeJS.Timeout | undefined;
       const stop = new AbortController();
       const startGrace = () => {
@@ -268,6 +274,12 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
             usage.outputTokens += event.outputTokens;
             usage.cachedTokens = (usage.cachedTokens ?? 0) + (event.cachedTokens ?? 0);
             if (event.costUsd !== undefined) usage.costUsd = (usage.costUsd ?? 0) + event.costUsd;
+            if (input.allowance && budgetStopped === undefined) {
+              // Tokens but no cost reported: the price table's estimate stands in for it.
+              const costUsd = usage.costUsd ?? (spec.price ? estimateCostUsd(usage, spec.price) : undefined);
+              budgetStopped = allowanceUsed(input.allowance, { ...usage, costUsd });
+              if (budgetStopped !== undefined) stop.abort();
+            }
             break;
           case 'error':
             errors.push(event.message);
@@ -354,7 +366,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         const message = rateLimit.message ? `: ${tail(rateLimit.message, 300)}` : '';
         throw redactedFailure('provider_rate_limit', `${name} hit a rate limit${message}`, secrets, { resetAt: rateLimit.resetAt });
       }
-      if (!graceKilled && run.exitCode !== 0) {
+      if (!graceKilled && budgetStopped === undefined && run.exitCode !== 0) {
         // The agent's own error reports say most; without them, its stderr, then its last words.
         const why = errors.length > 0 ? errors.join('\n') : run.stderr.trim() || output;
         // The saved session is gone (another worker, a cleaned agent home, a private sandbox home):
@@ -445,7 +457,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         costUsd: usage.costUsd,
         completionSignal: completionSignal !== undefined,
         ended,
+        budgetStopped: budgetStopped !== undefined,
       });
+      if (budgetStopped !== undefined) return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, ended, budgetStopped, durationMs: run.durationMs };
       return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, completionSignal, ended, verdict, plan, outputError, durationMs: run.durationMs };
     },
   };

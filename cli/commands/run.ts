@@ -112,7 +112,7 @@ export function agentRunLines(runs: AgentRunRecord[] | undefined, streamId: stri
     .filter((r) => r.stream === streamId)
     .map((r) => {
       const loop = r.maxIterations > 1 ? ` run ${r.agentIteration}/${r.maxIterations}` : '';
-      const ending = r.result === 'signalled' ? ', completion signal' : r.result === 'invalid_output' ? ', answer unusable' : '';
+      const ending = r.result === 'signalled' ? ', completion signal' : r.result === 'invalid_output' ? ', answer unusable' : r.result === 'budget_stopped' ? ', stopped at the budget (hard_limit)' : '';
       return `      ${r.role}${loop} (${r.provider}${r.model ? ` ${r.model}` : ''}): ${formatUsage(r)}, ${(r.durationMs / 1000).toFixed(1)} s${ending}`;
     });
 }
