@@ -19,7 +19,7 @@ import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, promises as fs, readFileSync } from 'node:fs';
 import path from 'node:path';
-import type { Readable, Writable } from 'node:stream';
+import { Duplex, type Readable, type Writable } from 'node:stream';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
@@ -28,6 +28,7 @@ import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile 
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import type { SandboxLimits } from './limits';
 import { resolveInside } from './paths';
+import { PortUnreachableError } from './port-relay';
 import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
 import { checkSize, CONTROL_FD, CONTROLLER, SessionRequestError, TERMINAL_SIGNAL_KEYS, terminalCommandLine } from './session';
 import { OBJECT_ID } from './sandbox-git';
@@ -189,6 +190,18 @@ const SIGNAL_EXEC_SCRIPT = [
   '  case "$groups" in *" $pg "*) kill -s "$sig" "$p" 2>/dev/null ;; esac',
   'done',
   'exit 0',
+].join('\n');
+
+/**
+ * The preview relay, run by the container's node inside the container's network namespace:
+ * `+` once connected to 127.0.0.1:$1 there, then bytes both ways over stdio; exit 3 when
+ * nothing listens. What it sends back is the sandbox's, as untrusted as any preview.
+ */
+const PORT_RELAY_SCRIPT = [
+  "const s = require('net').connect(Number(process.argv[1]), '127.0.0.1');",
+  "s.once('connect', () => { process.stdout.write('+'); process.stdin.pipe(s); s.pipe(process.stdout); });",
+  "s.on('error', () => process.exit(3));",
+  "s.on('close', () => process.exit(0));",
 ].join('\n');
 
 const KILL_EXEC_SCRIPT = [
@@ -441,6 +454,40 @@ export class ContainerSandboxProvider implements SandboxProvider {
         void inside('KILL').finally(() => killProcessGroup(child.pid));
       },
     };
+  }
+
+  /**
+   * A connection to 127.0.0.1:port of the container (preview ports, ADR 0015): a relay inside
+   * the container's own network namespace, bridged over `exec -i` stdio, so the host's loopback
+   * is never what answers.
+   */
+  async connectPort(handle: Pick<SandboxHandle, 'root'>, port: number): Promise<Duplex> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new PortUnreachableError(port, 'port must be an integer from 1 to 65535');
+    const p = await this.prepare(handle, {}, ['node', '-e', PORT_RELAY_SCRIPT, String(port)], { stdin: true });
+    const child = spawn(this.kind, p.args, { cwd: p.cwd, env: p.env, detached: true, stdio: ['pipe', 'pipe', 'ignore'] });
+    const stdout = child.stdout as Readable;
+    const stdin = child.stdin as Writable;
+    stdin.on('error', () => undefined);
+    const end = () => void this.killExec(p.container, p.id, 'KILL').finally(() => killProcessGroup(child.pid));
+    const connected = await new Promise<boolean>((resolve) => {
+      const onData = (d: Buffer) => {
+        stdout.off('data', onData);
+        stdout.pause();
+        if (d[0] !== 0x2b) return resolve(false);
+        if (d.length > 1) stdout.unshift(d.subarray(1));
+        resolve(true);
+      };
+      stdout.on('data', onData);
+      child.once('exit', () => resolve(false));
+      child.once('error', () => resolve(false));
+    });
+    if (!connected) {
+      end();
+      throw new PortUnreachableError(port, `no listener on 127.0.0.1:${port} inside the ${this.kind} container`);
+    }
+    const stream = Duplex.from({ readable: stdout, writable: stdin });
+    stream.once('close', end);
+    return stream;
   }
 
   async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
