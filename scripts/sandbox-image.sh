@@ -9,8 +9,9 @@ engine=podman
 [ "${1:-}" = "--engine" ] && engine="$2"
 
 # git and a shell for Slipway's own commands; node for JavaScript projects and the agent CLIs;
-# util-linux for setsid (every exec runs in its own process group, killed as one).
-PACKAGES="base-files dash bash coreutils git util-linux findutils grep sed diffutils tar gzip nodejs ca-certificates"
+# util-linux for setsid (every exec runs in its own process group, killed as one); bsdutils for
+# script(1), which makes a session's terminal inside the container (ADR 0014).
+PACKAGES="base-files dash bash coreutils git util-linux bsdutils findutils grep sed diffutils tar gzip nodejs ca-certificates"
 
 closure=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces --no-enhances --installed $PACKAGES 2>/dev/null \
   | grep -v '^ ' | grep -v '^<' | sort -u)

@@ -19,16 +19,18 @@ import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, promises as fs, readFileSync } from 'node:fs';
 import path from 'node:path';
+import { Duplex, type Readable, type Writable } from 'node:stream';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
-import { runProcess, type RunResult } from '../process';
+import { killProcessGroup, runProcess, type RunResult } from '../process';
 import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import type { SandboxLimits } from './limits';
 import { resolveInside } from './paths';
-import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
-import { SessionRequestError } from './session';
+import { PortUnreachableError } from './port-relay';
+import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
+import { checkSize, CONTROL_FD, CONTROLLER, SessionRequestError, TERMINAL_SIGNAL_KEYS, terminalCommandLine } from './session';
 import { OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
 
@@ -168,6 +170,40 @@ const readRecord = async (file: string): Promise<ContainerRecord | undefined> =>
 };
 
 /** Kills every process whose command line holds the exec id, with its process group. The id comes in two halves so this script's own argv never matches. */
+/**
+ * Sends a signal to every process of an exec's group but its wrapper (the shell with the id in
+ * its argv, which would die of most signals before the command could answer them); $1$2 as
+ * for KILL_EXEC_SCRIPT.
+ */
+const SIGNAL_EXEC_SCRIPT = [
+  'id="$1$2"; sig=$3; groups=; wrappers=',
+  'for d in /proc/[0-9]*; do',
+  '  [ "${d#/proc/}" = "$$" ] && continue',
+  '  if tr "\\000" " " < "$d/cmdline" 2>/dev/null | grep -qF -- "$id"; then',
+  '    wrappers="$wrappers ${d#/proc/} "',
+  '    groups="$groups $(sed "s/.*) //" "$d/stat" 2>/dev/null | cut -d" " -f3) "',
+  '  fi',
+  'done',
+  'for d in /proc/[0-9]*; do',
+  '  p=${d#/proc/}; pg=$(sed "s/.*) //" "$d/stat" 2>/dev/null | cut -d" " -f3)',
+  '  case "$wrappers" in *" $p "*) continue ;; esac',
+  '  case "$groups" in *" $pg "*) kill -s "$sig" "$p" 2>/dev/null ;; esac',
+  'done',
+  'exit 0',
+].join('\n');
+
+/**
+ * The preview relay, run by the container's node inside the container's network namespace:
+ * `+` once connected to 127.0.0.1:$1 there, then bytes both ways over stdio; exit 3 when
+ * nothing listens. What it sends back is the sandbox's, as untrusted as any preview.
+ */
+const PORT_RELAY_SCRIPT = [
+  "const s = require('net').connect(Number(process.argv[1]), '127.0.0.1');",
+  "s.once('connect', () => { process.stdout.write('+'); process.stdin.pipe(s); s.pipe(process.stdout); });",
+  "s.on('error', () => process.exit(3));",
+  "s.on('close', () => process.exit(0));",
+].join('\n');
+
 const KILL_EXEC_SCRIPT = [
   'id="$1$2"; sig=$3',
   'for d in /proc/[0-9]*; do',
@@ -286,7 +322,12 @@ export class ContainerSandboxProvider implements SandboxProvider {
     return head;
   }
 
-  async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
+  /**
+   * The engine's argv and environment for one command in the container: exec and sessions
+   * alike. `-i` and `preserveFds` are the engine's; the command gets its own session and process
+   * group inside (setsid), with an id in the wrapping shell's argv, which is how a kill finds it.
+   */
+  private async prepare(handle: Pick<SandboxHandle, 'root'>, req: Pick<ExecRequest, 'cwd' | 'env'>, inner: string[], opts: { stdin: boolean; preserveFds?: number }) {
     const w = await this.where(handle.root);
     const real = await fs.realpath(w.root);
     const cwd = req.cwd ? await resolveInside(real, req.cwd) : real;
@@ -302,20 +343,25 @@ export class ContainerSandboxProvider implements SandboxProvider {
     }
     // The id names this process (its host pid): how a later worker tells whose commands these are.
     const id = `slipway-exec-${process.pid}-${randomBytes(8).toString('hex')}`;
-    const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
     const args = [
-      'exec', ...(req.stdin !== undefined ? ['-i'] : []), '--workdir', workdir,
+      'exec', ...(opts.stdin ? ['-i'] : []), ...(opts.preserveFds ? ['--preserve-fds', String(opts.preserveFds)] : []), '--workdir', workdir,
       ...Object.keys(env).flatMap((k) => ['--env', k]),
       w.container,
-      // Its own session and process group inside, so a timeout kills everything it started.
       // The shell stays (a command follows) with the id in its argv: that is how a kill finds it.
       'setsid', '-w', '/bin/sh', '-c', '"$@"; s=$?; exit $s', id, ...inner,
     ];
+    return { container: w.container, cwd: real, env: engineEnv(env), id, args };
+  }
+
+  async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
+    const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
+    const { container, cwd: real, env, id, args } = await this.prepare(handle, req, inner, { stdin: req.stdin !== undefined });
+    const w = { container };
     const result = await runProcess({
       command: this.kind,
       args,
       cwd: real,
-      env: engineEnv(env),
+      env,
       stdin: req.stdin,
       timeoutMs: req.timeoutMs,
       signal: req.signal,
@@ -340,14 +386,108 @@ export class ContainerSandboxProvider implements SandboxProvider {
     for (const id of ids) await this.killExec(container, id, 'KILL');
   }
 
-  private async killExec(container: string, id: string, signal: 'TERM' | 'KILL'): Promise<void> {
+  private async killExec(container: string, id: string, signal: string): Promise<void> {
     const half = Math.floor(id.length / 2);
     await engine(this.kind, ['exec', container, '/bin/sh', '-c', KILL_EXEC_SCRIPT, 'kill', id.slice(0, half), id.slice(half), signal], { allowFail: true });
   }
 
-  // eslint-disable-next-line @typescript-eslint/no-unused-vars
-  async openSession(_handle: Pick<SandboxHandle, 'root'>, _req: SessionRequest): Promise<SandboxSession> {
-    throw new SessionRequestError(`interactive sessions are not available in ${this.kind} sandboxes yet`);
+  /**
+   * An interactive process in the container (ADR 0014): `exec -i`, never `-t`, so no host
+   * terminal enters the container; under a PTY, script(1) makes the terminal inside, as for a
+   * local sandbox (session.ts CONTROLLER), and resize requests travel on a pipe that podman
+   * passes in as fd 3 (`--preserve-fds`) and the wrapper moves to fd 9. Killing the engine
+   * client would leave the command running inside: signals and kills go to it there, by id.
+   */
+  async openSession(handle: Pick<SandboxHandle, 'root'>, req: SessionRequest): Promise<SandboxSession> {
+    if (!req.command) throw new SessionRequestError('command must not be empty');
+    const pty = req.pty ? checkSize(req.pty.cols, req.pty.rows) : undefined;
+    // docker exec cannot pass a descriptor in: no resize channel, so no terminal there yet.
+    if (pty && this.kind !== 'podman') throw new SessionRequestError(`sessions with a pty are not available in ${this.kind} sandboxes yet (podman only)`);
+    const command = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
+    const inner = pty ? ['/bin/sh', '-c', `exec ${CONTROL_FD}<&3 3<&-\n${CONTROLLER}`, 'slipway-session', terminalCommandLine(command, pty)] : command;
+    const env = pty ? { TERM: 'xterm-256color', ...req.env } : req.env;
+    const p = await this.prepare(handle, { cwd: req.cwd, env }, inner, { stdin: true, ...(pty ? { preserveFds: 1 } : {}) });
+    const child = spawn(this.kind, p.args, { cwd: p.cwd, env: p.env, detached: true, stdio: ['pipe', 'pipe', 'pipe', ...(pty ? ['pipe' as const] : [])] });
+    const exit = new Promise<SessionExit>((resolve) => {
+      child.once('exit', (exitCode, signal) => resolve({ exitCode, signal }));
+      child.once('error', () => resolve({ exitCode: null, signal: null }));
+    });
+    let exited = false;
+    const control = pty ? ((child.stdio as unknown as Array<Writable | null>)[3] ?? undefined) : undefined;
+    control?.on('error', () => undefined);
+    void exit.then(() => {
+      exited = true;
+      control?.destroy();
+    });
+    await new Promise<void>((resolve, reject) => {
+      child.once('spawn', resolve);
+      child.once('error', reject);
+    });
+    const stdin = child.stdin as Writable;
+    stdin.on('error', () => undefined); // the command may exit without reading its input
+    const inside = (sig: string) => this.killExec(p.container, p.id, sig);
+    const half = Math.floor(p.id.length / 2);
+    const signalInside = (sig: string) =>
+      engine(this.kind, ['exec', p.container, '/bin/sh', '-c', SIGNAL_EXEC_SCRIPT, 'signal', p.id.slice(0, half), p.id.slice(half), sig], { allowFail: true });
+    return {
+      pid: child.pid,
+      pty: pty !== undefined,
+      stdin,
+      stdout: child.stdout as Readable,
+      stderr: child.stderr as Readable,
+      exit,
+      resize(cols: number, rows: number) {
+        if (!control) throw new SessionRequestError('resize needs a session with a pty');
+        const size = checkSize(cols, rows, 'resize');
+        if (!exited) control.write(`${size.rows} ${size.cols}\n`);
+      },
+      signal(sig: NodeJS.Signals) {
+        if (exited) return;
+        const key = pty ? TERMINAL_SIGNAL_KEYS[sig] : undefined;
+        if (key) stdin.write(key);
+        else if (/^SIG[A-Z0-9]+$/.test(sig)) void signalInside(sig.slice(3));
+        else throw new SessionRequestError(`signal must be a signal name such as SIGTERM, got ${JSON.stringify(sig)}`);
+      },
+      kill() {
+        if (exited) return;
+        // Inside first (the client's death would not end it), then the client.
+        void inside('KILL').finally(() => killProcessGroup(child.pid));
+      },
+    };
+  }
+
+  /**
+   * A connection to 127.0.0.1:port of the container (preview ports, ADR 0015): a relay inside
+   * the container's own network namespace, bridged over `exec -i` stdio, so the host's loopback
+   * is never what answers.
+   */
+  async connectPort(handle: Pick<SandboxHandle, 'root'>, port: number): Promise<Duplex> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new PortUnreachableError(port, 'port must be an integer from 1 to 65535');
+    const p = await this.prepare(handle, {}, ['node', '-e', PORT_RELAY_SCRIPT, String(port)], { stdin: true });
+    const child = spawn(this.kind, p.args, { cwd: p.cwd, env: p.env, detached: true, stdio: ['pipe', 'pipe', 'ignore'] });
+    const stdout = child.stdout as Readable;
+    const stdin = child.stdin as Writable;
+    stdin.on('error', () => undefined);
+    const end = () => void this.killExec(p.container, p.id, 'KILL').finally(() => killProcessGroup(child.pid));
+    const connected = await new Promise<boolean>((resolve) => {
+      const onData = (d: Buffer) => {
+        stdout.off('data', onData);
+        stdout.pause();
+        if (d[0] !== 0x2b) return resolve(false);
+        if (d.length > 1) stdout.unshift(d.subarray(1));
+        resolve(true);
+      };
+      stdout.on('data', onData);
+      child.once('exit', () => resolve(false));
+      child.once('error', () => resolve(false));
+    });
+    if (!connected) {
+      end();
+      throw new PortUnreachableError(port, `no listener on 127.0.0.1:${port} inside the ${this.kind} container`);
+    }
+    const stream = Duplex.from({ readable: stdout, writable: stdin });
+    stream.once('close', end);
+    return stream;
   }
 
   async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {

@@ -22,9 +22,9 @@ import { preparedCommand, type ExecTarget } from './exec';
 import type { SandboxSession, SessionExit, SessionRequest } from './provider';
 
 /** The descriptor resize requests arrive on, inside the session's wrapper (fixed: past every wrapper's own pipes). */
-const CONTROL_FD = 9;
+export const CONTROL_FD = 9;
 /** What a terminal sends for the signals a user raises from the keyboard. */
-const TERMINAL_SIGNAL_KEYS: Partial<Record<NodeJS.Signals, string>> = { SIGINT: '\x03', SIGQUIT: '\x1c', SIGTSTP: '\x1a' };
+export const TERMINAL_SIGNAL_KEYS: Partial<Record<NodeJS.Signals, string>> = { SIGINT: '\x03', SIGQUIT: '\x1c', SIGTSTP: '\x1a' };
 const MAX_TERMINAL_SIDE = 10_000;
 
 export class SessionRequestError extends Error {
@@ -34,7 +34,7 @@ export class SessionRequestError extends Error {
   }
 }
 
-function checkSize(cols: unknown, rows: unknown, field = 'pty'): { cols: number; rows: number } {
+export function checkSize(cols: unknown, rows: unknown, field = 'pty'): { cols: number; rows: number } {
   for (const [name, v] of [['cols', cols], ['rows', rows]] as const) {
     if (typeof v !== 'number' || !Number.isInteger(v) || v < 1 || v > MAX_TERMINAL_SIDE) {
       throw new SessionRequestError(`${field}.${name} must be an integer from 1 to ${MAX_TERMINAL_SIDE}, got ${JSON.stringify(v)}`);
@@ -44,7 +44,7 @@ function checkSize(cols: unknown, rows: unknown, field = 'pty'): { cols: number;
 }
 
 /** Single-quotes a word for /bin/sh. */
-function shQuote(word: string): string {
+export function shQuote(word: string): string {
   return `'${word.replace(/'/g, `'\\''`)}'`;
 }
 
@@ -52,7 +52,7 @@ function shQuote(word: string): string {
 // loop is script's sibling, not its child; and script runs in the foreground (an asynchronous
 // command of a non-interactive shell ignores SIGINT, and so would the command: ^C would not
 // reach it). SHELL is /bin/sh for script (it runs `$SHELL -c`); the command gets its own back.
-const CONTROLLER = `
+export const CONTROLLER = `
 {
   read -r self _ _ parent _ < /proc/self/stat
   while read -r rows cols; do
@@ -79,7 +79,12 @@ kill "$loop" 2>/dev/null
 exit "$status"
 `;
 
-const RESTORE_SHELL = 'if [ -n "${SLIPWAY_PTY_SHELL+x}" ]; then SHELL=$SLIPWAY_PTY_SHELL; export SHELL; unset SLIPWAY_PTY_SHELL; else unset SHELL; fi';
+export const RESTORE_SHELL = 'if [ -n "${SLIPWAY_PTY_SHELL+x}" ]; then SHELL=$SLIPWAY_PTY_SHELL; export SHELL; unset SLIPWAY_PTY_SHELL; else unset SHELL; fi';
+
+/** What script(1) runs under a PTY: the caller's SHELL back, the initial size, then the command. */
+export function terminalCommandLine(inner: string[], pty: { cols: number; rows: number }): string {
+  return `${RESTORE_SHELL}; stty rows ${pty.rows} cols ${pty.cols} 2>/dev/null; exec ${inner.map(shQuote).join(' ')}`;
+}
 
 export async function openSessionInWorktree(target: ExecTarget, req: SessionRequest): Promise<SandboxSession> {
   if (!req.command) throw new SessionRequestError('command must not be empty');
@@ -93,7 +98,7 @@ export async function openSessionInWorktree(target: ExecTarget, req: SessionRequ
     ...(pty
       ? {
           command: '/bin/sh',
-          args: ['-c', CONTROLLER, 'slipway-session', `${RESTORE_SHELL}; stty rows ${pty.rows} cols ${pty.cols} 2>/dev/null; exec ${inner.map(shQuote).join(' ')}`],
+          args: ['-c', CONTROLLER, 'slipway-session', terminalCommandLine(inner, pty)],
         }
       : { command: inner[0], args: inner.slice(1) }),
   });

@@ -5,11 +5,13 @@
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync, promises as fs } from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { checkPodman, containerName, ContainerSandboxProvider, engineEnv } from '../../activities/sandbox/container';
 import { BundleRefusedError } from '../../activities/sandbox/git-transport';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import { PortUnreachableError } from '../../activities/sandbox/port-relay';
 import { SandboxProviders } from '../../activities/sandbox/router';
 import { createActivities } from '../../activities';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
@@ -97,6 +99,42 @@ describe('podman sandboxes: isolation and lifecycle', () => {
     expect(repoSeen.stdout).toContain('No such file');
     expect(repoSeen.stdout.trim().split('\n').pop()).toBe('/workspace/.git');
     expect(gitIn(repo, 'worktree', 'list', '--porcelain')).not.toContain(handle.root);
+  });
+
+  it('a preview reaches a server inside the container, never the host\'s loopback', async () => {
+    // The host listens on the same port number on its loopback: a relay that reached the host
+    // would be answered by it.
+    let hostConnections = 0;
+    const hostServer = net.createServer((c) => {
+      hostConnections++;
+      c.end('HTTP/1.0 200 OK\r\n\r\nhost');
+    });
+    await new Promise<void>((resolve) => hostServer.listen(0, '127.0.0.1', resolve));
+    const port = (hostServer.address() as net.AddressInfo).port;
+    const session = await provider.openSession(handle, {
+      command: 'node',
+      args: ['-e', `require('http').createServer((q, r) => r.end('inside-' + q.url)).listen(${port}, '127.0.0.1', () => console.log('listening'))`],
+    });
+    try {
+      await expect(provider.connectPort(handle, port)).rejects.toBeInstanceOf(PortUnreachableError);
+      let out = '';
+      session.stdout.on('data', (d: Buffer) => (out += d.toString()));
+      expect(await waitFor(async () => out.includes('listening'), 30_000)).toBe(true);
+      const stream = await provider.connectPort(handle, port);
+      let body = '';
+      stream.on('data', (d: Buffer) => (body += d.toString()));
+      const closed = new Promise((resolve) => stream.once('close', resolve));
+      stream.end('GET /preview HTTP/1.0\r\n\r\n');
+      await closed;
+      expect(body).toMatch(/^HTTP\/1\.[01] 200/);
+      expect(body).toContain('inside-/preview');
+      expect(hostConnections).toBe(0);
+      await expect(provider.connectPort(handle, 0)).rejects.toThrow(/port must be an integer/);
+    } finally {
+      session.kill();
+      await session.exit;
+      await new Promise((resolve) => hostServer.close(resolve));
+    }
   });
 
   it('a sandbox with the network gets a user-mode interface (slirp4netns), not the host\'s', async () => {
