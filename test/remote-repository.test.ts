@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile, ObjectiveFileError } from '../config/objective-file';
 import { classifyRepositorySpec } from '../core/repository-spec';
-import { transportOptions } from '../lib/remote-repository';
+import { pushToRemote, syncMirror, transportOptions } from '../lib/remote-repository';
 
 describe('classifyRepositorySpec', () => {
   const cases: Array<[string, unknown]> = [
@@ -94,6 +94,22 @@ describe('objective file with a remote repository', () => {
     const after = await loadObjectiveFile(await objective(bare));
     expect(after.repository).toBe(before.repository);
     expect(git(after.repository, 'rev-parse', 'trunk')).toBe(git(bare, 'rev-parse', 'trunk'));
+  });
+
+  it('pushes a branch back, and refuses (reporting it) when the remote branch moved on: never forced', async () => {
+    const bare = path.join(root, 'remote.git');
+    const { root: clone } = await syncMirror({ url: bare, protocol: 'file' }, undefined);
+    git(clone, 'branch', '-f', 'slipway/p/integration', 'trunk');
+    expect(await pushToRemote(clone, 'file', 'slipway/p/integration')).toEqual({});
+    expect(git(bare, 'rev-parse', 'slipway/p/integration')).toBe(git(clone, 'rev-parse', 'slipway/p/integration'));
+    // Someone else's commit lands on the remote branch; ours diverges from it.
+    const theirs = git(bare, 'commit-tree', '-p', 'slipway/p/integration', '-m', 'theirs', 'slipway/p/integration^{tree}');
+    git(bare, 'update-ref', 'refs/heads/slipway/p/integration', theirs);
+    git(clone, 'commit-tree', '-m', 'x', 'trunk^{tree}'); // objects only
+    git(clone, 'update-ref', 'refs/heads/slipway/p/integration', git(clone, 'commit-tree', '-p', 'trunk', '-m', 'ours', 'trunk^{tree}'));
+    const pushed = await pushToRemote(clone, 'file', 'slipway/p/integration');
+    expect(pushed.error).toMatch(/rejected|fetch first|non-fast-forward/);
+    expect(git(bare, 'rev-parse', 'slipway/p/integration')).toBe(theirs);
   });
 
   it('refuses a URL with embedded credentials, naming the field and line, never echoing the secret', async () => {
