@@ -145,8 +145,8 @@ const CLIS: Record<RealProvider, Cli> = {
   },
 };
 const PROVIDERS = Object.keys(CLIS) as RealProvider[];
-/** The CLIs whose sessions Slipway carries to a fresh agent home (OpenCode keeps its sessions in one SQLite database: ADR 0011). */
-const CARRIED: RealProvider[] = ['claude-code', 'codex', 'pi'];
+/** The CLIs whose sessions Slipway carries to a fresh agent home (OpenCode's whole SQLite database: ADR 0011 decision 9). */
+const CARRIED: RealProvider[] = ['claude-code', 'codex', 'pi', 'opencode'];
 
 let worker: TestWorker;
 const endpoints = new Map<string, FakeModel>();
