@@ -131,6 +131,11 @@ export function createOpencodeProvider(): AgentProvider {
       belongs: (rel) => !env.OPENCODE_DB && (rel === 'opencode.db' || rel === 'opencode.db-wal'),
       place: (rel) => rel,
     }),
+    // OPENCODE_CONFIG names a file of its own: bind it with `sandbox.readable:`.
+    configFiles: [
+      ...['opencode.json', 'opencode.jsonc', 'config.json'].map((name) => ({ path: `.config/opencode/${name}`, overriddenBy: 'XDG_CONFIG_HOME' })),
+      { path: '.local/share/opencode/auth.json', overriddenBy: 'XDG_DATA_HOME' },
+    ],
     // `opencode auth login` writes auth.json; a config file may declare a provider with its own key.
     credentialSources: (spec, { env, home }) => {
       const config = path.join(env.XDG_CONFIG_HOME || path.join(home, '.config'), 'opencode');
