@@ -141,6 +141,12 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
       place: (rel, cwd) => [cwd.replace(/[^a-zA-Z0-9]/g, '-'), ...rel.split('/').slice(1)].join('/'),
     }),
     // Claude Code's login (`claude` /login) is `.credentials.json` in its config folder on Linux; Bedrock and Vertex bring their own cloud credentials.
+    // The login file and settings. Not ~/.claude.json: Claude Code rewrites it on every start (its
+    // state, not only config), so a read-only copy would break it; it is made afresh in the agent home.
+    configFiles: [
+      { path: '.claude/.credentials.json', overriddenBy: 'CLAUDE_CONFIG_DIR' },
+      { path: '.claude/settings.json', overriddenBy: 'CLAUDE_CONFIG_DIR' },
+    ],
     credentialSources: (_spec, { env, home }) => ({
       env: ['ANTHROPIC_API_KEY', 'ANTHROPIC_AUTH_TOKEN', 'CLAUDE_CODE_OAUTH_TOKEN', 'CLAUDE_CODE_USE_BEDROCK', 'CLAUDE_CODE_USE_VERTEX'],
       files: [path.join(claudeConfigDir(env, home), '.credentials.json')],

@@ -262,6 +262,10 @@ export function createCodexProvider({ baseline }: ProviderOptions = {}): AgentPr
     kind: 'codex',
     isRetryNoise: (line, stream) => (stream === 'stderr' ? RETRYING.test(line) : RETRY_EVENT.test(line)),
     setupHint: 'Set OPENAI_API_KEY (or the env_key of the model provider in $CODEX_HOME/config.toml, or log in with `codex login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
+    configFiles: [
+      { path: '.codex/config.toml', overriddenBy: 'CODEX_HOME' },
+      { path: '.codex/auth.json', overriddenBy: 'CODEX_HOME' },
+    ],
     credentialSources: (_spec, { env, home, readText }) => codexCredentialSources(env, home, readText),
     sessionToolCalls: codexSessionToolCalls,
     // `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-<time>-<thread>.jsonl`, whatever the cwd; `exec resume` finds the thread there.

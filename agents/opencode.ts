@@ -121,6 +121,21 @@ export function createOpencodeProvider(): AgentProvider {
   return {
     kind: 'opencode',
     setupHint: 'Set the API key of the model\'s provider (ANTHROPIC_API_KEY, OPENAI_API_KEY, ..., or log in with `opencode auth login` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',
+    // 1.18 keeps every session in one SQLite database, `<data>/opencode/opencode.db` (left in WAL mode:
+    // the `-wal` file holds recent turns; `-shm` is an index SQLite rebuilds). The database is carried
+    // whole as bytes, never opened by Slipway; it holds every session of that data dir (under Slipway's
+    // agent home, only that sandbox's). auth.json, beside it, is never part of it. OPENCODE_DB moves
+    // the database elsewhere: then nothing is carried (a resume falls back).
+    sessionLocation: (_id, { env, home }) => ({
+      root: path.join(env.XDG_DATA_HOME || path.join(home, '.local', 'share'), 'opencode'),
+      belongs: (rel) => !env.OPENCODE_DB && (rel === 'opencode.db' || rel === 'opencode.db-wal'),
+      place: (rel) => rel,
+    }),
+    // OPENCODE_CONFIG names a file of its own: bind it with `sandbox.readable:`.
+    configFiles: [
+      ...['opencode.json', 'opencode.jsonc', 'config.json'].map((name) => ({ path: `.config/opencode/${name}`, overriddenBy: 'XDG_CONFIG_HOME' })),
+      { path: '.local/share/opencode/auth.json', overriddenBy: 'XDG_DATA_HOME' },
+    ],
     // `opencode auth login` writes auth.json; a config file may declare a provider with its own key.
     credentialSources: (spec, { env, home }) => {
       const config = path.join(env.XDG_CONFIG_HOME || path.join(home, '.config'), 'opencode');

@@ -134,6 +134,7 @@ export function createPiProvider(): AgentProvider {
       belongs: (rel) => /^--[^/]*--\/[^/]+$/.test(rel) && rel.endsWith(`_${id}.jsonl`),
       place: (rel, cwd) => `--${cwd.replace(/^[/\\]/, '').replace(/[/\\:]/g, '-')}--/${rel.split('/').slice(1).join('/')}`,
     }),
+    configFiles: ['models.json', 'auth.json', 'settings.json'].map((name) => ({ path: `.pi/agent/${name}`, overriddenBy: 'PI_CODING_AGENT_DIR' })),
     credentialSources: (spec, { env, home }) => {
       const dir = piAgentDir(env, home);
       return { env: modelProviderKeys(spec.model), files: [path.join(dir, 'auth.json'), path.join(dir, 'models.json')] };

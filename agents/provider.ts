@@ -112,8 +112,22 @@ export interface SessionToolCalls {
   hint: string;
 }
 
+/**
+ * A config file the CLI reads from its home. Under bubblewrap an agent's HOME is Slipway's private
+ * agent home, so the worker's copy (`path` under the worker's HOME) is bound there read-only
+ * (ExecRequest.agentConfig). Not bound when `overriddenBy` is set in the agent's environment: the
+ * CLI then looks where that variable says (bind that folder with `sandbox.readable:`).
+ */
+export interface AgentConfigFile {
+  /** Relative to HOME, `/`-separated. */
+  path: string;
+  overriddenBy?: string;
+}
+
 export interface AgentProvider {
   readonly kind: AgentProviderKind;
+  /** The config files the CLI needs from its home (absent: none). */
+  readonly configFiles?: readonly AgentConfigFile[];
   /**
    * For a CLI whose output leaves failed tool calls out (codex 0.169): this run's tool calls, read
    * from the session's files (`sessionLocation`) after it ended. `text`: those files, concatenated.

@@ -44,6 +44,8 @@ interface Cli {
   /** Environment for `.slipway/.env` (its values reach the agent, never history), and config files to write, under the run's agent home. */
   env(home: string, key: string): Record<string, string>;
   files?(home: string): Record<string, string>;
+  /** The variables that point the CLI's folders at `home`; confined, they are left out and the CLI finds its config where it would in HOME (bound read-only by Slipway). */
+  overrides: string[];
   /** The CLI reports a cost. */
   cost: boolean;
   /** Where it keeps its sessions, under the agent home. */
@@ -63,15 +65,17 @@ const CLIS: Record<RealProvider, Cli> = {
       DISABLE_AUTOUPDATER: '1',
       DISABLE_TELEMETRY: '1',
     }),
+    overrides: ['CLAUDE_CONFIG_DIR'],
     cost: true,
     sessions: 'claude/projects',
   },
   codex: {
     exe: 'codex',
     builder: { permission_mode: 'bypassPermissions' },
-    env: (home, key) => ({ CODEX_HOME: path.join(home, 'codex'), FAKE_MODEL_KEY: key }),
+    env: (home, key) => ({ CODEX_HOME: path.join(home, '.codex'), FAKE_MODEL_KEY: key }),
+    overrides: ['CODEX_HOME'],
     files: (home) => ({
-      [path.join(home, 'codex', 'config.toml')]: [
+      [path.join(home, '.codex', 'config.toml')]: [
         'model = "gpt-5-codex"',
         'model_provider = "fake"',
         'check_for_update_on_startup = false',
@@ -88,15 +92,16 @@ const CLIS: Record<RealProvider, Cli> = {
       ].join('\n'),
     }),
     cost: false,
-    sessions: 'codex/sessions',
+    sessions: '.codex/sessions',
   },
   pi: {
     exe: 'pi',
     model: 'fake/claude-sonnet-4-5',
     builder: {},
-    env: (home, key) => ({ PI_CODING_AGENT_DIR: path.join(home, 'pi'), PI_OFFLINE: '1', PI_TELEMETRY: '0', FAKE_MODEL_KEY: key }),
+    env: (home, key) => ({ PI_CODING_AGENT_DIR: path.join(home, '.pi', 'agent'), PI_OFFLINE: '1', PI_TELEMETRY: '0', FAKE_MODEL_KEY: key }),
+    overrides: ['PI_CODING_AGENT_DIR'],
     files: (home) => ({
-      [path.join(home, 'pi', 'models.json')]: JSON.stringify({
+      [path.join(home, '.pi', 'agent', 'models.json')]: JSON.stringify({
         providers: {
           fake: {
             baseUrl: BASE,
@@ -108,14 +113,13 @@ const CLIS: Record<RealProvider, Cli> = {
       }),
     }),
     cost: true,
-    sessions: 'pi/sessions',
+    sessions: '.pi/agent/sessions',
   },
   opencode: {
     exe: 'opencode',
     model: 'fake/fake-model',
     builder: { permission_mode: 'bypassPermissions' },
     env: (home, key) => ({
-      OPENCODE_CONFIG: path.join(home, 'opencode.json'),
       XDG_CONFIG_HOME: path.join(home, '.config'),
       XDG_DATA_HOME: path.join(home, '.local', 'share'),
       XDG_CACHE_HOME: path.join(home, '.cache'),
@@ -126,8 +130,9 @@ const CLIS: Record<RealProvider, Cli> = {
       OPENCODE_DISABLE_DEFAULT_PLUGINS: '1',
       FAKE_MODEL_KEY: key,
     }),
+    overrides: ['XDG_CONFIG_HOME', 'XDG_DATA_HOME', 'XDG_CACHE_HOME', 'XDG_STATE_HOME'],
     files: (home) => ({
-      [path.join(home, 'opencode.json')]: JSON.stringify({
+      [path.join(home, '.config', 'opencode', 'opencode.json')]: JSON.stringify({
         autoupdate: false,
         share: 'disabled',
         provider: {
@@ -145,8 +150,8 @@ const CLIS: Record<RealProvider, Cli> = {
   },
 };
 const PROVIDERS = Object.keys(CLIS) as RealProvider[];
-/** The CLIs whose sessions Slipway carries to a fresh agent home (OpenCode keeps its sessions in one SQLite database: ADR 0011). */
-const CARRIED: RealProvider[] = ['claude-code', 'codex', 'pi'];
+/** The CLIs whose sessions Slipway carries to a fresh agent home (OpenCode's whole SQLite database: ADR 0011 decision 9). */
+const CARRIED: RealProvider[] = ['claude-code', 'codex', 'pi', 'opencode'];
 
 let worker: TestWorker;
 const endpoints = new Map<string, FakeModel>();
@@ -204,8 +209,9 @@ async function runObjective(
     builder?: Record<string, unknown>;
     /**
      * Under bubblewrap with `network: false`: the sandbox's own namespace has only a loopback. The
-     * CLIs' install folder and their config files are bound read-only (`readable:`), the run's own
-     * agent home (only the provider's config files in it) and the endpoint's folder writable.
+     * CLIs' install folder is bound read-only (`readable:`), the endpoint's folder writable; the
+     * agent's HOME is the one Slipway makes, with the CLI's config files bound read-only from the
+     * HOME the objective's environment names (the test's folder): no variable points the CLI elsewhere.
      */
     confined?: boolean;
   } = {},
@@ -223,10 +229,9 @@ async function runObjective(
   const repo = makeDemoRepo();
   mkdirSync(path.join(repo, '.slipway'), { recursive: true });
   const env: Record<string, string> = { HOME: home, SLIPWAY_TEST_MARKER: marker, ...cli.env(home, opts.agentKey ?? key) };
-  // Confined, a CLI with no config files of its own (Claude Code) gets no folder from the test:
-  // its config and sessions go to the agent home Slipway makes (ADR 0011 decision 13), HOME here is replaced.
-  const slipwayHome = opts.confined && !cli.files;
-  if (slipwayHome) delete env.CLAUDE_CONFIG_DIR;
+  // Confined, the CLI gets no folder from the test: its sessions go to the agent home Slipway makes,
+  // its config is bound there from this HOME (ADR 0011 decision 13), and HOME itself is replaced.
+  if (opts.confined) for (const name of cli.overrides) delete env[name];
   writeFileSync(path.join(repo, '.slipway', '.env'), Object.entries(env).map(([k, v]) => `${k}=${v}`).join('\n') + '\n');
 
   let command = opts.command ?? `unshare --net -- node ${OFFLINE} ${endpoint.socketPath} ${PORT} -- ${path.join(AGENT_BIN, cli.exe)}`;
@@ -237,7 +242,7 @@ async function runObjective(
     // Bound at their real paths (`.tools` may be a link into another checkout).
     const agents = realpathSync(path.dirname(path.dirname(AGENT_BIN)));
     command = `node ${path.join(endpointDir, 'offline.mjs')} ${endpoint.socketPath} ${PORT} -- ${realpathSync(path.join(AGENT_BIN, cli.exe))}`;
-    sandbox = { confinement: 'bubblewrap', network: false, writable: slipwayHome ? [endpointDir] : [endpointDir, home], readable: [agents, ...Object.keys(cli.files?.(home) ?? {})] };
+    sandbox = { confinement: 'bubblewrap', network: false, writable: [endpointDir], readable: [agents] };
   }
   const agent = { provider, command, ...(cli.model ? { model: cli.model } : {}), completion_grace_seconds: 2 };
   const file = writeObjective({
@@ -387,39 +392,26 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
   }, 240_000);
 
   it.concurrent.each(PROVIDERS)(
-    '%s under bubblewrap (network off, its binary and config read-only, its own home): builds, resumes, reviews, merges; neither the binary nor the config can be written from the sandbox',
+    '%s under bubblewrap (network off, its binary read-only, its own home with the worker HOME\'s config bound read-only, no variable pointing it at a folder): builds, resumes, reviews, merges; neither the binary nor the config is written',
     async (provider) => {
       const binary = realpathSync(path.join(AGENT_BIN, CLIS[provider].exe));
       const sha = (file: string) => createHash('sha256').update(readFileSync(file)).digest('hex');
       const before = sha(binary);
-      let configs: string[] = [];
-      // Run in the sandbox, as the agent's own commands are (every command of a confined sandbox is): each write must fail.
-      const attack = (home: string) => {
-        configs = Object.keys(CLIS[provider].files?.(home) ?? {});
-        return [binary, ...configs].map((f) => `if touch -c ${f} 2>/dev/null || sh -c 'echo >> ${f}' 2>/dev/null; then echo "wrote ${f}"; exit 3; fi; `).join('');
-      };
-      const configsBefore = new Map<string, string>();
-      const { endpoint, repo, home, result } = await runObjective(`bwrap-${provider}`, provider, {
-        confined: true,
-        gate: (home) => {
-          const script = attack(home);
-          for (const f of configs) configsBefore.set(f, sha(f));
-          return script;
-        },
-      });
+      // Run in the sandbox, as the agent's own commands are (every command of a confined sandbox is): the write must fail.
+      const attack = `if touch -c ${binary} 2>/dev/null || sh -c 'echo >> ${binary}' 2>/dev/null; then echo "wrote ${binary}"; exit 3; fi; `;
+      const { endpoint, repo, home, result } = await runObjective(`bwrap-${provider}`, provider, { confined: true, gate: () => attack });
       expect(result.outcome, JSON.stringify(result.streams[0]?.failure)).toBe('completed');
       expect(sha(binary)).toBe(before);
-      expect(configs.length).toBe(provider === 'claude-code' ? 0 : 1);
-      for (const [f, digest] of configsBefore) expect(sha(f), f).toBe(digest);
+      // The HOME the objective names holds the config the test wrote, unchanged, and nothing else: the CLI read it (it reached the fake endpoint) through Slipway's read-only bind.
+      const configs = CLIS[provider].files?.(home) ?? {};
+      expect(readdirSync(home, { recursive: true, withFileTypes: true }).filter((e) => !e.isDirectory()).map((e) => path.join(e.parentPath, e.name)).sort()).toEqual(Object.keys(configs).sort());
+      for (const [file, text] of Object.entries(configs)) expect(readFileSync(file, 'utf8'), file).toBe(text);
       expect(gitIn(repo, 'show', `${integrationBranch(`bwrap-${provider}`)}:fixed.txt`)).toBe('written by the agent for fixed.txt');
       const runs = result.agentRuns ?? [];
+      // Its session stayed in Slipway's agent home between runs (an empty tmpfs HOME would lose it).
       expect(runs[1].resumed).toBe(runs[0].sessionId);
+      expect(runs[1].resumeFailed).toBeUndefined();
       expect(endpoint.runs()).toHaveLength(3);
-      if (provider === 'claude-code') {
-        // Its session stayed in Slipway's agent home between runs (an empty tmpfs HOME would lose it), and nothing reached the HOME it was given.
-        expect(runs[1].resumeFailed).toBeUndefined();
-        expect(readdirSync(home)).toEqual([]);
-      }
     },
     360_000,
   );

@@ -14,7 +14,8 @@ import type { SessionLocation } from '../agents/provider';
 import { tempDir } from './helpers/repo';
 
 const ID = '5aedad75-f695-42ca-86c1-d07c788330b1';
-const location = (provider: 'claude-code' | 'codex' | 'pi', home: string): SessionLocation => agentProvider(provider).sessionLocation!(ID, { env: {}, home });
+const location = (provider: 'claude-code' | 'codex' | 'pi' | 'opencode', home: string, env: Record<string, string> = {}): SessionLocation =>
+  agentProvider(provider).sessionLocation!(ID, { env, home });
 const put = (file: string, text: string) => {
   mkdirSync(path.dirname(file), { recursive: true });
   writeFileSync(file, text);
@@ -25,6 +26,8 @@ describe('where each CLI keeps a session, and where it goes for another cwd', ()
   const cases = [
     { provider: 'claude-code', mine: [`-old-cwd/${ID}.jsonl`, `-old-cwd/${ID}/subagents/a.jsonl`], other: ['-old-cwd/other.jsonl', `${ID}.jsonl`], placed: `-workspace/${ID}.jsonl`, root: '.claude/projects' },
     { provider: 'codex', mine: [`2026/11/23/rollout-2026-11-23T15-43-44-${ID}.jsonl`], other: ['2026/11/23/rollout-2026-11-23T15-43-44-other.jsonl', `x/rollout-1-${ID}.jsonl`], placed: `2026/11/23/rollout-2026-11-23T15-43-44-${ID}.jsonl`, root: '.codex/sessions' },
+    // OpenCode: one database for every session of its data dir; auth.json beside it never travels.
+    { provider: 'opencode', mine: ['opencode.db', 'opencode.db-wal'], other: ['auth.json', 'opencode.db-shm', 'log/opencode.log', 'storage/opencode.db', 'snapshot/x/y'], placed: 'opencode.db', root: '.local/share/opencode' },
     { provider: 'pi', mine: [`--old-cwd--/2026-11-23T15-43-49-571Z_${ID}.jsonl`], other: ['--old-cwd--/2026_other.jsonl', `2026_${ID}.jsonl`], placed: `--workspace--/2026-11-23T15-43-49-571Z_${ID}.jsonl`, root: '.pi/agent/sessions' },
   ] as const;
   for (const c of cases) {
@@ -37,6 +40,10 @@ describe('where each CLI keeps a session, and where it goes for another cwd', ()
       expect(loc.belongs(loc.place(c.mine[0], '/workspace'))).toBe(true);
     });
   }
+  it('opencode: XDG_DATA_HOME moves its database; OPENCODE_DB elsewhere means nothing is carried', () => {
+    expect(location('opencode', '/h', { XDG_DATA_HOME: '/d' }).root).toBe('/d/opencode');
+    expect(location('opencode', '/h', { OPENCODE_DB: '/x/other.db' }).belongs('opencode.db')).toBe(false);
+  });
   it('the store refuses ids that are not plain names (they come from agent output)', () => {
     expect(sessionStoreDir('/r', 'o', 's', 'pi', ID)).toBe(`/r/.slipway/agent-sessions/o/s/pi/${ID}`);
     for (const bad of ['../x', '.hidden', 'a/b', '']) expect(sessionStoreDir('/r', 'o', 's', 'pi', bad)).toBeUndefined();
@@ -57,6 +64,32 @@ describe('capture and restore', () => {
     expect(readFileSync(path.join(to.root, '-workspace', `${ID}.jsonl`), 'utf8')).toBe('{"turn":1}\n');
     expect(await restoreSession(to, store, async () => '/workspace')).toBe('present');
     expect(await restoreSession(location('claude-code', tempDir('slipway-carry-c-')), path.join(store, 'missing'), async () => '/w')).toBe('none');
+  });
+
+  it('carries OpenCode\'s database (and its WAL) to a fresh home, never its auth.json, log or the database through a link', async () => {
+    const from = location('opencode', tempDir('slipway-carry-a-'));
+    put(path.join(from.root, 'opencode.db'), 'db');
+    put(path.join(from.root, 'opencode.db-wal'), 'wal');
+    put(path.join(from.root, 'opencode.db-shm'), 'shm');
+    put(path.join(from.root, 'auth.json'), '{"fake":{"key":"secret"}}');
+    put(path.join(from.root, 'log', 'opencode.log'), 'log');
+    const store = path.join(tempDir('slipway-carry-store-'), ID);
+    expect(await captureSession(from, store)).toBe(2);
+    expect(files(store)).toEqual(['opencode.db', 'opencode.db-wal']);
+    const to = location('opencode', tempDir('slipway-carry-b-'));
+    expect(await restoreSession(to, store, async () => '/workspace')).toBe('restored');
+    expect(files(to.root)).toEqual(['opencode.db', 'opencode.db-wal']);
+    expect(readFileSync(path.join(to.root, 'opencode.db-wal'), 'utf8')).toBe('wal');
+
+    // The database a link to a host file: not captured.
+    const linked = location('opencode', tempDir('slipway-carry-c-'));
+    const secret = path.join(tempDir('slipway-secret-'), 'host.db');
+    writeFileSync(secret, 'host secret');
+    mkdirSync(linked.root, { recursive: true });
+    symlinkSync(secret, path.join(linked.root, 'opencode.db'));
+    const store2 = path.join(tempDir('slipway-carry-store-'), ID);
+    expect(await captureSession(linked, store2)).toBe(0);
+    expect(existsSync(store2)).toBe(false);
   });
 
   it('a session file that is a symlink (to a host secret) or lies in a linked folder is not captured', async () => {

@@ -22,6 +22,7 @@
  * `.slipway/.env`, `.env` and `.env.*` never reach workflow history.
  */
 import os from 'node:os';
+import path from 'node:path';
 import { stripVTControlCharacters } from 'node:util';
 import { Context } from '@temporalio/activity';
 import { ApplicationFailure } from '@temporalio/common';
@@ -197,6 +198,12 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       // Under confinement the agent's HOME is the sandbox's own (ExecRequest.agentHome): its sessions are there.
       const sandboxHome = await sandboxes.agentHome?.({ root: input.sandboxPath });
       const agentEnv = { ...process.env, ...env, ...(sandboxHome ? { HOME: sandboxHome } : {}) };
+      // The CLI's config files from the worker's HOME (or the one its environment names), bound read-only into that home.
+      const workerEnv = { ...process.env, ...env };
+      const workerHome = workerEnv.HOME || os.homedir();
+      const agentConfig = sandboxHome
+        ? (provider.configFiles ?? []).filter((f) => !f.overriddenBy || !workerEnv[f.overriddenBy]).map((f) => ({ source: path.join(workerHome, ...f.path.split('/')), path: f.path }))
+        : undefined;
       const carry = (sessionId: string) => {
         const store = role === 'builder' ? sessionStoreDir(input.repository, input.objective.id, input.stream.id, spec.provider, sessionId) : undefined;
         const location = store ? provider.sessionLocation?.(sessionId, { env: agentEnv, home: agentEnv.HOME || os.homedir() }) : undefined;
@@ -323,6 +330,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
               stdin: command.stdin,
               env: { ...env, ...command.env },
               agentHome: true,
+              ...(agentConfig ? { agentConfig } : {}),
               signal: signal ? AbortSignal.any([signal, stop.signal]) : stop.signal,
               timeoutMs: spec.timeout_minutes * 60_000,
               // Stopped (timeout, idle, cancellation, lingering): SIGTERM first, so the agent can

@@ -1,7 +1,7 @@
 /**
  * A builder's agent session, carried to wherever the stream's next run happens. After a run, the
  * session's files (Claude Code's `projects/<cwd>/<session>.jsonl`, Codex's rollout file, pi's session
- * file; where each lives is the provider's `sessionLocation`) are copied out of the agent's home into
+ * file, OpenCode's whole SQLite database; where each lives is the provider's `sessionLocation`) are copied out of the agent's home into
  * the stream's store in the repository, `.slipway/agent-sessions/<objective>/<stream>/<provider>/<session>/`,
  * never into workflow history. Before a run that resumes the session, when the agent's home does not
  * have it (a new sandbox with a private home, a cleaned home, another worker), they are copied back,

@@ -3,7 +3,7 @@
  * entries and the prepared template (their setup commands run under the same confinement as
  * the sandbox's agents and gates).
  */
-import { promises as fs } from 'node:fs';
+import { constants as fsConstants, promises as fs } from 'node:fs';
 import { runProcess, type RunResult } from '../process';
 import path from 'node:path';
 import { bwrapArgs, findExecutable, probeBwrap, requireBwrap, resolveExtraPaths, SANDBOX_WORKSPACE, toSandboxPath, type BubblewrapConfinement, type ConfinementLayout } from './bubblewrap';
@@ -115,12 +115,34 @@ async function makeAgentHome(dir: string): Promise<string> {
 }
 
 /**
+ * Where `rel` (a provider's config file) is bound in the agent home: real folders down to it
+ * (made 0700 if missing) and a regular file as mount point. The home is the agent's between runs:
+ * a link or a non-folder it planted on the way is refused, never followed.
+ */
+async function configMountPoint(home: string, rel: string): Promise<string> {
+  const parts = rel.split('/');
+  if (path.isAbsolute(rel) || parts.some((p) => p === '' || p === '.' || p === '..')) throw new Error(`agent config path ${JSON.stringify(rel)} is not a plain relative path`);
+  let current = home;
+  for (const part of parts.slice(0, -1)) {
+    current = path.join(current, part);
+    const st = await fs.lstat(current).catch(() => undefined);
+    if (!st) await fs.mkdir(current, { mode: 0o700 });
+    else if (!st.isDirectory() || st.isSymbolicLink()) throw new Error(`the agent home's ${path.relative(home, current)} is not a plain folder; its config cannot be bound there`);
+  }
+  const target = path.join(current, parts[parts.length - 1]!);
+  const st = await fs.lstat(target).catch(() => undefined);
+  if (!st) await (await fs.open(target, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW, 0o600)).close();
+  else if (!st.isFile()) throw new Error(`the agent home's ${rel} is not a regular file; its config cannot be bound there`);
+  return target;
+}
+
+/**
  * The bwrap command line for a request in a confined sandbox, with the sandbox's own git
  * directory in place of the repository's (sandbox-git.ts).
  */
 export async function confinedCommand(
   target: ExecTarget,
-  req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv' | 'agentHome'>,
+  req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv' | 'agentHome' | 'agentConfig'>,
   opts: { seccomp?: boolean } = {},
 ): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string; pwd: string; egress?: ReturnType<typeof egressSetup>; seccomp?: { fd: number; program: Buffer } }> {
   const confinement = target.confinement;
@@ -146,6 +168,13 @@ export async function confinedCommand(
   // session carry (session-carry.ts) names the same files the agent writes.
   const agentHome = req.agentHome ? await makeAgentHome(sandboxAgentHome(loc.repository, loc.worktree)) : undefined;
   if (agentHome) layout.binds.push({ source: agentHome, dest: agentHome });
+  // The provider's config files, read-only on top of the writable home (roBinds come after binds):
+  // the agent reads the worker's config but cannot change it, replace it or move it.
+  for (const file of agentHome ? (req.agentConfig ?? []) : []) {
+    const source = await fs.realpath(file.source).catch(() => undefined);
+    if (!source || !(await fs.stat(source).then((s) => s.isFile(), () => false))) continue; // not configured: absent
+    layout.roBinds.push({ source, dest: await configMountPoint(agentHome!, file.path) });
+  }
   // Host paths never reach the sandbox (ADR 0006): the worktree's are translated to
   // /workspace, and what still names the repository or Slipway's data (an inherited PWD,
   // INIT_CWD, npm_* of a worker started in the repository) means nothing inside and is dropped.

@@ -104,6 +104,12 @@ export interface ExecRequest {
    * an empty tmpfs per command; any HOME in `env` or the worker's is replaced. Unconfined: no effect.
    */
   agentHome?: boolean;
+  /**
+   * With `agentHome`, under confinement: the provider's config files (agents/provider.ts
+   * `configFiles`), each bound read-only from `source` (a host file of the worker's) at `path`
+   * relative to the agent home. A missing source is left out. Elsewhere: no effect.
+   */
+  agentConfig?: Array<{ source: string; path: string }>;
   stdin?: string;
   timeoutMs?: number;
   signal?: AbortSignal;

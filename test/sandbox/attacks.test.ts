@@ -422,4 +422,56 @@ describe('the agent home Slipway makes for a confined sandbox', () => {
       await fs.rm(parent, { recursive: true, force: true });
     }
   });
+
+  it("the provider's config files are bound read-only into the agent home: the agent reads them but cannot write, remove, move or replace them; a missing one is absent; a link planted on the way is refused, not followed", async () => {
+    const parent = tempDir('agent-config');
+    const { repo } = makeRepo(parent);
+    const workerHome = path.join(parent, 'worker-home');
+    await fs.mkdir(path.join(workerHome, '.codex'), { recursive: true });
+    const config = path.join(workerHome, '.codex', 'config.toml');
+    await fs.writeFile(config, 'model = "worker"\n');
+    const provider = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false }, backgroundFill: false });
+    const agentConfig = [
+      { source: config, path: '.codex/config.toml' },
+      { source: path.join(workerHome, '.codex', 'auth.json'), path: '.codex/auth.json' }, // not there on the worker
+    ];
+    try {
+      const sandbox = await provider.create(sandboxRequest(repo, 'config'));
+      const agent = (command: string) => provider.exec(sandbox, { command, shell: true, agentHome: true, agentConfig });
+      const attempts = [
+        'echo pwned >> "$HOME/.codex/config.toml"',
+        'printf pwned > "$HOME/.codex/config.toml"',
+        'rm -f "$HOME/.codex/config.toml"',
+        'mv "$HOME/.codex/config.toml" "$HOME/moved"',
+        'ln -sf /etc/hostname "$HOME/.codex/config.toml"',
+        'chmod 777 "$HOME/.codex/config.toml"',
+      ];
+      const run = await agent(['cat "$HOME/.codex/config.toml"', ...attempts.map((a) => `if ${a} 2>/dev/null; then echo "DID: ${a}"; fi`), 'ls -A "$HOME/.codex"', 'true'].join('; '));
+      expect(run.stdout.split('\n')[0]).toBe('model = "worker"');
+      expect(run.stdout).not.toContain('DID: ');
+      expect(run.stdout).not.toContain('auth.json'); // missing on the worker: absent in the home
+      expect(await fs.readFile(config, 'utf8')).toBe('model = "worker"\n');
+      expect((await fs.stat(config)).mode & 0o777).not.toBe(0o777);
+      // Its folder is the agent's own: moved away, the file goes along, still read-only; the next run has it back in place.
+      const moved = await agent('mv "$HOME/.codex" "$HOME/codex-moved" && if echo pwned >> "$HOME/codex-moved/config.toml" 2>/dev/null; then echo DID; fi; true');
+      expect(moved.stdout).not.toContain('DID');
+      expect(await fs.readFile(config, 'utf8')).toBe('model = "worker"\n');
+      expect((await agent('cat "$HOME/.codex/config.toml"')).stdout).toBe('model = "worker"\n');
+      // The worker's file changed: the next run reads the new one (a bind, not a copy taken once).
+      await fs.writeFile(config, 'model = "updated"\n');
+      expect((await agent('cat "$HOME/.codex/config.toml"')).stdout).toBe('model = "updated"\n');
+
+      // The agent replaces the folder with a link to somewhere it wants the config mounted: the next run is refused.
+      const home = sandboxAgentHome(repo, await fs.realpath(sandbox.root));
+      const elsewhere = path.join(parent, 'elsewhere');
+      await fs.mkdir(elsewhere);
+      await fs.rm(path.join(home, '.codex'), { recursive: true, force: true });
+      await fs.symlink(elsewhere, path.join(home, '.codex'));
+      await expect(agent('true')).rejects.toThrow(/\.codex is not a plain folder/);
+      expect(await fs.readdir(elsewhere)).toEqual([]);
+      await provider.destroy({ repository: repo, root: sandbox.root });
+    } finally {
+      await fs.rm(parent, { recursive: true, force: true });
+    }
+  });
 });
