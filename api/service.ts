@@ -4,7 +4,8 @@
  * Control plane (create, delete, wake) goes through the sandbox workflow; data plane (exec,
  * files) goes straight to the provider after one billing statement that admits the call, so a
  * tight exec loop costs a database round trip, not a workflow round trip. A call that finds
- * the sandbox suspended wakes it (a workflow update) before it is served.
+ * the sandbox suspended wakes it (a workflow update) before it is served. A sandbox held by a
+ * worker on another host (ADR 0013) is served through that owner instead (workflows/service-call.ts).
  */
 import { createHash, randomUUID } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
@@ -340,10 +341,6 @@ export class SandboxService {
   }
 
   /**
-   * Admits one call on a sandbox: ready -> stamped and returned; suspended (or on its way) ->
-   * woken first. Returns a release function that ends the call's keep-alive.
-   */
-  /**
    * The worker to run this call on when it is not this host (ADR 0013, "Sandbox service calls
    * through the owner"); undefined: run it here. Streams and bodies over the payload limit are
    * refused for a remote owner.
@@ -376,6 +373,10 @@ export class SandboxService {
     }
   }
 
+  /**
+   * Admits one call on a sandbox: ready -> stamped and returned; suspended (or on its way) ->
+   * woken first. Returns a release function that ends the call's keep-alive.
+   */
   private async admit(principal: Principal, id: string): Promise<{ row: billing.SandboxRow; provider: SandboxProvider; release: () => void; profile: billing.ProfileRow }> {
     const { db } = this.deps;
     // Malformed ids never reach the database (a NUL byte is a Postgres error, not a 404).
