@@ -10,6 +10,8 @@ import { createAgentActivities as createAgentRunActivities } from './agents/run-
 import { failure } from './failures';
 import { branchExists, commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS, rawGit, resolveCommit } from '../lib/git';
 import { clearStaleGitLocks } from './git-locks';
+import { mirroredRemote, pushToRemote } from '../lib/remote-repository';
+import { classifyRepositorySpec } from '../core/repository-spec';
 import { claimObjectiveId } from './objective-id';
 import { Context } from '@temporalio/activity';
 import { heartbeating, withHeartbeat } from './heartbeat';
@@ -234,11 +236,16 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     },
 
     /** Removes the merger worktree; the integration branch stays. */
-    async finishObjective(input: { repository: string; objectiveId: string }): Promise<{ integrationHead?: string }> {
+    async finishObjective(input: { repository: string; objectiveId: string }): Promise<{ integrationHead?: string; pushedTo?: string; pushError?: string }> {
       const branch = integrationBranch(input.objectiveId);
       const integrationHead = (await branchExists(input.repository, branch)) ? await resolveCommit(input.repository, branch) : undefined;
       await sandboxes.destroy({ repository: input.repository, root: localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME) });
-      return { integrationHead };
+      // On Slipway's clone of a remote repository the result goes back to the remote (never forced).
+      const remote = integrationHead ? await mirroredRemote(input.repository) : undefined;
+      if (!remote) return { integrationHead };
+      const spec = classifyRepositorySpec(remote);
+      const pushed = await pushToRemote(input.repository, spec.kind === 'url' ? spec.protocol : 'file', branch);
+      return pushed.error ? { integrationHead, pushError: `${branch} was not pushed to ${remote}: ${pushed.error}` } : { integrationHead, pushedTo: remote };
     },
   };
   // Git and sandbox plumbing runs under a heartbeat timeout (workflows/activity-options.ts):

@@ -6,6 +6,8 @@
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { z } from 'zod';
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
 import { handleMcpHttp } from './mcp';
 import { buildOpenApiDocument } from './openapi';
 import websocket from '@fastify/websocket';
@@ -115,11 +117,6 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
     reply.hijack();
     await handlePreviewRequest(service, target, req.raw, reply.raw, counters);
   });
-  app.server.on('upgrade', (req, socket, head) => {
-    const target = previewTarget(service, req);
-    if (!target) return void socket.end('HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n');
-    void handlePreviewUpgrade(service, target, req, socket, head, counters);
-  });
 
   app.addHook('onResponse', async (req, reply) => {
     req.log.info({ req: { method: req.method, url: redactUrl(req.url) }, res: { statusCode: reply.statusCode }, responseTime: Math.round(reply.elapsedTime) }, 'request completed');
@@ -150,6 +147,16 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
   app.get('/api/v1/grants/introspect', async (req) => service.introspectGrant(bearer(req)));
 
   await app.register(websocket, { options: { maxPayload: 2 * 1024 * 1024 } });
+  // One upgrade dispatcher: a preview origin's upgrade goes to its sandbox and nowhere else; any
+  // other upgrade (the exec WebSocket) to @fastify/websocket's router. Both listening on the server
+  // would answer one socket twice.
+  const routed = app.server.listeners('upgrade') as Array<(...args: unknown[]) => void>;
+  app.server.removeAllListeners('upgrade');
+  app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    const target = previewTarget(service, req);
+    if (target) return void handlePreviewUpgrade(service, target, req, socket, head, counters);
+    for (const listener of routed) listener.call(app.server, req, socket, head);
+  });
 
   // Everything under /api/v1/sandboxes needs an account token.
   await app.register(async (api) => {

@@ -6,7 +6,8 @@
  *
  *   path/to/objective.yaml:12:9: streams[1].depends_on[0]: unknown stream "api"
  *
- * Nothing is written to the repository: only read-only git probes run. The repository's own
+ * Nothing is written to the repository: only read-only git probes run (a remote repository is
+ * cloned or fetched into Slipway's own clone of it, lib/remote-repository.ts). The repository's own
  * `.slipway/config.yaml` and `.slipway/blueprints/` are used only when `slipway trust` recorded
  * them as they are (config/trust.ts); the objective file itself is the user's and needs no trust.
  */
@@ -21,7 +22,9 @@ import { resolveObjectiveBlueprint } from './resolve-blueprint';
 import { BlueprintUseError } from '../blueprints/loader';
 import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, type AgentSource } from './agent-config';
 import { checkRepositoryTrust, trustProblem } from './trust';
-import { currentBranch, isGitRepository, repositoryRoot, resolveCommit } from '../lib/git';
+import { currentBranch, GitError, gitMaybe, isGitRepository, repositoryRoot, resolveCommit } from '../lib/git';
+import { syncMirror } from '../lib/remote-repository';
+import { classifyRepositorySpec, RepositorySpecError, type RepositoryUrlProtocol } from '../core/repository-spec';
 import { sandboxOptionsFromConfig } from './sandbox-options';
 import { budgetSpec } from '../core/budget';
 import {
@@ -191,8 +194,8 @@ async function loadObjectiveText(
   if (repoFromOverride && (typeof repoSpec !== 'string' || repoSpec.trim() === '')) {
     problems.push(repositoryField('must not be empty', true));
   } else if (typeof repoSpec === 'string' && repoSpec !== '') {
-    const resolved = path.resolve(repoFromOverride ? process.cwd() : objectiveDir, expandHome(repoSpec));
-    const result = await resolveRepository(resolved);
+    const wantedBranch = overrides.baseBranch ?? (typeof rawObject.base_branch === 'string' && rawObject.base_branch !== '' ? rawObject.base_branch : undefined);
+    const result = await resolveRepositorySpec(repoSpec, repoFromOverride ? process.cwd() : objectiveDir, wantedBranch);
     if ('error' in result) problems.push(repositoryField(result.error, repoFromOverride));
     else repository = result.root;
   }
@@ -371,6 +374,41 @@ export function deriveObjectiveId(file: string, now: Date): string {
 
 // ---------------------------------------------------------------------------------------
 // Repository
+
+/**
+ * A local checkout resolves to its root; a URL or a bare repository to Slipway's clone of it,
+ * fetched now so the base branch is checked against the remote's current tips.
+ */
+async function resolveRepositorySpec(spec: string, relativeTo: string, baseBranch: string | undefined): Promise<{ root: string } | { error: string }> {
+  let remote: { url: string; protocol: RepositoryUrlProtocol; display: string };
+  try {
+    const classified = classifyRepositorySpec(spec);
+    if (classified.kind === 'url') {
+      if (classified.hasCredentials) {
+        return { error: `${classified.display} embeds credentials; never put a password or token in the URL (it would be stored in the objective's history): use a git credential helper or the environment (GIT_ASKPASS, an ssh agent)` };
+      }
+      remote = classified;
+    } else {
+      const dir = path.resolve(relativeTo, expandHome(spec));
+      if (!(await isBareRepository(dir))) return resolveRepository(dir);
+      const real = await fs.realpath(dir);
+      remote = { url: real, protocol: 'file', display: real };
+    }
+  } catch (e) {
+    if (e instanceof RepositorySpecError) return { error: e.message };
+    throw e;
+  }
+  try {
+    return { root: (await syncMirror(remote, baseBranch)).root };
+  } catch (e) {
+    const reason = e instanceof GitError ? e.stderr.trim().split('\n').slice(-3).join('; ') : (e as Error).message;
+    return { error: `cannot fetch ${remote.display}: ${reason}` };
+  }
+}
+
+async function isBareRepository(dir: string): Promise<boolean> {
+  return (await gitMaybe(dir, ['rev-parse', '--is-bare-repository'])) === 'true';
+}
 
 async function resolveRepository(dir: string): Promise<{ root: string } | { error: string }> {
   let stat;

@@ -130,6 +130,8 @@ describe('bad input', () => {
       expect: /objective\.yaml:\d+:\d+: streams\[0\]\.depends_on\[0\]: unknown stream "ghost"/,
     },
     { name: 'repository that does not exist', yaml: toYaml({ ...good, repository: '/nonexistent/repo' }), expect: /objective\.yaml:2:\d+: repository: .*does not exist/ },
+    { name: 'repository URL with credentials', yaml: toYaml({ ...good, repository: 'https://me:t0ken-secret@example.com/r.git' }), expect: /objective\.yaml:2:\d+: repository: https:\/\/example\.com\/r\.git embeds credentials; .*credential helper/ },
+    { name: 'unreachable repository URL', yaml: toYaml({ ...good, repository: 'file:///nonexistent/remote.git' }), expect: /objective\.yaml:2:\d+: repository: cannot fetch file:\/\/\/nonexistent\/remote\.git: / },
   ];
 
   for (const c of cases) {
@@ -143,6 +145,7 @@ describe('bad input', () => {
       const embedded = await slipway(['run', file, '--id', id], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()) });
       expect(embedded.code).toBe(2);
       expect(embedded.stderr).toMatch(c.expect);
+      expect(embedded.stderr).not.toContain('t0ken-secret');
       expect(existsSync(path.join(home, 'temporal.sqlite'))).toBe(false);
       // Against a live server: no workflow was started.
       const remote = await slipway(['run', file, '--id', id], serverEnv);

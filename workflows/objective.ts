@@ -653,6 +653,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   done = true;
   status.outcome = outcome;
   upsertSearchAttributes([{ key: SlipwayOutcome, value: outcome }]);
-  enter('done', `outcome **${outcome}**${failure ? ` (${failure})` : ''}: ${status.mergeOrder.length}/${status.streams.length} streams merged into \`${prepared.integrationBranch}\``);
-  return { ...status, outcome, integrationHead: finished.integrationHead, error: failure };
+  // A rejected push (the remote's branch moved on) is reported, never forced (lib/remote-repository.ts).
+  const pushed = finished.pushError ? `; ${finished.pushError}` : finished.pushedTo ? `, pushed to ${finished.pushedTo}` : '';
+  enter('done', `outcome **${outcome}**${failure ? ` (${failure})` : ''}: ${status.mergeOrder.length}/${status.streams.length} streams merged into \`${prepared.integrationBranch}\`${pushed}`);
+  return { ...status, outcome, integrationHead: finished.integrationHead, error: failure ?? finished.pushError };
 }

@@ -30,7 +30,7 @@ import type { SandboxLimits } from './limits';
 import { resolveInside } from './paths';
 import { PortUnreachableError } from './port-relay';
 import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
-import { checkSize, CONTROL_FD, CONTROLLER, SessionRequestError, TERMINAL_SIGNAL_KEYS, terminalCommandLine } from './session';
+import { checkSize, CONTROL_FD, CONTROLLER, SessionRequestError, sessionOver, terminalCommandLine } from './session';
 import { OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
 
@@ -412,48 +412,25 @@ export class ContainerSandboxProvider implements SandboxProvider {
       child.once('exit', (exitCode, signal) => resolve({ exitCode, signal }));
       child.once('error', () => resolve({ exitCode: null, signal: null }));
     });
-    let exited = false;
     const control = pty ? ((child.stdio as unknown as Array<Writable | null>)[3] ?? undefined) : undefined;
-    control?.on('error', () => undefined);
-    void exit.then(() => {
-      exited = true;
-      control?.destroy();
-    });
     await new Promise<void>((resolve, reject) => {
       child.once('spawn', resolve);
       child.once('error', reject);
     });
-    const stdin = child.stdin as Writable;
-    stdin.on('error', () => undefined); // the command may exit without reading its input
-    const inside = (sig: string) => this.killExec(p.container, p.id, sig);
     const half = Math.floor(p.id.length / 2);
     const signalInside = (sig: string) =>
       engine(this.kind, ['exec', p.container, '/bin/sh', '-c', SIGNAL_EXEC_SCRIPT, 'signal', p.id.slice(0, half), p.id.slice(half), sig], { allowFail: true });
-    return {
-      pid: child.pid,
+    return sessionOver(child, {
       pty: pty !== undefined,
-      stdin,
-      stdout: child.stdout as Readable,
-      stderr: child.stderr as Readable,
+      control,
       exit,
-      resize(cols: number, rows: number) {
-        if (!control) throw new SessionRequestError('resize needs a session with a pty');
-        const size = checkSize(cols, rows, 'resize');
-        if (!exited) control.write(`${size.rows} ${size.cols}\n`);
+      signalOther: (sig) => {
+        if (!/^SIG[A-Z0-9]+$/.test(sig)) throw new SessionRequestError(`signal must be a signal name such as SIGTERM, got ${JSON.stringify(sig)}`);
+        void signalInside(sig.slice(3));
       },
-      signal(sig: NodeJS.Signals) {
-        if (exited) return;
-        const key = pty ? TERMINAL_SIGNAL_KEYS[sig] : undefined;
-        if (key) stdin.write(key);
-        else if (/^SIG[A-Z0-9]+$/.test(sig)) void signalInside(sig.slice(3));
-        else throw new SessionRequestError(`signal must be a signal name such as SIGTERM, got ${JSON.stringify(sig)}`);
-      },
-      kill() {
-        if (exited) return;
-        // Inside first (the client's death would not end it), then the client.
-        void inside('KILL').finally(() => killProcessGroup(child.pid));
-      },
-    };
+      // Inside first (the client's death would not end it), then the client.
+      killAll: () => void this.killExec(p.container, p.id, 'KILL').finally(() => killProcessGroup(child.pid)),
+    });
   }
 
   /**

@@ -139,9 +139,28 @@ export async function openSessionInWorktree(target: ExecTarget, req: SessionRequ
     await exit;
     throw e;
   }
+  const control = pty ? ((child.stdio as unknown as Array<Writable | null>)[CONTROL_FD] ?? undefined) : undefined;
+  return sessionOver(child, {
+    pty: pty !== undefined,
+    control,
+    exit,
+    signalOther: (sig) => signalTree(child.pid, sig),
+    killAll: () => killProcessGroup(child.pid),
+  });
+}
+
+/**
+ * The SandboxSession over a spawned session wrapper, for every provider: resize requests on its
+ * control pipe, keyboard signals typed into the terminal under a pty; how other signals and a
+ * kill reach the command is the provider's (a process tree here, the command inside a container).
+ */
+export function sessionOver(
+  child: ChildProcess,
+  opts: { pty: boolean; control: Writable | undefined; exit: Promise<SessionExit>; signalOther: (sig: NodeJS.Signals) => void; killAll: () => void },
+): SandboxSession {
+  const { control, exit } = opts;
   const stdin = child.stdin as Writable;
   stdin.on('error', () => undefined); // the command may exit without reading its input
-  const control = pty ? ((child.stdio as unknown as Array<Writable | null>)[CONTROL_FD] ?? undefined) : undefined;
   control?.on('error', () => undefined);
   let exited = false;
   void exit.then(() => {
@@ -150,7 +169,7 @@ export async function openSessionInWorktree(target: ExecTarget, req: SessionRequ
   });
   return {
     pid: child.pid,
-    pty: pty !== undefined,
+    pty: opts.pty,
     stdin,
     stdout: child.stdout as Readable,
     stderr: child.stderr as Readable,
@@ -163,12 +182,12 @@ export async function openSessionInWorktree(target: ExecTarget, req: SessionRequ
     signal(sig: NodeJS.Signals) {
       if (exited) return;
       // Under a terminal, keyboard signals go where a terminal sends them: its foreground group.
-      const key = pty ? TERMINAL_SIGNAL_KEYS[sig] : undefined;
+      const key = opts.pty ? TERMINAL_SIGNAL_KEYS[sig] : undefined;
       if (key) stdin.write(key);
-      else signalTree(child.pid, sig);
+      else opts.signalOther(sig);
     },
     kill() {
-      if (!exited) killProcessGroup(child.pid);
+      if (!exited) opts.killAll();
     },
   };
 }

@@ -111,12 +111,13 @@ describe('podman sandboxes: isolation and lifecycle', () => {
     });
     await new Promise<void>((resolve) => hostServer.listen(0, '127.0.0.1', resolve));
     const port = (hostServer.address() as net.AddressInfo).port;
+    // Nothing listens inside yet: refused, although the host's loopback has that port open.
+    await expect(provider.connectPort(handle, port)).rejects.toBeInstanceOf(PortUnreachableError);
     const session = await provider.openSession(handle, {
       command: 'node',
       args: ['-e', `require('http').createServer((q, r) => r.end('inside-' + q.url)).listen(${port}, '127.0.0.1', () => console.log('listening'))`],
     });
     try {
-      await expect(provider.connectPort(handle, port)).rejects.toBeInstanceOf(PortUnreachableError);
       let out = '';
       session.stdout.on('data', (d: Buffer) => (out += d.toString()));
       expect(await waitFor(async () => out.includes('listening'), 30_000)).toBe(true);

@@ -6,6 +6,7 @@
 import { spawn } from 'node:child_process';
 import http from 'node:http';
 import path from 'node:path';
+import { BIN as SLIPWAY_FROM_SOURCE } from '../helpers/cli';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Client as McpClient } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -196,7 +197,8 @@ describe('exec WebSocket', () => {
 });
 
 describe('slipway sandbox shell and exec', () => {
-  const BIN = path.join(__dirname, '..', '..', 'bin', 'slipway.cjs');
+  // The CLI from source (the published bin runs dist/, which may not be built from this tree).
+  const BIN = SLIPWAY_FROM_SOURCE;
   const quote = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 
   it('drives a remote shell from a real terminal: typed commands, ^C interrupts sleep, exit 3 returns 3', async () => {

@@ -13,6 +13,7 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { Client as SshClient } from 'ssh2';
+import { BIN as SLIPWAY_FROM_SOURCE } from '../helpers/cli';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
 import type { SshTokenView } from '../../api/schemas';
@@ -269,7 +270,8 @@ function fetchVia(host: string, token: string): Promise<{ status: number; body: 
 }
 
 describe('the CLI', () => {
-  const BIN = path.join(__dirname, '..', '..', 'bin', 'slipway.cjs');
+  // The CLI from source (the published bin runs dist/, which may not be built from this tree).
+  const BIN = SLIPWAY_FROM_SOURCE;
   const cli = (args: string[], env: NodeJS.ProcessEnv = {}) =>
     new Promise<Run>((resolve) => {
       const child = spawn(process.execPath, [BIN, ...args], { env: { PATH: process.env.PATH, HOME: tmp, SLIPWAY_HOME: path.join(tmp, 'cli-home'), ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
