@@ -4,12 +4,19 @@
  * Control plane (create, delete, wake) goes through the sandbox workflow; data plane (exec,
  * files) goes straight to the provider after one billing statement that admits the call, so a
  * tight exec loop costs a database round trip, not a workflow round trip. A call that finds
- * the sandbox suspended wakes it (a workflow update) before it is served.
+ * the sandbox suspended wakes it (a workflow update) before it is served. A sandbox held by a
+ * worker on another host (ADR 0013) is served through that owner instead (workflows/service-call.ts).
  */
-import { createHash } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import { existsSync, promises as fs } from 'node:fs';
 import type { Client } from '@temporalio/client';
-import { WorkflowExecutionAlreadyStartedError, WorkflowNotFoundError } from '@temporalio/client';
+import { WorkflowExecutionAlreadyStartedError, WorkflowFailedError, WorkflowNotFoundError } from '@temporalio/client';
+import { ActivityFailure, ApplicationFailure, TimeoutFailure, TimeoutType } from '@temporalio/common';
+import { Readable } from 'node:stream';
+import { ownerTaskQueue } from '../core/ids';
+import { DEFAULT_OWNER_GRACE_SECONDS, serviceCallRoute, type ServiceCallKind } from '../core/routing';
+import { sandboxServiceCallWorkflow, type SandboxServiceCall, type SandboxServiceCallResult } from '../workflows/service-call';
+import type { OwnerExecResult } from '../activities/service/calls';
 import type { Logger } from 'pino';
 import {
   GRANTS_FILE,
@@ -98,6 +105,10 @@ export interface SandboxServiceDeps {
   preview?: PreviewSettings;
   /** The SSH broker (ADR 0015): where it listens as clients reach it; absent: off. */
   ssh?: SshSettings;
+  /** This host's worker id (ADR 0013): calls on sandboxes another worker holds run on that owner. */
+  workerId?: string;
+  /** How long a call waits for a remote owner to take it up before a 503 (default DEFAULT_OWNER_GRACE_SECONDS). */
+  ownerGraceSeconds?: number;
 }
 
 export interface SshSettings {
@@ -330,6 +341,39 @@ export class SandboxService {
   }
 
   /**
+   * The worker to run this call on when it is not this host (ADR 0013, "Sandbox service calls
+   * through the owner"); undefined: run it here. Streams and bodies over the payload limit are
+   * refused for a remote owner.
+   */
+  private remoteOwner(row: billing.SandboxRow, call: ServiceCallKind, bytes?: number): string | undefined {
+    const route = serviceCallRoute({ owner: row.owner ?? undefined, localWorkerId: this.deps.workerId, call, bytes });
+    if (route.kind === 'refuse') throw new ApiError(route.status, route.code, route.message);
+    return route.kind === 'owner' ? route.owner : undefined;
+  }
+
+  /** Runs one call on the owner (workflows/service-call.ts) and answers its failures as the direct path would. */
+  private async onOwner(row: billing.SandboxRow, owner: string, call: SandboxServiceCall, file: string, signal?: AbortSignal): Promise<SandboxServiceCallResult> {
+    const graceSeconds = this.deps.ownerGraceSeconds ?? DEFAULT_OWNER_GRACE_SECONDS;
+    const handle = await this.deps.client.workflow.start(sandboxServiceCallWorkflow, {
+      // This process's own queue when it has a worker id (it polls it), else the shared service queue.
+      taskQueue: this.deps.workerId ? ownerTaskQueue(this.deps.taskQueue, this.deps.workerId) : this.deps.taskQueue,
+      workflowId: `sandbox-call:${row.id}:${randomUUID()}`,
+      args: [{ serviceQueue: this.deps.taskQueue, owner, graceSeconds, call }],
+    });
+    this.deps.logger.info({ sandboxId: row.id, owner, op: call.op, workflowId: handle.workflowId }, 'call on the sandbox owner');
+    // The caller went away: the command on the owner is cancelled with the call.
+    const onAbort = () => void handle.cancel().catch(() => undefined);
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      return await handle.result();
+    } catch (e) {
+      throw remoteCallError(e, row.id, owner, graceSeconds, file);
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /**
    * Admits one call on a sandbox: ready -> stamped and returned; suspended (or on its way) ->
    * woken first. Returns a release function that ends the call's keep-alive.
    */
@@ -448,9 +492,16 @@ export class SandboxService {
   async exec(principal: Principal, id: string, body: ExecBody, signal?: AbortSignal) {
     const releaseSlot = this.claimExecSlot(principal.accountId);
     try {
-      const { row, provider, release } = await this.admit(principal, id);
+      const { row, provider, release, profile } = await this.admit(principal, id);
       try {
         const root = row.root!;
+        const owner = this.remoteOwner(row, 'exec');
+        if (owner !== undefined) {
+          const result = await this.onOwner(row, owner, { op: 'exec', input: { root, policy: billing.policyFromProfile(profile), command: body.command, args: body.args, env: execEnv(row, body.env), cwd: body.cwd, stdin: body.stdin, timeoutMs: body.timeout_seconds * 1000 } }, body.cwd ?? '.', signal);
+          const run = (result as { exec: OwnerExecResult }).exec;
+          this.deps.metrics?.exec(principal.accountId, row.platform, run.durationMs);
+          return { exit_code: run.exitCode, stdout: run.stdout, stderr: run.stderr, timed_out: run.timedOut, duration_ms: run.durationMs };
+        }
         if (body.cwd !== undefined) await checkCwd(root, body.cwd);
         const env = execEnv(row, body.env);
         const run = await provider
@@ -484,6 +535,7 @@ export class SandboxService {
       const { row, provider, release } = await this.admit(principal, id);
       try {
         const root = row.root!;
+        this.remoteOwner(row, 'stream');
         if (body.cwd !== undefined) await checkCwd(root, body.cwd);
         const session = await provider
           .openSession({ root }, { command: body.command, args: body.args, env: execEnv(row, body.env), inheritEnv: false, cwd: body.cwd, ...(body.pty ? { pty: body.pty } : {}) })
@@ -529,6 +581,15 @@ export class SandboxService {
     const { row, release, profile } = await this.admit(principal, id);
     let opened: OpenedFile;
     try {
+      const owner = this.remoteOwner(row, 'file');
+      if (owner !== undefined) {
+        const allowHardLinks = profile.confinement === 'bubblewrap';
+        const result = await this.onOwner(row, owner, { op: 'readFile', input: { root: row.root!, path: file, maxBytes: this.fileLimitBytes, allowHardLinks } }, file);
+        const body = Buffer.from((result as { base64: string }).base64, 'base64');
+        const stream = Readable.from([body]);
+        stream.once('close', release);
+        return { size: body.length, stream };
+      }
       // Under bubblewrap a tenant can link only files of its own tree (ADR 0006): its hard links are its own.
       opened = await openSandboxFile(row.root!, file, { ...FILES_API, maxBytes: this.fileLimitBytes, allowHardLinks: profile.confinement === 'bubblewrap' });
     } catch (e) {
@@ -551,6 +612,11 @@ export class SandboxService {
     if (content.length > this.fileLimitBytes) throw new ApiError(413, 'file_too_large', `the file is ${content.length} bytes, over the limit of ${this.fileLimitBytes} bytes`);
     const { row, release } = await this.admit(principal, id);
     try {
+      const owner = this.remoteOwner(row, 'file', content.length);
+      if (owner !== undefined) {
+        await this.onOwner(row, owner, { op: 'writeFile', input: { root: row.root!, path: file, base64: content.toString('base64') } }, file);
+        return;
+      }
       await writeSandboxFile(row.root!, file, content, FILES_API).catch((e) => {
         throw mapFsError(e, file);
       });
@@ -563,6 +629,11 @@ export class SandboxService {
     checkPath(file);
     const { row, release } = await this.admit(principal, id);
     try {
+      const owner = this.remoteOwner(row, 'file');
+      if (owner !== undefined) {
+        await this.onOwner(row, owner, { op: 'deleteFile', input: { root: row.root!, path: file } }, file);
+        return;
+      }
       await deleteSandboxFile(row.root!, file, FILES_API).catch((e) => {
         throw mapFsError(e, file);
       });
@@ -659,6 +730,7 @@ export class SandboxService {
     this.rateLimit(owner.account_id);
     const { row, provider, release } = await this.admit({ accountId: owner.account_id, tokenId: 'preview', sandboxesEnabled: true }, sandboxId);
     try {
+      this.remoteOwner(row, 'stream');
       if (!provider.connectPort) throw new ApiError(501, 'previews_unsupported', `the ${provider.kind} provider cannot reach sandbox ports`);
       const stream = await provider.connectPort({ root: row.root! }, port);
       return { stream, release, accountId: owner.account_id };
@@ -722,6 +794,7 @@ export class SandboxService {
     try {
       const { row, provider, release } = await this.admit({ accountId: login.accountId, tokenId: login.tokenId, sandboxesEnabled: true }, login.sandboxId);
       try {
+        this.remoteOwner(row, 'stream');
         const session = await provider.openSession({ root: row.root! }, { ...req, env: execEnv(row, req.env ?? {}), inheritEnv: false });
         return {
           session,
@@ -793,6 +866,32 @@ async function checkCwd(root: string, cwd: string): Promise<void> {
   const st = await fs.stat(resolved).catch(() => undefined);
   if (!st?.isDirectory()) {
     throw new ApiError(400, 'invalid_cwd', `cwd "${cwd}" is not a folder in the sandbox`, [{ path: 'cwd', message: st ? 'not a folder' : 'no such folder' }]);
+  }
+}
+
+/** A call on a remote owner failed: the owner took nothing up (503), or the owner's error as the direct path answers it. */
+function remoteCallError(e: unknown, sandboxId: string, owner: string, graceSeconds: number, file: string): unknown {
+  let cause: unknown = e instanceof WorkflowFailedError ? e.cause : e;
+  if (cause instanceof ActivityFailure) cause = cause.cause;
+  if (cause instanceof TimeoutFailure) {
+    const what = cause.timeoutType === TimeoutType.SCHEDULE_TO_START ? `took nothing up within ${graceSeconds} s` : 'stopped answering';
+    return new ApiError(503, 'owner_unavailable', `the worker "${owner}" that holds sandbox ${sandboxId} ${what}; it may be gone`, undefined, 5);
+  }
+  if (!(cause instanceof ApplicationFailure)) return e;
+  const message = cause.message;
+  switch (cause.type) {
+    case 'sandbox_gone':
+      return new ApiError(409, 'sandbox_ended', `sandbox ${sandboxId} is gone (its directory was removed)`);
+    case 'invalid_cwd':
+      return new ApiError(400, 'invalid_cwd', `cwd "${file}" is not a folder in the sandbox`, [{ path: 'cwd', message }]);
+    case 'PathEscapeError':
+      return new ApiError(400, 'path_refused', message, [{ path: 'path', message }]);
+    case 'FileTooLargeError':
+      return new ApiError(413, 'file_too_large', message);
+    case 'NotRegularFileError':
+      return new ApiError(400, 'not_a_regular_file', message);
+    default:
+      return mapFsError(Object.assign(new Error(message), { code: cause.type }), file);
   }
 }
 

@@ -3,7 +3,9 @@
  * Postgres, real HTTP on loopback):
  *
  *   1. create -> ready latency, warm-pool hit and cold boot            (goal: warm < 150 ms)
- *   2. exec round trip of `true` through REST vs spawning it directly (goal: < 10 ms overhead)
+ *   2. exec round trip of `true` through REST vs spawning it directly (goal: < 10 ms overhead),
+ *      and through an API host that is not the sandbox's owner (ADR 0013: a call workflow on the
+ *      API's queue, the exec activity on the owner's), side by side
  *   3. suspend and wake of a sandbox with ~10,000 files               (goal: each < 1 s)
  *   4. idle sandboxes one worker holds within 1 GiB of memory
  *
@@ -94,11 +96,27 @@ async function main() {
     watchIntervalMs: 2_000,
     reaper: false,
     maxCachedWorkflows: 2_000,
+    workerId: 'bench-owner',
+  });
+  // An API host that owns nothing (as on another machine): its execs go through the owner.
+  const remoteHost = await startSandboxServiceHost({
+    db,
+    temporalAddress: temporal.address,
+    taskQueue: 'bench',
+    workflowBundle: bundle,
+    api: { host: '127.0.0.1', port: 0 },
+    logger: pino({ level: 'warn' }, pino.destination(2)),
+    worker: false,
+    watchIntervalMs: 0,
+    reaper: false,
+    workerId: 'bench-api',
+    requestsPerSecond: 0,
   });
   const small = makeRepo(work, 'small', 50);
   await createAccount(db, { id: 'bench', concurrentLimit: 10_000 });
   const { token } = await createApiToken(db, 'bench');
   const api = new SandboxApiClient(host.url!, token);
+  const remoteApi = new SandboxApiClient(remoteHost.url!, token);
   await createProfile(db, 'bench', { name: 'cold', repository: small, baseRef: 'main', idleTimeoutSeconds: 3_600 });
   await createProfile(db, 'bench', { name: 'warm', repository: small, baseRef: 'main', idleTimeoutSeconds: 3_600, warmReplicas: 2 });
 
@@ -170,9 +188,11 @@ async function main() {
     const { id: execBox } = await createReady('cold');
     const root = (await db.query<{ root: string }>('SELECT root FROM sandboxes WHERE id = $1', [execBox])).rows[0]!.root;
     const rest: number[] = [];
+    const remote: number[] = [];
     const direct: number[] = [];
     for (let i = 0; i < 20; i++) {
       await api.exec(execBox, { command: 'true' });
+      await remoteApi.exec(execBox, { command: 'true' });
       await runProcess({ command: 'true', cwd: root });
     }
     for (let i = 0; i < N.exec; i++) {
@@ -181,6 +201,9 @@ async function main() {
       const r = await api.exec(execBox, { command: 'true' });
       rest.push(performance.now() - t0);
       if (r.exit_code !== 0) throw new Error('exec failed');
+      t0 = performance.now();
+      if ((await remoteApi.exec(execBox, { command: 'true' })).exit_code !== 0) throw new Error('exec through the owner failed');
+      remote.push(performance.now() - t0);
       t0 = performance.now();
       await runProcess({ command: 'true', cwd: root });
       direct.push(performance.now() - t0);
@@ -191,8 +214,12 @@ async function main() {
       directMedianMs: median(direct),
       overheadMedianMs: median(rest) - median(direct),
       ratio: median(rest) / median(direct),
+      remoteOwnerMedianMs: median(remote),
+      remoteOwnerP90Ms: p90(remote),
+      remoteOwnerOverheadMedianMs: median(remote) - median(direct),
     };
     log(`   REST ${ms(median(rest))} (p90 ${ms(p90(rest))}), direct ${ms(median(direct))}: overhead ${ms(median(rest) - median(direct))}, ratio ${(median(rest) / median(direct)).toFixed(2)}x`);
+    log(`   through the owner (API host not the owner) ${ms(median(remote))} (p90 ${ms(p90(remote))}): overhead ${ms(median(remote) - median(direct))}`);
     await api.destroy(execBox);
 
     // --- 3. suspend and wake, ~10,000 files ---------------------------------------------------
@@ -243,6 +270,7 @@ async function main() {
     await api.destroy(idleBox);
 
   } finally {
+    await remoteHost.close();
     await host.close();
     await db.close();
     await temporal.stop();
@@ -252,7 +280,7 @@ async function main() {
 
   const r = results as {
     createReady: { coldMedianMs: number; warmMedianMs: number };
-    exec: { overheadMedianMs: number; ratio: number; restMedianMs: number; directMedianMs: number };
+    exec: { overheadMedianMs: number; ratio: number; restMedianMs: number; directMedianMs: number; remoteOwnerMedianMs: number; remoteOwnerOverheadMedianMs: number };
     suspendWake: { providerSuspendMedianMs: number; providerRestoreMedianMs: number; e2eWakeExecMedianMs: number };
     memory: { sandboxesPerGiB: number; perSandboxKiB: number; heapPerSandboxKiB: number };
   };
@@ -267,6 +295,7 @@ async function main() {
       `  create -> ready, cold boot     median ${ms(r.createReady.coldMedianMs)}`,
       `  create -> ready, warm hit      median ${ms(r.createReady.warmMedianMs)}   goal < 150 ms: ${goal(r.createReady.warmMedianMs < 150)}`,
       `  exec \`true\` via REST           median ${ms(r.exec.restMedianMs)} vs direct spawn ${ms(r.exec.directMedianMs)}: +${ms(r.exec.overheadMedianMs)}, ${r.exec.ratio.toFixed(2)}x   goal < 10 ms: ${goal(r.exec.overheadMedianMs < 10)}`,
+      `  exec \`true\` through the owner  median ${ms(r.exec.remoteOwnerMedianMs)}: +${ms(r.exec.remoteOwnerOverheadMedianMs)} over direct spawn (API host not the owner: a call workflow + an activity on the owner's queue; no goal)`,
       `  suspend, 10,000 files          median ${ms(r.suspendWake.providerSuspendMedianMs)}   goal < 1 s: ${goal(r.suspendWake.providerSuspendMedianMs < 1000)}`,
       `  wake (restore), 10,000 files   median ${ms(r.suspendWake.providerRestoreMedianMs)}   goal < 1 s: ${goal(r.suspendWake.providerRestoreMedianMs < 1000)}`,
       `  exec on a suspended sandbox    median ${ms(r.suspendWake.e2eWakeExecMedianMs)} (wake + exec through REST and the workflow)`,

@@ -16,6 +16,9 @@ import type { Db } from '../activities/billing/db';
 import { migrate } from '../activities/billing/migrate';
 import { listProfiles } from '../activities/billing/records';
 import { createSandboxServiceActivities } from '../activities/service';
+import { createSandboxCallActivities } from '../activities/service/calls';
+import { ownerTaskQueue } from '../core/ids';
+import os from 'node:os';
 import { createServiceMetrics, type ServiceMetrics } from '../activities/service/metrics';
 import { defaultProviderFor, type ProviderFor } from '../activities/service/providers';
 import { probeBwrap, requireBwrap } from '../activities/sandbox/bubblewrap';
@@ -66,6 +69,14 @@ export interface SandboxServiceHostOptions {
   ssh?: { host: string; port: number; hostKey: Buffer; publicHost?: string; maxTokenMinutes?: number };
   /** Payload codecs of the client and the worker; default: from the environment (workers/payload-codec.ts). */
   dataConverter?: DataConverter;
+  /**
+   * This process's worker id (ADR 0013): recorded as the owner of the sandboxes it creates; its
+   * worker also polls `<service queue>@<id>` for exec and file calls from API hosts that are not
+   * the owner. Absent: sandboxes have no recorded owner and every call is direct (one host).
+   */
+  workerId?: string;
+  /** How long an exec or file call waits for a remote owner to take it up before a 503 (default 180). */
+  ownerGraceSeconds?: number;
 }
 
 export interface SandboxServiceHost {
@@ -115,20 +126,23 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
   const client = new Client({ connection, namespace, dataConverter });
   const closers: Array<() => Promise<void>> = [];
 
-  const activities = createSandboxServiceActivities({ db, providerFor, client, metrics, allowUnconfined });
+  const activities = createSandboxServiceActivities({ db, providerFor, client, metrics, allowUnconfined, workerId: opts.workerId });
   const replenishWarmPools = async () => {
     let made = 0;
     for (const p of await listProfiles(db)) if (p.warm_replicas > 0) made += await activities.replenishWarmPool({ profileId: p.id });
     return made;
   };
-  let workerRun: Promise<void> | undefined;
+  const workers: Worker[] = [];
+  const runs: Array<Promise<void>> = [];
+  const nativeConnection = opts.worker !== false || opts.workerId ? await NativeConnection.connect({ address: opts.temporalAddress }) : undefined;
+  const identity = opts.workerId ? { identity: `${process.pid}@${os.hostname()}/${opts.workerId}` } : {};
+  const workflowBundle = opts.workflowBundle ?? (nativeConnection ? await bundleWorkflows() : undefined);
   if (opts.worker !== false) {
-    const nativeConnection = await NativeConnection.connect({ address: opts.temporalAddress });
     const worker = await Worker.create({
-      connection: nativeConnection,
+      connection: nativeConnection!,
       namespace,
       taskQueue: serviceTaskQueue,
-      workflowBundle: opts.workflowBundle ?? (await bundleWorkflows()),
+      workflowBundle,
       dataConverter,
       activities,
       maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 16,
@@ -136,13 +150,35 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
       maxConcurrentWorkflowTaskExecutions: 16,
       ...(opts.maxCachedWorkflows !== undefined ? { maxCachedWorkflows: opts.maxCachedWorkflows } : {}),
       shutdownGraceTime: 5_000,
+      ...identity,
     });
-    workerRun = worker.run();
+    runs.push(worker.run());
+    workers.push(worker);
     // Warm pools fill in the background; a create before that is a cold boot.
     void replenishWarmPools().catch((e) => logger.warn({ err: e }, 'warm pool fill failed'));
+  }
+  if (opts.workerId) {
+    // This process's own queue (ADR 0013): it takes the exec and file calls on the sandboxes it
+    // holds, and runs the call workflows of its API (so a call never waits on another host's worker).
+    const ownerWorker = await Worker.create({
+      connection: nativeConnection!,
+      namespace,
+      taskQueue: ownerTaskQueue(serviceTaskQueue, opts.workerId),
+      workflowBundle,
+      dataConverter,
+      activities: createSandboxCallActivities({ providerFor }),
+      maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 16,
+      shutdownGraceTime: 5_000,
+      ...identity,
+    });
+    runs.push(ownerWorker.run());
+    workers.push(ownerWorker);
+  }
+  if (nativeConnection) {
+    const workerRun = Promise.all(runs);
     closers.push(async () => {
-      if (worker.getState() === 'RUNNING') worker.shutdown();
-      await workerRun!.catch(() => undefined);
+      for (const w of workers) if (w.getState() === 'RUNNING') w.shutdown();
+      await workerRun.catch(() => undefined);
       await nativeConnection.close();
     });
   }
@@ -183,6 +219,8 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     execConcurrency: opts.execConcurrency,
     requestsPerSecond: opts.requestsPerSecond,
     preview: opts.preview,
+    workerId: opts.workerId,
+    ownerGraceSeconds: opts.ownerGraceSeconds,
   });
   // The broker listens before the API answers, so the port it advertises is the bound one (0 picks a free port).
   let ssh: SshBroker | undefined;

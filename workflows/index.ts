@@ -4,3 +4,4 @@ export { streamWorkflow } from './stream';
 export { sandboxWorkflow } from './sandbox';
 export { serviceSandboxWorkflow, sandboxReaperWorkflow } from './service-sandbox';
 export { janitorWorkflow } from './janitor';
+export { sandboxServiceCallWorkflow } from './service-call';

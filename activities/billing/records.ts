@@ -273,6 +273,8 @@ export interface SandboxRow {
   last_activity_at: Date;
   end_reason: EndReason | null;
   error: string | null;
+  /** The worker that holds it (ADR 0013): a worker id, `any`, or null (made before owners were recorded). */
+  owner: string | null;
 }
 
 export interface NewSandbox {
@@ -325,6 +327,11 @@ export async function insertSandboxWithinLimit(db: Db, s: NewSandbox): Promise<C
 /** One sandbox of one account; another account's sandbox is simply not found. */
 export async function getSandbox(db: Queryable, accountId: string, id: string): Promise<SandboxRow | undefined> {
   return (await db.query<SandboxRow>('SELECT * FROM sandboxes WHERE id = $1 AND account_id = $2', [id, accountId])).rows[0];
+}
+
+/** Records which worker holds the sandbox (written by the provisioning activity, on the owner). */
+export async function setSandboxOwner(db: Queryable, id: string, owner: string | null): Promise<void> {
+  await db.query('UPDATE sandboxes SET owner = $2 WHERE id = $1', [id, owner]);
 }
 
 export async function getSandboxById(db: Queryable, id: string): Promise<SandboxRow | undefined> {

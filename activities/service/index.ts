@@ -23,6 +23,7 @@ import {
   type SandboxPolicy,
   type TerminateReason,
 } from '../../core/sandbox-service';
+import { ANY_OWNER } from '../../core/ids';
 import { failure } from '../failures';
 import { withHeartbeat } from '../heartbeat';
 import { git } from '../../lib/git';
@@ -41,6 +42,8 @@ export interface SandboxServiceActivityDeps {
   metrics?: ServiceMetrics;
   /** Provision profiles with `confinement: none` (the operator's opt-in); default: refused. */
   allowUnconfined?: boolean;
+  /** This worker's id (SLIPWAY_WORKER_ID): recorded as the owner of the sandboxes it creates (ADR 0013). */
+  workerId?: string;
 }
 
 export interface ProvisionInput {
@@ -57,6 +60,8 @@ export interface ProvisionResult {
   handle: SandboxHandleRef;
   provisioningKind: ProvisioningKind;
   durationMs: number;
+  /** The worker that holds it: this worker's id, `any` (a provider any host reaches), or absent (no worker id). */
+  owner?: string;
 }
 
 export interface ReapResult {
@@ -172,9 +177,12 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
           void replenish(input.policy, input.accountId).catch((e) => Context.current().log.warn('warm pool refill failed', { error: String(e) }));
         }
         await writeGrants(handle, input);
+        // Recorded here, on the worker that made it, so the API knows where exec and files must run.
+        const owner = providerFor(input.policy).hostBound ? deps.workerId : ANY_OWNER;
+        await billing.setSandboxOwner(db, input.sandboxId, owner ?? null);
         const durationMs = Date.now() - started;
         deps.metrics?.provisioned(input.policy.platform, provisioningKind, durationMs);
-        return { handle, provisioningKind, durationMs };
+        return { handle, provisioningKind, durationMs, ...(owner ? { owner } : {}) };
       });
     },
 

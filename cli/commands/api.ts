@@ -8,6 +8,7 @@ import path from 'node:path';
 import { BILLING_DIR, openBillingDb, type Db } from '../../activities/billing/db';
 import { billingSocketPath, serveBillingSocket } from '../../activities/billing/socket';
 import { slipwaySettings } from '../../lib/settings';
+import { resolveWorkerId, WorkerIdError } from '../../lib/worker-id';
 import { resolveTemporal } from '../../workers/temporal';
 import { installRuntimeLogging } from '../../workers/logging';
 import { slipwayDataConverter } from '../../workers/payload-codec';
@@ -62,6 +63,10 @@ export async function apiCommand(opts: {
   }
   const settings = slipwaySettings();
   const dataConverter = slipwayDataConverter(); // checked before anything starts
+  // This host's worker id (ADR 0013): owner of the sandboxes it creates; exec and files on another host's go through that owner.
+  const workerId = await resolveWorkerId(settings.dataDir, settings.workerId).catch((e: Error) => {
+    throw e instanceof WorkerIdError ? new CliError(e.message, EXIT.badInput) : e;
+  });
   let target;
   try {
     target = await resolveTemporal(settings, { startIfMissing: true });
@@ -101,6 +106,8 @@ export async function apiCommand(opts: {
     defaultMetrics: true,
     allowUnconfined,
     dataConverter,
+    workerId,
+    ownerGraceSeconds: settings.ownerGraceSeconds,
     ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
     ...(opts.rate !== undefined ? { requestsPerSecond: opts.rate } : {}),
     ...(previewDomain !== undefined ? { preview: { key: await loadPreviewKey(settings.dataDir), domain: previewDomain } } : {}),

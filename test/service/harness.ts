@@ -30,6 +30,8 @@ export interface ServiceHarness {
   database: TestDatabase;
   url: string;
   repo: string;
+  /** The main task queue (the service queue is derived from it): for worker processes that join this host. */
+  taskQueue: string;
   logs: string[];
   account(opts?: { limit?: number; enabled?: boolean }): Promise<TestAccount>;
   /** Polls GET until the sandbox reaches one of `states`. */
@@ -58,7 +60,7 @@ export function slowCreates(inner: ProviderFor, ms: number): ProviderFor {
 }
 
 export async function startServiceHarness(
-  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency' | 'requestsPerSecond' | 'preview' | 'ssh'>> = {},
+  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency' | 'requestsPerSecond' | 'preview' | 'ssh' | 'worker' | 'workerId' | 'ownerGraceSeconds'>> = {},
 ): Promise<ServiceHarness> {
   installRuntimeLogging();
   const database = await freshPostgres();
@@ -88,6 +90,9 @@ export async function startServiceHarness(
     requestsPerSecond: opts.requestsPerSecond ?? 0,
     preview: opts.preview,
     ssh: opts.ssh,
+    worker: opts.worker,
+    workerId: opts.workerId,
+    ownerGraceSeconds: opts.ownerGraceSeconds,
   });
   const repo = makeServiceRepo();
   let n = 0;
@@ -96,6 +101,7 @@ export async function startServiceHarness(
     database,
     url: host.url!,
     repo,
+    taskQueue,
     logs,
     async account(o = {}) {
       const id = `acct-${++n}-${randomBytes(3).toString('hex')}`;
