@@ -16,7 +16,9 @@
  * deltas), and a final `result` {sessionId, exitCode, usage}. That usage holds premium requests and
  * durations, no tokens: Copilot runs report no usage event, and run-agent records them as
  * usage unknown (never an estimate without tokens).
+ * Sessions: `$COPILOT_HOME/session-state/<id>/` (default `~/.copilot`), carried like the others.
  */
+import path from 'node:path';
 import { permissionEntry, stdinCommand } from './command-line';
 import { authFailure, errorReporter, isObject, type Json, jsonLineParser, rateLimitReporter, sessionReporter, str } from './parse-helpers';
 import type { AgentEvent, AgentProvider, CredentialSources } from './provider';
@@ -30,6 +32,8 @@ const PERMISSION_FLAGS: Record<string, string[]> = {
   bypassPermissions: ['--allow-all'],
   'allow-all': ['--allow-all'],
 };
+
+const copilotHome = (env: Record<string, string | undefined>, home: string) => env.COPILOT_HOME || path.join(home, '.copilot');
 
 const LOCAL_HOST = /^https?:\/\/(localhost|127\.\d+\.\d+\.\d+|\[::1\])(:\d+)?(\/|$)/i;
 
@@ -71,6 +75,13 @@ export function createCopilotProvider(): AgentProvider {
     reportsNoTokens: true,
     setupHint: 'Set COPILOT_PROVIDER_API_KEY with COPILOT_PROVIDER_BASE_URL (your own model endpoint), or COPILOT_GITHUB_TOKEN (GH_TOKEN, GITHUB_TOKEN) for GitHub\'s, in the worker\'s environment or in <repository>/.slipway/.env',
     credentialSources: (_spec, { env }) => copilotCredentialSources(env),
+    // `$COPILOT_HOME/session-state/<id>/...` (events.jsonl, workspace.yaml, checkpoints): `--resume=<id>` reopens it
+    // from that folder alone (checked with 1.0.102, without session-store.db); its `inuse.<pid>.*` locks stay behind.
+    sessionLocation: (id, { env, home }) => ({
+      root: path.join(copilotHome(env, home), 'session-state'),
+      belongs: (rel) => rel.startsWith(`${id}/`) && !/^inuse\./.test(path.posix.basename(rel)),
+      place: (rel) => rel,
+    }),
     buildCommand(invocation) {
       const { spec } = invocation;
       const args = ['--output-format', 'json'];

@@ -163,7 +163,7 @@ const CLIS: Record<RealProvider, Cli> = {
 };
 const PROVIDERS = Object.keys(CLIS) as RealProvider[];
 /** The CLIs whose sessions Slipway carries to a fresh agent home (OpenCode keeps its sessions in one SQLite database: ADR 0011). */
-const CARRIED: RealProvider[] = ['claude-code', 'codex', 'pi'];
+const CARRIED: RealProvider[] = ['claude-code', 'codex', 'pi', 'copilot'];
 
 let worker: TestWorker;
 const endpoints = new Map<string, FakeModel>();

@@ -14,7 +14,7 @@ import type { SessionLocation } from '../agents/provider';
 import { tempDir } from './helpers/repo';
 
 const ID = '5aedad75-f695-42ca-86c1-d07c788330b1';
-const location = (provider: 'claude-code' | 'codex' | 'pi', home: string): SessionLocation => agentProvider(provider).sessionLocation!(ID, { env: {}, home });
+const location = (provider: 'claude-code' | 'codex' | 'pi' | 'copilot', home: string): SessionLocation => agentProvider(provider).sessionLocation!(ID, { env: {}, home });
 const put = (file: string, text: string) => {
   mkdirSync(path.dirname(file), { recursive: true });
   writeFileSync(file, text);
@@ -26,6 +26,8 @@ describe('where each CLI keeps a session, and where it goes for another cwd', ()
     { provider: 'claude-code', mine: [`-old-cwd/${ID}.jsonl`, `-old-cwd/${ID}/subagents/a.jsonl`], other: ['-old-cwd/other.jsonl', `${ID}.jsonl`], placed: `-workspace/${ID}.jsonl`, root: '.claude/projects' },
     { provider: 'codex', mine: [`2026/11/23/rollout-2026-11-23T15-43-44-${ID}.jsonl`], other: ['2026/11/23/rollout-2026-11-23T15-43-44-other.jsonl', `x/rollout-1-${ID}.jsonl`], placed: `2026/11/23/rollout-2026-11-23T15-43-44-${ID}.jsonl`, root: '.codex/sessions' },
     { provider: 'pi', mine: [`--old-cwd--/2026-11-23T15-43-49-571Z_${ID}.jsonl`], other: ['--old-cwd--/2026_other.jsonl', `2026_${ID}.jsonl`], placed: `--workspace--/2026-11-23T15-43-49-571Z_${ID}.jsonl`, root: '.pi/agent/sessions' },
+    // Its per-process locks (`inuse.<pid>.lock|hold`) are not the session: a restored one would look in use.
+    { provider: 'copilot', mine: [`${ID}/events.jsonl`, `${ID}/workspace.yaml`, `${ID}/checkpoints/index.md`], other: [`${ID}/inuse.4790.lock`, `${ID}/inuse.4790.hold`, `${ID}x/events.jsonl`, 'session-store.db', `other/${ID}/events.jsonl`], placed: `${ID}/events.jsonl`, root: '.copilot/session-state' },
   ] as const;
   for (const c of cases) {
     it(`${c.provider}: ${c.root}`, () => {
