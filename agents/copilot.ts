@@ -25,6 +25,8 @@ import type { AgentEvent, AgentProvider, CredentialSources } from './provider';
 
 const RATE_LIMIT_TEXT = /rate[ _-]?limit|quota|too many requests|\b429\b/i;
 const STDERR_ERROR = /^\s*(error|fatal)\b/i;
+/** A failed model call (Copilot retries it, `retryAttempt`): not progress for `idle_timeout_minutes`. */
+const RETRY_EVENT = /^\s*\{\s*"type"\s*:\s*"model\.call_failure"/;
 
 /** `permission_mode` values accepted for copilot: its tools ask for approval unless allowed. */
 const PERMISSION_FLAGS: Record<string, string[]> = {
@@ -73,6 +75,7 @@ export function createCopilotProvider(): AgentProvider {
   return {
     kind: 'copilot',
     reportsNoTokens: true,
+    isRetryNoise: (line, stream) => stream === 'stdout' && RETRY_EVENT.test(line),
     setupHint: 'Set COPILOT_PROVIDER_API_KEY with COPILOT_PROVIDER_BASE_URL (your own model endpoint), or COPILOT_GITHUB_TOKEN (GH_TOKEN, GITHUB_TOKEN) for GitHub\'s, in the worker\'s environment or in <repository>/.slipway/.env',
     credentialSources: (_spec, { env }) => copilotCredentialSources(env),
     // `$COPILOT_HOME/session-state/<id>/...` (events.jsonl, workspace.yaml, checkpoints): `--resume=<id>` reopens it

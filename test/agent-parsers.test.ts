@@ -403,6 +403,14 @@ describe('copilot parser', () => {
     ]);
   });
 
+  it('a failed model call (retried inside the CLI) is retry noise, not progress; other events are progress', () => {
+    const provider = createCopilotProvider();
+    const failure = fixtureLines('copilot', 'error.jsonl').find((l) => l.startsWith('{"type":"model.call_failure"'));
+    expect(failure).toBeDefined();
+    expect(provider.isRetryNoise!(failure!, 'stdout')).toBe(true);
+    for (const line of fixtureLines('copilot', 'success.jsonl')) expect(provider.isRetryNoise!(line, 'stdout'), line.slice(0, 60)).toBe(false);
+  });
+
   it('credential sources: a GitHub token, else the bring-your-own-key endpoint\'s key, none for a local endpoint', () => {
     expect(copilotCredentialSources({})).toEqual({ env: ['COPILOT_GITHUB_TOKEN', 'GH_TOKEN', 'GITHUB_TOKEN'], files: [] });
     expect(copilotCredentialSources({ COPILOT_PROVIDER_BASE_URL: 'https://models.example.com/v1' })).toEqual({ env: ['COPILOT_PROVIDER_API_KEY', 'COPILOT_PROVIDER_BEARER_TOKEN'], files: [] });
