@@ -34,6 +34,8 @@ export interface TokenUsage {
   costUsd?: number;
   /** `costUsd` is Slipway's estimate from the model's price (core/prices.ts): the agent reported none. */
   estimated?: boolean;
+  /** The agent reports no token counts (Copilot): the zeros mean unknown, not free. */
+  usageUnknown?: boolean;
 }
 
 /**
@@ -137,6 +139,8 @@ export interface AgentProvider {
   sessionLocation?(sessionId: string, context: Pick<CredentialContext, 'env' | 'home'>): SessionLocation;
   /** Where the CLI finds credentials for `spec` (absent: nothing is checked at load, e.g. the script provider). */
   credentialSources?(spec: AgentSpec, context: CredentialContext): CredentialSources;
+  /** Its output has no token counts (Copilot's JSON): its runs' usage is recorded as unknown, never estimated. */
+  readonly reportsNoTokens?: true;
   /** What to set when the agent reports a configuration error (credentials), for the failure message. */
   readonly setupHint?: string;
   buildCommand(invocation: AgentInvocation): AgentCommand;

@@ -7,6 +7,7 @@
 import type { AgentProviderKind } from '../core/objective-schema';
 import { createClaudeCodeProvider } from './claude-code';
 import { createCodexProvider } from './codex';
+import { createCopilotProvider } from './copilot';
 import { createOpencodeProvider } from './opencode';
 import { createPiProvider } from './pi';
 import type { AgentProvider, ProviderOptions } from './provider';
@@ -18,6 +19,7 @@ const factories: Record<AgentProviderKind, (options: ProviderOptions) => AgentPr
   codex: createCodexProvider,
   opencode: createOpencodeProvider,
   pi: createPiProvider,
+  copilot: createCopilotProvider,
 };
 
 export function agentProvider(kind: AgentProviderKind, options: ProviderOptions = {}): AgentProvider {

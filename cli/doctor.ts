@@ -46,6 +46,7 @@ export const AGENT_CLIS = [
   { id: 'codex', exe: 'codex', credentials: ['OPENAI_API_KEY'], install: 'npm i -g @openai/codex' },
   { id: 'opencode', exe: 'opencode', credentials: ['ANTHROPIC_API_KEY', 'OPENAI_API_KEY'], install: 'npm i -g opencode-ai' },
   { id: 'pi', exe: 'pi', credentials: ['ANTHROPIC_API_KEY', 'OPENAI_API_KEY'], install: 'npm i -g @mariozechner/pi-coding-agent' },
+  { id: 'copilot', exe: 'copilot', credentials: ['COPILOT_GITHUB_TOKEN', 'GH_TOKEN', 'GITHUB_TOKEN', 'COPILOT_PROVIDER_API_KEY'], install: 'npm i -g @github/copilot' },
 ] as const;
 
 async function versionOf(file: string, args: string[]): Promise<string> {

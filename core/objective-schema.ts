@@ -10,7 +10,7 @@ import { streamGraphIssues } from './stream-graph';
 
 export { findDependencyCycle, MAX_STREAMS } from './stream-graph';
 
-export const AGENT_PROVIDERS = ['script', 'claude-code', 'codex', 'opencode', 'pi'] as const;
+export const AGENT_PROVIDERS = ['script', 'claude-code', 'codex', 'opencode', 'pi', 'copilot'] as const;
 export type AgentProviderKind = (typeof AGENT_PROVIDERS)[number];
 
 const id = z.string().regex(ID_PATTERN, `must be ${ID_RULE}`);

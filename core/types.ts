@@ -203,6 +203,8 @@ export interface TokenTotals {
   runs: number;
   /** Some of `costUsd` is estimated from model prices (runs whose agent reported no cost). */
   estimated?: boolean;
+  /** Runs whose agent reports no token counts (Copilot) are in `runs` but not in the figures. */
+  usageUnknownRuns?: number;
 }
 
 /**
@@ -234,6 +236,8 @@ export interface AgentRunRecord {
   costUsd?: number;
   /** `costUsd` is estimated from the model's price (core/prices.ts): the agent reported none. */
   estimated?: true;
+  /** The agent reports no token counts (Copilot): the token figures are zeros meaning unknown. */
+  usageUnknown?: true;
   toolCalls: number;
   durationMs: number;
   /** `signalled`: the output held a completion signal; `invalid_output`: its structured answer did not validate. */

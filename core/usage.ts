@@ -5,13 +5,14 @@
 import type { AgentRunRecord, TokenTotals } from './types';
 
 /** Adds one run's usage to `totals` (in place). */
-export function addRunUsage(totals: TokenTotals, run: Pick<AgentRunRecord, 'inputTokens' | 'outputTokens' | 'cachedTokens' | 'costUsd'> & { estimated?: boolean }): void {
+export function addRunUsage(totals: TokenTotals, run: Pick<AgentRunRecord, 'inputTokens' | 'outputTokens' | 'cachedTokens' | 'costUsd'> & { estimated?: boolean; usageUnknown?: boolean }): void {
   totals.inputTokens += run.inputTokens;
   totals.outputTokens += run.outputTokens;
   totals.cachedTokens += run.cachedTokens;
   totals.costUsd += run.costUsd ?? 0;
   totals.runs += 1;
   if (run.estimated) totals.estimated = true;
+  if (run.usageUnknown) totals.usageUnknownRuns = (totals.usageUnknownRuns ?? 0) + 1;
 }
 
 /** The sum of two totals (a new object; workflows keep their state immutable where they can). */
@@ -23,6 +24,7 @@ export function addTotals(a: TokenTotals, b: TokenTotals): TokenTotals {
     costUsd: a.costUsd + b.costUsd,
     runs: a.runs + b.runs,
     ...(a.estimated || b.estimated ? { estimated: true } : {}),
+    ...(a.usageUnknownRuns || b.usageUnknownRuns ? { usageUnknownRuns: (a.usageUnknownRuns ?? 0) + (b.usageUnknownRuns ?? 0) } : {}),
   };
 }
 
@@ -39,10 +41,12 @@ export function formatCost(usd: number): string {
  * `12,345 in (10,000 cached) / 678 out tokens, $0.0421` — cost left out when none was reported,
  * `~$0.0421 (estimated)` when (some of) it is estimated from model prices.
  */
-export function formatUsage(u: Pick<TokenTotals, 'inputTokens' | 'outputTokens' | 'cachedTokens'> & { costUsd?: number; estimated?: boolean }): string {
+export function formatUsage(u: Pick<TokenTotals, 'inputTokens' | 'outputTokens' | 'cachedTokens'> & { costUsd?: number; estimated?: boolean; usageUnknown?: boolean; usageUnknownRuns?: number }): string {
+  if (u.usageUnknown) return 'usage unknown (the agent reports no token counts)';
+  const unknown = u.usageUnknownRuns ? `; usage unknown for ${u.usageUnknownRuns} run${u.usageUnknownRuns > 1 ? 's' : ''} (no token counts)` : '';
   const cached = u.cachedTokens ? ` (${formatCount(u.cachedTokens)} cached)` : '';
   const cost = u.costUsd ? `, ${u.estimated ? `~${formatCost(u.costUsd)} (estimated)` : formatCost(u.costUsd)}` : '';
-  return `${formatCount(u.inputTokens)} in${cached} / ${formatCount(u.outputTokens)} out tokens${cost}`;
+  return `${formatCount(u.inputTokens)} in${cached} / ${formatCount(u.outputTokens)} out tokens${cost}${unknown}`;
 }
 
 /** Totals with the number of runs: `… over 3 agent runs`, or `no agent runs yet`. */

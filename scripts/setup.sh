@@ -58,7 +58,7 @@ fi
 
 # --- agent CLIs (for test/real-agents.e2e.test.ts), pinned, into .tools/agents/ ------------------
 # Skipped when the installed versions match the pins (a version file, no npm call). SLIPWAY_SKIP_AGENT_CLIS=1 skips it.
-AGENT_CLIS="@anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0 opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1"
+AGENT_CLIS="@anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0 opencode-ai@1.18.33 @mariozechner/pi-coding-agent@0.73.1 @github/copilot@1.0.102"
 if [ "${SLIPWAY_SKIP_AGENT_CLIS:-}" != 1 ] && [ "$(cat .tools/agents/.pinned 2>/dev/null)" != "$AGENT_CLIS" ]; then
   say "installing the agent CLIs into .tools/agents: $AGENT_CLIS"
   mkdir -p .tools/agents

@@ -47,6 +47,7 @@ const CASES = [
   { provider: 'codex', key: 'OPENAI_API_KEY', hint: /Set OPENAI_API_KEY/ },
   { provider: 'pi', key: 'ANTHROPIC_API_KEY', model: 'anthropic/claude-sonnet-4-5', hint: /none of ANTHROPIC_API_KEY, ANTHROPIC_OAUTH_TOKEN is set/ },
   { provider: 'opencode', key: 'OPENAI_API_KEY', model: 'openai/gpt-5', hint: /OPENAI_API_KEY is not set/ },
+  { provider: 'copilot', key: 'GH_TOKEN', hint: /none of COPILOT_GITHUB_TOKEN, GH_TOKEN, GITHUB_TOKEN is set/ },
 ] as const;
 
 describe('slipway run: the agents are checked on this machine before anything starts', () => {
@@ -100,7 +101,7 @@ describe('slipway run: the agents are checked on this machine before anything st
     expect(onPath.stderr).not.toContain('agents.builder');
   }, 120_000);
 
-  for (const [provider, mode] of [['claude-code', 'yolo'], ['codex', 'acceptAll'], ['pi', 'acceptEdits'], ['opencode', 'dontAsk']] as const) {
+  for (const [provider, mode] of [['claude-code', 'yolo'], ['codex', 'acceptAll'], ['pi', 'acceptEdits'], ['opencode', 'dontAsk'], ['copilot', 'acceptEdits']] as const) {
     it(`${provider}: an unknown permission_mode is exit 2 naming the provider and its modes`, async () => {
       const r = await run({ repository: makeTinyRepo(), agents: { builder: { provider, command: process.execPath, permission_mode: mode } } });
       expect(r.code).toBe(2);

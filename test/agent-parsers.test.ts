@@ -8,6 +8,7 @@ import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { createClaudeCodeProvider } from '../agents/claude-code';
 import { codexResetAt, codexSessionToolCalls, createCodexProvider } from '../agents/codex';
+import { copilotCredentialSources, createCopilotProvider } from '../agents/copilot';
 import { createOpencodeProvider, opencodeResetAt } from '../agents/opencode';
 import { createPiProvider, piResetAt } from '../agents/pi';
 import type { AgentEvent, AgentInvocation, AgentProvider } from '../agents/provider';
@@ -24,6 +25,7 @@ const FACTORIES: Record<RealKind, () => AgentProvider> = {
   codex: createCodexProvider,
   opencode: createOpencodeProvider,
   pi: createPiProvider,
+  copilot: createCopilotProvider,
 };
 const KINDS = Object.keys(FACTORIES) as RealKind[];
 
@@ -369,6 +371,64 @@ describe('pi parser', () => {
   });
 });
 
+describe('copilot parser', () => {
+  const final = 'Wrote fixed.txt. <promise>COMPLETE</promise>';
+  it('maps a real --output-format json run (1.0.102, resumed): tool call, answer, session id at the end, no usage event', () => {
+    expect(parseFixture('copilot', 'success.jsonl')).toEqual([
+      { type: 'tool_call', name: 'bash', input: { command: "printf '%s' 'written by the agent for fixed.txt' > fixed.txt", description: 'write the file' } },
+      { type: 'text', text: final },
+      { type: 'session', sessionId: 'e4c3f1cb-e9b5-42dd-b2fd-0353795e1fcf' },
+      { type: 'result', text: final },
+    ]);
+    // Its `result` holds premium requests and durations, no tokens: the provider says so, run-agent records usage unknown.
+    expect(createCopilotProvider().reportsNoTokens).toBe(true);
+  });
+
+  it('a rejected key (a real 401 from the endpoint) is a configuration error, and the failed run gives no result', () => {
+    const events = parseFixture('copilot', 'error.jsonl');
+    expect(events.filter((e) => e.type === 'config_error')).toEqual([
+      { type: 'config_error', message: expect.stringMatching(/^Authentication failed with provider at http:\/\/127\.0\.0\.1:4100\/v1 \(HTTP 401\)/) },
+    ]);
+    expect(events.filter((e) => e.type === 'result')).toEqual([]);
+    expect(events.filter((e) => e.type === 'session')).toHaveLength(1);
+  });
+
+  it('a session error that is not about credentials is an error, a 429 a rate limit, neither a configuration error', () => {
+    const line = (data: unknown) => JSON.stringify({ type: 'session.error', data });
+    expect(parse('copilot', [line({ errorType: 'query', message: 'model returned 500', statusCode: 500 })])).toEqual([{ type: 'error', message: 'model returned 500' }]);
+    expect(parse('copilot', [line({ errorType: 'rate_limit', message: 'Too many requests (429)', statusCode: 429 })]).map((e) => e.type)).toEqual(['rate_limit', 'error']);
+    expect(parse('copilot', [line({ errorType: 'authentication', statusCode: 401 })])).toEqual([
+      { type: 'error', message: 'copilot session error (authentication)' },
+      { type: 'config_error', message: 'copilot session error (authentication)' },
+    ]);
+  });
+
+  it('a failed model call (retried inside the CLI) is retry noise, not progress; other events are progress', () => {
+    const provider = createCopilotProvider();
+    const failure = fixtureLines('copilot', 'error.jsonl').find((l) => l.startsWith('{"type":"model.call_failure"'));
+    expect(failure).toBeDefined();
+    expect(provider.isRetryNoise!(failure!, 'stdout')).toBe(true);
+    for (const line of fixtureLines('copilot', 'success.jsonl')) expect(provider.isRetryNoise!(line, 'stdout'), line.slice(0, 60)).toBe(false);
+  });
+
+  it('credential sources: a GitHub token, else the bring-your-own-key endpoint\'s key, none for a local endpoint', () => {
+    expect(copilotCredentialSources({})).toEqual({ env: ['COPILOT_GITHUB_TOKEN', 'GH_TOKEN', 'GITHUB_TOKEN'], files: [] });
+    expect(copilotCredentialSources({ COPILOT_PROVIDER_BASE_URL: 'https://models.example.com/v1' })).toEqual({ env: ['COPILOT_PROVIDER_API_KEY', 'COPILOT_PROVIDER_BEARER_TOKEN'], files: [] });
+    expect(copilotCredentialSources({ COPILOT_PROVIDER_BASE_URL: 'http://127.0.0.1:11434/v1' })).toMatchObject({ keyless: true });
+    expect(copilotCredentialSources({ COPILOT_PROVIDER_BASE_URL: 'http://localhost.evil.com/v1' })).not.toMatchObject({ keyless: true });
+  });
+
+  it('buildCommand: JSON output, prompt on stdin, --resume=ID, permission modes; an unknown mode names the known ones', () => {
+    const provider = createCopilotProvider();
+    expect(provider.buildCommand(invocation('copilot', { model: 'gpt-4.1', permission_mode: 'bypassPermissions' }, { resumeSessionId: 'abc', prompt: 'do it' }))).toMatchObject({
+      command: 'copilot',
+      args: ['--output-format', 'json', '--model', 'gpt-4.1', '--resume=abc', '--allow-all'],
+      stdin: 'do it',
+    });
+    expect(() => provider.buildCommand(invocation('copilot', { permission_mode: 'yolo' }))).toThrow('copilot does not know permission_mode "yolo" (use one of: default, bypassPermissions, allow-all)');
+  });
+});
+
 describe.each(KINDS)('%s parser robustness', (kind) => {
   it('never throws and ignores malformed JSON and unknown events', () => {
     const garbage = [
@@ -408,6 +468,7 @@ describe.each(KINDS)('%s parser robustness', (kind) => {
       codex: { type: 'item.completed', item: { id: 'item_9', type: 'agent_message', text: big } },
       opencode: { type: 'text', sessionID: 's', part: { type: 'text', text: big } },
       pi: { type: 'message_end', message: { role: 'assistant', content: [{ type: 'text', text: big }], stopReason: 'stop' } },
+      copilot: { type: 'assistant.message', data: { content: big, toolRequests: [] } },
     }[kind];
     const texts = parse(kind, [JSON.stringify(line)]).filter((e) => e.type === 'text');
     expect(texts).toHaveLength(1);

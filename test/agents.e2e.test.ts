@@ -25,7 +25,8 @@ import { historyText as sharedHistoryText, startTestWorker, type TestWorker } fr
 import { NativeConnection } from '@temporalio/worker';
 import { createSlipwayWorkers } from '../workers/worker';
 
-type RealProvider = Exclude<AgentProviderKind, 'script'>;
+// Copilot has no format in fake-agent.mjs: its real CLI runs in test/real-agents.e2e.test.ts.
+type RealProvider = Exclude<AgentProviderKind, 'script' | 'copilot'>;
 const PROVIDERS: RealProvider[] = ['claude-code', 'codex', 'opencode', 'pi'];
 const FAKE = path.join(PROJECT_ROOT, 'test', 'fixtures', 'agents', 'fake-agent.mjs');
 const FORMAT: Record<RealProvider, string> = { 'claude-code': 'claude', codex: 'codex', opencode: 'opencode', pi: 'pi' };

@@ -216,6 +216,19 @@ describe('model prices (core/prices.ts) and estimated costs', () => {
     expect(addTotals(emptyTotals(), emptyTotals())).not.toHaveProperty('estimated');
   });
 
+  it('a run whose agent reports no token counts (Copilot) says usage unknown, and totals count such runs apart', () => {
+    const run = { inputTokens: 0, outputTokens: 0, cachedTokens: 0, usageUnknown: true };
+    expect(formatUsage(run)).toBe('usage unknown (the agent reports no token counts)');
+    const totals = emptyTotals();
+    addRunUsage(totals, { inputTokens: 10, outputTokens: 5, cachedTokens: 0, costUsd: 0.5 });
+    addRunUsage(totals, run);
+    addRunUsage(totals, run);
+    expect(totals).toMatchObject({ runs: 3, inputTokens: 10, usageUnknownRuns: 2 });
+    expect(formatUsage(totals)).toBe('10 in / 5 out tokens, $0.5000; usage unknown for 2 runs (no token counts)');
+    expect(addTotals(totals, totals).usageUnknownRuns).toBe(4);
+    expect(addTotals(emptyTotals(), emptyTotals())).not.toHaveProperty('usageUnknownRuns');
+  });
+
   it("the loader gives each agent its model's price: .slipway/config.yaml prices over the table", async () => {
     const { file } = await project(
       lines('objective: x', 'repository: ./repo', 'agents:', '  builder: { provider: codex, model: my-model }', '  reviewer: { provider: codex, model: gpt-5.1-codex }', '  scout: { provider: codex }', 'streams:', '  - id: a', '    task: do a'),

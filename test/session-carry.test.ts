@@ -14,7 +14,7 @@ import type { SessionLocation } from '../agents/provider';
 import { tempDir } from './helpers/repo';
 
 const ID = '5aedad75-f695-42ca-86c1-d07c788330b1';
-const location = (provider: 'claude-code' | 'codex' | 'pi' | 'opencode', home: string, env: Record<string, string> = {}): SessionLocation =>
+const location = (provider: 'claude-code' | 'codex' | 'pi' | 'opencode' | 'copilot', home: string, env: Record<string, string> = {}): SessionLocation =>
   agentProvider(provider).sessionLocation!(ID, { env, home });
 const put = (file: string, text: string) => {
   mkdirSync(path.dirname(file), { recursive: true });
@@ -29,6 +29,8 @@ describe('where each CLI keeps a session, and where it goes for another cwd', ()
     // OpenCode: one database for every session of its data dir; auth.json beside it never travels.
     { provider: 'opencode', mine: ['opencode.db', 'opencode.db-wal'], other: ['auth.json', 'opencode.db-shm', 'log/opencode.log', 'storage/opencode.db', 'snapshot/x/y'], placed: 'opencode.db', root: '.local/share/opencode' },
     { provider: 'pi', mine: [`--old-cwd--/2026-11-23T15-43-49-571Z_${ID}.jsonl`], other: ['--old-cwd--/2026_other.jsonl', `2026_${ID}.jsonl`], placed: `--workspace--/2026-11-23T15-43-49-571Z_${ID}.jsonl`, root: '.pi/agent/sessions' },
+    // Its per-process locks (`inuse.<pid>.lock|hold`) are not the session: a restored one would look in use.
+    { provider: 'copilot', mine: [`${ID}/events.jsonl`, `${ID}/workspace.yaml`, `${ID}/checkpoints/index.md`], other: [`${ID}/inuse.4790.lock`, `${ID}/inuse.4790.hold`, `${ID}x/events.jsonl`, 'session-store.db', `other/${ID}/events.jsonl`], placed: `${ID}/events.jsonl`, root: '.copilot/session-state' },
   ] as const;
   for (const c of cases) {
     it(`${c.provider}: ${c.root}`, () => {

@@ -92,6 +92,7 @@ export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun
       cachedTokens: run.usage.cachedTokens ?? 0,
       ...(run.usage.costUsd !== undefined ? { costUsd: run.usage.costUsd } : {}),
       ...(run.usage.estimated ? { estimated: true as const } : {}),
+      ...(run.usage.usageUnknown ? { usageUnknown: true as const } : {}),
       toolCalls: run.toolCalls,
       durationMs: run.durationMs,
       result: run.budgetStopped !== undefined ? 'budget_stopped' : run.outputError ? 'invalid_output' : run.completionSignal ? 'signalled' : 'finished',

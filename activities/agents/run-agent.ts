@@ -46,7 +46,7 @@ import { extractTagged, PlanSchema, ReviewVerdictSchema, type ReviewVerdict } fr
 import { FEEDBACK_KEYS, parseTemplate, renderTemplate, templateKeys, TemplateError, type BuiltinTemplateKey } from '../../agents/template';
 
 /** What each CLI says when the session to resume is gone (Claude Code, Codex, Pi, OpenCode; checked with the versions setup.sh pins). */
-const SESSION_MISSING = /No conversation found with session ID:?\s*\S+|no rollout found for thread id\s*\S+|No session found matching\s*\S+|Session not found/i;
+const SESSION_MISSING = /No conversation found with session ID:?\s*\S+|No session, task, or name matched\s*\S+|no rollout found for thread id\s*\S+|No session found matching\s*\S+|Session not found/i;
 
 /** Characters of agent output kept in workflow history per run. */
 export const AGENT_OUTPUT_TAIL_CHARS = 6_000;
@@ -438,7 +438,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         else outputError = redact(parsed.error, secrets);
       }
       // No cost in the agent's output: estimate it from the model's price, marked as an estimate.
-      if (usage.costUsd === undefined && spec.price) {
+      if (provider.reportsNoTokens) usage.usageUnknown = true;
+      else if (usage.costUsd === undefined && spec.price) {
         usage.costUsd = estimateCostUsd(usage, spec.price);
         usage.estimated = true;
       }

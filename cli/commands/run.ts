@@ -128,5 +128,7 @@ export function streamUsage(s: Pick<ObjectiveStreamView, 'usage'>): string {
   const u = s.usage;
   if (!u?.runs) return '';
   const cost = u.costUsd ? ` cost=${u.estimated ? `~${formatCost(u.costUsd)} (estimated)` : formatCost(u.costUsd)}` : '';
-  return `  tokens=${formatCount(u.inputTokens)}/${formatCount(u.outputTokens)}${cost}`;
+  // Runs of an agent that reports no token counts (Copilot) are not in the figures: say how many.
+  const unknown = u.usageUnknownRuns ? ` usage-unknown=${u.usageUnknownRuns}` : '';
+  return `  tokens=${formatCount(u.inputTokens)}/${formatCount(u.outputTokens)}${cost}${unknown}`;
 }
