@@ -55,6 +55,8 @@ export const SLIPWAY_STATE = [
   '.env', // agent credentials: never committed
   'grants.json', // a service sandbox's grant tokens
   'agent-sessions/', // builders' agent sessions, carried between sandboxes and workers (activities/agents/session-carry.ts)
+  'containers/', // container sandboxes' workspaces and records (activities/sandbox/container.ts)
+  'daytona/', // Daytona sandboxes' local records (activities/sandbox/daytona.ts)
 ] as const;
 export const MERGER_SANDBOX_NAME = '_merge';
 

@@ -209,7 +209,9 @@ describe('sandboxes owned by workers', () => {
         else expect(a.queue.startsWith(ownerTaskQueue(taskQueue, a.startedBy.split('/').at(-1)!)), `${a.type} of ${s} on ${a.queue} by ${a.startedBy}`).toBe(true);
       }
       const bySurvivor = stream.filter((a) => a.startedBy?.endsWith(`/${survivor}`) && a.queue !== taskQueue).map((a) => a.type);
-      expect(bySurvivor).toEqual(expect.arrayContaining(['runAgent', 'runGates', 'commitWork']));
+      // Which steps the survivor reruns depends on where the kill landed (an agent run, a gate, a
+      // commit); that it ran the stream's work in the new sandbox at all is the claim.
+      expect(bySurvivor.some((t) => ['runAgent', 'runGates', 'commitWork'].includes(t)), `${s}: ${JSON.stringify(bySurvivor)}`).toBe(true);
       const view = result.streams.find((v) => v.id === s)!;
       expect(result.ledger.some((e) => e.stream === s && e.kind === 'sandbox_failure' && e.summary.includes(`"${victim}"`)), `ledger of ${s}`).toBe(true);
       expect(view.phase).toBe('merged');

@@ -310,9 +310,11 @@ describe('deadline, cap and abnormal death', () => {
     const killedAt = Date.now();
     await fs.rm(dir, { recursive: true, force: true });
     const done = await h.waitFor(a.api, id, ['terminated'], 20_000);
-    expect(done.end_reason).toBe('directory_removed');
+    // Removing the folder also unregisters its worktree; which of the two the probe sees first
+    // depends on when it runs. Either is the sandbox dying outside Slipway.
+    expect(['directory_removed', 'worktree_unregistered']).toContain(done.end_reason);
     const [session] = await h.sessions(id);
-    expect(session).toMatchObject({ kind: 'compute', end_reason: 'directory_removed' });
+    expect(session).toMatchObject({ kind: 'compute', end_reason: done.end_reason });
     expect(session!.ended_at!.getTime()).toBeGreaterThanOrEqual(killedAt);
     expect(session!.ended_at!.getTime()).toBeLessThanOrEqual(Date.parse(done.terminated_at!));
     const { rows } = await h.database.db.query(`SELECT event FROM audit_events WHERE sandbox_id = $1 AND event = 'abnormal_exit'`, [id]);
