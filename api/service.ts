@@ -109,6 +109,8 @@ export interface SandboxServiceDeps {
   workerId?: string;
   /** How long a call waits for a remote owner to take it up before a 503 (default DEFAULT_OWNER_GRACE_SECONDS). */
   ownerGraceSeconds?: number;
+  /** The client encrypts payloads (SLIPWAY_PAYLOAD_KEY): only then do calls go through a remote owner's history. */
+  historyEncrypted?: boolean;
 }
 
 export interface SshSettings {
@@ -346,7 +348,7 @@ export class SandboxService {
    * refused for a remote owner.
    */
   private remoteOwner(row: billing.SandboxRow, call: ServiceCallKind, bytes?: number): string | undefined {
-    const route = serviceCallRoute({ owner: row.owner ?? undefined, localWorkerId: this.deps.workerId, call, bytes });
+    const route = serviceCallRoute({ owner: row.owner ?? undefined, localWorkerId: this.deps.workerId, call, bytes, historyEncrypted: this.deps.historyEncrypted === true });
     if (route.kind === 'refuse') throw new ApiError(route.status, route.code, route.message);
     return route.kind === 'owner' ? route.owner : undefined;
   }

@@ -60,11 +60,28 @@ export type ServiceCallRoute =
  * it), else on the owner. Streams (sessions, SSH, preview) cannot go through history and are
  * refused for remote owners; so are file bodies over the payload limit.
  */
-export function serviceCallRoute(input: { owner: string | undefined; localWorkerId: string | undefined; call: ServiceCallKind; bytes?: number; limitBytes?: number }): ServiceCallRoute {
+export function serviceCallRoute(input: {
+  owner: string | undefined;
+  localWorkerId: string | undefined;
+  call: ServiceCallKind;
+  bytes?: number;
+  limitBytes?: number;
+  /** Payloads are encrypted (SLIPWAY_PAYLOAD_KEY): a remote call's command, environment and file contents travel through history. */
+  historyEncrypted: boolean;
+}): ServiceCallRoute {
   const { owner, localWorkerId, call } = input;
   if (!owner || owner === ANY_OWNER || owner === localWorkerId) return { kind: 'direct' };
   if (call === 'stream') {
     return { kind: 'refuse', status: 501, code: 'remote_owner_stream', message: `the sandbox is held by worker "${owner}" on another host; sessions, SSH and previews run only on the owner's host` };
+  }
+  // A tenant's environment, input and files must never sit in Temporal's history in the clear.
+  if (!input.historyEncrypted) {
+    return {
+      kind: 'refuse',
+      status: 501,
+      code: 'remote_owner_needs_payload_key',
+      message: `the sandbox is held by worker "${owner}" on another host; calls through it carry commands, environment and file contents through Temporal's history, which must be encrypted: set SLIPWAY_PAYLOAD_KEY (the same key) on the API and the workers`,
+    };
   }
   const limit = input.limitBytes ?? REMOTE_OWNER_PAYLOAD_LIMIT_BYTES;
   if (call === 'file' && input.bytes !== undefined && input.bytes > limit) {

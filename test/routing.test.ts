@@ -39,7 +39,7 @@ describe('serviceCallRoute', () => {
     ['another owner: file over the limit', 'w1', 'api', 'file', big, 413],
     ['another owner: session', 'w1', 'api', 'stream', undefined, 501],
   ] as const)('%s', (_name, owner, local, call, bytes, expected) => {
-    const route = serviceCallRoute({ owner, localWorkerId: local, call, bytes });
+    const route = serviceCallRoute({ owner, localWorkerId: local, call, bytes, historyEncrypted: true });
     if (expected === 'direct') expect(route).toEqual({ kind: 'direct' });
     else if (expected === 'owner') expect(route).toEqual({ kind: 'owner', owner });
     else {
@@ -48,6 +48,25 @@ describe('serviceCallRoute', () => {
       expect(route.message).toContain(`"${owner}"`);
       if (expected === 413) expect(route.message).toContain(String(REMOTE_OWNER_PAYLOAD_LIMIT_BYTES));
     }
+  });
+});
+
+describe('serviceCallRoute without payload encryption', () => {
+  it.each([
+    ['the API host owns it', 'api', 'direct'],
+    ['any host reaches it', 'any', 'direct'],
+    ['another owner: exec', 'w1', 'remote_owner_needs_payload_key'],
+  ] as const)('%s', (_name, owner, expected) => {
+    const route = serviceCallRoute({ owner, localWorkerId: 'api', call: 'exec', historyEncrypted: false });
+    if (expected === 'direct') expect(route).toEqual({ kind: 'direct' });
+    else {
+      expect(route).toMatchObject({ kind: 'refuse', status: 501, code: expected });
+      if (route.kind !== 'refuse') throw new Error('unreachable');
+      expect(route.message).toContain('SLIPWAY_PAYLOAD_KEY');
+    }
+  });
+  it('a file call too: its contents would sit in history', () => {
+    expect(serviceCallRoute({ owner: 'w1', localWorkerId: 'api', call: 'file', bytes: 10, historyEncrypted: false })).toMatchObject({ kind: 'refuse', code: 'remote_owner_needs_payload_key' });
   });
 });
 

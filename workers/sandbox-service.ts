@@ -221,6 +221,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     preview: opts.preview,
     workerId: opts.workerId,
     ownerGraceSeconds: opts.ownerGraceSeconds,
+    historyEncrypted: (dataConverter.payloadCodecs?.length ?? 0) > 0,
   });
   // The broker listens before the API answers, so the port it advertises is the bound one (0 picks a free port).
   let ssh: SshBroker | undefined;

@@ -45,6 +45,9 @@ function startOwner(): { child: ChildProcess; output: () => string } {
 }
 
 beforeAll(async () => {
+  // Calls through a remote owner carry tenant data through history: only with encrypted payloads
+  // (routing.test.ts has the refusal without a key). This file's process and the owner share one key.
+  process.env.SLIPWAY_PAYLOAD_KEY = randomBytes(32).toString('base64');
   // The API host: HTTP and its own queue only; every sandbox workflow runs on the owner process.
   h = await startServiceHarness({ worker: false, workerId: API_ID, ownerGraceSeconds: 5 });
   owner = startOwner();
