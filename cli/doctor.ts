@@ -142,13 +142,10 @@ export const DOCTOR_CHECKS: DoctorCheck[] = [
     async run(env) {
       const podman = findExecutable('podman', pathOf(env));
       if (!podman) return { status: 'missing', detail: 'podman is not on PATH', fix: 'apt-get install podman' };
-      try {
-        const { stdout } = await run(podman, ['info', '--format', '{{.Version.Version}}'], { timeout: 60_000 });
-        return { status: 'ok', detail: `podman ${stdout.trim()}` };
-      } catch (e) {
-        const err = e as Error & { stderr?: string };
-        return { status: 'warn', detail: `podman info failed: ${(err.stderr || err.message).trim().split('\n').slice(-1)[0]}`, fix: 'see `podman info`' };
-      }
+      // The provider's own check (engine, image, a container that runs git), loaded only here.
+      const { checkPodman } = require('../activities/sandbox/container') as typeof import('../activities/sandbox/container');
+      const found = await checkPodman();
+      return found.ok ? { status: 'ok', detail: found.detail } : { status: 'warn', detail: found.detail, ...(found.install ? { fix: found.install } : {}) };
     },
   },
   {
