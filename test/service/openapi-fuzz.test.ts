@@ -180,18 +180,22 @@ describe('OpenAPI fuzz', () => {
           failures.push(`undocumented ${res.status} for ${label}: ${text.slice(0, 200)}`);
           continue;
         }
-        const schema = documented.content?.['application/json']?.schema;
+        // A streamed answer (exec with stream: true) is NDJSON: each line is checked against its documented frame.
+        const ndjson = (res.headers.get('content-type') ?? '').startsWith('application/x-ndjson');
+        const mediaType = ndjson ? 'application/x-ndjson' : 'application/json';
+        if (ndjson && !documented.content?.[mediaType]) failures.push(`undocumented NDJSON ${res.status} for ${label}`);
+        const schema = documented.content?.[mediaType]?.schema;
         if (!schema) continue;
-        let parsed: unknown;
+        let parsed: unknown[];
         try {
-          parsed = JSON.parse(text);
+          parsed = ndjson ? text.split('\n').filter((l) => l !== '').map((l) => JSON.parse(l)) : [JSON.parse(text)];
         } catch {
           failures.push(`non-JSON ${res.status} for ${label}: ${text.slice(0, 200)}`);
           continue;
         }
         const target = schema.$ref ? doc.components.schemas[String(schema.$ref).split('/').pop()!]! : schema;
         const validate = ajv.compile(target);
-        if (!validate(parsed)) failures.push(`schema violation (${res.status}) for ${label}: ${ajv.errorsText(validate.errors)}`);
+        for (const item of parsed) if (!validate(item)) failures.push(`schema violation (${res.status}) for ${label}: ${ajv.errorsText(validate.errors)}`);
         if (res.status === 429 && !res.headers.get('retry-after')) failures.push(`429 without Retry-After for ${label}`);
       }
     }
