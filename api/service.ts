@@ -532,25 +532,55 @@ export class SandboxService {
    * it (kill) when its client goes away.
    */
   async openSession(principal: Principal, id: string, body: SessionStart, transport: 'stream' | 'websocket'): Promise<SandboxSession> {
+    const { session, row, release } = await this.admitSession(
+      principal,
+      id,
+      { command: body.command, args: body.args, env: body.env, cwd: body.cwd, ...(body.pty ? { pty: body.pty } : {}) },
+      async (root) => {
+        if (body.cwd !== undefined) await checkCwd(root, body.cwd);
+      },
+      (e, root) => {
+        if (!existsSync(root)) return new ApiError(409, 'sandbox_ended', `sandbox ${id} is gone (its directory was removed)`);
+        return mapFsError(e, body.cwd ?? '.');
+      },
+    );
+    this.deps.metrics?.sessionOpened(principal.accountId, row.platform, transport, session.pty);
+    void session.exit.finally(release);
+    return session;
+  }
+
+  /**
+   * One admission for every interactive session (streaming exec, WebSocket, SSH): an exec slot,
+   * the sandbox admitted (woken, kept from idling), the owner checked, then the provider's
+   * session with the sandbox's environment only. On failure both are freed here; on success
+   * `release` frees them. A provider without sessions is a 501 before anything starts.
+   */
+  private async admitSession(
+    principal: Principal,
+    id: string,
+    req: SessionRequest,
+    check?: (root: string) => Promise<void>,
+    mapError: (e: unknown, root: string) => unknown = (e) => e,
+  ): Promise<{ session: SandboxSession; row: billing.SandboxRow; release: () => void }> {
     const releaseSlot = this.claimExecSlot(principal.accountId);
     try {
       const { row, provider, release } = await this.admit(principal, id);
       try {
         const root = row.root!;
         this.remoteOwner(row, 'stream');
-        if (body.cwd !== undefined) await checkCwd(root, body.cwd);
-        const session = await provider
-          .openSession({ root }, { command: body.command, args: body.args, env: execEnv(row, body.env), inheritEnv: false, cwd: body.cwd, ...(body.pty ? { pty: body.pty } : {}) })
-          .catch((e) => {
-            if (!existsSync(root)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is gone (its directory was removed)`);
-            throw mapFsError(e, body.cwd ?? '.');
-          });
-        this.deps.metrics?.sessionOpened(principal.accountId, row.platform, transport, session.pty);
-        void session.exit.finally(() => {
-          release();
-          releaseSlot();
+        if (provider.sessions === false) throw new ApiError(501, 'sessions_unsupported', `the ${provider.kind} provider has no interactive sessions`);
+        await check?.(root);
+        const session = await provider.openSession({ root }, { ...req, env: execEnv(row, req.env ?? {}), inheritEnv: false }).catch((e: unknown) => {
+          throw mapError(e, root);
         });
-        return session;
+        return {
+          session,
+          row,
+          release: () => {
+            release();
+            releaseSlot();
+          },
+        };
       } catch (e) {
         release();
         throw e;
@@ -792,27 +822,8 @@ export class SandboxService {
    */
   async openSshSession(login: { accountId: string; sandboxId: string; tokenId: string }, req: SessionRequest): Promise<{ session: SandboxSession; release: () => void }> {
     if (!(await billing.sshTokenLive(this.deps.db, login.tokenId))) throw new ApiError(401, 'unauthorized', 'this SSH token was revoked or has expired');
-    const releaseSlot = this.claimExecSlot(login.accountId);
-    try {
-      const { row, provider, release } = await this.admit({ accountId: login.accountId, tokenId: login.tokenId, sandboxesEnabled: true }, login.sandboxId);
-      try {
-        this.remoteOwner(row, 'stream');
-        const session = await provider.openSession({ root: row.root! }, { ...req, env: execEnv(row, req.env ?? {}), inheritEnv: false });
-        return {
-          session,
-          release: () => {
-            release();
-            releaseSlot();
-          },
-        };
-      } catch (e) {
-        release();
-        throw e;
-      }
-    } catch (e) {
-      releaseSlot();
-      throw e;
-    }
+    const { session, release } = await this.admitSession({ accountId: login.accountId, tokenId: login.tokenId, sandboxesEnabled: true }, login.sandboxId, req);
+    return { session, release };
   }
 
   async introspectGrant(token: string | undefined) {

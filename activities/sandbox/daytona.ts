@@ -20,6 +20,7 @@ import { randomBytes, createHash } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { PassThrough, Writable } from 'node:stream';
 import { Daytona, DaytonaError, type Sandbox } from '@daytonaio/sdk';
 import { quote } from 'shell-quote';
 import { SLIPWAY_DIR } from '../../core/ids';
@@ -29,7 +30,7 @@ import type { RunResult } from '../process';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { PathEscapeError } from './paths';
 import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
-import { SessionRequestError } from './session';
+import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
 
@@ -129,6 +130,48 @@ export function classifyDaytonaError(e: unknown): DaytonaProviderError {
   if (status === 404) return new DaytonaProviderError(message, 'not_found', status);
   if (status !== undefined && status >= 500) return new DaytonaProviderError(message, 'transient', status);
   return new DaytonaProviderError(message, 'other', status);
+}
+
+/** Where a command's script goes inside the sandbox (next to the workspace, never in it). */
+const scriptPath = (workspace: string, id: string) => path.posix.join(path.posix.dirname(workspace), '.slipway-exec', `${id}.sh`);
+
+/**
+ * The start of a command's script: its pid recorded (it leads its process group), its directory,
+ * its environment (values travel in the file, which the shell removes at once, never in argv).
+ */
+function scriptHead(script: string, cwd: string, env: Record<string, string>): string[] {
+  return [
+    `echo $$ > ${q(`${script}.pid`)}`,
+    `cd -- ${q(cwd)} || exit 1`,
+    ...Object.entries(env).map(([k, v]) => {
+      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw new SessionRequestError(`env: ${JSON.stringify(k)} is not a variable name`);
+      return `export ${k}=${q(v)}`;
+    }),
+    `rm -f -- "$0"`,
+  ];
+}
+
+/**
+ * The rest of a session script without a pty: stdin arrives as base64 lines (a `.` line is EOF)
+ * decoded into a FIFO; the command runs in its own process group (pid in `<script>.cmd.pid`, so
+ * a signal reaches it and not the relays); its stdout and stderr leave as base64 lines on the
+ * script's own, one chunk per read (dd count=1), so output streams as it comes. The script
+ * exits with the command's status.
+ */
+function streamedCommand(script: string, command: string): string[] {
+  const f = (suffix: string) => q(`${script}${suffix}`);
+  return [
+    'exec 4<&0 0</dev/null',
+    `rm -f -- ${f('.fifo')} && mkfifo -m 600 -- ${f('.fifo')} || exit 1`,
+    `{ while IFS= read -r l && [ "$l" != . ]; do printf %s "$l" | base64 -d || break; done <&4 > ${f('.fifo')}; } &`,
+    'dec=$!',
+    'exec 4<&-',
+    'enc() { while c=$(dd bs=65536 count=1 2>/dev/null | base64 -w0) && [ -n "$c" ]; do printf \'%s\\n\' "$c"; done; }',
+    `{ { setsid /bin/sh -c 'echo $$ > "$0"; exec "$@"' ${f('.cmd.pid')} ${command} < ${f('.fifo')} 3>&-; echo $? > ${f('.status')}; } 2>&1 1>&3 3>&- | enc >&2; } 3>&1 | enc`,
+    'kill "$dec" 2>/dev/null',
+    `st=$(cat -- ${f('.status')} 2>/dev/null)`,
+    'exit "${st:-1}"',
+  ];
 }
 
 export class DaytonaSandboxProvider implements SandboxProvider {
@@ -294,18 +337,9 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     const result = (over: Partial<RunResult>): RunResult => ({ exitCode: null, signal: null, stdout: '', stderr: '', timedOut: false, cancelled: false, durationMs: Date.now() - started, ...over });
     if (req.signal?.aborted) return result({ cancelled: true });
     const id = randomBytes(8).toString('hex');
-    const dir = path.posix.join(path.posix.dirname(record.workspace), '.slipway-exec');
-    const script = path.posix.join(dir, `${id}.sh`);
-    // Values travel in a script file the command's shell removes at once, never in argv.
-    const env: Record<string, string> = { ...SANDBOX_BASE_ENV, ...req.env };
+    const script = scriptPath(record.workspace, id);
     const lines = [
-      `echo $$ > ${q(`${script}.pid`)}`,
-      `cd -- ${q(cwd)} || exit 1`,
-      ...Object.entries(env).map(([k, v]) => {
-        if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw new Error(`exec env: ${JSON.stringify(k)} is not a variable name`);
-        return `export ${k}=${q(v)}`;
-      }),
-      `rm -f -- "$0"`,
+      ...scriptHead(script, cwd, { ...SANDBOX_BASE_ENV, ...req.env }),
       req.stdin !== undefined ? `exec 0< ${q(`${script}.in`)}; rm -f -- ${q(`${script}.in`)}` : 'exec 0</dev/null',
       req.shell ? `exec /bin/sh -c ${q(req.command)}` : `exec ${[req.command, ...(req.args ?? [])].map(q).join(' ')}`,
     ];
@@ -376,13 +410,159 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     }
   }
 
-  private async killGroup(s: Sandbox, script: string, signal: 'TERM' | 'KILL'): Promise<void> {
-    await this.control(s, 'p=$(cat -- "$1.pid" 2>/dev/null) && [ -n "$p" ] && kill -s "$2" -- "-$p" 2>/dev/null; exit 0', [script, signal]).catch(() => undefined);
+  /** Signals the process group whose leader wrote its pid to `<pidBase>.pid` (`signal` without SIG: TERM, KILL). */
+  private async killGroup(s: Sandbox, pidBase: string, signal: string): Promise<void> {
+    await this.control(s, 'p=$(cat -- "$1.pid" 2>/dev/null) && [ -n "$p" ] && kill -s "$2" -- "-$p" 2>/dev/null; exit 0', [pidBase, signal]).catch(() => undefined);
   }
 
-  /** Not yet: Daytona's PTY sessions (SDK `process.createPty`) are not wired in; refused with a clear error. */
-  async openSession(_handle: Pick<SandboxHandle, 'root'>, _req: SessionRequest): Promise<SandboxSession> {
-    throw new SessionRequestError('interactive sessions are not available in daytona sandboxes yet');
+  /**
+   * An interactive process (ADR 0019, sessions). With a pty: Daytona's PTY (SDK createPty, a
+   * WebSocket) whose shell is told to exec our script; output before the script's random marker
+   * (the shell's prompt, the echo of that line) is dropped. Without: a session command whose
+   * stdin, stdout and stderr travel base64-encoded line by line (sendSessionCommandInput takes
+   * text, and the followed log stream decodes text), so bytes arrive unchanged and EOF is a `.`
+   * line. Environment and cwd go up in the script file, as for exec, never in argv.
+   */
+  async openSession(handle: Pick<SandboxHandle, 'root'>, req: SessionRequest): Promise<SandboxSession> {
+    if (!req.command) throw new SessionRequestError('command must not be empty');
+    const pty = req.pty ? checkSize(req.pty.cols, req.pty.rows) : undefined;
+    const record = await this.record(handle.root);
+    const s = await this.remote(record.daytonaId);
+    const cwd = req.cwd ? await this.resolve(s, record.workspace, req.cwd) : record.workspace;
+    const id = randomBytes(8).toString('hex');
+    const script = scriptPath(record.workspace, id);
+    const command = (req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])]).map(q).join(' ');
+    const head = scriptHead(script, cwd, { ...SANDBOX_BASE_ENV, ...(pty ? { TERM: 'xterm-256color' } : {}), ...req.env });
+    const cleanup = () => this.control(s, 'rm -f -- "$1" "$1.pid" "$1.cmd.pid" "$1.fifo" "$1.status"', [script]).catch(() => undefined);
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    let exited = false;
+    let killed = false;
+    const checkSignal = (sig: NodeJS.Signals) => {
+      if (!/^SIG[A-Z0-9]+$/.test(sig)) throw new SessionRequestError(`signal must be a signal name such as SIGTERM, got ${JSON.stringify(sig)}`);
+      return sig.slice(3);
+    };
+    if (pty) {
+      const marker = `slipway-session-${randomBytes(12).toString('hex')}`;
+      await this.call('uploading the session script', () => s.fs.uploadFile(Buffer.from(`${[...head, `printf '%s\\n' ${marker}`, `exec ${command}`].join('\n')}\n`), script));
+      let pending: Buffer | undefined = Buffer.alloc(0);
+      const onData = (data: Uint8Array) => {
+        if (!pending) return void stdout.write(Buffer.from(data));
+        pending = Buffer.concat([pending, data]);
+        const at = pending.indexOf(marker);
+        const eol = at < 0 ? -1 : pending.indexOf('\n', at);
+        if (eol < 0) return;
+        const rest = pending.subarray(eol + 1);
+        pending = undefined;
+        if (rest.length) stdout.write(rest);
+      };
+      const terminal = await this.call('opening a terminal', () => s.process.createPty({ id: `slipway-${id}`, cols: pty.cols, rows: pty.rows, onData })).catch(async (e: unknown) => {
+        await cleanup();
+        throw e;
+      });
+      const exit = terminal.wait().then(async (r) => {
+        exited = true;
+        await this.killGroup(s, script, 'KILL');
+        await cleanup();
+        await terminal.disconnect().catch(() => undefined);
+        stdout.end();
+        stderr.end();
+        return killed ? { exitCode: null, signal: 'SIGKILL' as const } : { exitCode: r.exitCode ?? null, signal: null };
+      });
+      // A leading space keeps the line out of an interactive shell's history.
+      await terminal.sendInput(` exec /bin/sh ${q(script)}\n`);
+      const stdin = new Writable({
+        write: (chunk: Buffer, _e, cb) => void terminal.sendInput(new Uint8Array(chunk)).then(() => cb(), () => cb()),
+      });
+      return {
+        pid: undefined,
+        pty: true,
+        stdin,
+        stdout,
+        stderr,
+        exit,
+        resize: (cols, rows) => {
+          const size = checkSize(cols, rows, 'resize');
+          if (!exited) void terminal.resize(size.cols, size.rows).catch(() => undefined);
+        },
+        signal: (sig) => {
+          const name = checkSignal(sig);
+          if (exited) return;
+          const key = TERMINAL_SIGNAL_KEYS[sig];
+          if (key) void terminal.sendInput(key).catch(() => undefined);
+          else void this.killGroup(s, script, name);
+        },
+        kill: () => {
+          if (exited) return;
+          killed = true;
+          void this.killGroup(s, script, 'KILL').then(() => terminal.kill().catch(() => undefined));
+        },
+      };
+    }
+    await this.call('uploading the session script', () => s.fs.uploadFile(Buffer.from(`${[...head, ...streamedCommand(script, command)].join('\n')}\n`), script));
+    const session = `slipway-${id}`;
+    await this.call('opening a session', () => s.process.createSession(session));
+    const started = await this.call('starting the command', () => s.process.executeSessionCommand(session, { command: `setsid -w /bin/sh ${q(script)}`, runAsync: true })).catch(async (e: unknown) => {
+      await this.call('closing the session', () => s.process.deleteSession(session)).catch(() => undefined);
+      await cleanup();
+      throw e;
+    });
+    const cmdId = started.cmdId!;
+    const decoder = (out: PassThrough) => {
+      let partial = '';
+      return (chunk: string) => {
+        const lines = (partial + chunk).split('\n');
+        partial = lines.pop() ?? '';
+        for (const line of lines) if (line) out.write(Buffer.from(line, 'base64'));
+      };
+    };
+    const exit = (async () => {
+      await this.call('following the output', () => s.process.getSessionCommandLogs(session, cmdId, decoder(stdout), decoder(stderr))).catch(() => undefined);
+      // The log stream ends with the command; its exit code may be recorded a moment later.
+      let exitCode: number | null = null;
+      for (let i = 0; i < 100; i++) {
+        const cmd = await this.call('reading the exit code', () => s.process.getSessionCommand(session, cmdId)).catch(() => undefined);
+        if (cmd?.exitCode !== undefined && cmd.exitCode !== null) {
+          exitCode = cmd.exitCode;
+          break;
+        }
+        await sleep(this.options.pollMs ?? 100);
+      }
+      exited = true;
+      await this.killGroup(s, `${script}.cmd`, 'KILL');
+      await this.call('closing the session', () => s.process.deleteSession(session)).catch(() => undefined);
+      await cleanup();
+      stdout.end();
+      stderr.end();
+      return killed ? { exitCode: null, signal: 'SIGKILL' as const } : { exitCode, signal: null };
+    })();
+    let sent = Promise.resolve();
+    const send = (data: string) => (sent = sent.then(() => this.call('sending input', () => s.process.sendSessionCommandInput(session, cmdId, data)).catch(() => undefined)));
+    const stdin = new Writable({
+      write: (chunk: Buffer, _e, cb) => void send(`${chunk.toString('base64')}\n`).then(() => cb()),
+      final: (cb) => void send('.\n').then(() => cb()),
+    });
+    stdin.on('error', () => undefined);
+    return {
+      pid: undefined,
+      pty: false,
+      stdin,
+      stdout,
+      stderr,
+      exit,
+      resize: () => {
+        throw new SessionRequestError('resize needs a session with a pty');
+      },
+      signal: (sig) => {
+        const name = checkSignal(sig);
+        if (!exited) void this.killGroup(s, `${script}.cmd`, name);
+      },
+      kill: () => {
+        if (exited) return;
+        killed = true;
+        void Promise.all([this.killGroup(s, `${script}.cmd`, 'KILL'), this.killGroup(s, script, 'KILL')]);
+      },
+    };
   }
 
   async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {

@@ -167,6 +167,11 @@ export interface SandboxProvider {
    * only that worker reaches it, so it owns it. False for a remote provider any worker reaches.
    */
   readonly hostBound: boolean;
+  /**
+   * False for a provider without interactive sessions: openSession refuses with a
+   * SessionRequestError and the service API answers 501 before admitting anything. Default true.
+   */
+  readonly sessions?: boolean;
   create(request: SandboxCreateRequest): Promise<SandboxHandle>;
   exec(handle: Pick<SandboxHandle, 'root'>, request: ExecRequest): Promise<RunResult>;
   /** Starts an interactive process under the same confinement, limits and environment rules as exec. */

@@ -17,6 +17,15 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import busboy from 'busboy';
+import { WebSocketServer, type WebSocket } from 'ws';
+import { CONTROL_FD, CONTROLLER, terminalCommandLine } from '../../activities/sandbox/session';
+
+/** Daytona's log stream marks each chunk with these (SDK Process.STDOUT_PREFIX_BYTES / STDERR_PREFIX_BYTES). */
+const STDOUT_PREFIX = Buffer.from([1, 1, 1]);
+const STDERR_PREFIX = Buffer.from([2, 2, 2]);
+/** The subprotocol the SDK offers for PTY exit reports (Process.PTY_EXIT_CONTROL_SUBPROTOCOL). */
+const PTY_EXIT_CONTROL = 'X-Daytona-Pty-Exit-Control';
+const PTY_ENVS = 'X-Daytona-Pty-Envs~';
 
 export type FakeState = 'started' | 'stopped' | 'archived' | 'destroyed' | 'error';
 
@@ -29,12 +38,21 @@ interface FakeCommand {
   exitCode?: number;
 }
 
+interface FakePty {
+  id: string;
+  child: ChildProcess;
+  cols: number;
+  rows: number;
+}
+
 export interface FakeSandbox {
   id: string;
   name: string;
   state: FakeState;
   labels: Record<string, string>;
   snapshot?: string;
+  /** What the create asked for (Daytona's networkBlockAll): the sandbox has no outbound network. */
+  networkBlockAll: boolean;
   env: Record<string, string>;
   autoStopInterval?: number;
   autoDeleteInterval?: number;
@@ -42,6 +60,7 @@ export interface FakeSandbox {
   /** The sandbox's home directory on this host. */
   home: string;
   sessions: Map<string, Map<string, FakeCommand>>;
+  ptys: Map<string, FakePty>;
   createdAt: string;
 }
 
@@ -70,6 +89,27 @@ export class FakeDaytona {
     this.server = http.createServer((req, res) => {
       this.handle(req, res).catch((e: Error) => send(res, 500, { statusCode: 500, message: `fake daytona: ${e.message}` }));
     });
+    // The toolbox's WebSocket routes: PTY create-connect and the followed command logs.
+    const wss = new WebSocketServer({ noServer: true, handleProtocols: (offered) => (offered.has(PTY_EXIT_CONTROL) ? PTY_EXIT_CONTROL : false) });
+    this.server.on('upgrade', (req, socket, head) => {
+      const url = new URL(req.url ?? '/', 'http://x');
+      this.requests.push(`WS ${url.pathname}`);
+      const refuse = (status: number, message: string) => {
+        socket.end(`HTTP/1.1 ${status} ${message}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n`);
+      };
+      if (req.headers.authorization !== `Bearer ${this.apiKey}`) return refuse(401, 'Unauthorized');
+      const tb = /^\/toolbox\/([^/]+)(\/.*)$/.exec(url.pathname);
+      const s = tb ? this.sandboxes.get(tb[1]) : undefined;
+      if (!tb || !s) return refuse(404, 'Not Found');
+      if (s.state !== 'started') return refuse(409, 'Conflict');
+      const logs = /^\/process\/session\/([^/]+)\/command\/([^/]+)\/logs$/.exec(tb[2]);
+      const c = logs ? s.sessions.get(logs[1])?.get(logs[2]) : undefined;
+      if (tb[2] === '/process/pty/create-connect') {
+        wss.handleUpgrade(req, socket, head, (ws) => this.ptyConnect(s, url, req.headers['sec-websocket-protocol'] ?? '', ws));
+      } else if (c) {
+        wss.handleUpgrade(req, socket, head, (ws) => followLogs(c, ws));
+      } else refuse(404, 'Not Found');
+    });
     await new Promise<void>((resolve) => this.server!.listen(0, '127.0.0.1', resolve));
     const { port } = this.server.address() as { port: number };
     this.url = `http://127.0.0.1:${port}/api`;
@@ -78,6 +118,7 @@ export class FakeDaytona {
 
   async stop(): Promise<void> {
     for (const s of this.sandboxes.values()) killAll(s);
+    this.server?.closeAllConnections();
     await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
     this.server?.closeAllConnections();
     await fs.rm(this.dir, { recursive: true, force: true });
@@ -119,7 +160,7 @@ export class FakeDaytona {
       env: s.env,
       labels: s.labels,
       public: false,
-      networkBlockAll: false,
+      networkBlockAll: s.networkBlockAll,
       target: s.target,
       cpu: 1,
       gpu: 0,
@@ -159,7 +200,7 @@ export class FakeDaytona {
 
   private async control(method: string, route: string, url: URL, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     if (method === 'POST' && route === '/sandbox') {
-      const body = JSON.parse(await readBody(req)) as { name?: string; snapshot?: string; labels?: Record<string, string>; env?: Record<string, string>; autoStopInterval?: number; autoDeleteInterval?: number; target?: string };
+      const body = JSON.parse(await readBody(req)) as { name?: string; snapshot?: string; labels?: Record<string, string>; env?: Record<string, string>; autoStopInterval?: number; autoDeleteInterval?: number; target?: string; networkBlockAll?: boolean };
       const id = randomUUID();
       const home = path.join(this.dir, id);
       await fs.mkdir(home, { recursive: true });
@@ -169,12 +210,14 @@ export class FakeDaytona {
         state: 'started',
         labels: body.labels ?? {},
         snapshot: body.snapshot,
+        networkBlockAll: body.networkBlockAll === true,
         env: body.env ?? {},
         autoStopInterval: body.autoStopInterval,
         autoDeleteInterval: body.autoDeleteInterval,
         target: body.target ?? 'us',
         home,
         sessions: new Map(),
+        ptys: new Map(),
         createdAt: new Date().toISOString(),
       };
       this.sandboxes.set(id, s);
@@ -225,6 +268,32 @@ export class FakeDaytona {
       s.sessions.set(sessionId, new Map());
       return send(res, 201, {});
     }
+    const pty = /^\/process\/pty\/([^/]+)(\/resize)?$/.exec(route);
+    if (pty) {
+      const p = s.ptys.get(pty[1]);
+      if (!p) return send(res, 404, { statusCode: 404, message: `PTY session ${pty[1]} not found` });
+      if (method === 'POST' && pty[2]) {
+        const { cols, rows } = JSON.parse(await readBody(req)) as { cols: number; rows: number };
+        Object.assign(p, { cols, rows });
+        (p.child.stdio as unknown as Array<NodeJS.WritableStream | null>)[CONTROL_FD]?.write(`${rows} ${cols}\n`);
+        return send(res, 200, ptyInfo(p));
+      }
+      if (method === 'GET' && !pty[2]) return send(res, 200, ptyInfo(p));
+      if (method === 'DELETE' && !pty[2]) {
+        killGroup(p.child);
+        s.ptys.delete(p.id);
+        return send(res, 200, {});
+      }
+    }
+    const input = /^\/process\/session\/([^/]+)\/command\/([^/]+)\/input$/.exec(route);
+    if (input && method === 'POST') {
+      const c = s.sessions.get(input[1])?.get(input[2]);
+      if (!c) return send(res, 404, { statusCode: 404, message: `command ${input[2]} not found` });
+      const { data } = JSON.parse(await readBody(req)) as { data: string };
+      if (c.exitCode !== undefined) return send(res, 400, { statusCode: 400, message: 'command has already exited' });
+      c.child.stdin?.write(data);
+      return send(res, 200, {});
+    }
     const sess = /^\/process\/session\/([^/]+)(?:\/(exec|command\/([^/]+)(\/logs)?))?$/.exec(route);
     if (sess) {
       const session = s.sessions.get(sess[1]);
@@ -236,7 +305,7 @@ export class FakeDaytona {
       }
       if (method === 'POST' && sess[2] === 'exec') {
         const body = JSON.parse(await readBody(req)) as { command: string; runAsync?: boolean; async?: boolean };
-        const c = this.run(s, body.command);
+        const c = this.run(s, body.command, undefined, true);
         session.set(c.id, c);
         if (body.runAsync || body.async) return send(res, 202, { cmdId: c.id });
         await new Promise((r) => c.child.on('close', r));
@@ -283,18 +352,62 @@ export class FakeDaytona {
     return path.isAbsolute(p) ? p : path.join(s.home, p);
   }
 
-  private run(s: FakeSandbox, command: string, cwd?: string): FakeCommand {
+  private shellEnv(s: FakeSandbox): Record<string, string> {
+    return { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: s.home, LANG: 'C.UTF-8', ...s.env };
+  }
+
+  /** A command; a session command keeps its stdin open for the input route (Daytona's interactive commands). */
+  private run(s: FakeSandbox, command: string, cwd?: string, input = false): FakeCommand {
     const child = spawn('/bin/sh', ['-c', command], {
       cwd: cwd ? this.resolve(s, cwd) : s.home,
-      env: { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: s.home, LANG: 'C.UTF-8', ...s.env },
+      env: this.shellEnv(s),
       detached: true,
-      stdio: ['ignore', 'pipe', 'pipe'],
+      stdio: [input ? 'pipe' : 'ignore', 'pipe', 'pipe'],
     });
+    child.stdin?.on('error', () => undefined);
     const c: FakeCommand = { id: randomUUID(), command, child, stdout: '', stderr: '' };
     child.stdout!.on('data', (d: Buffer) => (c.stdout += d.toString()));
     child.stderr!.on('data', (d: Buffer) => (c.stderr += d.toString()));
     child.on('close', (code, signal) => (c.exitCode = code ?? (signal ? 128 + (os.constants.signals[signal] ?? 9) : -1)));
     return c;
+  }
+
+  /**
+   * Daytona's create-connect: a terminal running the sandbox's shell (a real PTY, from script(1)
+   * as local sessions make it), its output as binary frames, input frames typed into it, a
+   * `connected` control message first and `exited` with the exit code last.
+   */
+  private ptyConnect(s: FakeSandbox, url: URL, protocols: string, ws: WebSocket): void {
+    const id = url.searchParams.get('id') ?? randomUUID();
+    const cols = Number(url.searchParams.get('cols') ?? 80);
+    const rows = Number(url.searchParams.get('rows') ?? 24);
+    const token = protocols.split(',').map((p) => p.trim()).find((p) => p.startsWith(PTY_ENVS));
+    const envs = token ? (JSON.parse(Buffer.from(token.slice(PTY_ENVS.length), 'base64url').toString()) as Record<string, string>) : {};
+    const stdio: Array<'pipe' | 'ignore'> = ['pipe', 'pipe', 'pipe'];
+    while (stdio.length < CONTROL_FD) stdio.push('ignore');
+    stdio.push('pipe');
+    const cwd = url.searchParams.get('cwd');
+    const child = spawn('/bin/sh', ['-c', CONTROLLER, 'fake-daytona-pty', terminalCommandLine(['/bin/sh', '-i'], { cols, rows })], {
+      cwd: cwd ? this.resolve(s, cwd) : s.home,
+      env: { ...this.shellEnv(s), TERM: 'xterm-256color', ...envs },
+      detached: true,
+      stdio,
+    });
+    child.stdin!.on('error', () => undefined);
+    const p: FakePty = { id, child, cols, rows };
+    s.ptys.set(id, p);
+    const out = (d: Buffer) => ws.readyState === ws.OPEN && ws.send(d);
+    child.stdout!.on('data', out);
+    child.stderr!.on('data', out);
+    ws.on('message', (d: Buffer) => child.stdin!.write(d));
+    ws.on('close', () => undefined);
+    child.on('close', (code, signal) => {
+      s.ptys.delete(id);
+      if (ws.readyState !== ws.OPEN) return;
+      ws.send(JSON.stringify({ type: 'control', status: 'exited', exitCode: code ?? (signal ? 128 + (os.constants.signals[signal] ?? 9) : -1) }));
+      ws.close(1000);
+    });
+    ws.send(JSON.stringify({ type: 'control', status: 'connected' }));
   }
 
   private upload(s: FakeSandbox, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
@@ -335,6 +448,29 @@ function killGroup(child: ChildProcess): void {
 function killAll(s: FakeSandbox): void {
   for (const session of s.sessions.values()) for (const c of session.values()) killGroup(c.child);
   s.sessions.clear();
+  for (const p of s.ptys.values()) killGroup(p.child);
+  s.ptys.clear();
+}
+
+function ptyInfo(p: FakePty) {
+  return { id: p.id, cwd: '', envs: {}, cols: p.cols, rows: p.rows, createdAt: new Date().toISOString(), active: p.child.exitCode === null, lazyStart: false };
+}
+
+/** Daytona's followed logs: what the command wrote so far, then each chunk as it comes, each marked with its stream; closed when the command ends. */
+function followLogs(c: FakeCommand, ws: WebSocket): void {
+  const send = (prefix: Buffer, d: Buffer) => ws.readyState === ws.OPEN && d.length > 0 && ws.send(Buffer.concat([prefix, d]));
+  send(STDOUT_PREFIX, Buffer.from(c.stdout));
+  send(STDERR_PREFIX, Buffer.from(c.stderr));
+  if (c.exitCode !== undefined) return void ws.close(1000);
+  const onOut = (d: Buffer) => send(STDOUT_PREFIX, d);
+  const onErr = (d: Buffer) => send(STDERR_PREFIX, d);
+  c.child.stdout!.on('data', onOut);
+  c.child.stderr!.on('data', onErr);
+  c.child.once('close', () => ws.readyState === ws.OPEN && ws.close(1000));
+  ws.on('close', () => {
+    c.child.stdout!.off('data', onOut);
+    c.child.stderr!.off('data', onErr);
+  });
 }
 
 function send(res: http.ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {

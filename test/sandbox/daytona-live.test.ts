@@ -27,7 +27,6 @@ async function remoteProcessRunning(marker: string): Promise<boolean> {
 if (live) {
   // Processes run remotely: the suite's process check asks the sandbox itself.
   describeSandboxContract('daytona (live)', () => new DaytonaSandboxProvider({ snapshot: process.env.DAYTONA_SNAPSHOT, autoStopMinutes: 15, autoDeleteMinutes: 60 }), {
-  sessions: false,
     processRunning: remoteProcessRunning,
     workspacePath: async (handle) => (JSON.parse(await fs.readFile(`${handle.root}.json`, 'utf8')) as { workspace: string }).workspace,
   });

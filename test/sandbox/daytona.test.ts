@@ -23,7 +23,6 @@ beforeAll(async () => {
 afterAll(() => fake.stop());
 
 describeSandboxContract('daytona (fake)', () => new DaytonaSandboxProvider({ apiKey: fake.apiKey, apiUrl: fake.url, target: 'fake', snapshot: 'slipway-test' }), {
-  sessions: false,
   workspacePath: async (handle) => {
     const record = JSON.parse(await fs.readFile(`${handle.root}.json`, 'utf8')) as { workspace: string };
     return record.workspace;
