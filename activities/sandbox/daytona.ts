@@ -47,6 +47,8 @@ export interface DaytonaProviderOptions {
   autoStopMinutes?: number;
   /** Minutes stopped before Daytona deletes it (default 7 days). */
   autoDeleteMinutes?: number;
+  /** False: every sandbox it makes has no network (Daytona's networkBlockAll), whatever the request says; a service profile's `network: false`. */
+  network?: boolean;
   /** Extra labels (account, project) on every sandbox. */
   labels?: Record<string, string>;
   /** How often exec polls a running command (ms, default 100). */
@@ -267,8 +269,8 @@ export class DaytonaSandboxProvider implements SandboxProvider {
         {
           ...(this.options.snapshot ? { snapshot: this.options.snapshot } : {}),
           labels,
-          // The objective's `network: false` blocks the sandbox's network (Daytona's networkBlockAll).
-          ...(req.container && !req.container.network ? { networkBlockAll: true } : {}),
+          // The objective's or the profile's `network: false` blocks the sandbox's network (Daytona's networkBlockAll); the stricter wins.
+          ...((req.container && !req.container.network) || this.options.network === false ? { networkBlockAll: true } : {}),
           autoStopInterval: this.options.autoStopMinutes ?? 30,
           autoDeleteInterval: this.options.autoDeleteMinutes ?? 7 * 24 * 60,
         },

@@ -24,7 +24,7 @@ export function defaultProviderFor(options: { daytona?: DaytonaProviderOptions }
     }
     if (!provider && policy.provider === 'daytona') {
       // Daytona's sandbox is the confinement; the key stays in the worker (never in the profile or history).
-      provider = new DaytonaSandboxProvider(options.daytona ?? { snapshot: process.env.DAYTONA_SNAPSHOT });
+      provider = new DaytonaSandboxProvider({ ...(options.daytona ?? { snapshot: process.env.DAYTONA_SNAPSHOT }), network: policy.network });
       cache.set(key, provider);
     }
     if (!provider) {

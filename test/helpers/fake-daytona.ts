@@ -10,7 +10,7 @@
  * run on this host as this user). Failures can be injected per route (quota, 429 with a reset,
  * 404, 5xx).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { mkdtempSync, promises as fs, realpathSync } from 'node:fs';
 import http from 'node:http';
@@ -352,13 +352,25 @@ export class FakeDaytona {
     return path.isAbsolute(p) ? p : path.join(s.home, p);
   }
 
+  /**
+   * A sandbox created with networkBlockAll runs its commands in a network namespace of their own
+   * (`unshare --net`: only a loopback device, down), so outbound connections fail as they would
+   * on Daytona. unshare execs without forking: the pid and process group stay the command's.
+   */
+  private confine(s: FakeSandbox, argv: string[]): string[] {
+    if (!s.networkBlockAll) return argv;
+    if (!canUnshareNet()) throw new Error('fake daytona: networkBlockAll needs `unshare --net` (util-linux, user namespaces), which does not work here');
+    return ['unshare', '--net', '--map-current-user', ...argv];
+  }
+
   private shellEnv(s: FakeSandbox): Record<string, string> {
     return { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: s.home, LANG: 'C.UTF-8', ...s.env };
   }
 
   /** A command; a session command keeps its stdin open for the input route (Daytona's interactive commands). */
   private run(s: FakeSandbox, command: string, cwd?: string, input = false): FakeCommand {
-    const child = spawn('/bin/sh', ['-c', command], {
+    const [file, ...args] = this.confine(s, ['/bin/sh', '-c', command]);
+    const child = spawn(file, args, {
       cwd: cwd ? this.resolve(s, cwd) : s.home,
       env: this.shellEnv(s),
       detached: true,
@@ -387,7 +399,8 @@ export class FakeDaytona {
     while (stdio.length < CONTROL_FD) stdio.push('ignore');
     stdio.push('pipe');
     const cwd = url.searchParams.get('cwd');
-    const child = spawn('/bin/sh', ['-c', CONTROLLER, 'fake-daytona-pty', terminalCommandLine(['/bin/sh', '-i'], { cols, rows })], {
+    const [file, ...args] = this.confine(s, ['/bin/sh', '-c', CONTROLLER, 'fake-daytona-pty', terminalCommandLine(['/bin/sh', '-i'], { cols, rows })]);
+    const child = spawn(file, args, {
       cwd: cwd ? this.resolve(s, cwd) : s.home,
       env: { ...this.shellEnv(s), TERM: 'xterm-256color', ...envs },
       detached: true,
@@ -433,6 +446,12 @@ export class FakeDaytona {
       req.pipe(bb);
     });
   }
+}
+
+let unshareWorks: boolean | undefined;
+export function canUnshareNet(): boolean {
+  unshareWorks ??= spawnSync('unshare', ['--net', '--map-current-user', 'true']).status === 0;
+  return unshareWorks;
 }
 
 function killGroup(child: ChildProcess): void {
