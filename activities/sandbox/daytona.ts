@@ -29,12 +29,46 @@ import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isA
 import type { RunResult } from '../process';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { PathEscapeError } from './paths';
-import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
+import { SANDBOX_BASE_ENV, type ProjectSetup, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
 import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
+import { describeChanges, fingerprint, type FingerprintParts } from './fingerprint';
 
 export const DAYTONA_DIR = `${SLIPWAY_DIR}/daytona`;
+/** The repository's prepared Daytona snapshot, as `slipway template create --provider daytona` last built it. */
+export const DAYTONA_SNAPSHOT_MANIFEST = `${SLIPWAY_DIR}/daytona-snapshot.json`;
+
+/**
+ * A prepared Daytona snapshot (ADR 0019): a sandbox with the project's setup done, snapshotted.
+ * It keeps only what setup made in the workspace (node_modules, build outputs): tracked files
+ * and .git are removed before the snapshot, so each sandbox made from it starts from its own
+ * base bundle as any other, and finds setup's files already there.
+ */
+export interface DaytonaSnapshotManifest {
+  version: 1;
+  /** Daytona's snapshot name: `slipway-<repository label>-<fingerprint>`. */
+  name: string;
+  baseRef: string;
+  baseCommit: string;
+  setup?: ProjectSetup;
+  /** The snapshot it was built from (DAYTONA_SNAPSHOT), if any. */
+  from?: string;
+  fingerprint: { hash: string; parts: FingerprintParts };
+  createdAt: string;
+  durationMs: number;
+}
+
+export interface DaytonaSnapshotCheck {
+  state: 'missing' | 'fresh' | 'stale';
+  reasons: string[];
+  manifest?: DaytonaSnapshotManifest;
+  baseCommit?: string;
+}
+
+/** The prepared snapshot's name: from the repository and what makes it stale (lockfiles at the base, setup commands), as the local template's fingerprint. */
+export const daytonaSnapshotName = (repo: string, fingerprintHash: string) => `slipway-${repositoryLabel(repo).slice(0, 12)}-${fingerprintHash.slice(0, 16)}`;
+const snapshotFingerprint = (repo: string, baseCommit: string, setup: ProjectSetup | undefined) => fingerprint(repo, baseCommit, { setup, copyIgnored: false, source: repo });
 
 export interface DaytonaProviderOptions {
   /** Default: DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET from the worker's environment. */
@@ -243,6 +277,11 @@ export class DaytonaSandboxProvider implements SandboxProvider {
   }
 
   async create(req: SandboxCreateRequest): Promise<SandboxHandle> {
+    return this.createSandbox(req, true);
+  }
+
+  /** `usePrepared`: start from the repository's prepared snapshot when Daytona has one for this setup (not when building it). */
+  private async createSandbox(req: SandboxCreateRequest, usePrepared: boolean): Promise<SandboxHandle> {
     const started = Date.now();
     const repo = await fs.realpath(req.repository);
     await ensureSlipwayExcluded(repo);
@@ -264,10 +303,14 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     if (!(await branchExists(repo, req.branch))) await git(repo, ['update-ref', `refs/heads/${req.branch}`, baseCommit, '']);
     const startCommit = await resolveCommit(repo, `refs/heads/${req.branch}`);
     const labels = { ...this.options.labels, 'slipway.repository': repositoryLabel(repo), 'slipway.group': req.group, 'slipway.name': req.name, 'slipway.sandbox': req.sandboxId };
+    const hasSetup = !!req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0);
+    // The fingerprint finds the prepared snapshot on any worker (no manifest needed); else the configured one.
+    const prepared = usePrepared && hasSetup ? await this.preparedSnapshot(repo, baseCommit, req.setup) : undefined;
+    const snapshot = prepared ?? this.options.snapshot;
     const s = await this.call('creating the sandbox', () =>
       this.daytona().create(
         {
-          ...(this.options.snapshot ? { snapshot: this.options.snapshot } : {}),
+          ...(snapshot ? { snapshot } : {}),
           labels,
           // The objective's or the profile's `network: false` blocks the sandbox's network (Daytona's networkBlockAll); the stricter wins.
           ...((req.container && !req.container.network) || this.options.network === false ? { networkBlockAll: true } : {}),
@@ -296,12 +339,122 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     const start = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', START_FROM_BUNDLE_SCRIPT, 'start', bundle, req.branch, name, email], timeoutMs: 10 * 60_000, signal: req.signal });
     if (start.exitCode !== 0) throw new Error(`starting the sandbox from its bundle failed (exit ${start.exitCode}): ${start.stderr.trim()}`);
     let setup: SandboxHandle['setup'];
-    if (req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0)) {
-      setup = await runProjectSetup((r) => this.exec({ root: w.root }, r), req.setup, { signal: req.signal, onProgress: req.onProgress });
+    if (req.setup && hasSetup) {
+      const run = (p: ProjectSetup) => runProjectSetup((r) => this.exec({ root: w.root }, r), p, { signal: req.signal, onProgress: req.onProgress });
+      // From the prepared snapshot setup's files are there: verify only; setup runs in full if a check fails.
+      setup = prepared ? await run({ ...req.setup, commands: [], attempts: 1 }).catch(() => run(req.setup!)) : await run(req.setup);
     }
     const headCommit = await this.head(w.root);
     await writeJsonAtomic(w.recordFile, { ...base, state: 'ready' });
-    return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
+    return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: prepared ? 'template' : 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
+  }
+
+  /** Daytona's record of a snapshot by name, or undefined when it has none. */
+  private async snapshotInfo(name: string): Promise<{ state: string; errorReason?: string | null } | undefined> {
+    return this.call(`reading the snapshot ${name}`, () => this.daytona().snapshot.get(name)).catch((e: DaytonaProviderError) => {
+      if (e.kind === 'not_found') return undefined;
+      throw e;
+    });
+  }
+
+  /** The name of the active prepared snapshot for this repository, base lockfiles and setup, if Daytona has it. */
+  private async preparedSnapshot(repo: string, baseCommit: string, setup: ProjectSetup | undefined): Promise<string | undefined> {
+    const name = daytonaSnapshotName(repo, (await snapshotFingerprint(repo, baseCommit, setup)).hash);
+    return (await this.snapshotInfo(name))?.state === 'active' ? name : undefined;
+  }
+
+  /** Waits until Daytona has built the snapshot (pending, building -> active); its error with Daytona's reason otherwise. */
+  private async waitForSnapshot(name: string, timeoutMs = 30 * 60_000): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const info = await this.snapshotInfo(name);
+      if (info?.state === 'active') return;
+      if (!info || info.state === 'error' || info.state === 'build_failed') {
+        throw new DaytonaProviderError(`Daytona: the snapshot ${name} failed: ${info ? `${info.state}: ${info.errorReason ?? 'no reason given'}` : 'it disappeared'}`, 'other');
+      }
+      if (Date.now() > deadline) throw new DaytonaProviderError(`Daytona: the snapshot ${name} is still ${info.state} after ${timeoutMs / 60_000} min`, 'transient');
+      await sleep(Math.max(this.options.pollMs ?? 100, 500));
+    }
+  }
+
+  async readSnapshotManifest(repository: string): Promise<DaytonaSnapshotManifest | undefined> {
+    return readJson<DaytonaSnapshotManifest>(path.join(await fs.realpath(repository), DAYTONA_SNAPSHOT_MANIFEST));
+  }
+
+  /**
+   * Builds the repository's prepared snapshot: a sandbox at `base` (from the configured snapshot)
+   * runs the setup, keeps only what setup made, and is snapshotted under the fingerprint's name;
+   * the builder sandbox and its branch go whatever happens. A snapshot of that name already
+   * active (built elsewhere) is taken as it is. The previous prepared snapshot is deleted once
+   * the new one is active.
+   */
+  async buildSnapshot(repository: string, opts: { base: string; setup?: ProjectSetup; signal?: AbortSignal; onProgress?: (line: string) => void }): Promise<DaytonaSnapshotManifest> {
+    const started = Date.now();
+    const repo = await fs.realpath(repository);
+    const baseCommit = await resolveCommit(repo, opts.base);
+    const fp = await snapshotFingerprint(repo, baseCommit, opts.setup);
+    const name = daytonaSnapshotName(repo, fp.hash);
+    const previous = await this.readSnapshotManifest(repo);
+    const existing = await this.snapshotInfo(name);
+    if (existing && existing.state !== 'active') {
+      if (existing.state === 'error' || existing.state === 'build_failed') await this.call(`deleting the failed snapshot ${name}`, () => this.daytona().snapshot.delete(name));
+      else await this.waitForSnapshot(name);
+    }
+    if (existing?.state !== 'active' && (await this.snapshotInfo(name))?.state !== 'active') {
+      const tag = randomBytes(4).toString('hex');
+      const branch = `slipway/daytona-snapshot/${tag}`;
+      const root = daytonaSandboxRoot(repo, 'snapshots', `build-${tag}`);
+      try {
+        await this.createSandbox({ sandboxId: `snapshot.${tag}`, repository: repo, group: 'snapshots', name: `build-${tag}`, branch, base: baseCommit, setup: opts.setup, signal: opts.signal, onProgress: opts.onProgress }, false);
+        const record = await this.record(root);
+        const s = await this.remote(record.daytonaId);
+        opts.onProgress?.('setup done; keeping only what it made in the workspace');
+        const clean = await this.control(s, 'cd -- "$1" && git ls-files -z | xargs -0 -r rm -f -- && rm -rf .git && cd .. && rm -rf .slipway-in .slipway-out .slipway-exec', [record.workspace]);
+        if (clean.exitCode !== 0) throw new Error(`clearing the workspace before the snapshot failed: ${clean.output.trim().slice(0, 400)}`);
+        opts.onProgress?.(`taking the snapshot ${name}`);
+        await this.call('taking the snapshot', () => s.createSnapshot(name, 30 * 60));
+        await this.waitForSnapshot(name);
+      } finally {
+        await this.destroy({ repository: repo, root }).catch(() => undefined);
+        await gitMaybe(repo, ['update-ref', '-d', `refs/heads/${branch}`]);
+      }
+    }
+    const manifest: DaytonaSnapshotManifest = {
+      version: 1,
+      name,
+      baseRef: opts.base,
+      baseCommit,
+      ...(opts.setup ? { setup: opts.setup } : {}),
+      ...(this.options.snapshot ? { from: this.options.snapshot } : {}),
+      fingerprint: fp,
+      createdAt: new Date().toISOString(),
+      durationMs: Date.now() - started,
+    };
+    await ensureSlipwayExcluded(repo);
+    await writeJsonAtomic(path.join(repo, DAYTONA_SNAPSHOT_MANIFEST), manifest, { mkdir: true });
+    if (previous && previous.name !== name) {
+      await this.call(`deleting the previous snapshot ${previous.name}`, () => this.daytona().snapshot.delete(previous.name)).catch((e: DaytonaProviderError) => {
+        if (e.kind !== 'not_found') throw e;
+      });
+    }
+    return manifest;
+  }
+
+  /** Is the prepared snapshot current? Stale when Daytona lost it or it is not active, a lockfile at its base changed, or the setup commands did. */
+  async checkSnapshot(repository: string, opts: { base?: string; setup?: ProjectSetup } = {}): Promise<DaytonaSnapshotCheck> {
+    const repo = await fs.realpath(repository);
+    const manifest = await this.readSnapshotManifest(repo);
+    if (!manifest) return { state: 'missing', reasons: ['no Daytona snapshot: run `slipway template create --provider daytona`'] };
+    const reasons: string[] = [];
+    const info = await this.snapshotInfo(manifest.name);
+    if (!info) reasons.push(`Daytona has no snapshot ${manifest.name} any more`);
+    else if (info.state !== 'active') reasons.push(`the snapshot ${manifest.name} is ${info.state}${info.errorReason ? ` (${info.errorReason})` : ''}`);
+    const baseRef = opts.base ?? manifest.baseRef;
+    const baseCommit = await resolveCommit(repo, baseRef).catch(() => undefined);
+    if (!baseCommit) return { state: 'stale', reasons: [...reasons, `base "${baseRef}" no longer resolves to a commit`], manifest };
+    const now = await snapshotFingerprint(repo, baseCommit, opts.setup ?? manifest.setup);
+    reasons.push(...describeChanges(manifest.fingerprint.parts, now.parts));
+    return { state: reasons.length === 0 ? 'fresh' : 'stale', reasons, manifest, baseCommit };
   }
 
   /** HEAD inside the sandbox (untrusted: only compared, or collected through a bundle). */

@@ -10,6 +10,9 @@
  *
  * Setup commands and confinement come from `--objective <file>` (its `sandbox:` section), or
  * `--setup`/`--verify` (repeatable), or, for check and update, what the template was built with.
+ *
+ * `--provider daytona`: the same three verbs for the repository's prepared Daytona snapshot
+ * (activities/sandbox/daytona.ts `buildSnapshot`, ADR 0019), with DAYTONA_* from the environment.
  */
 import type { Command } from 'commander';
 import { confinementOf } from '../../activities/sandbox/options';
@@ -21,6 +24,7 @@ import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-fi
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 import { resolveRepo } from './worktree';
+import type { DaytonaSnapshotManifest } from '../../activities/sandbox/daytona';
 
 export interface TemplateOptions {
   repo?: string;
@@ -32,6 +36,7 @@ export interface TemplateOptions {
   network?: boolean;
   force?: boolean;
   json?: boolean;
+  provider?: string;
 }
 
 interface Wanted {
@@ -102,7 +107,56 @@ async function build(w: Wanted, base: string, previous?: TemplateManifest): Prom
   }
 }
 
+/** True for `--provider daytona`; refuses a provider it does not know and options that do not apply. */
+function isDaytona(opts: TemplateOptions): boolean {
+  const provider = opts.provider ?? 'local';
+  if (provider !== 'local' && provider !== 'daytona') throw new CliError(`--provider must be local or daytona, got "${provider}"`);
+  if (provider === 'daytona' && opts.confinement !== undefined) throw new CliError('--confinement applies to the local template only: a Daytona sandbox is its own confinement');
+  return provider === 'daytona';
+}
+
+function describeSnapshot(m: DaytonaSnapshotManifest): string {
+  const setup = m.setup ? `${m.setup.commands.length} setup and ${m.setup.verify.length} verify commands` : 'no setup';
+  return `Daytona snapshot ${m.name} at ${m.baseCommit.slice(0, 12)} (${m.baseRef}), ${setup}, built ${m.createdAt} in ${(m.durationMs / 1000).toFixed(1)} s`;
+}
+
+async function daytonaSnapshotCommand(verb: 'create' | 'check' | 'update', opts: TemplateOptions): Promise<number> {
+  const w = await wanted(opts);
+  // Loaded here: the local template's verbs do not pay for the Daytona SDK.
+  const { DaytonaSandboxProvider } = require('../../activities/sandbox/daytona') as typeof import('../../activities/sandbox/daytona');
+  const provider = new DaytonaSandboxProvider({ snapshot: process.env.DAYTONA_SNAPSHOT });
+  const setupNow = w.explicitSetup ? w.setup : undefined;
+  try {
+    const check = await provider.checkSnapshot(w.repo, { base: w.base, setup: setupNow });
+    if (verb === 'check') {
+      const text = check.state === 'fresh' ? `fresh: ${describeSnapshot(check.manifest!)}` : `${check.state}:\n${check.reasons.map((r) => `  - ${r}`).join('\n')}\nrun \`slipway template ${check.state === 'missing' ? 'create' : 'update'} --provider daytona\``;
+      print(opts, { state: check.state, reasons: check.reasons, snapshot: check.manifest }, text);
+      return check.state === 'fresh' ? EXIT.ok : EXIT.runFailed;
+    }
+    if (check.state === 'fresh' && !(verb === 'update' && opts.force)) {
+      print(opts, { state: 'fresh', [verb === 'create' ? 'created' : 'updated']: false, snapshot: check.manifest }, `${verb === 'create' ? 'a fresh snapshot exists' : 'already fresh'}: ${describeSnapshot(check.manifest!)}`);
+      return EXIT.ok;
+    }
+    if (verb === 'create' && check.state === 'stale') {
+      throw new CliError(`a Daytona snapshot exists but is stale (${check.reasons.join('; ')}); rebuild it with \`slipway template update --provider daytona\``, EXIT.runFailed);
+    }
+    const previous = check.manifest;
+    const manifest = await provider
+      .buildSnapshot(w.repo, { base: w.base ?? previous?.baseRef ?? 'HEAD', setup: w.explicitSetup ? w.setup : (previous?.setup ?? w.setup), onProgress: progress })
+      .catch((e: Error) => {
+        throw new CliError(`could not build the Daytona snapshot: ${e.message}`, EXIT.runFailed);
+      });
+    const done = verb === 'create' ? { created: true } : { updated: true, reasons: check.reasons };
+    print(opts, { state: 'fresh', ...done, snapshot: manifest }, `${verb === 'create' ? 'created' : `updated (${check.reasons.join('; ') || 'forced'})`}: ${describeSnapshot(manifest)}`);
+    return EXIT.ok;
+  } catch (e) {
+    if (e instanceof CliError) throw e;
+    throw new CliError((e as Error).message, EXIT.runFailed);
+  }
+}
+
 export async function templateCreateCommand(opts: TemplateOptions): Promise<number> {
+  if (isDaytona(opts)) return daytonaSnapshotCommand('create', opts);
   const w = await wanted(opts);
   const existing = await readTemplate(w.repo);
   if (existing) {
@@ -119,6 +173,7 @@ export async function templateCreateCommand(opts: TemplateOptions): Promise<numb
 }
 
 export async function templateCheckCommand(opts: TemplateOptions): Promise<number> {
+  if (isDaytona(opts)) return daytonaSnapshotCommand('check', opts);
   const w = await wanted(opts);
   const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
   const text =
@@ -136,6 +191,7 @@ export async function templateCheckCommand(opts: TemplateOptions): Promise<numbe
 }
 
 export async function templateUpdateCommand(opts: TemplateOptions): Promise<number> {
+  if (isDaytona(opts)) return daytonaSnapshotCommand('update', opts);
   const w = await wanted(opts);
   const previous = await readTemplate(w.repo);
   const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
@@ -176,6 +232,7 @@ export function registerTemplateCommands(program: Command, setExit: (code: numbe
         .option('--verify <command>', 'a verify command (repeatable)', collect)
         .option('--confinement <kind>', 'none or bubblewrap, for the setup commands')
         .option('--no-network', 'under bubblewrap: no network for the setup commands')
+        .option('--provider <kind>', 'local (the prepared template, default) or daytona (a Daytona snapshot; DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET, DAYTONA_SNAPSHOT)')
         .option('--json', 'print JSON');
     common(group.command('create').description('build the template (no-op when a fresh one exists)')).action(async (opts) => {
       warn();

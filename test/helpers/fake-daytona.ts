@@ -27,7 +27,22 @@ const STDERR_PREFIX = Buffer.from([2, 2, 2]);
 const PTY_EXIT_CONTROL = 'X-Daytona-Pty-Exit-Control';
 const PTY_ENVS = 'X-Daytona-Pty-Envs~';
 
-export type FakeState = 'started' | 'stopped' | 'archived' | 'destroyed' | 'error';
+export type FakeState = 'started' | 'stopped' | 'archived' | 'destroyed' | 'error' | 'snapshotting';
+
+/** Daytona's SnapshotState values the fake goes through (OpenAPI SnapshotDto.state). */
+export type FakeSnapshotState = 'pending' | 'building' | 'active' | 'error';
+
+export interface FakeSnapshot {
+  id: string;
+  name: string;
+  state: FakeSnapshotState;
+  errorReason: string | null;
+  /** The sandbox it was taken from (POST /sandbox/{id}/snapshot). */
+  sourceSandboxId: string | null;
+  /** A copy of that sandbox's home directory: sandboxes created from the snapshot start with it. */
+  dir: string;
+  createdAt: string;
+}
 
 interface FakeCommand {
   id: string;
@@ -78,6 +93,12 @@ export interface InjectedFailure {
 export class FakeDaytona {
   readonly apiKey = `fake-${randomBytes(8).toString('hex')}`;
   readonly sandboxes = new Map<string, FakeSandbox>();
+  /** Snapshots taken from sandboxes, by name. A create naming a snapshot not here is taken as one of Daytona's own (an empty home). */
+  readonly snapshots = new Map<string, FakeSnapshot>();
+  /** Set: the next snapshot build ends in `error` with this reason (Daytona's errorReason). */
+  failNextSnapshot?: string;
+  /** How long each snapshot state (pending, building) lasts, so callers see them go by. */
+  snapshotStepMs = 150;
   /** Every request as `METHOD path` (for assertions on what the provider called). */
   readonly requests: string[] = [];
   private failures: InjectedFailure[] = [];
@@ -150,6 +171,54 @@ export class FakeDaytona {
     return this.sandboxes.get(idOrName) ?? [...this.sandboxes.values()].find((s) => s.name === idOrName);
   }
 
+  private snapshotDto(n: FakeSnapshot) {
+    const at = n.createdAt;
+    return {
+      id: n.id,
+      organizationId: 'fake-org',
+      general: false,
+      name: n.name,
+      imageName: `fake/${n.name}`,
+      state: n.state,
+      size: null,
+      entrypoint: null,
+      cpu: 1,
+      gpu: 0,
+      mem: 1,
+      disk: 3,
+      errorReason: n.errorReason,
+      createdAt: at,
+      updatedAt: new Date().toISOString(),
+      lastUsedAt: null,
+      sourceSandboxId: n.sourceSandboxId,
+    };
+  }
+
+  private findSnapshot(idOrName: string): FakeSnapshot | undefined {
+    return this.snapshots.get(idOrName) ?? [...this.snapshots.values()].find((n) => n.id === idOrName);
+  }
+
+  /** Daytona's snapshot of a running sandbox: the sandbox is `snapshotting` while its files are copied; the snapshot goes pending, building, then active (or error). */
+  private async takeSnapshot(s: FakeSandbox, name: string): Promise<FakeSnapshot> {
+    const n: FakeSnapshot = { id: randomUUID(), name, state: 'pending', errorReason: null, sourceSandboxId: s.id, dir: path.join(this.dir, 'snapshots', randomUUID()), createdAt: new Date().toISOString() };
+    this.snapshots.set(name, n);
+    s.state = 'snapshotting';
+    const fail = this.failNextSnapshot;
+    this.failNextSnapshot = undefined;
+    const step = () => new Promise((r) => setTimeout(r, this.snapshotStepMs));
+    void (async () => {
+      await step();
+      n.state = 'building';
+      await fs.mkdir(path.dirname(n.dir), { recursive: true });
+      await fs.cp(s.home, n.dir, { recursive: true, verbatimSymlinks: true });
+      await step();
+      if (s.state === 'snapshotting') s.state = 'started';
+      if (fail) Object.assign(n, { state: 'error', errorReason: fail });
+      else n.state = 'active';
+    })().catch((e: Error) => Object.assign(n, { state: 'error', errorReason: `fake daytona: ${e.message}` }));
+    return n;
+  }
+
   private dto(s: FakeSandbox) {
     return {
       id: s.id,
@@ -201,8 +270,11 @@ export class FakeDaytona {
   private async control(method: string, route: string, url: URL, req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
     if (method === 'POST' && route === '/sandbox') {
       const body = JSON.parse(await readBody(req)) as { name?: string; snapshot?: string; labels?: Record<string, string>; env?: Record<string, string>; autoStopInterval?: number; autoDeleteInterval?: number; target?: string; networkBlockAll?: boolean };
+      const from = body.snapshot ? this.snapshots.get(body.snapshot) : undefined;
+      if (from && from.state !== 'active') return send(res, 400, { statusCode: 400, message: `Snapshot ${from.name} is ${from.state}`, error: 'Bad Request' });
       const id = randomUUID();
       const home = path.join(this.dir, id);
+      if (from) await fs.cp(from.dir, home, { recursive: true, verbatimSymlinks: true });
       await fs.mkdir(home, { recursive: true });
       const s: FakeSandbox = {
         id,
@@ -229,6 +301,21 @@ export class FakeDaytona {
       const items = [...this.sandboxes.values()].filter((s) => Object.entries(want).every(([k, v]) => s.labels[k] === v)).map((s) => this.dto(s));
       return send(res, 200, { items, total: items.length, page: 1, totalPages: 1, nextCursor: null });
     }
+    if (method === 'GET' && route === '/snapshots') {
+      const items = [...this.snapshots.values()].map((n) => this.snapshotDto(n));
+      return send(res, 200, { items, total: items.length, page: 1, totalPages: 1 });
+    }
+    const snap = /^\/snapshots\/([^/]+)$/.exec(route);
+    if (snap) {
+      const n = this.findSnapshot(decodeURIComponent(snap[1]));
+      if (!n) return send(res, 404, { statusCode: 404, message: `Snapshot ${snap[1]} not found`, error: 'Not Found' });
+      if (method === 'GET') return send(res, 200, this.snapshotDto(n));
+      if (method === 'DELETE') {
+        this.snapshots.delete(n.name);
+        await fs.rm(n.dir, { recursive: true, force: true });
+        return send(res, 200, {});
+      }
+    }
     const one = /^\/sandbox\/([^/]+)(\/[a-z-]+)?$/.exec(route);
     const s = one ? this.find(decodeURIComponent(one[1])) : undefined;
     if (one && !s) return send(res, 404, { statusCode: 404, message: `Sandbox with ID or name ${one[1]} not found`, error: 'Not Found' });
@@ -246,6 +333,14 @@ export class FakeDaytona {
       if (method === 'POST' && action === '/stop') {
         killAll(s);
         s.state = 'stopped';
+        return send(res, 200, this.dto(s));
+      }
+      if (method === 'POST' && action === '/snapshot') {
+        const { name } = JSON.parse(await readBody(req)) as { name?: string };
+        if (!name) return send(res, 400, { statusCode: 400, message: 'name must be a string', error: 'Bad Request' });
+        if (this.snapshots.has(name)) return send(res, 409, { statusCode: 409, message: `Snapshot with name ${name} already exists`, error: 'Conflict' });
+        if (s.state !== 'started') return send(res, 400, { statusCode: 400, message: `Sandbox ${s.id} is ${s.state}`, error: 'Bad Request' });
+        await this.takeSnapshot(s, name);
         return send(res, 200, this.dto(s));
       }
       if (method === 'POST' && action === '/start') {
