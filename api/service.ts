@@ -30,7 +30,7 @@ import type { Db, Queryable } from '../activities/billing/db';
 import * as billing from '../activities/billing/records';
 import { SANDBOX_BASE_ENV, type ProviderFor } from '../activities/service/providers';
 import type { ServiceMetrics } from '../activities/service/metrics';
-import { PathEscapeError, resolveInside } from '../activities/sandbox/paths';
+import { NotAFolderError, PathEscapeError, resolveInside } from '../activities/sandbox/paths';
 import {
   checkRequestedPath,
   deleteSandboxFile,
@@ -41,7 +41,7 @@ import {
   writeSandboxFile,
   type OpenedFile,
 } from '../activities/sandbox/file-io';
-import type { SandboxProvider, SandboxSession, SessionRequest } from '../activities/sandbox/provider';
+import { SandboxProviderError, type SandboxProvider, type SandboxSession, type SessionRequest } from '../activities/sandbox/provider';
 import { PortUnreachableError } from '../activities/sandbox/port-relay';
 import { DEFAULT_LINK_TTL_SECONDS, PREVIEW_LINK_PARAM, previewHost, signPreviewLink, verifyPreviewLink, type LinkCheck } from '../activities/service/preview';
 import type { Duplex } from 'node:stream';
@@ -429,6 +429,13 @@ export class SandboxService {
     throw new ApiError(503, 'unavailable', `sandbox ${id} did not stay ready; try again`, undefined, 1);
   }
 
+  /** providerCallError, with the provider's own message logged for the operator when the answer is a 5xx (the tenant sees only the kind). */
+  private providerCallError(e: unknown, at: Parameters<typeof providerCallError>[1]): unknown {
+    const answer = providerCallError(e, at);
+    if (answer instanceof ApiError && answer.status >= 500) this.deps.logger.warn({ sandboxId: at.sandboxId, err: e }, 'the sandbox provider failed a call');
+    return answer;
+  }
+
   /** Per-account cap on execs running at once: one tenant cannot take every worker slot. */
   private readonly buckets = new Map<string, { tokens: number; at: number }>();
 
@@ -504,7 +511,8 @@ export class SandboxService {
           this.deps.metrics?.exec(principal.accountId, row.platform, run.durationMs);
           return { exit_code: run.exitCode, stdout: run.stdout, stderr: run.stderr, timed_out: run.timedOut, duration_ms: run.durationMs };
         }
-        if (body.cwd !== undefined) await checkCwd(root, body.cwd);
+        // A host-bound sandbox is a folder here; a remote one (Daytona) checks cwd inside itself.
+        if (body.cwd !== undefined && provider.hostBound) await checkCwd(root, body.cwd);
         const env = execEnv(row, body.env);
         const run = await provider
           .exec(
@@ -512,9 +520,7 @@ export class SandboxService {
             { command: body.command, args: body.args, env, inheritEnv: false, cwd: body.cwd, stdin: body.stdin, timeoutMs: body.timeout_seconds * 1000, maxCaptureBytes: 4 * 1024 * 1024, signal },
           )
           .catch((e) => {
-            // The directory vanished under a ready sandbox: the watcher will end it; say so now.
-            if (!existsSync(root)) throw new ApiError(409, 'sandbox_ended', `sandbox ${id} is gone (its directory was removed)`);
-            throw mapFsError(e, body.cwd ?? '.');
+            throw this.providerCallError(e, { sandboxId: id, root, hostBound: provider.hostBound, cwd: body.cwd });
           });
         this.deps.metrics?.exec(principal.accountId, row.platform, run.durationMs);
         return { exit_code: run.exitCode, stdout: run.stdout, stderr: run.stderr, timed_out: run.timedOut, duration_ms: run.durationMs };
@@ -536,13 +542,10 @@ export class SandboxService {
       principal,
       id,
       { command: body.command, args: body.args, env: body.env, cwd: body.cwd, ...(body.pty ? { pty: body.pty } : {}) },
-      async (root) => {
-        if (body.cwd !== undefined) await checkCwd(root, body.cwd);
+      async (root, provider) => {
+        if (body.cwd !== undefined && provider.hostBound) await checkCwd(root, body.cwd);
       },
-      (e, root) => {
-        if (!existsSync(root)) return new ApiError(409, 'sandbox_ended', `sandbox ${id} is gone (its directory was removed)`);
-        return mapFsError(e, body.cwd ?? '.');
-      },
+      (e, root, provider) => this.providerCallError(e, { sandboxId: id, root, hostBound: provider.hostBound, cwd: body.cwd }),
     );
     this.deps.metrics?.sessionOpened(principal.accountId, row.platform, transport, session.pty);
     void session.exit.finally(release);
@@ -559,8 +562,8 @@ export class SandboxService {
     principal: Principal,
     id: string,
     req: SessionRequest,
-    check?: (root: string) => Promise<void>,
-    mapError: (e: unknown, root: string) => unknown = (e) => e,
+    check?: (root: string, provider: SandboxProvider) => Promise<void>,
+    mapError: (e: unknown, root: string, provider: SandboxProvider) => unknown = (e) => e,
   ): Promise<{ session: SandboxSession; row: billing.SandboxRow; release: () => void }> {
     const releaseSlot = this.claimExecSlot(principal.accountId);
     try {
@@ -569,9 +572,9 @@ export class SandboxService {
         const root = row.root!;
         this.remoteOwner(row, 'stream');
         if (provider.sessions === false) throw new ApiError(501, 'sessions_unsupported', `the ${provider.kind} provider has no interactive sessions`);
-        await check?.(root);
+        await check?.(root, provider);
         const session = await provider.openSession({ root }, { ...req, env: execEnv(row, req.env ?? {}), inheritEnv: false }).catch((e: unknown) => {
-          throw mapError(e, root);
+          throw mapError(e, root, provider);
         });
         return {
           session,
@@ -874,12 +877,50 @@ async function checkCwd(root: string, cwd: string): Promise<void> {
   try {
     resolved = await resolveInside(root, cwd);
   } catch (e) {
-    throw mapFsError(e, cwd);
+    throw e instanceof PathEscapeError ? cwdRefused(e) : mapFsError(e, cwd);
   }
   const st = await fs.stat(resolved).catch(() => undefined);
-  if (!st?.isDirectory()) {
-    throw new ApiError(400, 'invalid_cwd', `cwd "${cwd}" is not a folder in the sandbox`, [{ path: 'cwd', message: st ? 'not a folder' : 'no such folder' }]);
+  if (!st?.isDirectory()) throw invalidCwd(new NotAFolderError(cwd, st ? 'not a folder' : 'no such folder'));
+}
+
+const cwdRefused = (e: PathEscapeError) => new ApiError(400, 'path_refused', e.message, [{ path: 'cwd', message: e.message }]);
+const invalidCwd = (e: NotAFolderError) => new ApiError(400, 'invalid_cwd', `cwd "${e.requested}" is not a folder in the sandbox`, [{ path: 'cwd', message: e.reason }]);
+
+/**
+ * The HTTP answer to a remote provider's failure, by its kind: a sandbox the provider no longer
+ * has is gone (409, as a local sandbox whose folder vanished); a rate limit, a quota or an outage
+ * of the provider is a 503 to retry (after the provider's reset when it gave one); credentials it
+ * refused, or anything else, a 502 (the upstream failed, not the request).
+ */
+export function providerFailure(e: SandboxProviderError, sandboxId: string, now = Date.now()): ApiError {
+  switch (e.kind) {
+    case 'not_found':
+      return new ApiError(409, 'sandbox_ended', `sandbox ${sandboxId} is gone (the provider no longer has it)`);
+    case 'rate_limit':
+      return new ApiError(503, 'provider_unavailable', 'the sandbox provider is rate limiting this server; retry later', undefined, Math.max(1, Math.ceil(((e.resetAt ?? now) - now) / 1000)));
+    case 'transient':
+      return new ApiError(503, 'provider_unavailable', 'the sandbox provider is failing; retry later', undefined, 5);
+    case 'quota':
+      return new ApiError(503, 'provider_unavailable', 'the sandbox provider refused: its quota is used up', undefined, 60);
+    case 'unauthorized':
+      return new ApiError(502, 'provider_error', 'the sandbox provider refused this server\'s credentials');
+    default:
+      return new ApiError(502, 'provider_error', 'the sandbox provider failed the call');
   }
+}
+
+/**
+ * An exec or a session the provider refused or failed: the cwd's checks (the provider's own for
+ * a remote sandbox), the provider's failure kind, and "gone" only where it is true (a host-bound
+ * sandbox whose folder vanished; the watcher will end it).
+ */
+function providerCallError(e: unknown, at: { sandboxId: string; root: string; hostBound: boolean; cwd?: string }): unknown {
+  if (e instanceof ApiError) return e;
+  if (at.hostBound && !existsSync(at.root)) return new ApiError(409, 'sandbox_ended', `sandbox ${at.sandboxId} is gone (its directory was removed)`);
+  if (e instanceof NotAFolderError) return invalidCwd(e);
+  if (e instanceof PathEscapeError && at.cwd !== undefined) return cwdRefused(e);
+  if (e instanceof SandboxProviderError) return providerFailure(e, at.sandboxId);
+  return mapFsError(e, at.cwd ?? '.');
 }
 
 /** A call on a remote owner failed: the owner took nothing up (503), or the owner's error as the direct path answers it. */

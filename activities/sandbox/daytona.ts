@@ -28,8 +28,8 @@ import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
 import type { RunResult } from '../process';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
-import { PathEscapeError } from './paths';
-import { SANDBOX_BASE_ENV, type ProjectSetup, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
+import { NotAFolderError, PathEscapeError } from './paths';
+import { SANDBOX_BASE_ENV, SandboxProviderError, type ProviderFailureKind, type ProjectSetup, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
 import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
@@ -109,15 +109,10 @@ interface DaytonaRecord {
   createdAt: string;
 }
 
-/** Daytona refused or failed; `kind` says which (quota, rate_limit, not_found, transient, other). */
-export class DaytonaProviderError extends Error {
-  constructor(
-    message: string,
-    readonly kind: 'quota' | 'rate_limit' | 'not_found' | 'transient' | 'unauthorized' | 'other',
-    readonly status?: number,
-    readonly resetAt?: number,
-  ) {
-    super(message);
+/** Daytona refused or failed; `kind` says which (quota, rate_limit, not_found, transient, unauthorized, other). */
+export class DaytonaProviderError extends SandboxProviderError {
+  constructor(message: string, kind: ProviderFailureKind, status?: number, resetAt?: number) {
+    super(message, kind, status, resetAt);
     this.name = 'DaytonaProviderError';
   }
 }
@@ -484,11 +479,21 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     return last ? path.posix.join(resolved, last) : resolved;
   }
 
+  /** A command's cwd: confined as any path (PathEscapeError), and an existing folder there (NotAFolderError), checked inside the sandbox. */
+  private async resolveCwd(s: Sandbox, workspace: string, cwd: string): Promise<string> {
+    const resolved = await this.resolve(s, workspace, cwd);
+    const r = await this.control(s, 'if [ -d "$1" ]; then echo folder; elif [ -e "$1" ]; then echo other; else echo none; fi', [resolved]);
+    const kind = r.output.trim();
+    if (kind === 'folder') return resolved;
+    if (kind === 'other' || kind === 'none') throw new NotAFolderError(cwd, kind === 'other' ? 'not a folder' : 'no such folder');
+    throw new Error(`checking the cwd ${JSON.stringify(cwd)} in the sandbox failed: ${r.output.trim().slice(0, 400)}`);
+  }
+
   async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
     const started = Date.now();
     const record = await this.record(handle.root);
     const s = await this.remote(record.daytonaId);
-    const cwd = req.cwd ? await this.resolve(s, record.workspace, req.cwd) : record.workspace;
+    const cwd = req.cwd ? await this.resolveCwd(s, record.workspace, req.cwd) : record.workspace;
     const result = (over: Partial<RunResult>): RunResult => ({ exitCode: null, signal: null, stdout: '', stderr: '', timedOut: false, cancelled: false, durationMs: Date.now() - started, ...over });
     if (req.signal?.aborted) return result({ cancelled: true });
     const id = randomBytes(8).toString('hex');
@@ -583,7 +588,7 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     const pty = req.pty ? checkSize(req.pty.cols, req.pty.rows) : undefined;
     const record = await this.record(handle.root);
     const s = await this.remote(record.daytonaId);
-    const cwd = req.cwd ? await this.resolve(s, record.workspace, req.cwd) : record.workspace;
+    const cwd = req.cwd ? await this.resolveCwd(s, record.workspace, req.cwd) : record.workspace;
     const id = randomBytes(8).toString('hex');
     const script = scriptPath(record.workspace, id);
     const command = (req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])]).map(q).join(' ');

@@ -17,6 +17,14 @@ export class PathEscapeError extends Error {
   }
 }
 
+/** A working directory (an exec's or a session's cwd) that is not an existing folder of the sandbox. */
+export class NotAFolderError extends Error {
+  constructor(readonly requested: string, readonly reason: 'no such folder' | 'not a folder') {
+    super(`cwd "${requested}" is not a folder in the sandbox (${reason})`);
+    this.name = 'NotAFolderError';
+  }
+}
+
 /** True if `candidate` is `root` or lies below it (both absolute and normalised). */
 export const isInside = (root: string, candidate: string): boolean => {
   const rel = path.relative(root, candidate);

@@ -214,4 +214,23 @@ export interface SandboxProvider {
   connectPort?(handle: Pick<SandboxHandle, 'root'>, port: number): Promise<Duplex>;
 }
 
+/** What went wrong when a remote provider refused or failed a call (its API's answer, classified). */
+export type ProviderFailureKind = 'quota' | 'rate_limit' | 'not_found' | 'transient' | 'unauthorized' | 'other';
+
+/**
+ * A remote provider (Daytona) refused or failed a call; `kind` says how, so callers answer by
+ * kind (the service API: api/service.ts providerFailure) without knowing the provider.
+ */
+export class SandboxProviderError extends Error {
+  constructor(
+    message: string,
+    readonly kind: ProviderFailureKind,
+    readonly status?: number,
+    readonly resetAt?: number,
+  ) {
+    super(message);
+    this.name = 'SandboxProviderError';
+  }
+}
+
 export type SandboxLiveness = { alive: true } | { alive: false; reason: string; detail: string };
