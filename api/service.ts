@@ -542,10 +542,6 @@ export class SandboxService {
       principal,
       id,
       { command: body.command, args: body.args, env: body.env, cwd: body.cwd, ...(body.pty ? { pty: body.pty } : {}) },
-      async (root, provider) => {
-        if (body.cwd !== undefined && provider.hostBound) await checkCwd(root, body.cwd);
-      },
-      (e, root, provider) => this.providerCallError(e, { sandboxId: id, root, hostBound: provider.hostBound, cwd: body.cwd }),
     );
     this.deps.metrics?.sessionOpened(principal.accountId, row.platform, transport, session.pty);
     void session.exit.finally(release);
@@ -562,8 +558,6 @@ export class SandboxService {
     principal: Principal,
     id: string,
     req: SessionRequest,
-    check?: (root: string, provider: SandboxProvider) => Promise<void>,
-    mapError: (e: unknown, root: string, provider: SandboxProvider) => unknown = (e) => e,
   ): Promise<{ session: SandboxSession; row: billing.SandboxRow; release: () => void }> {
     const releaseSlot = this.claimExecSlot(principal.accountId);
     try {
@@ -572,9 +566,10 @@ export class SandboxService {
         const root = row.root!;
         this.remoteOwner(row, 'stream');
         if (provider.sessions === false) throw new ApiError(501, 'sessions_unsupported', `the ${provider.kind} provider has no interactive sessions`);
-        await check?.(root, provider);
+        // A host-bound sandbox is a folder here; a remote one (Daytona) checks cwd inside itself.
+        if (req.cwd !== undefined && provider.hostBound) await checkCwd(root, req.cwd);
         const session = await provider.openSession({ root }, { ...req, env: execEnv(row, req.env ?? {}), inheritEnv: false }).catch((e: unknown) => {
-          throw mapError(e, root, provider);
+          throw this.providerCallError(e, { sandboxId: id, root, hostBound: provider.hostBound, cwd: req.cwd });
         });
         return {
           session,
