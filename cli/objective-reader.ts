@@ -1,6 +1,6 @@
 /**
  * What `slipway status` and `list` read of objectives, by one of two paths that give the same
- * answer: Temporal's HTTP API with `fetch` when its address is known (no Temporal SDK loaded,
+ * answer: Temporal's HTTP API with `fetch` when its address is known (node:http, no Temporal SDK loaded,
  * ADR 0024), else the SDK client. The steps (which call for which workflow state, how a closed
  * workflow's failure is told) are written once, over the few primitives each path provides.
  */
@@ -10,7 +10,7 @@ import { OBJECTIVES_QUERY, SEARCH_ATTRIBUTE_NAMES } from '../core/search-attribu
 import type { ObjectiveResult, ObjectiveStatus } from '../core/types';
 import { slipwaySettings } from '../lib/settings';
 import { CliError, EXIT } from './exit-codes';
-import { GRPC_NOT_FOUND, httpEndpoint, TemporalHttp, TemporalHttpError, timestampToDate, type JsonPayload } from './temporal-http';
+import { GRPC_NOT_FOUND, httpEndpoint, TemporalHttp, TemporalHttpError, TemporalUnreachableError, timestampToDate, type JsonPayload } from './temporal-http';
 
 export interface ObjectiveRow {
   objectiveId: string;
@@ -68,8 +68,6 @@ function reader(p: Primitives): ObjectiveReader {
   };
 }
 
-/** A fetch that never reached a server (refused, reset, unknown host): the HTTP record may be stale. */
-const unreachable = (e: unknown) => e instanceof TypeError && (e as { cause?: unknown }).cause !== undefined;
 
 /**
  * Runs `use` with a reader: over HTTP when its address is known, else (or when that address does
@@ -86,7 +84,7 @@ export async function withObjectiveReader<T>(use: (reader: ObjectiveReader) => P
     try {
       return await use(reader(httpPrimitives(http)));
     } catch (e) {
-      if (!unreachable(e)) throw e;
+      if (!(e instanceof TemporalUnreachableError)) throw e;
     }
   }
   const { openRuntime } = require('./runtime') as typeof import('./runtime');

@@ -1,11 +1,13 @@
 /**
- * Temporal's frontend HTTP API with plain `fetch`: what `slipway status` and `list` need
+ * Temporal's frontend HTTP API with node:http: what `slipway status` and `list` need
  * (list, describe, query, the close event), without loading the Temporal SDK, which alone takes
  * longer to load than these commands may take in all (ADR 0024). Payloads are asked for in full
  * form (`noPayloadShorthand`) and decoded like the SDK's default converter does (json/plain,
  * binary/null), after the same encryption codec as every Slipway client when a key is set.
  */
 import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
 import type { Payload } from '@temporalio/common';
 import type { EncryptionCodec } from '../workers/payload-codec';
 import { temporalEndpointsFile, type SlipwaySettings } from '../lib/settings';
@@ -82,22 +84,16 @@ export class TemporalHttp {
     const url = new URL(`${this.endpoint.baseUrl}/api/v1/namespaces/${encodeURIComponent(this.endpoint.namespace)}${path}`);
     url.searchParams.set('noPayloadShorthand', 'true');
     for (const [k, v] of Object.entries(opts.query ?? {})) if (v !== undefined) url.searchParams.set(k, v);
-    const response = await fetch(url, {
-      method: opts.body === undefined ? 'GET' : 'POST',
-      headers: opts.body === undefined ? undefined : { 'content-type': 'application/json' },
-      body: opts.body === undefined ? undefined : JSON.stringify(opts.body),
-      signal: opts.timeoutMs ? AbortSignal.timeout(opts.timeoutMs) : undefined,
-    });
-    const text = await response.text();
+    const { status, text } = await request(url, opts.body === undefined ? undefined : JSON.stringify(opts.body), opts.timeoutMs);
     let json: unknown;
     try {
       json = JSON.parse(text);
     } catch {
-      throw new TemporalHttpError(`Temporal HTTP API ${url.pathname}: HTTP ${response.status}, not JSON: ${text.slice(0, 200)}`, undefined, response.status);
+      throw new TemporalHttpError(`Temporal HTTP API ${url.pathname}: HTTP ${status}, not JSON: ${text.slice(0, 200)}`, undefined, status);
     }
-    if (!response.ok) {
+    if (status < 200 || status >= 300) {
       const e = json as { code?: number; message?: string };
-      throw new TemporalHttpError(e.message ?? `Temporal HTTP API ${url.pathname}: HTTP ${response.status}`, e.code, response.status);
+      throw new TemporalHttpError(e.message ?? `Temporal HTTP API ${url.pathname}: HTTP ${status}`, e.code, status);
     }
     return json as T;
   }
@@ -128,4 +124,37 @@ export function fromPayload(payload: Payload): unknown {
 /** A protobuf JSON timestamp (`2026-01-02T03:04:05.123456789Z`) to a Date, cut to milliseconds as the SDK does. */
 export function timestampToDate(ts: string): Date {
   return new Date(ts.replace(/(\.\d{3})\d*Z$/, '$1Z'));
+}
+
+/** The server could not be reached at all (refused, reset, unknown host): the address may be stale. */
+export class TemporalUnreachableError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'TemporalUnreachableError';
+  }
+}
+
+/**
+ * One request with node:http(s), not `fetch`: fetch loads undici on first use, which costs these
+ * short-lived commands more CPU than the rest of their work here.
+ */
+function request(url: URL, body: string | undefined, timeoutMs: number | undefined): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    const req = (url.protocol === 'https:' ? https : http).request(
+      url,
+      { method: body === undefined ? 'GET' : 'POST', headers: body === undefined ? {} : { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8') }));
+        res.on('error', reject);
+      },
+    );
+    if (timeoutMs) req.setTimeout(timeoutMs, () => req.destroy(new Error(`Temporal HTTP API: no answer within ${timeoutMs} ms`)));
+    req.on('error', (e: NodeJS.ErrnoException) => {
+      const unreachable = ['ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'EHOSTUNREACH', 'ENETUNREACH', 'EAI_AGAIN'].includes(e.code ?? '');
+      reject(unreachable ? new TemporalUnreachableError(`Temporal HTTP API at ${url.host}: ${e.message}`) : e);
+    });
+    req.end(body);
+  });
 }

@@ -30,7 +30,6 @@ import path from 'node:path';
 // Types only from the SDK: `slipway status`/`list` decode payloads over the HTTP API with this
 // module and must not load the Temporal SDK (ADR 0024).
 import type { DataConverter, Payload, PayloadCodec } from '@temporalio/common';
-import protobuf from 'protobufjs';
 import { parseDotenv } from '../agents/credentials';
 import { registerSecrets } from '../activities/redact';
 import { slipwayHome } from '../lib/settings';
@@ -67,18 +66,26 @@ export interface PayloadKeyring {
 }
 
 // temporal.api.common.v1.Payload (fields 1 and 2), through protobufjs: the whole payload,
-// metadata included, is what gets encrypted.
-const PayloadMessage = new protobuf.Type('Payload')
-  .add(new protobuf.MapField('metadata', 1, 'string', 'bytes'))
-  .add(new protobuf.Field('data', 2, 'bytes'));
-new protobuf.Root().define('temporal.api.common.v1').add(PayloadMessage);
+// metadata included, is what gets encrypted. Built on first use: loading protobufjs is most of
+// this module's load time, which `status`/`list` pay even without a key (ADR 0024).
+let payloadMessage: import('protobufjs').Type | undefined;
+function PayloadMessage(): import('protobufjs').Type {
+  if (!payloadMessage) {
+    const protobuf = require('protobufjs') as typeof import('protobufjs');
+    payloadMessage = new protobuf.Type('Payload').add(new protobuf.MapField('metadata', 1, 'string', 'bytes')).add(new protobuf.Field('data', 2, 'bytes'));
+    new protobuf.Root().define('temporal.api.common.v1').add(payloadMessage);
+  }
+  return payloadMessage;
+}
 
 function serializePayload(payload: Payload): Uint8Array {
-  return PayloadMessage.encode(PayloadMessage.create({ metadata: payload.metadata ?? {}, data: payload.data ?? new Uint8Array(0) })).finish();
+  const type = PayloadMessage();
+  return type.encode(type.create({ metadata: payload.metadata ?? {}, data: payload.data ?? new Uint8Array(0) })).finish();
 }
 
 function deserializePayload(bytes: Uint8Array): Payload {
-  const m = PayloadMessage.toObject(PayloadMessage.decode(bytes), { bytes: Buffer }) as { metadata?: Record<string, Uint8Array>; data?: Uint8Array };
+  const type = PayloadMessage();
+  const m = type.toObject(type.decode(bytes), { bytes: Buffer }) as { metadata?: Record<string, Uint8Array>; data?: Uint8Array };
   return { metadata: m.metadata ?? {}, data: m.data ?? new Uint8Array(0) };
 }
 
