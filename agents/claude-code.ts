@@ -15,9 +15,11 @@
  * in paperclipai/paperclip#5776 (`rate_limit_info.resetsAt`, epoch seconds) and the legacy
  * "Claude AI usage limit reached|<epoch>" result text.
  *
- * Usage and cost come ONLY from the final `result` event. The `usage` on `assistant` lines is
- * ignored: one API message is split over several assistant lines that repeat the same usage, so
- * summing them would double count. The result's `usage` totals this run, but its `total_cost_usd`
+ * Usage and cost come from the final `result` event. The `usage` on `assistant` lines is read only
+ * for a running total while the run goes on (`usage_so_far`, for the hard limit in flight, ADR
+ * 0017): one API message is split over several assistant lines that repeat the same usage, so
+ * they are counted once per message id (the latest line of each), and the result's exact figures
+ * replace that total. The result's `usage` totals this run, but its `total_cost_usd`
  * (like `modelUsage`) is the running total of the SESSION: after `--resume` it includes the earlier
  * runs. The run's cost is therefore the sum of `model_usage_since_last_result[*].costUSD` (CLI
  * 2.1.x prints it; one result per print-mode process), else `total_cost_usd` minus the total the
@@ -57,6 +59,25 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
   const limited = rateLimitReporter();
   /** Reports an error once: the synthetic assistant message and the result repeat the same text. */
   const failed = errorReporter();
+  /** Usage per API message id this run (see the header). */
+  const messageUsage = new Map<string, { input: number; cacheRead: number; cacheWrite: number; output: number }>();
+
+  /** The running total after an assistant line that carries its message's usage. */
+  const soFar = (message: Json): AgentEvent[] => {
+    const id = str(message.id);
+    // `<synthetic>`: Claude Code's own message for an API error, with zeros.
+    if (!id || !isObject(message.usage) || message.model === '<synthetic>') return [];
+    const u = message.usage;
+    messageUsage.set(id, { input: num(u.input_tokens), cacheRead: num(u.cache_read_input_tokens), cacheWrite: num(u.cache_creation_input_tokens), output: num(u.output_tokens) });
+    const sum = { input: 0, cacheRead: 0, cacheWrite: 0, output: 0, cost: undefined };
+    for (const m of messageUsage.values()) {
+      sum.input += m.input;
+      sum.cacheRead += m.cacheRead;
+      sum.cacheWrite += m.cacheWrite;
+      sum.output += m.output;
+    }
+    return [{ ...(usageEvent(sum) as Extract<AgentEvent, { type: 'usage' }>), type: 'usage_so_far' }];
+  };
 
   const assistant = (event: Json): AgentEvent[] => {
     const out: AgentEvent[] = [];
@@ -81,6 +102,7 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
       out.push(...failed(text || error));
       out.push(...(error === 'authentication_failed' ? [{ type: 'config_error' as const, message: text || error }] : authFailure(text)));
     }
+    out.push(...soFar(message));
     return out;
   };
 

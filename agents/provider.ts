@@ -60,6 +60,12 @@ export type AgentEvent =
   | { type: 'text'; text: string }
   | { type: 'tool_call'; name: string; input?: unknown }
   | ({ type: 'usage' } & TokenUsage)
+  /**
+   * The run's usage so far, as a running total, from an agent whose exact figures come only at the
+   * end (Claude Code's per-message usage): for the hard limit in flight, and the run's usage when it
+   * is stopped before its final `usage`; once a `usage` event came, these are ignored.
+   */
+  | ({ type: 'usage_so_far' } & TokenUsage)
   | { type: 'session'; sessionId: string }
   | { type: 'session_totals'; totals: SessionTotals }
   | { type: 'result'; text: string; isError?: boolean }

@@ -48,7 +48,9 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
   let worker: { prebuiltMs: number; bundledMs: number } | undefined;
   try {
     const temporal = findTemporalBinary();
-    const env = { ...process.env, TEMPORAL_ADDRESS: server.address, SLIPWAY_HOME: dir };
+    // The HTTP path of `status`/`list` (ADR 0024), and the SDK path (no HTTP address known).
+    const env = { ...process.env, TEMPORAL_ADDRESS: server.address, TEMPORAL_HTTP_ADDRESS: server.httpAddress, SLIPWAY_HOME: dir };
+    const sdkEnv = { ...process.env, TEMPORAL_ADDRESS: server.address, SLIPWAY_HOME: dir };
     await registerSearchAttributes(server.address, 'default');
     // A closed objective for `status` to show (no worker needed: started, then terminated).
     const { Client, Connection } = require('@temporalio/client') as typeof import('@temporalio/client');
@@ -56,20 +58,22 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
     const client = new Client({ connection });
     const handle = await client.workflow.start('objectiveWorkflow', { taskQueue: 'bench-nobody', workflowId: 'objective:bench', args: [{}] });
     await handle.terminate('bench');
-    const pairs: Array<[string, string[], string[]]> = [
-      ['--help', ['--help'], ['--help']],
-      ['run --help', ['run', '--help'], ['workflow', 'start', '--help']],
-      ['list (server running)', ['list'], ['workflow', 'list', '--address', server.address]],
-      ['status <id> (server running)', ['status', 'bench'], ['workflow', 'describe', '--workflow-id', 'objective:bench', '--address', server.address]],
+    const pairs: Array<[string, string[], string[], NodeJS.ProcessEnv]> = [
+      ['--help', ['--help'], ['--help'], env],
+      ['run --help', ['run', '--help'], ['workflow', 'start', '--help'], env],
+      ['list (server running)', ['list'], ['workflow', 'list', '--address', server.address], env],
+      ['status <id> (server running)', ['status', 'bench'], ['workflow', 'describe', '--workflow-id', 'objective:bench', '--address', server.address], env],
+      ['list, SDK path', ['list'], ['workflow', 'list', '--address', server.address], sdkEnv],
+      ['status <id>, SDK path', ['status', 'bench'], ['workflow', 'describe', '--workflow-id', 'objective:bench', '--address', server.address], sdkEnv],
     ];
-    for (const [name, slipwayArgs, temporalArgs] of pairs) {
-      wallMs(process.execPath, [bin, ...slipwayArgs], env); // warm-up, both
+    for (const [name, slipwayArgs, temporalArgs, slipwayEnv] of pairs) {
+      wallMs(process.execPath, [bin, ...slipwayArgs], slipwayEnv); // warm-up, both
       wallMs(temporal, temporalArgs, env);
       const a: number[] = [];
       const b: number[] = [];
       const ratios: number[] = [];
       for (let i = 0; i < runs; i++) {
-        a.push(wallMs(process.execPath, [bin, ...slipwayArgs], env));
+        a.push(wallMs(process.execPath, [bin, ...slipwayArgs], slipwayEnv));
         b.push(wallMs(temporal, temporalArgs, env));
         ratios.push(a[i] / b[i]);
       }

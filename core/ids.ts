@@ -72,3 +72,6 @@ export const WORKER_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 export const ANY_OWNER = 'any';
 /** The task queue only the worker `workerId` polls, for the sandboxes it holds. */
 export const ownerTaskQueue = (mainTaskQueue: string, workerId: string) => `${mainTaskQueue}@${workerId}`;
+
+/** The objective workflow's status query, by name: `slipway status` asks it over HTTP without the SDK (ADR 0024). */
+export const OBJECTIVE_STATUS_QUERY = 'objectiveStatus';

@@ -5,16 +5,17 @@
  * (workers/temporal.ts) on a server Slipway did not start.
  */
 import { defineSearchAttributeKey, SearchAttributeType } from '@temporalio/common';
+import { SEARCH_ATTRIBUTE_NAMES as N } from './search-attribute-names';
 
-export const SlipwayKind = defineSearchAttributeKey('SlipwayKind', SearchAttributeType.KEYWORD);
-export const SlipwayObjective = defineSearchAttributeKey('SlipwayObjective', SearchAttributeType.KEYWORD);
-export const SlipwayStream = defineSearchAttributeKey('SlipwayStream', SearchAttributeType.KEYWORD);
-export const SlipwayPhase = defineSearchAttributeKey('SlipwayPhase', SearchAttributeType.KEYWORD);
-export const SlipwayOutcome = defineSearchAttributeKey('SlipwayOutcome', SearchAttributeType.KEYWORD);
-export const SlipwayAccount = defineSearchAttributeKey('SlipwayAccount', SearchAttributeType.KEYWORD);
-export const SlipwaySandboxState = defineSearchAttributeKey('SlipwaySandboxState', SearchAttributeType.KEYWORD);
+export const SlipwayKind = defineSearchAttributeKey(N.kind, SearchAttributeType.KEYWORD);
+export const SlipwayObjective = defineSearchAttributeKey(N.objective, SearchAttributeType.KEYWORD);
+export const SlipwayStream = defineSearchAttributeKey(N.stream, SearchAttributeType.KEYWORD);
+export const SlipwayPhase = defineSearchAttributeKey(N.phase, SearchAttributeType.KEYWORD);
+export const SlipwayOutcome = defineSearchAttributeKey(N.outcome, SearchAttributeType.KEYWORD);
+export const SlipwayAccount = defineSearchAttributeKey(N.account, SearchAttributeType.KEYWORD);
+export const SlipwaySandboxState = defineSearchAttributeKey(N.sandboxState, SearchAttributeType.KEYWORD);
 /** An objective's spend on agent runs so far, in USD (estimates included), set as runs finish. */
-export const SlipwayCostUsd = defineSearchAttributeKey('SlipwayCostUsd', SearchAttributeType.DOUBLE);
+export const SlipwayCostUsd = defineSearchAttributeKey(N.costUsd, SearchAttributeType.DOUBLE);
 
 export const SLIPWAY_SEARCH_ATTRIBUTES = [
   SlipwayKind,

@@ -7,6 +7,11 @@ import { DEFAULT_OWNER_GRACE_SECONDS } from '../core/routing';
 export interface SlipwaySettings {
   /** Set when TEMPORAL_ADDRESS is given: connect there and start nothing. */
   temporalAddress?: string;
+  /**
+   * TEMPORAL_HTTP_ADDRESS: the HTTP API of the server at TEMPORAL_ADDRESS (`host:port` or a URL),
+   * which lets `status` and `list` answer without loading the Temporal SDK (ADR 0024).
+   */
+  temporalHttpAddress?: string;
   namespace: string;
   /** Port of the embedded server (and where `run` looks for a running `slipway dev`). */
   embeddedPort: number;
@@ -45,6 +50,7 @@ export function slipwayHome(env: NodeJS.ProcessEnv = process.env): string {
 export function slipwaySettings(env: NodeJS.ProcessEnv = process.env): SlipwaySettings {
   return {
     temporalAddress: env.TEMPORAL_ADDRESS || undefined,
+    temporalHttpAddress: env.TEMPORAL_HTTP_ADDRESS || undefined,
     namespace: env.TEMPORAL_NAMESPACE || 'default',
     embeddedPort: int(env.SLIPWAY_TEMPORAL_PORT, 7233, 'SLIPWAY_TEMPORAL_PORT'),
     uiPort: int(env.SLIPWAY_UI_PORT, 8233, 'SLIPWAY_UI_PORT'),
@@ -58,3 +64,9 @@ export function slipwaySettings(env: NodeJS.ProcessEnv = process.env): SlipwaySe
     ownerGraceSeconds: int(env.SLIPWAY_OWNER_GRACE_SECONDS, DEFAULT_OWNER_GRACE_SECONDS, 'SLIPWAY_OWNER_GRACE_SECONDS'),
   };
 }
+
+/**
+ * Where the embedded server's addresses are kept while it runs (`{ address, httpAddress }`), beside
+ * its SQLite file: the CLI reads the HTTP API's port there (ADR 0024).
+ */
+export const temporalEndpointsFile = (dataDir: string) => path.join(dataDir, 'temporal-endpoints.json');

@@ -77,7 +77,18 @@ const CWD = '/repo/.slipway/worktrees/obj-limiter/api';
 describe('claude-code parser', () => {
   it('maps a successful stream-json run', () => {
     const final = 'Fixed the off-by-one in RateLimiter.refill; all 6 limiter tests pass.\n<promise>COMPLETE</promise>';
-    expect(parseFixture('claude-code', 'success.jsonl')).toEqual([
+    const events = parseFixture('claude-code', 'success.jsonl');
+    // The running total in flight (hard limit): each API message once, however many lines repeat it
+    // (msg_01HkV8sR3aZ9 is two lines): 17,000, then + 17,814, + 18,233, + the final answer's, which
+    // ends equal to the result's own totals.
+    expect(events.filter((e) => e.type === 'usage_so_far').map((e) => e.type === 'usage_so_far' && [e.inputTokens, e.outputTokens, e.cachedTokens])).toEqual([
+      [17_000, 3, 11_876],
+      [17_000, 3, 11_876],
+      [34_814, 151, 28_872],
+      [53_047, 239, 46_680],
+      [71_515, 280, 64_908],
+    ]);
+    expect(events.filter((e) => e.type !== 'usage_so_far')).toEqual([
       { type: 'session', sessionId: '5f1c2a9e-8a44-4f0e-9d7b-2c61c3e0b7aa' },
       { type: 'text', text: "I'll start by reading the rate limiter and its test." },
       { type: 'tool_call', name: 'Read', input: { file_path: `${CWD}/src/limiter.ts` } },
@@ -94,7 +105,10 @@ describe('claude-code parser', () => {
 
   it('reports an API error once, with the result and its usage', () => {
     const message = 'API Error: 500 {"type":"error","error":{"type":"api_error","message":"Internal server error"},"request_id":"req_011CUq3kz9Y8"}';
-    expect(parseFixture('claude-code', 'error.jsonl')).toEqual([
+    const events = parseFixture('claude-code', 'error.jsonl');
+    // The synthetic error message's zeros are no usage.
+    expect(events.filter((e) => e.type === 'usage_so_far')).toEqual([{ type: 'usage_so_far', inputTokens: 13_220, outputTokens: 22, cachedTokens: 9120 }]);
+    expect(events.filter((e) => e.type !== 'usage_so_far')).toEqual([
       { type: 'session', sessionId: '9d3e7b21-5c04-4b8a-a2f6-7e1d0c5b9a34' },
       { type: 'tool_call', name: 'Glob', input: { pattern: 'src/**/*.ts' } },
       { type: 'text', text: message },

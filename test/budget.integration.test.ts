@@ -258,6 +258,50 @@ describe('budget guardrail', () => {
     expect(result.ledger.map((e) => [e.stream, e.kind, e.result])).toEqual([['greet', 'budget_exhausted', 'blocked']]);
   }, 240_000);
 
+  it('hard_limit stops Claude Code mid-run from its per-message usage (each message counted once), keeping what it spent so far', async () => {
+    const id = 'budget-hard-claude';
+    const turn = { usage: { input: 800, cached: 300, output: 200 } }; // 1,000 tokens a model call, printed over two lines
+    const run = await start(
+      id,
+      {
+        agents: { builder: builder({ max_iterations: 1 }) },
+        streams: [{ id: 'greet', task: 'add greet' }],
+        budget: { stream: { tokens: 1500 }, hard_limit: true },
+      },
+      { 'builder:greet': [{ turns: [turn, turn, { ...turn, files: { 'late.txt': 'after turn 2\n' } }] }, { files: helper('greet'), signal: true }] },
+    );
+    // Turn 2 may follow turn 1 (1,000 < 1,500, though its two lines would say 2,000 if summed);
+    // turn 3 waits on a gate the test opens only after the stop.
+    writeFileSync(path.join(run.dir, 'turn-1.go'), '');
+    const view = await run.blocked('greet');
+    expect(view.blocked).toMatchObject({ kind: 'budget_exhausted', summary: 'stream greet reached its budget during this run (2,000 of the 1,500 tokens left); the run was stopped (hard_limit)' });
+    const first = run.events().filter((e) => e.key === 'builder:greet' && e.call === 1);
+    expect(first.filter((e) => e.event === 'turn').map((e) => e.n)).toEqual([1, 2]);
+    const pid = first[0].pid;
+    await waitFor(async () => {
+      try {
+        process.kill(pid, 0);
+        return false;
+      } catch {
+        return true;
+      }
+    }, 'the stopped agent gone');
+    writeFileSync(path.join(run.dir, 'turn-2.go'), '');
+    expect(run.events().some((e) => e.call === 1 && (e.event === 'finished' || e.n === 3))).toBe(false);
+
+    // No final result came: the run's usage is its running total, the stream's spend.
+    const stopped = await run.status();
+    expect(stopped.agentRuns).toEqual([expect.objectContaining({ stream: 'greet', role: 'builder', inputTokens: 1600, outputTokens: 400, result: 'budget_stopped' })]);
+    expect(stopped.usage).toMatchObject({ runs: 1, inputTokens: 1600, outputTokens: 400 });
+
+    const raised = await slipway(['budget', 'raise', id, '--stream', 'greet', '--tokens', '100000'], cliEnv);
+    expect(raised.code, raised.stderr).toBe(0);
+    const result = await run.result();
+    expect(result.outcome).toBe('completed');
+    expect(run.calls('builder:greet')).toBe(2);
+    expect(result.usage.inputTokens).toBe((result.agentRuns ?? []).reduce((sum, r) => sum + r.inputTokens, 0));
+  }, 240_000);
+
   it('hard_limit with a usd limit and only tokens reported: the price table estimates the cost mid-run; on_exhausted: fail fails the stream', async () => {
     const turn = { usage: { input: 800, output: 200 } }; // no cost reported; at $2 in / $8 out per million: $0.0032 a model call
     const run = await start(

@@ -3,7 +3,7 @@
  * the installed `slipway` from a fresh repository elsewhere, with HOME and the working folder
  * outside this checkout: `--help`, `dev` (embedded Temporal, the CLI found through
  * TEMPORAL_CLI_PATH, the documented way), `run` of a one-stream script objective to completion,
- * and `status`. No file of the source tree is reachable from the installed package.
+ * and `status`, and `slipway api`. No file of the source tree is reachable from the installed package.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, realpathSync, writeFileSync } from 'node:fs';
@@ -137,5 +137,33 @@ describe('the npm package', () => {
     expect(doc.outcome).toBe('completed');
     // The work reached the integration branch of the user's repository.
     expect(gitIn(repo, 'show', 'slipway/pkg-hello/integration:hello.txt')).toContain('installed package');
+  }, 900_000);
+
+  it('serves the sandbox API from the installed package: starts beside dev, answers /healthz and a token\'s request, refuses a request without one, stops on SIGTERM', async () => {
+    // Against the server `slipway dev` runs (the test above); the billing database is its own PGlite under HOME.
+    const port = await freePort();
+    let log = '';
+    const api = spawn(path.join(prefix, 'bin', 'slipway'), ['api', '--port', String(port)], { cwd: repo, env: { ...env, SLIPWAY_WORKER_ID: 'pkg-api' }, stdio: ['ignore', 'pipe', 'pipe'] });
+    api.stderr!.on('data', (c) => (log += c));
+    api.stdout!.on('data', (c) => (log += c));
+    const exit = new Promise<number | null>((resolve) => api.once('exit', (code) => resolve(code)));
+    try {
+      const up = await Promise.race([waitFor(async () => log.includes('sandbox API on'), 'slipway api to listen', 300_000), exit.then((code) => Promise.reject(new Error(`slipway api exited (${code}):\n${log}`)))]);
+      expect(up).toBe(true);
+      const base = `http://127.0.0.1:${port}`;
+      expect(await (await fetch(`${base}/healthz`)).json()).toEqual({ ok: true });
+      // A token made with the installed CLI, through the running service's billing database.
+      const account = await slipway(['account', 'create', 'pkg']);
+      expect(account.code, account.stderr).toBe(0);
+      const token = await slipway(['token', 'create', '--account', 'pkg']);
+      expect(token.code, token.stderr).toBe(0);
+      const listed = await fetch(`${base}/api/v1/sandboxes`, { headers: { authorization: `Bearer ${token.stdout.trim()}` } });
+      expect(listed.status).toBe(200);
+      expect(await listed.json()).toEqual({ sandboxes: [] });
+      expect((await fetch(`${base}/api/v1/sandboxes`)).status).toBe(401);
+    } finally {
+      if (api.exitCode === null) api.kill('SIGTERM');
+    }
+    expect(await exit, log).toBe(0);
   }, 900_000);
 });

@@ -436,6 +436,22 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
     360_000,
   );
 
+  it('claude-code under hard_limit: stopped mid-run once its per-message usage reaches the stream\'s allowance, before its final result; that usage is the spend', async () => {
+    // Each model call reports 1,000 prompt tokens: the first message alone reaches the 1,000 allowed.
+    const { endpoint, result } = await runObjective('hard-claude-code', 'claude-code', { objective: { budget: { stream: { tokens: 1000 }, hard_limit: true, on_exhausted: 'fail' } } });
+    expect(result.outcome).toBe('failed');
+    expect(result.streams[0].failure).toMatchObject({ kind: 'budget_exhausted', summary: expect.stringContaining('the run was stopped (hard_limit)') });
+    const runs = result.agentRuns ?? [];
+    expect(runs.map((r) => `${r.role}:${r.result}`)).toEqual(['builder:budget_stopped']);
+    // The running total of its messages (no final result came): at least the first call's prompt.
+    expect(runs[0].inputTokens).toBeGreaterThanOrEqual(1000);
+    expect(runs[0].inputTokens % 1000).toBe(0);
+    // One agent process, not started again (on_exhausted: fail), and at most the calls it made.
+    expect(endpoint.runs()).toHaveLength(1);
+    expect(runs[0].inputTokens).toBeLessThanOrEqual(endpoint.runs()[0]!.length * 1000);
+    expect(result.usage.inputTokens).toBe(runs[0].inputTokens);
+  }, 240_000);
+
   it('a missing executable fails once as configuration_error naming it, not as a transient error retried six times', async () => {
     const { endpoint, result } = await runObjective('missing-exe', 'claude-code', { command: '/nonexistent/claude', objective: { on_exhausted: 'fail' } });
     expect(result.outcome).toBe('failed');

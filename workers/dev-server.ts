@@ -3,11 +3,13 @@
  * data folder, the Web UI, and Slipway's search attributes registered at start.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, statSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, statSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { Connection } from '@temporalio/client';
 import { SEARCH_ATTRIBUTE_CLI_TYPE, SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
+import { readJson, writeJsonAtomic } from '../lib/atomic-write';
+import { temporalEndpointsFile } from '../lib/settings';
 import { ensureTemporalBinary } from './temporal-binary';
 
 export interface DevServerOptions {
@@ -24,6 +26,8 @@ export interface DevServerOptions {
 
 export interface DevServer {
   address: string;
+  /** Its HTTP API (`127.0.0.1:port`), also kept in `temporalEndpointsFile(dataDir)` while it runs. */
+  httpAddress: string;
   uiUrl?: string;
   process: ChildProcess;
   logFile: string;
@@ -101,6 +105,9 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
   const binary = opts.binary ?? (await ensureTemporalBinary());
   mkdirSync(opts.dataDir, { recursive: true });
   const logFile = path.join(opts.dataDir, 'temporal-server.log');
+  // Chosen here rather than by the CLI, so it can be recorded for `status`/`list` (ADR 0024); a
+  // port taken between the pick and the bind is retried like the metrics port (AuxiliaryPortTaken).
+  const httpPort = await freePort();
   const logStart = existsSync(logFile) ? statSync(logFile).size : 0;
   const log = openSync(logFile, 'a');
   const args = [
@@ -111,6 +118,7 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     '--db-filename', path.join(opts.dataDir, 'temporal.sqlite'),
     '--namespace', opts.namespace ?? 'default',
     '--log-level', 'warn',
+    '--http-port', String(httpPort),
     ...searchAttributeFlags(),
     ...(opts.headless ? ['--headless'] : ['--ui-port', String(opts.uiPort ?? 8233)]),
   ];
@@ -121,7 +129,11 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     exited = true;
   });
   const address = `127.0.0.1:${opts.port}`;
+  const httpAddress = `127.0.0.1:${httpPort}`;
+  const endpointsFile = temporalEndpointsFile(opts.dataDir);
   const stop = async () => {
+    // Only our own record: a server started since (a restart) keeps its own.
+    if ((await readJson<{ httpAddress?: string }>(endpointsFile))?.httpAddress === httpAddress) rmSync(endpointsFile, { force: true });
     if (exited) return;
     const done = new Promise<void>((resolve) => child.once('exit', () => resolve()));
     child.kill('SIGTERM');
@@ -138,8 +150,10 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     if (taken && !written.includes(`127.0.0.1:${opts.port}: bind: address already in use`)) throw new AuxiliaryPortTaken(taken[0]);
     throw new Error(`${(e as Error).message}\nServer log: ${logFile}`);
   }
+  await writeJsonAtomic(endpointsFile, { address, httpAddress });
   return {
     address,
+    httpAddress,
     uiUrl: opts.headless ? undefined : `http://localhost:${opts.uiPort ?? 8233}`,
     process: child,
     logFile,

@@ -27,13 +27,16 @@
 import { createCipheriv, createDecipheriv, createHash, randomBytes } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
-import { METADATA_ENCODING_KEY, ValueError, type DataConverter, type Payload, type PayloadCodec } from '@temporalio/common';
-import protobuf from 'protobufjs';
+// Types only from the SDK: `slipway status`/`list` decode payloads over the HTTP API with this
+// module and must not load the Temporal SDK (ADR 0024).
+import type { DataConverter, Payload, PayloadCodec } from '@temporalio/common';
 import { parseDotenv } from '../agents/credentials';
 import { registerSecrets } from '../activities/redact';
 import { slipwayHome } from '../lib/settings';
 
 export const ENCODING_ENCRYPTED = 'binary/encrypted';
+/** The SDK's METADATA_ENCODING_KEY. */
+const METADATA_ENCODING_KEY = 'encoding';
 export const METADATA_KEY_ID = 'encryption-key-id';
 export const METADATA_CIPHER = 'encryption-cipher';
 const CIPHER = 'AES-256-GCM';
@@ -63,19 +66,33 @@ export interface PayloadKeyring {
 }
 
 // temporal.api.common.v1.Payload (fields 1 and 2), through protobufjs: the whole payload,
-// metadata included, is what gets encrypted.
-const PayloadMessage = new protobuf.Type('Payload')
-  .add(new protobuf.MapField('metadata', 1, 'string', 'bytes'))
-  .add(new protobuf.Field('data', 2, 'bytes'));
-new protobuf.Root().define('temporal.api.common.v1').add(PayloadMessage);
+// metadata included, is what gets encrypted. Built on first use: loading protobufjs is most of
+// this module's load time, which `status`/`list` pay even without a key (ADR 0024).
+let payloadMessage: import('protobufjs').Type | undefined;
+function PayloadMessage(): import('protobufjs').Type {
+  if (!payloadMessage) {
+    const protobuf = require('protobufjs') as typeof import('protobufjs');
+    payloadMessage = new protobuf.Type('Payload').add(new protobuf.MapField('metadata', 1, 'string', 'bytes')).add(new protobuf.Field('data', 2, 'bytes'));
+    new protobuf.Root().define('temporal.api.common.v1').add(payloadMessage);
+  }
+  return payloadMessage;
+}
 
 function serializePayload(payload: Payload): Uint8Array {
-  return PayloadMessage.encode(PayloadMessage.create({ metadata: payload.metadata ?? {}, data: payload.data ?? new Uint8Array(0) })).finish();
+  const type = PayloadMessage();
+  return type.encode(type.create({ metadata: payload.metadata ?? {}, data: payload.data ?? new Uint8Array(0) })).finish();
 }
 
 function deserializePayload(bytes: Uint8Array): Payload {
-  const m = PayloadMessage.toObject(PayloadMessage.decode(bytes), { bytes: Buffer }) as { metadata?: Record<string, Uint8Array>; data?: Uint8Array };
+  const type = PayloadMessage();
+  const m = type.toObject(type.decode(bytes), { bytes: Buffer }) as { metadata?: Record<string, Uint8Array>; data?: Uint8Array };
   return { metadata: m.metadata ?? {}, data: m.data ?? new Uint8Array(0) };
+}
+
+/** The SDK's ValueError (what its own converters throw on a payload they cannot decode), loaded only on that error. */
+function valueError(message: string): Error {
+  const { ValueError } = require('@temporalio/common') as typeof import('@temporalio/common');
+  return new ValueError(message);
 }
 
 const utf8 = (s: string) => Buffer.from(s, 'utf8');
@@ -125,15 +142,15 @@ export class EncryptionCodec implements PayloadCodec {
   private decrypt(payload: Payload): Payload {
     if (text(payload.metadata?.[METADATA_ENCODING_KEY]) !== ENCODING_ENCRYPTED) return payload; // not ours: pass through
     const keyId = text(payload.metadata?.[METADATA_KEY_ID]);
-    if (!keyId) throw new ValueError(`encrypted payload without "${METADATA_KEY_ID}" metadata: cannot pick a key`);
+    if (!keyId) throw valueError(`encrypted payload without "${METADATA_KEY_ID}" metadata: cannot pick a key`);
     const key = this.keyring.keys.get(keyId);
     if (!key) {
-      throw new ValueError(
+      throw valueError(
         `payload was encrypted with key "${keyId}", which is not configured (known: ${[...this.keyring.keys.keys()].join(', ')}); add it to ${PAYLOAD_KEYS_ENV} as ${keyId}:<base64>`,
       );
     }
     const data = payload.data ?? new Uint8Array(0);
-    if (data.length < IV_BYTES + TAG_BYTES) throw new ValueError(`encrypted payload (key "${keyId}") is truncated: ${data.length} bytes`);
+    if (data.length < IV_BYTES + TAG_BYTES) throw valueError(`encrypted payload (key "${keyId}") is truncated: ${data.length} bytes`);
     const buf = Buffer.from(data);
     const decipher = createDecipheriv('aes-256-gcm', key, buf.subarray(0, IV_BYTES), { authTagLength: TAG_BYTES });
     decipher.setAAD(aad(keyId));
@@ -142,7 +159,7 @@ export class EncryptionCodec implements PayloadCodec {
     try {
       plain = Buffer.concat([decipher.update(buf.subarray(IV_BYTES, buf.length - TAG_BYTES)), decipher.final()]);
     } catch {
-      throw new ValueError(`encrypted payload failed authentication with key "${keyId}": it was altered, or that id names a different key than the one it was written with`);
+      throw valueError(`encrypted payload failed authentication with key "${keyId}": it was altered, or that id names a different key than the one it was written with`);
     }
     return deserializePayload(plain);
   }

@@ -31,7 +31,7 @@ import {
 } from '@temporalio/workflow';
 import type { Blueprint, Step } from '../core/blueprint-schema';
 import { FINAL_STREAM_PHASES } from '../core/states';
-import { streamWorkflowId } from '../core/ids';
+import { OBJECTIVE_STATUS_QUERY, streamWorkflowId } from '../core/ids';
 import { SlipwayCostUsd, SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase } from '../core/search-attributes';
 import { formatIssuePath, streamGraphIssues } from '../core/stream-graph';
 import type { ObjectiveOutcome, ObjectivePhase } from '../core/states';
@@ -60,7 +60,7 @@ import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, r
 import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamBudgetSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 import { budgetExhausted, formatLimit, raisedLimit, raiseProblems, streamBudgetOf, type BudgetLimit, type BudgetRaise, type StreamBudgetUpdate } from '../core/budget';
 
-export const objectiveStatusQuery = defineQuery<ObjectiveStatus>('objectiveStatus');
+export const objectiveStatusQuery = defineQuery<ObjectiveStatus>(OBJECTIVE_STATUS_QUERY);
 /** Feed lines after `afterSeq` (for `slipway watch`), and whether the objective is done. */
 export const objectiveFeedQuery = defineQuery<{ events: FeedEvent[]; done: boolean }, [number]>('objectiveFeed');
 /** A human's decision on the plan (`slipway approve` / `slipway reject`). */

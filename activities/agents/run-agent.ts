@@ -248,6 +248,17 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       let idleKilled = false;
       let graceKilled = false;
       let budgetStopped: string | undefined;
+      /** `usage_so_far`: the running total of an agent that reports exact figures only at the end. */
+      let soFar: TokenUsage | undefined;
+      let usageReported = false;
+      /** The hard limit: stops the run once `used` reaches its allowance. */
+      const checkAllowance = (used: TokenUsage) => {
+        if (!input.allowance || budgetStopped !== undefined) return;
+        // Tokens but no cost reported: the price table's estimate stands in for it.
+        const costUsd = used.costUsd ?? (spec.price ? estimateCostUsd(used, spec.price) : undefined);
+        budgetStopped = allowanceUsed(input.allowance, { ...used, costUsd });
+        if (budgetStopped !== undefined) stop.abort();
+      };
       let graceTimer: NodeJS.Timeout | undefined;
       const stop = new AbortController();
       const startGrace = () => {
@@ -281,12 +292,13 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
             usage.outputTokens += event.outputTokens;
             usage.cachedTokens = (usage.cachedTokens ?? 0) + (event.cachedTokens ?? 0);
             if (event.costUsd !== undefined) usage.costUsd = (usage.costUsd ?? 0) + event.costUsd;
-            if (input.allowance && budgetStopped === undefined) {
-              // Tokens but no cost reported: the price table's estimate stands in for it.
-              const costUsd = usage.costUsd ?? (spec.price ? estimateCostUsd(usage, spec.price) : undefined);
-              budgetStopped = allowanceUsed(input.allowance, { ...usage, costUsd });
-              if (budgetStopped !== undefined) stop.abort();
-            }
+            usageReported = true;
+            checkAllowance(usage);
+            break;
+          case 'usage_so_far':
+            if (usageReported) break;
+            soFar = { inputTokens: event.inputTokens, outputTokens: event.outputTokens, cachedTokens: event.cachedTokens ?? 0, costUsd: event.costUsd };
+            checkAllowance(soFar);
             break;
           case 'error':
             errors.push(event.message);
@@ -437,6 +449,8 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         if (parsed.ok) plan = parsed.value.streams.map((s) => ({ ...s, task: redact(s.task, secrets) }));
         else outputError = redact(parsed.error, secrets);
       }
+      // Stopped (or ended) before its final figures: its running total is what it spent.
+      if (!usageReported && soFar) Object.assign(usage, soFar);
       // No cost in the agent's output: estimate it from the model's price, marked as an estimate.
       if (provider.reportsNoTokens) usage.usageUnknown = true;
       else if (usage.costUsd === undefined && spec.price) {

@@ -3,7 +3,6 @@ import type { AgentRunRecord, ObjectiveInput, ObjectiveResult, ObjectiveStreamVi
 import { formatCost, formatCount, formatTotals, formatUsage } from '../../core/usage';
 import { slipwaySettings } from '../../lib/settings';
 import { CliError, EXIT } from '../exit-codes';
-import { followObjective } from '../follow';
 import { hasWorkflowPollers, openRuntime } from '../runtime';
 
 export interface RunOptions {
@@ -67,6 +66,8 @@ export async function runCommand(file: string, opts: RunOptions): Promise<number
       if (opts.json) process.stdout.write(`${JSON.stringify({ objectiveId: input.id, workflowId, started: true })}\n`);
       return EXIT.ok;
     }
+    // Required here: its feed query loads the workflow code, which `status` (using this module's renderers) must not (ADR 0024).
+    const { followObjective } = require('../follow') as typeof import('../follow');
     await followObjective(handle, opts.json ? () => undefined : log);
     let result: ObjectiveResult;
     try {

@@ -6,7 +6,7 @@ import { SlipwayPhase } from '../../core/search-attributes';
 import type { FeedEvent, ObjectiveResult, StreamEvent } from '../../core/types';
 import { objectiveFeedQuery } from '../../workflows/objective';
 import { streamEventSignal, streamEventsSignal } from '../../workflows/stream';
-import { closedFailure } from './status';
+import { closedFailure } from '../objective-reader';
 import { CliError, EXIT } from '../exit-codes';
 import { describeObjective, openRuntime } from '../runtime';
 import { streamForAgent } from './human';

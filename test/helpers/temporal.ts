@@ -15,9 +15,10 @@ export interface TestWorker {
   stop(): Promise<void>;
 }
 
-export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurrency?: number } = {}): Promise<TestWorker> {
+/** On the shared test server, or on the server at `address` (a test that needs one of its own). */
+export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurrency?: number; address?: string } = {}): Promise<TestWorker> {
   installRuntimeLogging();
-  const address = inject('temporalAddress');
+  const address = opts.address ?? inject('temporalAddress');
   const taskQueue = `test-${randomUUID().slice(0, 8)}`;
   const nativeConnection = await NativeConnection.connect({ address });
   const workers = await createSlipwayWorkers({
