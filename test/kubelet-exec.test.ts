@@ -53,7 +53,7 @@ beforeAll(async () => {
   });
   await core.createNamespace({ body: { metadata: { name: NS } } });
   expect(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: NS, name: 'default' }).catch(() => undefined)), 30_000)).toBe(true);
-  await core.createNamespacedPod({ namespace: NS, body: { metadata: { name: POD }, spec: { nodeName: NODE, containers: [{ name: 'main', image: 'sandbox' }] } } });
+  await core.createNamespacedPod({ namespace: NS, body: { metadata: { name: POD }, spec: { nodeName: NODE, containers: [{ name: 'main', image: 'sandbox' }, { name: 'sidecar', image: 'sandbox' }] } } });
 }, 180_000);
 
 afterAll(async () => {
@@ -146,6 +146,64 @@ describe('kubelet exec through the real kube-apiserver (client-node Exec, WebSoc
     expect(await waitFor(async () => !runningInContainer(`sleep ${marker}`), 60_000)).toBe(true);
   });
 
+  it('gives a tty when asked, follows the client\'s resizes, and passes the exit code through', async () => {
+    const out: Buffer[] = [];
+    // client-node sends a resize for a stdout that has rows and columns (a terminal), and on its 'resize'.
+    const terminal = Object.assign(sink(out), { columns: 100, rows: 40 });
+    const stdin = new PassThrough();
+    const status = new Promise<V1Status>((resolve, reject) => {
+      void new Exec(admin).exec(NS, POD, 'main', ['sh'], terminal, null, stdin, true, resolve).then((ws) => ws.on('close', () => setImmediate(() => reject(new Error('closed without a status')))), reject);
+    });
+    const sizeIs = (size: string) =>
+      waitFor(async () => {
+        stdin.write('stty size; tty\n');
+        await new Promise((r) => setTimeout(r, 100));
+        return Buffer.concat(out).toString().includes(size);
+      }, 60_000);
+    expect(await sizeIs('40 100')).toBe(true);
+    expect(Buffer.concat(out).toString()).toMatch(/\/dev\/pts\/\d+/);
+    terminal.columns = 120;
+    terminal.rows = 50;
+    terminal.emit('resize');
+    expect(await sizeIs('50 120')).toBe(true);
+    stdin.write('exit 5\n');
+    expect(await status).toMatchObject({ status: 'Failure', reason: 'NonZeroExitCode', details: { causes: [{ reason: 'ExitCode', message: '5' }] } });
+  });
+
+  it('the API server trusts only kubelets whose serving certificate comes from --kubelet-certificate-authority', async () => {
+    // An impostor node: same protocol port, a self-signed certificate the API server was not told about.
+    const dir = path.join(cluster.dir, 'impostor');
+    execFileSync('mkdir', ['-p', dir]);
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '1', '-keyout', 'k.pem', '-out', 'c.pem', '-subj', '/CN=impostor', '-addext', 'subjectAltName=IP:127.0.0.1'], { cwd: dir, stdio: 'ignore' });
+    let requests = 0;
+    const impostor = https.createServer({ key: readFileSync(path.join(dir, 'k.pem')), cert: readFileSync(path.join(dir, 'c.pem')) }, (_req, res) => {
+      requests++;
+      res.end();
+    });
+    impostor.on('upgrade', (_req, socket) => {
+      requests++;
+      socket.destroy();
+    });
+    await new Promise<void>((r) => impostor.listen(0, '127.0.0.1', () => r()));
+    try {
+      const core = admin.makeApiClient(CoreV1Api);
+      await core.createNode({ body: { metadata: { name: 'kx-impostor' } } });
+      await core.replaceNodeStatus({
+        name: 'kx-impostor',
+        body: { metadata: { name: 'kx-impostor' }, status: { addresses: [{ type: 'InternalIP', address: '127.0.0.1' }], daemonEndpoints: { kubeletEndpoint: { Port: (impostor.address() as { port: number }).port } } } },
+      });
+      await core.createNamespacedPod({ namespace: NS, body: { metadata: { name: 'on-impostor' }, spec: { nodeName: 'kx-impostor', containers: [{ name: 'main', image: 'sandbox' }] } } });
+      const outcome = await new Promise<unknown>((resolve) => {
+        void new Exec(admin).exec(NS, 'on-impostor', 'main', ['true'], sink([]), sink([]), null, false, resolve).then((ws) => ws.on('close', () => setImmediate(() => resolve('closed'))), resolve);
+      });
+      // Refused in the TLS handshake: no request ever reached the impostor, and the client is told why.
+      expect(requests).toBe(0);
+      expect(JSON.stringify(outcome)).toMatch(/certificate/);
+    } finally {
+      impostor.close();
+    }
+  });
+
   it("RBAC is the API server's: 'nobody' is refused with 403 before anything runs", async () => {
     const marker = `/tmp/nobody-${randomBytes(4).toString('hex')}`;
     await expect(kexec(['touch', marker], { user: 'nobody' })).rejects.toThrow(/403/);
@@ -153,8 +211,12 @@ describe('kubelet exec through the real kube-apiserver (client-node Exec, WebSoc
     expect(check.stdout.toString()).toBe('absent\n');
   });
 
-  it('a container the node does not run is an error from the kubelet, not a hang', async () => {
-    await expect(kexec(['true'], { container: 'other' })).rejects.toThrow();
+  it('a container the node does not run is refused by the kubelet (404 before any upgrade), and the client is told', async () => {
+    const outcome = await kexec(['true'], { container: 'sidecar' }).then(
+      (r) => JSON.stringify(r.status),
+      (e: unknown) => String((e as { message?: string }).message ?? e),
+    );
+    expect(outcome).toContain('unable to upgrade connection: container \\"sidecar\\" of pod kx/exec-pod is not running on this node');
   });
 });
 
