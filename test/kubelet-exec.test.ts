@@ -222,9 +222,9 @@ describe('kubelet exec through the real kube-apiserver (client-node Exec, WebSoc
 });
 
 describe('kubectl exec (a second real client)', () => {
-  const kubectl = (args: string[], input?: string) =>
+  const kubectl = (args: string[], input?: string, env: Record<string, string> = {}) =>
     new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
-      const child = spawn('kubectl', ['--kubeconfig', cluster.kubeconfig('admin'), '-n', NS, ...args], { stdio: ['pipe', 'pipe', 'pipe'] });
+      const child = spawn('kubectl', ['--kubeconfig', cluster.kubeconfig('admin'), '-n', NS, ...args], { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, ...env } });
       let stdout = '';
       let stderr = '';
       child.stdout.on('data', (d: Buffer) => (stdout += d.toString()));
@@ -240,6 +240,30 @@ describe('kubectl exec (a second real client)', () => {
     expect(ok.stderr).toContain('to-stderr');
     const failed = await kubectl(['exec', POD, '-c', 'main', '--', 'sh', '-c', 'exit 3']);
     expect(failed.code).toBe(3);
+  });
+
+  it('over SPDY end to end too (kubectl without WebSockets: the API server proxies its SPDY upgrade as is)', async () => {
+    const spdy = { KUBECTL_REMOTE_COMMAND_WEBSOCKETS: 'false' };
+    const ok = await kubectl(['exec', '-i', '-v=7', POD, '-c', 'main', '--', 'sh', '-c', 'cat; echo err >&2; exit 4'], 'through spdy\n', spdy);
+    expect(ok.stdout).toBe('through spdy\n');
+    expect(ok.stderr).toContain('err');
+    expect(ok.code).toBe(4);
+    // -v=7 logs the requests: a WebSocket exec logs its Sec-Websocket-Protocol; this one was a plain POST upgrade.
+    expect(ok.stderr).toMatch(/POST https:\/\/127\.0\.0\.1:\d+\/api\/v1\/namespaces\/kx\/pods\/exec-pod\/exec/);
+    expect(ok.stderr).not.toMatch(/websocket/i);
+  });
+
+  it('a killed kubectl ends the command in the container', async () => {
+    const marker = `${5000 + Math.floor(Math.random() * 1000)}.${randomBytes(3).readUIntBE(0, 3)}`;
+    const child = spawn('kubectl', ['--kubeconfig', cluster.kubeconfig('admin'), '-n', NS, 'exec', POD, '-c', 'main', '--', 'sh', '-c', `sleep ${marker} & echo started; wait`], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    const closed = new Promise((r) => child.on('close', r));
+    expect(await waitFor(async () => out.includes('started'), 60_000)).toBe(true);
+    expect(await waitFor(async () => runningInContainer(`sleep ${marker} `), 30_000)).toBe(true);
+    child.kill('SIGKILL');
+    await closed;
+    expect(await waitFor(async () => !runningInContainer(`sleep ${marker} `), 60_000)).toBe(true);
   });
 });
 
