@@ -23,6 +23,7 @@ import path from 'node:path';
 import { CoreV1Api, KubeConfig, Watch, type V1Namespace } from '@kubernetes/client-node';
 import { freePort } from '../../workers/dev-server';
 import { killProcessGroup } from '../../activities/process';
+import { apiserverFlags } from './kubelet-exec';
 
 export const KUBE_VERSION = '1.34.4';
 const REPO = path.resolve(__dirname, '..', '..');
@@ -326,8 +327,8 @@ export async function startKubeCluster(opts: { dir?: string } = {}): Promise<Kub
         `--kubelet-client-certificate=${path.join(pki, 'kubelet-client.crt')}`,
         `--kubelet-client-key=${path.join(pki, 'kubelet-client.key')}`,
         '--kubelet-preferred-address-types=InternalIP',
-        // No --kubelet-certificate-authority: each test node's kubelet stand-in makes its own
-        // serving certificate after the API server started (ADR 0021).
+        // The kubelet stand-ins' serving certificates all come from one CA per test process.
+        ...apiserverFlags(path.join(pki, 'kubelet-ca.crt')),
         '--allow-privileged=false',
         '--profiling=false',
         '--v=1',
