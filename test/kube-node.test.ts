@@ -4,7 +4,8 @@
  */
 import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CoreV1Api, type V1Pod } from '@kubernetes/client-node';
+import { Writable } from 'node:stream';
+import { CoreV1Api, Exec, type V1Pod, type V1Status } from '@kubernetes/client-node';
 import { engineEnv } from '../activities/sandbox/container';
 import { startKubeCluster, type KubeCluster } from './helpers/kube-cluster';
 import { scalar, startTestNode, unschedulableMessage, type TestNode } from './helpers/kube-node';
@@ -143,6 +144,18 @@ describe('kube-node', () => {
     } finally {
       await tainted.stop();
     }
+  });
+
+  it("pods/exec reaches the pod's container through the API server and the node's kubelet endpoint", async () => {
+    await core.createNamespacedPod({ namespace: NS, body: pod('execd', { command: ['sleep', 'infinity'] }) });
+    await podUntil('execd', (p) => p.status?.phase === 'Running');
+    const out: Buffer[] = [];
+    const sink = new Writable({ write: (chunk, _e, cb) => (out.push(Buffer.from(chunk)), cb()) });
+    const status = await new Promise<V1Status>((resolve, reject) => {
+      void new Exec(cluster.config('admin')).exec(NS, 'execd', 'main', ['sh', '-c', 'uname -n; exit 4'], sink, sink, null, false, resolve).catch(reject);
+    });
+    expect(Buffer.concat(out).toString('utf8')).toBe('execd\n');
+    expect(status).toMatchObject({ status: 'Failure', reason: 'NonZeroExitCode', details: { causes: [{ reason: 'ExitCode', message: '4' }] } });
   });
 
   it('deleting a pod kills its container, then the pod is gone', async () => {

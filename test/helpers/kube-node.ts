@@ -27,7 +27,7 @@
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { promises as fs, mkdirSync } from 'node:fs';
+import { promises as fs, mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import {
   CoreV1Api,
@@ -43,6 +43,7 @@ import {
 } from '@kubernetes/client-node';
 import { engineEnv, defaultSandboxImage } from '../../activities/sandbox/container';
 import { informer, type Informer, type KubeCluster } from './kube-cluster';
+import { startKubeletExec } from './kubelet-exec';
 
 export interface TestNode {
   name: string;
@@ -413,8 +414,16 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
   await fs.mkdir(nodeDir, { recursive: true });
   const pids = opts.podPidsLimit ?? 1024;
   const allocatable = opts.allocatable ?? { cpu: '4', memory: '8Gi' };
-  const kubeletPort = 0; // the exec endpoint (test/helpers/kubelet-exec.ts) comes with hk2's branch
   const pods = new Map<string, PodState>();
+  const containerOf = (ns: string, pod: string, container: string) => {
+    for (const s of pods.values()) if (s.namespace === ns && s.name === pod && !s.done) return s.containers.get(container);
+    return undefined;
+  };
+  // The kubelet's streaming endpoint (pods/exec), which the API server dials at this node's InternalIP.
+  const exec = await startKubeletExec({ resolve: containerOf, clientCa: readFileSync(cluster.clientCaFile, 'utf8') });
+  const kubeletPort = exec.port;
+  let execStopped: Promise<void> | undefined;
+  const stopExec = () => (execStopped ??= exec.stop());
   let lost = false;
   let stopped = false;
 
@@ -894,6 +903,8 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
       lost = true;
       clearInterval(heartbeat);
       kubelet.stop();
+      // Unreachable: the API server's dials for exec fail.
+      await stopExec();
       // The node lifecycle controller: node Ready=Unknown with the unreachable taints, its pods not Ready.
       await writeNodeStatus((n) => {
         const t = now();
@@ -926,6 +937,7 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
       stopped = true;
       clearInterval(heartbeat);
       kubelet.stop();
+      await stopExec();
       for (const s of pods.values()) s.done = true;
       const ours = await podman(['pod', 'ps', '-q', '--filter', `label=${NODE_LABEL}=${name}`]);
       const ids = ours.stdout.split('\n').filter(Boolean);
