@@ -149,58 +149,117 @@ async function stopProcess(proc: Proc | undefined): Promise<void> {
   await proc.exited;
 }
 
+export interface Informer<T> {
+  /** The objects seen last, by namespace/name. */
+  list(): T[];
+  stop(): void;
+}
+
+type KubeObject = { metadata?: { name?: string; namespace?: string; resourceVersion?: string } };
+
 /**
- * Plays the controller-manager's ServiceAccount controller and root-CA publisher: every namespace
- * gets a `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap. Without them the
- * ServiceAccount admission plugin refuses pods ("serviceaccount default not found"). A list,
- * then a watch from its resourceVersion; re-listed when the watch ends (API server restart, 410).
+ * List, then watch from the list's resourceVersion; a watch that ends (API server restart,
+ * 410 Gone, timeout) re-lists, and objects gone meanwhile are reported deleted. Ours rather than
+ * client-node's ListWatch, which leaves a rejected promise unhandled when the re-watch cannot
+ * connect (an API server restart in the middle of a test).
  */
-function playNamespaceControllers(kc: KubeConfig, caPem: string): { stop(): void } {
-  const core = kc.makeApiClient(CoreV1Api);
+export function informer<T extends KubeObject>(
+  kc: KubeConfig,
+  path: string,
+  listFn: () => Promise<{ items: T[]; metadata?: { resourceVersion?: string } }>,
+  onEvent: (type: 'ADDED' | 'MODIFIED' | 'DELETED', obj: T) => void,
+  query: Record<string, string> = {},
+): Informer<T> {
+  const key = (o: T) => `${o.metadata?.namespace ?? ''}/${o.metadata?.name ?? ''}`;
+  const cache = new Map<string, T>();
   let stopped = false;
-  let abort: { abort(): void } | undefined;
-  const ensure = async (ns: V1Namespace) => {
-    const namespace = ns.metadata?.name;
-    if (!namespace || ns.status?.phase === 'Terminating') return;
-    const ignoreConflict = (e: unknown) => {
-      if ((e as { code?: number }).code !== 409) throw e;
-    };
-    await core.createNamespacedServiceAccount({ namespace, body: { metadata: { name: 'default' } } }).catch(ignoreConflict);
-    await core.createNamespacedConfigMap({ namespace, body: { metadata: { name: 'kube-root-ca.crt' }, data: { 'ca.crt': caPem } } }).catch(ignoreConflict);
+  let abort: AbortController | undefined;
+  const emit = (type: 'ADDED' | 'MODIFIED' | 'DELETED', obj: T) => {
+    try {
+      onEvent(type, obj);
+    } catch {
+      /* a handler's error is its own */
+    }
   };
   const loop = async () => {
     while (!stopped) {
       try {
-        const list = await core.listNamespace();
-        for (const ns of list.items) await ensure(ns).catch(() => undefined);
+        const list = await listFn();
+        const seen = new Set<string>();
+        for (const obj of list.items) {
+          seen.add(key(obj));
+          const had = cache.has(key(obj));
+          cache.set(key(obj), obj);
+          emit(had ? 'MODIFIED' : 'ADDED', obj);
+        }
+        for (const [k, obj] of [...cache]) {
+          if (!seen.has(k)) {
+            cache.delete(k);
+            emit('DELETED', obj);
+          }
+        }
+        let resourceVersion = list.metadata?.resourceVersion;
         await new Promise<void>((resolve) => {
-          void new Watch(kc)
+          if (stopped) return resolve();
+          new Watch(kc)
             .watch(
-              '/api/v1/namespaces',
-              { resourceVersion: list.metadata?.resourceVersion, allowWatchBookmarks: true },
-              (type, obj: V1Namespace) => {
-                if (type === 'ADDED' || type === 'MODIFIED') void ensure(obj).catch(() => undefined);
+              path,
+              { ...query, resourceVersion, allowWatchBookmarks: true },
+              (type: string, obj: T) => {
+                if (obj?.metadata?.resourceVersion) resourceVersion = obj.metadata.resourceVersion;
+                if (type === 'ADDED' || type === 'MODIFIED') {
+                  cache.set(key(obj), obj);
+                  emit(type, obj);
+                } else if (type === 'DELETED') {
+                  cache.delete(key(obj));
+                  emit(type, obj);
+                }
               },
               () => resolve(),
             )
             .then(
-              (req) => (abort = req),
+              (req) => {
+                abort = req;
+                if (stopped) req.abort();
+              },
               () => resolve(),
             );
         });
       } catch {
-        /* API server down (restart): try again */
+        /* API server away (restart): list again */
       }
       if (!stopped) await new Promise((r) => setTimeout(r, 200));
     }
   };
   void loop();
   return {
+    list: () => [...cache.values()],
     stop() {
       stopped = true;
       abort?.abort();
     },
   };
+}
+
+/**
+ * Plays the controller-manager's ServiceAccount controller and root-CA publisher: every namespace
+ * gets a `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap. Without them the
+ * ServiceAccount admission plugin refuses pods ("serviceaccount default not found").
+ */
+function playNamespaceControllers(kc: KubeConfig, caPem: string): Informer<V1Namespace> {
+  const core = kc.makeApiClient(CoreV1Api);
+  const ignoreConflict = (e: unknown) => {
+    if ((e as { code?: number }).code !== 409) throw e;
+  };
+  const ensure = async (ns: V1Namespace) => {
+    const namespace = ns.metadata?.name;
+    if (!namespace || ns.status?.phase === 'Terminating') return;
+    await core.createNamespacedServiceAccount({ namespace, body: { metadata: { name: 'default' } } }).catch(ignoreConflict);
+    await core.createNamespacedConfigMap({ namespace, body: { metadata: { name: 'kube-root-ca.crt' }, data: { 'ca.crt': caPem } } }).catch(ignoreConflict);
+  };
+  return informer<V1Namespace>(kc, '/api/v1/namespaces', () => core.listNamespace(), (type, ns) => {
+    if (type !== 'DELETED') void ensure(ns).catch(() => undefined);
+  });
 }
 
 export async function startKubeCluster(opts: { dir?: string } = {}): Promise<KubeCluster> {
@@ -241,7 +300,7 @@ export async function startKubeCluster(opts: { dir?: string } = {}): Promise<Kub
     etcdLog,
   );
   let apiserver: Proc | undefined;
-  let controllers: { stop(): void } | undefined;
+  let controllers: Informer<V1Namespace> | undefined;
   const server = `https://127.0.0.1:${securePort}`;
   const apiLog = path.join(dir, 'kube-apiserver.log');
   const ca = Buffer.from(caPem);
