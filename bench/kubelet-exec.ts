@@ -1,18 +1,16 @@
 /**
  * Exec round trip of `true` through the real kube-apiserver to the test node's kubelet stand-in
- * (test/helpers/kubelet-exec.ts), side by side in one run with `podman exec` of the same
+ * (test/helpers/kubelet-exec.ts, started by the test node), side by side in one run with `podman exec` of the same
  * command in the same container (what the stand-in itself runs): the difference is what the
  * API server's path costs (WebSocket, authn/authz, SPDY to the kubelet, TLS both ways).
  *   npx tsx bench/kubelet-exec.ts [--quick]
  */
 import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import { Writable } from 'node:stream';
 import { CoreV1Api, Exec, type V1Status } from '@kubernetes/client-node';
 import { defaultSandboxImage, engineEnv, execWrapper, newExecId } from '../activities/sandbox/container';
 import { startKubeCluster } from '../test/helpers/kube-cluster';
-import { startKubeletExec } from '../test/helpers/kubelet-exec';
+import { startTestNode } from '../test/helpers/kube-node';
 import { waitFor } from '../test/sandbox/helpers';
 
 const n = process.argv.includes('--quick') ? 5 : 30;
@@ -22,18 +20,17 @@ const devNull = () => new Writable({ write: (_c, _e, cb) => cb() });
 (async () => {
   const image = defaultSandboxImage();
   if (!image) throw new Error('no sandbox image: bash scripts/setup.sh builds it');
-  const container = `slipway-kxb-${randomBytes(4).toString('hex')}`;
-  podman('run', '-d', '--name', container, '--network', 'none', '--cap-drop=all', image, 'sleep', 'infinity');
   const cluster = await startKubeCluster();
-  const kubelet = await startKubeletExec({ resolve: () => container, clientCa: readFileSync(cluster.clientCaFile, 'utf8') });
+  const node = await startTestNode(cluster, { images: { sandbox: image } });
   try {
     const kc = cluster.config('admin');
     const core = kc.makeApiClient(CoreV1Api);
-    await core.createNode({ body: { metadata: { name: 'bench' } } });
-    await core.replaceNodeStatus({ name: 'bench', body: { metadata: { name: 'bench' }, status: { addresses: [{ type: 'InternalIP', address: '127.0.0.1' }], daemonEndpoints: { kubeletEndpoint: { Port: kubelet.port } } } } });
     // The namespace's ServiceAccount comes from the harness's controller.
     if (!(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: 'default', name: 'default' }).catch(() => undefined)), 60_000))) throw new Error('no default ServiceAccount');
-    await core.createNamespacedPod({ namespace: 'default', body: { metadata: { name: 'bench' }, spec: { nodeName: 'bench', containers: [{ name: 'main', image: 'x' }] } } });
+    await core.createNamespacedPod({ namespace: 'default', body: { metadata: { name: 'bench' }, spec: { containers: [{ name: 'main', image: 'sandbox', command: ['sleep', 'infinity'] }] } } });
+    if (!(await waitFor(async () => (await core.readNamespacedPod({ namespace: 'default', name: 'bench' })).status?.phase === 'Running', 120_000))) throw new Error('the bench pod never ran');
+    const container = node.containerName('default', 'bench', 'main');
+    if (!container) throw new Error('the node runs no container for the bench pod');
     const exec = new Exec(kc);
     const viaApi = () =>
       new Promise<void>((resolve, reject) => {
@@ -57,9 +54,8 @@ const devNull = () => new Writable({ write: (_c, _e, cb) => cb() });
     console.log(`through kube-apiserver (client-node Exec, WebSocket -> SPDY/3.1 -> podman exec): ${b.toFixed(1)} ms per exec of true`);
     console.log(`API server path: +${(b - a).toFixed(1)} ms (${(b / a).toFixed(2)}x), ${n} runs x 2`);
   } finally {
-    await kubelet.stop();
+    await node.stop();
     await cluster.stop();
-    podman('rm', '-f', '-t', '0', container);
   }
 })().catch((e: unknown) => {
   console.error(e);

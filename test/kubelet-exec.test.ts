@@ -1,8 +1,9 @@
 /**
  * The kubelet's exec endpoint stand-in (test/helpers/kubelet-exec.ts) through the real path:
  * a real kube-apiserver (test/helpers/kube-cluster.ts) proxies `pods/exec` from real clients
- * (@kubernetes/client-node's Exec over WebSocket v5, and kubectl) to it over SPDY/3.1, and it
- * runs the command in a real podman container. Fails, never skips, when a binary is missing.
+ * (@kubernetes/client-node's Exec over WebSocket v5, and kubectl over WebSocket and SPDY) to the
+ * test node's endpoint (test/helpers/kube-node.ts starts it) over SPDY/3.1, which runs the command
+ * in the podman container the node runs for the pod. Fails, never skips, when a binary is missing.
  */
 import { execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -11,59 +12,54 @@ import https from 'node:https';
 import path from 'node:path';
 import { PassThrough, Writable } from 'node:stream';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { CoreV1Api, Exec, type KubeConfig, type V1Status } from '@kubernetes/client-node';
+import { CoreV1Api, Exec, type KubeConfig, type V1Pod, type V1Status } from '@kubernetes/client-node';
 import { defaultSandboxImage, engineEnv } from '../activities/sandbox/container';
 import { startKubeCluster, type KubeCluster } from './helpers/kube-cluster';
-import { kubeletTestPki, startKubeletExec, type KubeletExec } from './helpers/kubelet-exec';
+import { kubeletTestPki } from './helpers/kubelet-exec';
+import { startTestNode, type TestNode } from './helpers/kube-node';
 import { waitFor } from './sandbox/helpers';
 
 const NS = 'kx';
 const POD = 'exec-pod';
-const NODE = 'kx-node';
 const podman = (...args: string[]) => execFileSync('podman', args, { env: engineEnv(), encoding: 'utf8' }).trim();
 
 let cluster: KubeCluster;
-let kubelet: KubeletExec;
+let node: TestNode;
 let admin: KubeConfig;
-const container = `slipway-kx-${randomBytes(4).toString('hex')}`;
+let core: CoreV1Api;
+/** The podman container the node runs for the pod's `main`. */
+let container: string;
+
+async function podUntil(name: string, check: (p: V1Pod) => boolean): Promise<V1Pod> {
+  let last: V1Pod | undefined;
+  const ok = await waitFor(async () => {
+    last = await core.readNamespacedPod({ namespace: NS, name }).catch(() => undefined);
+    return !!last && check(last);
+  }, 120_000);
+  if (!ok) throw new Error(`pod ${NS}/${name} never got there; last status: ${JSON.stringify(last?.status)}`);
+  return last!;
+}
 
 beforeAll(async () => {
   const image = defaultSandboxImage();
   if (!image) throw new Error('no sandbox image: bash scripts/setup.sh builds it');
-  podman('run', '-d', '--name', container, '--label', 'slipway.test=kubelet-exec', '--network', 'none', '--cap-drop=all', '--security-opt', 'no-new-privileges', image, 'sleep', 'infinity');
   cluster = await startKubeCluster();
-  kubelet = await startKubeletExec({
-    resolve: (ns, pod, c) => (ns === NS && pod === POD && c === 'main' ? container : undefined),
-    clientCa: readFileSync(cluster.clientCaFile, 'utf8'),
-  });
+  // The test node (kube-node.ts) starts the exec endpoint and registers its port as the node's kubelet endpoint.
+  node = await startTestNode(cluster, { images: { sandbox: image } });
   admin = cluster.config('admin');
-  const core = admin.makeApiClient(CoreV1Api);
-  // What the node agent does: a Node whose kubelet endpoint is this server, a pod bound to it.
-  await core.createNode({ body: { metadata: { name: NODE } } });
-  await core.replaceNodeStatus({
-    name: NODE,
-    body: {
-      metadata: { name: NODE },
-      status: {
-        addresses: [{ type: 'InternalIP', address: '127.0.0.1' }],
-        daemonEndpoints: { kubeletEndpoint: { Port: kubelet.port } },
-        conditions: [{ type: 'Ready', status: 'True', reason: 'KubeletReady', message: 'test node' }],
-      },
-    },
-  });
+  core = admin.makeApiClient(CoreV1Api);
   await core.createNamespace({ body: { metadata: { name: NS } } });
-  expect(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: NS, name: 'default' }).catch(() => undefined)), 30_000)).toBe(true);
-  await core.createNamespacedPod({ namespace: NS, body: { metadata: { name: POD }, spec: { nodeName: NODE, containers: [{ name: 'main', image: 'sandbox' }, { name: 'sidecar', image: 'sandbox' }] } } });
-}, 180_000);
+  expect(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: NS, name: 'default' }).catch(() => undefined)), 60_000)).toBe(true);
+  await core.createNamespacedPod({ namespace: NS, body: { metadata: { name: POD }, spec: { containers: [{ name: 'main', image: 'sandbox', command: ['sleep', 'infinity'] }] } } });
+  await podUntil(POD, (p) => p.status?.phase === 'Running');
+  const c = node.containerName(NS, POD, 'main');
+  if (!c) throw new Error('the node runs no container for the pod');
+  container = c;
+}, 240_000);
 
 afterAll(async () => {
-  await kubelet?.stop();
+  await node?.stop();
   await cluster?.stop();
-  try {
-    podman('rm', '-f', '-t', '0', container);
-  } catch {
-    /* never started */
-  }
 });
 
 interface ExecResult {
@@ -213,11 +209,16 @@ describe('kubelet exec through the real kube-apiserver (client-node Exec, WebSoc
   });
 
   it('a container the node does not run is refused by the kubelet (404 before any upgrade), and the client is told', async () => {
-    const outcome = await kexec(['true'], { container: 'sidecar' }).then(
-      (r) => JSON.stringify(r.status),
-      (e: unknown) => String((e as { message?: string }).message ?? e),
-    );
-    expect(outcome).toContain('unable to upgrade connection: container \\"sidecar\\" of pod kx/exec-pod is not running on this node');
+    // Pending: the second container's image is not on the node, so the node never made it.
+    await core.createNamespacedPod({
+      namespace: NS,
+      body: { metadata: { name: 'half' }, spec: { containers: [{ name: 'main', image: 'sandbox', command: ['sleep', 'infinity'] }, { name: 'ghost', image: 'not-on-this-node' }] } },
+    });
+    await podUntil('half', (p) => p.status?.containerStatuses?.some((c) => c.state?.waiting?.reason === 'ErrImagePull') ?? false);
+    const outcome = await new Promise<string>((resolve) => {
+      void new Exec(admin).exec(NS, 'half', 'ghost', ['true'], sink([]), sink([]), null, false, (s) => resolve(JSON.stringify(s))).catch((e: unknown) => resolve(String(e)));
+    });
+    expect(outcome).toContain('unable to upgrade connection: container \\"ghost\\" of pod kx/half is not running on this node');
   });
 });
 
@@ -268,9 +269,10 @@ describe('kubectl exec (a second real client)', () => {
 });
 
 describe('the endpoint itself', () => {
+  let kubeletPort = 0;
   const request = (opts: https.RequestOptions) =>
     new Promise<{ status?: number; error?: string }>((resolve) => {
-      const req = https.request({ host: '127.0.0.1', port: kubelet.port, path: `/exec/${NS}/${POD}/main?command=true&output=1`, method: 'POST', ...opts }, (res) => {
+      const req = https.request({ host: '127.0.0.1', port: kubeletPort, path: `/exec/${NS}/${POD}/main?command=true&output=1`, method: 'POST', ...opts }, (res) => {
         res.resume();
         resolve({ status: res.statusCode });
       });
@@ -279,6 +281,9 @@ describe('the endpoint itself', () => {
     });
 
   it('refuses callers without a client certificate from the API server\'s CA (only the API server may exec)', async () => {
+    // The port the node registered, which is what the API server dials.
+    kubeletPort = (await core.readNode({ name: node.name })).status?.daemonEndpoints?.kubeletEndpoint?.Port ?? 0;
+    expect(kubeletPort).toBeGreaterThan(0);
     const pki = kubeletTestPki();
     const anonymous = await request({ ca: pki.ca });
     expect(anonymous.status).toBeUndefined();
