@@ -6,6 +6,8 @@
 #   - util-linux nsenter, openssh-client, openssh-sftp-server and chromium (preview ports, SSH broker, their tests)
 #   - podman and runc (container sandboxes), their containers.conf in .tools/containers/ and the sandbox image
 #   - postgresql (server binaries for the sandbox service tests' throwaway cluster), same way
+#   - etcd-server and kube-apiserver (built from the Go module proxy, scripts/kube-apiserver.sh)
+#     for the Kubernetes tests' control plane (ADR 0021)
 #   - the agent CLIs (Claude Code, Codex, OpenCode, Pi), pinned, into .tools/agents/ for the real-CLI tests
 # Usage: scripts/setup.sh [--quiet]
 set -euo pipefail
@@ -92,6 +94,8 @@ command -v ssh >/dev/null 2>&1 && command -v scp >/dev/null 2>&1 || need_apt+=(o
 [ -x /usr/lib/openssh/sftp-server ] || need_apt+=(openssh-sftp-server)
 command -v script >/dev/null 2>&1 || need_apt+=(bsdutils)
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+# the Kubernetes tests' etcd (test/helpers/kube-cluster.ts, ADR 0021)
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "installing ${need_apt[*]} with apt-get"
@@ -117,5 +121,16 @@ if command -v podman >/dev/null 2>&1; then
   else
     echo "setup: building the sandbox image failed (bash scripts/sandbox-image.sh to see why); podman sandboxes will not run" >&2
   fi
+fi
+# --- kube-apiserver for the Kubernetes tests (ADR 0021) ----------------------------------------
+# Built from the Go module proxy into .tools/kube/<version> (minutes the first time, cached after).
+if command -v go >/dev/null 2>&1; then
+  if kube=$(bash scripts/kube-apiserver.sh 2>&1); then
+    say "kube-apiserver ${kube}"
+  else
+    echo "setup: building kube-apiserver failed (bash scripts/kube-apiserver.sh to see why); the Kubernetes tests will fail" >&2
+  fi
+elif ! ls .tools/kube/*/kube-apiserver >/dev/null 2>&1; then
+  echo "setup: Go is not on PATH, so kube-apiserver was not built (install Go 1.24+, then bash scripts/kube-apiserver.sh); the Kubernetes tests will fail naming the missing binary" >&2
 fi
 say "ready"

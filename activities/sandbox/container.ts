@@ -217,6 +217,25 @@ const KILL_EXEC_SCRIPT = [
   'exit 0',
 ].join('\n');
 
+/** An exec's id: names this process (its host pid), which is how a later worker tells whose commands these are. */
+export function newExecId(): string {
+  return `slipway-exec-${process.pid}-${randomBytes(8).toString('hex')}`;
+}
+
+/**
+ * What runs `inner` inside a container so that a kill can end it there: its own session and
+ * process group (setsid), under a shell that stays (a command follows) with the id in its argv.
+ */
+export function execWrapper(id: string, inner: string[]): string[] {
+  return ['setsid', '-w', '/bin/sh', '-c', '"$@"; s=$?; exit $s', id, ...inner];
+}
+
+/** Signals an exec's process group inside the container (killing the engine client would leave it running). */
+export async function killExecInContainer(kind: ContainerEngine, container: string, id: string, signal: string): Promise<void> {
+  const half = Math.floor(id.length / 2);
+  await engine(kind, ['exec', container, '/bin/sh', '-c', KILL_EXEC_SCRIPT, 'kill', id.slice(0, half), id.slice(half), signal], { allowFail: true });
+}
+
 export class ContainerSandboxProvider implements SandboxProvider {
   /** Containers run on this worker's host: its sandboxes are owned by this worker. */
   readonly hostBound = true;
@@ -341,14 +360,12 @@ export class ContainerSandboxProvider implements SandboxProvider {
       this.swept.add(w.container);
       await this.killOrphans(w.container);
     }
-    // The id names this process (its host pid): how a later worker tells whose commands these are.
-    const id = `slipway-exec-${process.pid}-${randomBytes(8).toString('hex')}`;
+    const id = newExecId();
     const args = [
       'exec', ...(opts.stdin ? ['-i'] : []), ...(opts.preserveFds ? ['--preserve-fds', String(opts.preserveFds)] : []), '--workdir', workdir,
       ...Object.keys(env).flatMap((k) => ['--env', k]),
       w.container,
-      // The shell stays (a command follows) with the id in its argv: that is how a kill finds it.
-      'setsid', '-w', '/bin/sh', '-c', '"$@"; s=$?; exit $s', id, ...inner,
+      ...execWrapper(id, inner),
     ];
     return { container: w.container, cwd: real, env: engineEnv(env), id, args };
   }
@@ -386,9 +403,8 @@ export class ContainerSandboxProvider implements SandboxProvider {
     for (const id of ids) await this.killExec(container, id, 'KILL');
   }
 
-  private async killExec(container: string, id: string, signal: string): Promise<void> {
-    const half = Math.floor(id.length / 2);
-    await engine(this.kind, ['exec', container, '/bin/sh', '-c', KILL_EXEC_SCRIPT, 'kill', id.slice(0, half), id.slice(half), signal], { allowFail: true });
+  private killExec(container: string, id: string, signal: string): Promise<void> {
+    return killExecInContainer(this.kind, container, id, signal);
   }
 
   /**
