@@ -9,6 +9,7 @@
  *   warm pool    Slipway create claiming a warm-pool entry            (goal: under 100 ms)
  *   podman       container sandbox create to ready: base bundle, container start, clone inside
  *                (no ignored files, no setup: a container runs project_setup itself; ADR 0012)
+ *   podman pool  the same, claiming a running container from the container warm pool (ADR 0025)
  *
  * Then the exec round trip (`true`), local worktree against podman container, interleaved.
  * `--no-podman` leaves the container cases out (they need `npm run setup`'s podman and image).
@@ -27,7 +28,8 @@ import { mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from 'nod
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import { checkPodman, ContainerSandboxProvider } from '../activities/sandbox/container';
+import { checkPodman, ContainerSandboxProvider, CONTAINERS_DIR } from '../activities/sandbox/container';
+import { drainContainerPool } from '../activities/sandbox/container-pool';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
 import type { ProjectSetup } from '../activities/sandbox/provider';
 
@@ -118,7 +120,7 @@ async function main() {
   const podman = withPodman ? new ContainerSandboxProvider({ engine: 'podman' }) : undefined;
   const scratch = path.join(parent, 'scratch');
   mkdirSync(scratch);
-  const results: Record<'floor' | 'plainCopy' | 'cold' | 'warm' | 'podman', number[]> = { floor: [], plainCopy: [], cold: [], warm: [], podman: [] };
+  const results: Record<'floor' | 'plainCopy' | 'cold' | 'warm' | 'podman' | 'podmanPool', number[]> = { floor: [], plainCopy: [], cold: [], warm: [], podman: [], podmanPool: [] };
   const origins: string[] = [];
   let n = 0;
 
@@ -133,6 +135,8 @@ async function main() {
 
   // Warm the pool once before the first round (untimed), and the template-free cold path's caches alike.
   await provider.fillWarmPool({ repository: repo, base: 'main', setup: SETUP, size: POOL });
+  if (podman) await podman.fillWarmPool({ repository: repo, base: 'main', size: POOL });
+  const podmanOrigins: string[] = [];
 
   type Variant = keyof typeof results;
   const variants: Partial<Record<Variant, (round: number) => Promise<{ ms: number; cleanup: () => Promise<void> }>>> = {
@@ -177,6 +181,18 @@ async function main() {
             });
             return { ms, cleanup: () => podman.destroy({ repository: repo, root }) };
           },
+          podmanPool: async () => {
+            const { setup: _none, ...req } = request('podman-pool');
+            let root = '';
+            let origin = '';
+            const ms = await timed(async () => {
+              const h = await podman.create({ ...req, provider: 'podman', warmPool: POOL });
+              root = h.root;
+              origin = h.origin ?? '';
+            });
+            podmanOrigins.push(origin);
+            return { ms, cleanup: () => podman.destroy({ repository: repo, root }) };
+          },
         }
       : {}),
   };
@@ -189,17 +205,19 @@ async function main() {
     for (const name of rotated) {
       // The pool refills in the background after a claim; let it finish, untimed, before measuring anything.
       await provider.whenPoolIdle();
+      await podman?.whenPoolIdle();
       sync();
       const { ms, cleanup } = await variants[name]!(round);
       results[name].push(ms);
       cleanups.push(cleanup);
     }
     await provider.whenPoolIdle();
+    await podman?.whenPoolIdle();
     for (const cleanup of cleanups) await cleanup();
     log(
       `round ${round}/${ROUNDS} (${rotated.join(', ')}): floor ${results.floor.at(-1)!.toFixed(0)} ms, plain copy ${results.plainCopy.at(-1)!.toFixed(0)} ms, ` +
         `cold ${results.cold.at(-1)!.toFixed(0)} ms, warm ${results.warm.at(-1)!.toFixed(1)} ms (${origins.at(-1)})` +
-        (podman ? `, podman ${results.podman.at(-1)!.toFixed(0)} ms` : ''),
+        (podman ? `, podman ${results.podman.at(-1)!.toFixed(0)} ms, podman pool ${results.podmanPool.at(-1)!.toFixed(0)} ms (${podmanOrigins.at(-1)})` : ''),
     );
   }
 
@@ -219,6 +237,7 @@ async function main() {
     log(`exec round trip (median of ${EXEC_ROUNDS}): local ${median(exec.local).toFixed(1)} ms, podman ${median(exec.podman).toFixed(1)} ms`);
   }
   if (origins.some((o) => o !== 'pool')) throw new Error(`a warm create did not come from the pool: ${origins.join(', ')}`);
+  if (podmanOrigins.some((o) => o !== 'pool')) throw new Error(`a pooled podman create did not come from the pool: ${podmanOrigins.join(', ')}`);
 
   const m = Object.fromEntries(Object.entries(results).map(([k, v]) => [k, v.length ? median(v) : NaN])) as Record<keyof typeof results, number>;
   const execMedians = podman ? { local: median(exec.local), podman: median(exec.podman) } : undefined;
@@ -227,7 +246,7 @@ async function main() {
     coldVsFloor: m.cold / m.floor,
     warmVsFloor: m.warm / m.floor,
     plainCopyVsFloor: m.plainCopy / m.floor,
-    ...(podman ? { podmanVsCold: m.podman / m.cold, podmanExecVsLocalExec: execMedians!.podman / execMedians!.local } : {}),
+    ...(podman ? { podmanVsCold: m.podman / m.cold, podmanPoolVsPodman: m.podmanPool / m.podman, podmanExecVsLocalExec: execMedians!.podman / execMedians!.local } : {}),
   };
   const goals = { warmUnder100ms: m.warm < 100, coldWithin1_5xPlainCopy: ratios.coldVsPlainCopy <= 1.5 };
   const cpVersion = execFileSync('cp', ['--version'], { encoding: 'utf8' }).split('\n')[0];
@@ -255,6 +274,10 @@ async function main() {
   };
   if (!keep) {
     await provider.whenPoolIdle();
+    if (podman) {
+      await podman.whenPoolIdle();
+      await drainContainerPool(path.join(repo, CONTAINERS_DIR));
+    }
     rmSync(parent, { recursive: true, force: true });
   }
   if (asJson) {
@@ -273,6 +296,7 @@ async function main() {
       ...(execMedians
         ? [
             row('podman create to ready (bundle, container, clone)', m.podman, `   ${ratios.podmanVsCold!.toFixed(2)}x local cold`),
+            row('podman create from the container warm pool', m.podmanPool, `   ${ratios.podmanPoolVsPodman!.toFixed(2)}x podman cold`),
             row('exec round trip, local worktree', execMedians.local),
             row('exec round trip, podman container', execMedians.podman, `   ${ratios.podmanExecVsLocalExec!.toFixed(1)}x local`),
           ]

@@ -56,7 +56,9 @@ export const SLIPWAY_STATE = [
   'grants.json', // a service sandbox's grant tokens
   'agent-sessions/', // builders' agent sessions, carried between sandboxes and workers (activities/agents/session-carry.ts)
   'containers/', // container sandboxes' workspaces and records (activities/sandbox/container.ts)
+  'container-templates/', // container templates' manifests and builds (activities/sandbox/container-template.ts)
   'daytona/', // Daytona sandboxes' local records (activities/sandbox/daytona.ts)
+  'daytona-snapshot.json', // the prepared Daytona snapshot's manifest (activities/sandbox/daytona.ts)
 ] as const;
 export const MERGER_SANDBOX_NAME = '_merge';
 

@@ -89,7 +89,7 @@ export const LIFECYCLE_TABLE = [
   { from: 'ready', trigger: 'reap', to: 'terminating', owner: 'reaper', billing: { close: { kind: 'compute', reason: EVENT_REASON } }, ends: EVENT_REASON, note: 'a lost timer, a clock jump or a disabled account' },
   { from: 'ready', trigger: 'deadline', to: 'terminating', owner: 'timer', billing: { close: { kind: 'compute', reason: 'deadline' } }, ends: 'deadline', note: 'compute closes now' },
   { from: 'ready', trigger: 'absolute_cap', to: 'terminating', owner: 'timer', billing: { close: { kind: 'compute', reason: 'absolute_cap' } }, ends: 'absolute_cap', note: 'compute closes now' },
-  { from: 'ready', trigger: 'abnormal_exit', to: 'terminating', owner: 'watcher', billing: { close: { kind: 'compute', reason: EVENT_REASON } }, ends: EVENT_REASON, note: 'compute closes when the watcher saw the death (directory_removed / worktree_unregistered / sandbox_lost)' },
+  { from: 'ready', trigger: 'abnormal_exit', to: 'terminating', owner: 'watcher', billing: { close: { kind: 'compute', reason: EVENT_REASON } }, ends: EVENT_REASON, note: 'compute closes when the watcher saw the death (directory_removed / worktree_unregistered / sandbox_lost / oom_killed)' },
   { from: 'ready', trigger: 'idle', to: 'suspending', owner: 'idle_detector', billing: none, note: 'compute continues' },
   { from: 'suspending', trigger: 'suspend_stored', to: 'suspended', owner: 'suspender', billing: { close: { kind: 'compute', reason: 'idle_offload' }, open: { kind: 'snapshot_storage' } }, note: 'the deadline clock pauses' },
   { from: 'suspending', trigger: 'suspend_failed', to: 'ready', owner: 'suspender', billing: none, note: 'compute continues; the idle clock restarts; audit event suspend_failed' },

@@ -42,7 +42,7 @@ describe('slipway template --provider daytona', () => {
   it('refuses a provider it does not know, options that do not apply, and a missing key, each naming what is wrong', async () => {
     const bad = await slipway(['template', 'check', '--provider', 'kube'], env(), repo);
     expect(bad.code).toBe(2);
-    expect(bad.stderr).toMatch(/--provider must be local or daytona, got "kube"/);
+    expect(bad.stderr).toMatch(/--provider must be local, podman, docker or daytona, got "kube"/);
     const conf = await run('create', '--confinement', 'bubblewrap');
     expect(conf.code).toBe(2);
     expect(conf.stderr).toMatch(/--confinement applies to the local template only/);

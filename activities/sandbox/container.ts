@@ -17,7 +17,7 @@
  */
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, promises as fs, readFileSync } from 'node:fs';
+import { constants, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Duplex, type Readable, type Writable } from 'node:stream';
 import { SLIPWAY_DIR } from '../../core/ids';
@@ -26,35 +26,32 @@ import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isA
 import { killProcessGroup, runProcess, type RunResult } from '../process';
 import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
-import type { SandboxLimits } from './limits';
 import { resolveInside } from './paths';
 import { PortUnreachableError } from './port-relay';
 import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
+import { CONTAINER_IN, CONTAINER_WORKSPACE, defaultSandboxImage, engine, engineEnv, PODMAN_INSTALL, sandboxRunArgs, validateContainerSettings, type ContainerEngine, type ContainerSettings } from './container-engine';
+import { claimContainerPoolEntry, containerPoolKey, fillContainerPool, releaseClaimedEntry, type ContainerPoolSpec } from './container-pool';
+import { FILL_FROM_TEMPLATE_SCRIPT, usableContainerTemplate } from './container-template';
 import { checkSize, CONTROL_FD, CONTROLLER, SessionRequestError, sessionOver, terminalCommandLine } from './session';
 import { OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
 
-export type ContainerEngine = 'podman' | 'docker';
+export {
+  CONTAINER_IN,
+  CONTAINER_WORKSPACE,
+  defaultSandboxImage,
+  engine,
+  engineEnv,
+  PODMAN_INSTALL,
+  PROJECT_CONTAINERS_CONF,
+  PROJECT_IMAGE_FILE,
+  runArgs,
+  validateContainerSettings,
+  type ContainerEngine,
+  type ContainerSettings,
+} from './container-engine';
 
-/** Where a container sees its workspace (the same path a bubblewrap sandbox sees). */
-export const CONTAINER_WORKSPACE = '/workspace';
-const CONTAINER_IN = '/run/slipway/in';
 export const CONTAINERS_DIR = `${SLIPWAY_DIR}/containers`;
-const PROJECT_TOOLS = path.resolve(__dirname, '..', '..', '.tools', 'containers');
-/** The containers.conf scripts/setup.sh writes (runc, cgroupfs, no default ulimits). */
-export const PROJECT_CONTAINERS_CONF = path.join(PROJECT_TOOLS, 'containers.conf');
-/** The name of the image scripts/setup.sh built last. */
-export const PROJECT_IMAGE_FILE = path.join(PROJECT_TOOLS, 'image');
-export const PODMAN_INSTALL = 'apt-get install -y podman runc && bash scripts/setup.sh';
-
-/** How a container sandbox is made: the `sandbox:` section's network, limits and read-only paths. */
-export interface ContainerSettings {
-  network: boolean;
-  limits?: SandboxLimits;
-  /** Host paths bound read-only at the same path (script agents, prompt files). */
-  readable?: string[];
-}
-
 export interface ContainerProviderOptions {
   engine?: ContainerEngine;
   /** Image to run; default SLIPWAY_SANDBOX_IMAGE, else the one scripts/setup.sh built. */
@@ -65,8 +62,10 @@ export interface ContainerProviderOptions {
   maxBundleBytes?: number;
 }
 
-interface ContainerRecord {
+export interface ContainerRecord {
   version: 1;
+  /** The engine that made the container (absent in records written before it was kept: podman). */
+  engine?: ContainerEngine;
   sandboxId: string;
   group: string;
   name: string;
@@ -78,6 +77,8 @@ interface ContainerRecord {
   state: 'creating' | 'ready' | 'suspended';
   /** HEAD when suspended (list reports it without starting the container). */
   suspendedHead?: string;
+  /** The warm-pool entry the container came from (its old paths are symlinks to this sandbox's). */
+  pooledAs?: string;
   createdAt: string;
 }
 
@@ -100,66 +101,8 @@ export function containerName(root: string): string {
   return `slipway-${createHash('sha256').update(path.resolve(root)).digest('hex').slice(0, 24)}`;
 }
 
-/** The environment every engine call gets: the project's containers.conf unless one is set. */
-export function engineEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = { PATH: process.env.PATH ?? SANDBOX_BASE_ENV.PATH, HOME: process.env.HOME ?? '/root' };
-  for (const k of ['CONTAINERS_CONF', 'CONTAINERS_STORAGE_CONF', 'XDG_RUNTIME_DIR', 'DOCKER_HOST', 'TMPDIR']) if (process.env[k]) env[k] = process.env[k];
-  if (!env.CONTAINERS_CONF && existsSync(PROJECT_CONTAINERS_CONF)) env.CONTAINERS_CONF = PROJECT_CONTAINERS_CONF;
-  return { ...env, ...extra };
-}
-
-/** The sandbox image: SLIPWAY_SANDBOX_IMAGE, else the one scripts/setup.sh built (undefined: none). */
-export function defaultSandboxImage(): string | undefined {
-  if (process.env.SLIPWAY_SANDBOX_IMAGE) return process.env.SLIPWAY_SANDBOX_IMAGE;
-  try {
-    return readFileSync(PROJECT_IMAGE_FILE, 'utf8').trim() || undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/** Runs the engine with trusted arguments; rejects with its stderr on a non-zero exit. */
-export function engine(bin: ContainerEngine, args: string[], opts: { env?: Record<string, string>; allowFail?: boolean; timeoutMs?: number } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(bin, args, { env: engineEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 120_000);
-    child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
-    child.stderr.on('data', (c: Buffer) => (stderr = (stderr + c.toString()).slice(-8000)));
-    child.on('error', (e) => {
-      clearTimeout(timer);
-      reject((e as NodeJS.ErrnoException).code === 'ENOENT' ? new Error(`${bin} is not installed: ${PODMAN_INSTALL}`) : e);
-    });
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      if (code !== 0 && !opts.allowFail) reject(new Error(`${bin} ${args[0]} failed (exit ${code}): ${stderr.trim()}`));
-      else resolve({ code, stdout, stderr });
-    });
-  });
-}
-
-/** The engine arguments for a sandbox's resource limits and network. */
-export function runArgs(settings: ContainerSettings, engineName: ContainerEngine): string[] {
-  // --init: a real init (podman's catatonit) reaps orphans; `sleep` as pid 1 would not, and
-  // zombies would count against the pids limit until the sandbox could start nothing.
-  const args = ['--init', '--cap-drop=all', '--security-opt', 'no-new-privileges'];
-  // A sandbox with the network gets the engine's user-mode network (no host ports, no host namespace).
-  args.push('--network', settings.network ? (engineName === 'podman' ? 'slirp4netns' : 'bridge') : 'none');
-  const l = settings.limits ?? {};
-  if (l.pids !== undefined) args.push('--pids-limit', String(l.pids));
-  if (l.memoryBytes !== undefined) args.push('--memory', `${l.memoryBytes}b`, '--memory-swap', `${l.memoryBytes}b`);
-  if (l.cpus !== undefined) args.push('--cpus', String(l.cpus));
-  if (l.fileSizeBytes !== undefined) args.push('--ulimit', `fsize=${l.fileSizeBytes}:${l.fileSizeBytes}`);
-  if (l.cpuSeconds !== undefined) args.push('--ulimit', `cpu=${l.cpuSeconds}:${l.cpuSeconds}`);
-  return args;
-}
-
-/** Refuses settings a container cannot honour, naming the field. */
-export function validateContainerSettings(settings: ContainerSettings): void {
-  if (settings.limits?.diskBytes !== undefined) throw new Error('sandbox.limits.disk is not supported by container sandboxes (use the local provider)');
-  for (const p of settings.readable ?? []) if (!path.isAbsolute(p)) throw new Error(`sandbox.readable: ${JSON.stringify(p)} must be an absolute path`);
-}
+/** The record a container provider keeps beside the sandbox root `root` (undefined: none, or unreadable). */
+export const readContainerRecord = (root: string) => readRecord(`${path.resolve(root)}.json`);
 
 const readRecord = async (file: string): Promise<ContainerRecord | undefined> => {
   try {
@@ -236,6 +179,47 @@ export async function killExecInContainer(kind: ContainerEngine, container: stri
   await engine(kind, ['exec', container, '/bin/sh', '-c', KILL_EXEC_SCRIPT, 'kill', id.slice(0, half), id.slice(half), signal], { allowFail: true });
 }
 
+interface ContainerState {
+  Id: string;
+  Status: string;
+  OOMKilled: boolean;
+  ExitCode: number;
+}
+
+/**
+ * The kernel's own record of an OOM kill in the container's memory cgroup: the `oom-kill:` line
+ * whose `oom_memcg` names the container's id (podman's `libpod-<id>`, docker's `docker-<id>.scope`
+ * or `/docker/<id>`). The engine's `State.OOMKilled` is not enough: podman 4.3 with cgroupfs on
+ * cgroup v1 (this machine) leaves it false for a container its OOM killer ended (ADR 0025).
+ * Undefined when there is no such line, or the kernel log cannot be read (no CAP_SYSLOG).
+ */
+export async function kernelOomKill(containerId: string, kmsg = '/dev/kmsg'): Promise<string | undefined> {
+  if (!/^[0-9a-f]{12,64}$/.test(containerId)) return undefined;
+  const handle = await fs.open(kmsg, constants.O_RDONLY | constants.O_NONBLOCK).catch(() => undefined);
+  if (!handle) return undefined;
+  const buffer = Buffer.alloc(8192);
+  let found: string | undefined;
+  try {
+    // One record per read, oldest first; EAGAIN once the buffer is read through.
+    for (;;) {
+      const { bytesRead } = await handle.read(buffer, 0, buffer.length, null).catch((e: NodeJS.ErrnoException) => {
+        if (e.code === 'EPIPE') return { bytesRead: -1 }; // a record was overwritten while reading: go on
+        throw e;
+      });
+      if (bytesRead === 0) break;
+      if (bytesRead < 0) continue;
+      const message = buffer.toString('utf8', 0, bytesRead).split(';').slice(1).join(';').split('\n')[0];
+      const memcg = /oom-kill:.*\boom_memcg=([^,]+)/.exec(message)?.[1];
+      if (memcg && memcg.includes(containerId)) found = message.trim();
+    }
+  } catch {
+    // EAGAIN: read through to the newest record. Anything else: no more evidence.
+  } finally {
+    await handle.close();
+  }
+  return found;
+}
+
 export class ContainerSandboxProvider implements SandboxProvider {
   /** Containers run on this worker's host: its sandboxes are owned by this worker. */
   readonly hostBound = true;
@@ -255,6 +239,39 @@ export class ContainerSandboxProvider implements SandboxProvider {
     this.maxBundleBytes = options.maxBundleBytes;
   }
 
+  /** Background fills of the warm pool under way (one per repository and key). */
+  private readonly fills = new Map<string, Promise<unknown>>();
+
+  /** Refills the pool in the background after a create; failures only cost the next create a cold start. */
+  private scheduleFill(repo: string, spec: ContainerPoolSpec, size: number): void {
+    const key = `${repo}\0${containerPoolKey(spec)}`;
+    if (this.fills.has(key)) return;
+    const run = fillContainerPool(repo, path.join(repo, CONTAINERS_DIR), spec, size)
+      .catch(() => undefined)
+      .finally(() => this.fills.delete(key));
+    this.fills.set(key, run);
+  }
+
+  /** Settles once no background fill is running (benchmarks and tests wait on it, never on time). */
+  async whenPoolIdle(): Promise<void> {
+    while (this.fills.size > 0) await Promise.all([...this.fills.values()]);
+  }
+
+  /**
+   * Fills the warm pool of these settings (the template image when one is current for them) up
+   * to `size` now, and waits: for pre-warming (objective start, benchmarks).
+   */
+  async fillWarmPool(req: Pick<SandboxCreateRequest, 'repository' | 'base' | 'container' | 'setup'> & { size: number }): Promise<{ made: number; retired: number }> {
+    const repo = await fs.realpath(req.repository);
+    await ensureSlipwayExcluded(repo);
+    const settings = req.container ?? this.defaults;
+    validateContainerSettings(settings);
+    const sandboxImage = this.imageName();
+    const setup = req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0) ? req.setup : undefined;
+    const template = setup ? await usableContainerTemplate(repo, this.kind, { baseCommit: await resolveCommit(repo, req.base), baseImage: sandboxImage, setup }) : undefined;
+    return fillContainerPool(repo, path.join(repo, CONTAINERS_DIR), { kind: this.kind, image: template?.image ?? sandboxImage, settings }, req.size);
+  }
+
   private imageName(): string {
     const image = this.image ?? defaultSandboxImage();
     if (!image) throw new Error(`no sandbox image: run scripts/setup.sh (it builds one) or set SLIPWAY_SANDBOX_IMAGE`);
@@ -269,17 +286,19 @@ export class ContainerSandboxProvider implements SandboxProvider {
     return { ...parsed, root: resolved, recordFile, inDir: `${resolved}.in`, container: containerName(resolved) };
   }
 
-  private async inspect(container: string): Promise<{ Status: string; OOMKilled: boolean; ExitCode: number } | undefined> {
-    const r = await engine(this.kind, ['inspect', '--type', 'container', '--format', '{{json .State}}', container], { allowFail: true });
+  private async inspect(container: string): Promise<ContainerState | undefined> {
+    // Id and State in one call; both engines take the same Go template.
+    const r = await engine(this.kind, ['inspect', '--type', 'container', '--format', '{"Id":{{json .ID}},"State":{{json .State}}}', container], { allowFail: true });
     if (r.code !== 0) return undefined;
-    return JSON.parse(r.stdout.trim()) as { Status: string; OOMKilled: boolean; ExitCode: number };
+    const parsed = JSON.parse(r.stdout.trim()) as { Id: string; State: Omit<ContainerState, 'Id'> };
+    return { ...parsed.State, Id: parsed.Id };
   }
 
   async create(req: SandboxCreateRequest): Promise<SandboxHandle> {
     const started = Date.now();
     const settings = req.container ?? this.defaults;
     validateContainerSettings(settings);
-    const image = this.imageName();
+    const sandboxImage = this.imageName();
     const repo = await fs.realpath(req.repository);
     await ensureSlipwayExcluded(repo);
     const w = await this.where(containerSandboxRoot(repo, req.group, req.name));
@@ -292,11 +311,17 @@ export class ContainerSandboxProvider implements SandboxProvider {
       return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: true };
     }
     // A half-made sandbox (or one whose container is gone): start it again. The branch stays.
-    await this.removeAll(w);
+    await this.removeAll(w, { container: state !== undefined });
+    if (record?.pooledAs) await releaseClaimedEntry(path.join(repo, CONTAINERS_DIR), record.pooledAs);
     if (!(await branchExists(repo, req.branch))) await git(repo, ['update-ref', `refs/heads/${req.branch}`, baseCommit, '']);
     const startCommit = await resolveCommit(repo, `refs/heads/${req.branch}`);
+    const setupWanted = req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0) ? req.setup : undefined;
+    // The prepared template, when it was made for this sandbox image, setup and base's lockfiles.
+    const template = setupWanted ? await usableContainerTemplate(repo, this.kind, { baseCommit: startCommit, baseImage: sandboxImage, setup: setupWanted }) : undefined;
+    const image = template?.image ?? sandboxImage;
     const base: ContainerRecord = {
       version: 1,
+      engine: this.kind,
       sandboxId: req.sandboxId,
       group: req.group,
       name: req.name,
@@ -308,29 +333,34 @@ export class ContainerSandboxProvider implements SandboxProvider {
       createdAt: new Date().toISOString(),
     };
     await writeJsonAtomic(w.recordFile, base, { mkdir: true });
-    await makeBaseBundle(repo, req.branch, path.join(w.inDir, 'base.bundle'));
-    await fs.mkdir(w.root, { recursive: true });
-    const mounts = ['-v', `${w.root}:${CONTAINER_WORKSPACE}:rw`, '-v', `${w.inDir}:${CONTAINER_IN}:ro`];
-    for (const p of settings.readable ?? []) mounts.push('-v', `${p}:${p}:ro`);
     const labels = { 'slipway.sandbox': req.sandboxId, 'slipway.group': req.group, 'slipway.branch': req.branch, 'slipway.root': w.root, 'slipway.repository': repo };
-    await engine(this.kind, [
-      'run', '-d', '--name', w.container,
-      ...Object.entries(labels).flatMap(([k, v]) => ['--label', `${k}=${v}`]),
-      ...runArgs(settings, this.kind),
-      ...mounts,
-      '--workdir', CONTAINER_WORKSPACE,
-      image, 'sleep', 'infinity',
-    ]);
+    const pool = req.warmPool && req.warmPool > 0 ? { kind: this.kind, image, settings } : undefined;
+    const claimed = pool ? await claimContainerPoolEntry(path.join(repo, CONTAINERS_DIR), containerPoolKey(pool), w) : undefined;
+    if (claimed) await writeJsonAtomic(w.recordFile, { ...base, pooledAs: claimed.id });
+    else {
+      await fs.mkdir(w.root, { recursive: true });
+      await fs.mkdir(w.inDir, { recursive: true });
+      await engine(this.kind, sandboxRunArgs(this.kind, { name: w.container, labels, settings, root: w.root, inDir: w.inDir, image }));
+    }
+    // A container just made (or never used, from the pool) has no dead worker's commands to sweep.
+    this.swept.add(w.container);
+    await makeBaseBundle(repo, req.branch, path.join(w.inDir, 'base.bundle'));
+    if (template) {
+      const fill = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', FILL_FROM_TEMPLATE_SCRIPT, 'fill'], timeoutMs: 10 * 60_000, signal: req.signal });
+      if (fill.exitCode !== 0) throw new Error(`copying the template's files into the sandbox failed (exit ${fill.exitCode}): ${fill.stderr.trim()}`);
+    }
     const { name, email } = await commitIdentity(repo);
     const start = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', START_FROM_BUNDLE_SCRIPT, 'start', `${CONTAINER_IN}/base.bundle`, req.branch, name, email], timeoutMs: 10 * 60_000, signal: req.signal });
     if (start.exitCode !== 0) throw new Error(`starting the sandbox from its bundle failed (exit ${start.exitCode}): ${start.stderr.trim()}`);
     let setup: SandboxHandle['setup'];
-    if (req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0)) {
-      setup = await runProjectSetup((r) => this.exec({ root: w.root }, r), req.setup, { signal: req.signal, onProgress: req.onProgress });
+    if (setupWanted) {
+      // From the template, setup's output is there already: verify first, setup only if that fails.
+      setup = await runProjectSetup((r) => this.exec({ root: w.root }, r), setupWanted, { signal: req.signal, onProgress: req.onProgress, skipFirstCommands: template !== undefined });
     }
     const headCommit = await this.head(w.root);
-    await writeJsonAtomic(w.recordFile, { ...base, state: 'ready' }, { mkdir: true });
-    return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
+    await writeJsonAtomic(w.recordFile, { ...base, state: 'ready', ...(claimed ? { pooledAs: claimed.id } : {}) }, { mkdir: true });
+    if (pool) this.scheduleFill(repo, pool, req.warmPool!);
+    return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: claimed ? 'pool' : template ? 'template' : 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
   }
 
   /** HEAD inside the sandbox (untrusted: only ever compared or collected through a bundle). */
@@ -495,15 +525,17 @@ export class ContainerSandboxProvider implements SandboxProvider {
     return deleteSandboxFile(handle.root, file);
   }
 
-  private async removeAll(w: { root: string; inDir: string; container: string }): Promise<void> {
-    await engine(this.kind, ['rm', '-f', '-t', '0', w.container], { allowFail: true });
+  private async removeAll(w: { root: string; inDir: string; container: string }, opts: { container: boolean } = { container: true }): Promise<void> {
+    if (opts.container) await engine(this.kind, ['rm', '-f', '-t', '0', w.container], { allowFail: true });
     await fs.rm(w.root, { recursive: true, force: true });
     await fs.rm(w.inDir, { recursive: true, force: true });
   }
 
   async destroy({ root }: { repository: string; root: string }): Promise<void> {
     const w = await this.where(root);
+    const record = await readRecord(w.recordFile);
     await this.removeAll(w);
+    if (record?.pooledAs) await releaseClaimedEntry(path.join(w.repository, CONTAINERS_DIR), record.pooledAs);
     await fs.rm(w.recordFile, { force: true });
     await fs.rm(`${w.root}.rebuild.json`, { force: true });
     await fs.rmdir(path.dirname(w.root)).catch(() => undefined);
@@ -563,10 +595,13 @@ export class ContainerSandboxProvider implements SandboxProvider {
       const inspected = await engine(this.kind, ['inspect', '--type', 'container', '--format', '{{json .Config.Labels}}', id], { allowFail: true });
       if (inspected.code !== 0) continue; // removed meanwhile
       const labels = (JSON.parse(inspected.stdout.trim() || '{}') ?? {}) as Record<string, string>;
-      const root = labels['slipway.root'];
+      let root = labels['slipway.root'];
       if (!root) continue;
-      const record = await readRecord(`${root}.json`);
-      if (!record || record.state === 'creating') continue;
+      // A container from the warm pool is labelled with its entry's path, whose .json links to the record.
+      const found = await readRecord(`${root}.json`);
+      if (!found || found.state === 'creating') continue;
+      const record = found;
+      if (record.pooledAs) root = containerSandboxRoot(repo, record.group, record.name);
       const head = record.state === 'suspended' && record.suspendedHead ? record.suspendedHead : await this.head(root).catch(() => record.startCommit);
       out.push({ root, branch: record.branch, head, sandboxId: record.sandboxId });
     }
@@ -603,10 +638,14 @@ export class ContainerSandboxProvider implements SandboxProvider {
     const w = await this.where(handle.root);
     const state = await this.inspect(w.container);
     if (!state) return { alive: false, reason: 'container_removed', detail: `container ${w.container} no longer exists` };
-    if (state.OOMKilled) return { alive: false, reason: 'out_of_memory', detail: `container ${w.container} was killed for lack of memory` };
     if (state.Status !== 'running') {
+      // Suspend stops the container on purpose, whatever happened in it before.
       const record = await readRecord(w.recordFile);
       if (record?.state === 'suspended') return { alive: true };
+      if (state.OOMKilled) return { alive: false, reason: 'oom_killed', detail: `container ${w.container} was killed by the kernel's OOM killer (${this.kind} says so)` };
+      // SIGKILL is how the OOM killer ends a process; the kernel log says whether it was it.
+      const kill = state.ExitCode === 137 ? await kernelOomKill(state.Id) : undefined;
+      if (kill) return { alive: false, reason: 'oom_killed', detail: `container ${w.container} was killed by the kernel's OOM killer: ${kill}` };
       return { alive: false, reason: 'container_exited', detail: `container ${w.container} is ${state.Status} (exit ${state.ExitCode})` };
     }
     if (!(await fs.stat(w.root).then((s) => s.isDirectory(), () => false))) return { alive: false, reason: 'directory_removed', detail: `${w.root} no longer exists` };

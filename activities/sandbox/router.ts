@@ -5,7 +5,7 @@
  * needs no more than its root, as before. Container providers are made on first use.
  */
 import path from 'node:path';
-import { ContainerSandboxProvider, parseContainerRoot, type ContainerEngine } from './container';
+import { ContainerSandboxProvider, parseContainerRoot, readContainerRecord, type ContainerEngine } from './container';
 import { DaytonaSandboxProvider, parseDaytonaRoot } from './daytona';
 import { PortUnreachableError } from './port-relay';
 import type { ExecRequest, SandboxCreateRequest, SandboxHandle, SandboxProvider, SessionRequest } from './provider';
@@ -34,67 +34,72 @@ export class SandboxProviders implements SandboxProvider {
     return p;
   }
 
-  /** The provider that owns a sandbox root. The engine is in the container's record; podman unless docker made it. */
-  private owner(root: string): SandboxProvider {
+  /**
+   * The provider that owns a sandbox root. A container sandbox's engine is the one its record
+   * names (the record Slipway wrote beside the workspace, never anything from the container);
+   * records from before the engine was kept, and roots with no record, are podman's.
+   */
+  private async owner(root: string): Promise<SandboxProvider> {
     if (parseDaytonaRoot(path.resolve(root))) return this.provider('daytona');
     if (!parseContainerRoot(path.resolve(root))) return this.local;
-    // One engine per worker in practice: the one already made, else podman.
-    return this.containers.get('docker') ?? this.provider('podman');
+    const engine = (await readContainerRecord(root))?.engine;
+    return this.provider(engine === 'docker' ? 'docker' : 'podman');
   }
 
   create(req: SandboxCreateRequest): Promise<SandboxHandle> {
     return this.provider(req.provider).create(req);
   }
-  exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest) {
-    return this.owner(handle.root).exec(handle, req);
+  async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest) {
+    return (await this.owner(handle.root)).exec(handle, req);
   }
-  openSession(handle: Pick<SandboxHandle, 'root'>, req: SessionRequest) {
-    return this.owner(handle.root).openSession(handle, req);
+  async openSession(handle: Pick<SandboxHandle, 'root'>, req: SessionRequest) {
+    return (await this.owner(handle.root)).openSession(handle, req);
   }
   async connectPort(handle: Pick<SandboxHandle, 'root'>, port: number) {
-    const p = this.owner(handle.root);
+    const p = await this.owner(handle.root);
     if (!p.connectPort) throw new PortUnreachableError(port, `the ${p.kind} provider cannot reach a sandbox's ports yet`);
     return p.connectPort(handle, port);
   }
   async agentHome(handle: Pick<SandboxHandle, 'root'>) {
-    return this.owner(handle.root).agentHome?.(handle);
+    return (await this.owner(handle.root)).agentHome?.(handle);
   }
-  readFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
-    return this.owner(handle.root).readFile(handle, file);
+  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
+    return (await this.owner(handle.root)).readFile(handle, file);
   }
-  writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string) {
-    return this.owner(handle.root).writeFile(handle, file, content);
+  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string) {
+    return (await this.owner(handle.root)).writeFile(handle, file, content);
   }
-  deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
-    return this.owner(handle.root).deleteFile(handle, file);
+  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
+    return (await this.owner(handle.root)).deleteFile(handle, file);
   }
-  destroy(request: { repository: string; root: string }) {
-    return this.owner(request.root).destroy(request);
+  async destroy(request: { repository: string; root: string }) {
+    return (await this.owner(request.root)).destroy(request);
   }
-  collect(handle: Pick<SandboxHandle, 'root'>, options?: { known?: string[]; signal?: AbortSignal }) {
-    return this.owner(handle.root).collect(handle, options);
+  async collect(handle: Pick<SandboxHandle, 'root'>, options?: { known?: string[]; signal?: AbortSignal }) {
+    return (await this.owner(handle.root)).collect(handle, options);
   }
   async list(repository: string) {
     const lists = await Promise.all([this.local, ...this.containers.values(), ...(this.daytona ? [this.daytona] : [])].map((p) => p.list(repository)));
     return lists.flat();
   }
   async suspend(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
-    const p = this.owner(handle.root);
+    const p = await this.owner(handle.root);
     if (!p.suspend) throw new Error(`the ${p.kind} provider cannot suspend sandboxes`);
     return p.suspend(handle, options);
   }
   async restore(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {
-    const p = this.owner(handle.root);
+    const p = await this.owner(handle.root);
     if (!p.restore) throw new Error(`the ${p.kind} provider cannot restore sandboxes`);
     return p.restore(handle, options);
   }
   async deleteSnapshot(handle: Pick<SandboxHandle, 'root'>) {
-    await this.owner(handle.root).deleteSnapshot?.(handle);
+    await (await this.owner(handle.root)).deleteSnapshot?.(handle);
   }
   async bringCommits(handle: Pick<SandboxHandle, 'root'>, commits: string[]) {
-    await this.owner(handle.root).bringCommits?.(handle, commits);
+    await (await this.owner(handle.root)).bringCommits?.(handle, commits);
   }
   async probe(handle: Pick<SandboxHandle, 'root'>) {
-    return (await this.owner(handle.root).probe?.(handle)) ?? { alive: true as const };
+    const p = await this.owner(handle.root);
+    return (await p.probe?.(handle)) ?? { alive: true as const };
   }
 }

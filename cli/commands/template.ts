@@ -8,6 +8,9 @@
  *            create copies of the checkout's ignored files (how big, what is left out)
  *   update   rebuild when stale or missing (--force: always), with the recorded setup unless given
  *
+ * `--provider podman|docker`: the same verbs for container sandboxes' template, an image
+ * (container-template.ts, ADR 0025).
+ *
  * Setup commands and confinement come from `--objective <file>` (its `sandbox:` section), or
  * `--setup`/`--verify` (repeatable), or, for check and update, what the template was built with.
  *
@@ -19,6 +22,8 @@ import { confinementOf } from '../../activities/sandbox/options';
 import type { ProjectSetup } from '../../activities/sandbox/provider';
 import { describeIgnoredCopy } from '../../activities/sandbox/copy-ignored';
 import { buildTemplate, checkTemplate, readTemplate, type TemplateManifest } from '../../activities/sandbox/template';
+import { buildContainerTemplate, checkContainerTemplate, readContainerTemplate, type ContainerTemplateManifest } from '../../activities/sandbox/container-template';
+import type { ContainerEngine } from '../../activities/sandbox/container-engine';
 import type { BubblewrapConfinement } from '../../activities/sandbox/bubblewrap';
 import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
 import { CliError, EXIT } from '../exit-codes';
@@ -107,12 +112,67 @@ async function build(w: Wanted, base: string, previous?: TemplateManifest): Prom
   }
 }
 
-/** True for `--provider daytona`; refuses a provider it does not know and options that do not apply. */
-function isDaytona(opts: TemplateOptions): boolean {
+/**
+ * `--provider`: local (the prepared template, a worktree; default), podman or docker (an image,
+ * ADR 0025) or daytona (a Daytona snapshot, ADR 0019). Refuses a provider it does not know, and
+ * options that do not apply.
+ */
+function templateProviderOf(opts: TemplateOptions): 'local' | 'daytona' | ContainerEngine {
   const provider = opts.provider ?? 'local';
-  if (provider !== 'local' && provider !== 'daytona') throw new CliError(`--provider must be local or daytona, got "${provider}"`);
-  if (provider === 'daytona' && opts.confinement !== undefined) throw new CliError('--confinement applies to the local template only: a Daytona sandbox is its own confinement');
-  return provider === 'daytona';
+  if (provider !== 'local' && provider !== 'daytona' && provider !== 'podman' && provider !== 'docker') throw new CliError(`--provider must be local, podman, docker or daytona, got "${provider}"`);
+  if (provider !== 'local' && opts.confinement !== undefined) throw new CliError(`--confinement applies to the local template only: a ${provider === 'daytona' ? 'Daytona sandbox' : 'container'} is its own confinement`);
+  return provider;
+}
+
+/** The verb for a provider's own template; undefined for the local one. */
+function otherTemplate(verb: 'create' | 'check' | 'update', opts: TemplateOptions): Promise<number> | undefined {
+  const provider = templateProviderOf(opts);
+  if (provider === 'daytona') return daytonaSnapshotCommand(verb, opts);
+  if (provider !== 'local') return containerTemplateCommand(verb, provider, opts);
+  return undefined;
+}
+
+function describeImage(m: ContainerTemplateManifest): string {
+  const setup = m.setup ? `${m.setup.commands.length} setup and ${m.setup.verify.length} verify commands` : 'no setup';
+  return `${m.engine} template ${m.image} at ${m.baseCommit.slice(0, 12)} (${m.baseRef}), ${setup}, from ${m.baseImage}, built ${m.createdAt} in ${(m.durationMs / 1000).toFixed(1)} s`;
+}
+
+async function buildImage(w: Wanted, kind: ContainerEngine, base: string, network: boolean, previous?: ContainerTemplateManifest): Promise<ContainerTemplateManifest> {
+  try {
+    return await buildContainerTemplate(w.repo, kind, { base, setup: w.explicitSetup ? w.setup : (previous?.setup ?? w.setup), network, onProgress: progress });
+  } catch (e) {
+    throw new CliError(`could not build the ${kind} template: ${(e as Error).message}`, EXIT.runFailed);
+  }
+}
+
+/** The same three verbs for a container template: an image instead of a worktree. */
+async function containerTemplateCommand(verb: 'create' | 'check' | 'update', kind: ContainerEngine, opts: TemplateOptions): Promise<number> {
+  const w = await wanted(opts);
+  const check = await checkContainerTemplate(w.repo, kind, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
+  const network = opts.network !== false;
+  if (verb === 'check') {
+    const text = check.state === 'fresh' ? `fresh: ${describeImage(check.manifest!)}` : `${check.state}:\n${check.reasons.map((r) => `  - ${r}`).join('\n')}\nrun \`slipway template ${check.state === 'missing' ? 'create' : 'update'} --provider ${kind}\``;
+    print(opts, { state: check.state, reasons: check.reasons, template: check.manifest }, text);
+    return check.state === 'fresh' ? EXIT.ok : EXIT.runFailed;
+  }
+  if (verb === 'create') {
+    if (check.state === 'fresh') {
+      print(opts, { state: 'fresh', created: false, template: check.manifest }, `a fresh template exists: ${describeImage(check.manifest!)}`);
+      return EXIT.ok;
+    }
+    if (check.state === 'stale') throw new CliError(`a ${kind} template exists but is stale (${check.reasons.join('; ')}); rebuild it with \`slipway template update --provider ${kind}\``, EXIT.runFailed);
+    const manifest = await buildImage(w, kind, w.base ?? 'HEAD', network);
+    print(opts, { state: 'fresh', created: true, template: manifest }, `created ${describeImage(manifest)}`);
+    return EXIT.ok;
+  }
+  if (check.state === 'fresh' && !opts.force) {
+    print(opts, { state: 'fresh', updated: false, template: check.manifest }, `already fresh: ${describeImage(check.manifest!)}`);
+    return EXIT.ok;
+  }
+  const previous = await readContainerTemplate(w.repo, kind);
+  const manifest = await buildImage(w, kind, w.base ?? previous?.baseRef ?? 'HEAD', network, previous);
+  print(opts, { state: 'fresh', updated: true, reasons: check.reasons, template: manifest }, `updated (${check.reasons.join('; ') || 'forced'}): ${describeImage(manifest)}`);
+  return EXIT.ok;
 }
 
 function describeSnapshot(m: DaytonaSnapshotManifest): string {
@@ -156,7 +216,8 @@ async function daytonaSnapshotCommand(verb: 'create' | 'check' | 'update', opts:
 }
 
 export async function templateCreateCommand(opts: TemplateOptions): Promise<number> {
-  if (isDaytona(opts)) return daytonaSnapshotCommand('create', opts);
+  const other = otherTemplate('create', opts);
+  if (other) return other;
   const w = await wanted(opts);
   const existing = await readTemplate(w.repo);
   if (existing) {
@@ -173,7 +234,8 @@ export async function templateCreateCommand(opts: TemplateOptions): Promise<numb
 }
 
 export async function templateCheckCommand(opts: TemplateOptions): Promise<number> {
-  if (isDaytona(opts)) return daytonaSnapshotCommand('check', opts);
+  const other = otherTemplate('check', opts);
+  if (other) return other;
   const w = await wanted(opts);
   const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
   const text =
@@ -191,7 +253,8 @@ export async function templateCheckCommand(opts: TemplateOptions): Promise<numbe
 }
 
 export async function templateUpdateCommand(opts: TemplateOptions): Promise<number> {
-  if (isDaytona(opts)) return daytonaSnapshotCommand('update', opts);
+  const other = otherTemplate('update', opts);
+  if (other) return other;
   const w = await wanted(opts);
   const previous = await readTemplate(w.repo);
   const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
@@ -230,9 +293,9 @@ export function registerTemplateCommands(program: Command, setExit: (code: numbe
         .option('--objective <file>', "take project_setup and confinement from this objective file's sandbox: section")
         .option('--setup <command>', 'a project setup command (repeatable)', collect)
         .option('--verify <command>', 'a verify command (repeatable)', collect)
-        .option('--confinement <kind>', 'none or bubblewrap, for the setup commands')
-        .option('--no-network', 'under bubblewrap: no network for the setup commands')
-        .option('--provider <kind>', 'local (the prepared template, default) or daytona (a Daytona snapshot; DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET, DAYTONA_SNAPSHOT)')
+        .option('--provider <kind>', 'local (the prepared template, default), podman or docker (an image from the sandbox image with setup done), or daytona (a Daytona snapshot; DAYTONA_API_KEY, DAYTONA_API_URL, DAYTONA_TARGET, DAYTONA_SNAPSHOT)')
+        .option('--confinement <kind>', 'none or bubblewrap, for the setup commands (local)')
+        .option('--no-network', 'no network for the setup commands (under bubblewrap, or in the build container)')
         .option('--json', 'print JSON');
     common(group.command('create').description('build the template (no-op when a fresh one exists)')).action(async (opts) => {
       warn();

@@ -1,6 +1,7 @@
 /**
  * Real git repositories in temp folders for sandbox tests, and small probes.
  */
+import { engineEnv } from '../../activities/sandbox/container-engine';
 import type { SandboxCreateRequest } from '../../activities/sandbox/provider';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -114,4 +115,30 @@ export function sandboxRequest(repo: string, label: string, extra: Partial<Sandb
     base: 'main',
     ...extra,
   };
+}
+
+/**
+ * A shell script that gets a container killed by the kernel's OOM killer. An allocating process
+ * would be the OOM killer's choice and the container would live on; so every other process is
+ * marked first (oom_score_adj 1000, which raising needs no capability), then /dev/shm is filled:
+ * tmpfs pages count against the container's memory but belong to no process, so the marked init
+ * and `sleep` are what the kernel kills, and the container with them. Needs a memory limit below
+ * the size of /dev/shm (64 MiB on podman).
+ */
+export const OOM_KILL_CONTAINER_SCRIPT =
+  'for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] || echo 1000 > "$d/oom_score_adj" 2>/dev/null; done; dd if=/dev/zero of=/dev/shm/fill bs=1M count=64 2>&1';
+
+/** Runs podman (with the project's containers.conf) and returns its trimmed stdout; throws on a non-zero exit. */
+export function podman(...args: string[]): string {
+  return execFileSync('podman', args, { env: engineEnv(), encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim();
+}
+
+/** True when podman exits 0 (an image or container exists, ...). */
+export function podmanOk(...args: string[]): boolean {
+  try {
+    podman(...args);
+    return true;
+  } catch {
+    return false;
+  }
 }

@@ -16,7 +16,7 @@ import { SandboxProviders } from '../../activities/sandbox/router';
 import { createActivities } from '../../activities';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
 import { describeSandboxContract } from './contract';
-import { gitIn, makeRepo, sandboxRequest, tempDir, waitFor } from './helpers';
+import { gitIn, makeRepo, OOM_KILL_CONTAINER_SCRIPT, podman, sandboxRequest, tempDir, waitFor } from './helpers';
 
 /** Processes whose command line holds `marker`, looked for inside every Slipway container. */
 export async function podmanProcessRunning(marker: string): Promise<boolean> {
@@ -42,7 +42,6 @@ describe('podman on this machine', () => {
 
 describeSandboxContract('podman', () => new ContainerSandboxProvider({ engine: 'podman' }), { processRunning: podmanProcessRunning });
 
-const podman = (...args: string[]) => execFileSync('podman', args, { env: engineEnv(), encoding: 'utf8' }).trim();
 
 /** Containers whose workspace is gone (a suite's temp folder was removed): this file's leftovers. */
 function removeOrphanContainers(): void {
@@ -227,5 +226,20 @@ describe('podman sandboxes: isolation and lifecycle', () => {
     podman('rm', '-f', '-t', '0', containerName(other.root));
     expect(await provider.probe!(other)).toMatchObject({ alive: false, reason: 'container_removed' });
     await provider.destroy({ repository: repo, root: other.root });
+  });
+
+  it('probe: a container the kernel\'s OOM killer ended is reported oom_killed, with the kernel\'s line', async () => {
+    const small = new ContainerSandboxProvider({ engine: 'podman', defaults: { network: false, limits: { memoryBytes: 32 * 1024 ** 2 } } });
+    const box = await small.create(sandboxRequest(repo, 'oom', { group: 'podman' }));
+    try {
+      expect(await small.probe!(box)).toEqual({ alive: true });
+      await small.exec(box, { command: OOM_KILL_CONTAINER_SCRIPT, shell: true, timeoutMs: 60_000 });
+      expect(await waitFor(async () => (await small.probe!(box)).alive === false, 30_000)).toBe(true);
+      const seen = await small.probe!(box);
+      expect(seen).toMatchObject({ alive: false, reason: 'oom_killed' });
+      expect(seen.alive === false && seen.detail).toMatch(/oom-kill:.*oom_memcg=/);
+    } finally {
+      await small.destroy({ repository: repo, root: box.root });
+    }
   });
 });

@@ -1,26 +1,17 @@
 /**
- * The sandbox service on podman (`provider: podman` profiles, ADR 0012): create -> ready ->
- * exec and files -> idle suspend (container stopped, workspace kept) -> woken by exec -> DELETE
- * (container and workspace gone), with the billing rows of the local provider's lifecycle. Real
- * Postgres, real Temporal, real HTTP, real podman.
+ * The sandbox service on podman (`provider: podman` profiles, ADR 0012): the lifecycle every
+ * provider passes (provider-suites.ts; idle suspend stops the container and keeps its
+ * workspace), and a container the kernel's OOM killer ends (ADR 0025). Real Postgres, real
+ * Temporal, real HTTP, real podman.
  */
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { expect, it } from 'vitest';
 import { containerName, engineEnv } from '../../activities/sandbox/container';
 import { defaultProviderFor } from '../../activities/service/providers';
-import { startServiceHarness, type ServiceHarness } from './harness';
+import { OOM_KILL_CONTAINER_SCRIPT } from '../sandbox/helpers';
+import { describeProviderLifecycle } from '../sandbox/provider-suites';
 
-let h: ServiceHarness;
-beforeAll(async () => {
-  h = await startServiceHarness({ providerFor: defaultProviderFor() });
-});
-afterAll(async () => {
-  await h?.stop();
-});
-
-const sh = (script: string) => ({ command: 'sh', args: ['-c', script] });
-const root = async (id: string) => (await h.database.db.query<{ root: string }>('SELECT root FROM sandboxes WHERE id = $1', [id])).rows[0]!.root;
 const containerState = (name: string) => {
   try {
     return execFileSync('podman', ['inspect', '--format', '{{.State.Status}}', name], { env: engineEnv(), encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
@@ -29,45 +20,33 @@ const containerState = (name: string) => {
   }
 };
 
-describe('service sandboxes on podman', () => {
-  it('create, exec and files in a container, idle suspend and wake, DELETE removes the container', async () => {
-    const a = await h.account({ limit: 2 });
-    await a.profile({ name: 'podman-small', provider: 'podman', idleTimeoutSeconds: 1.5, resources: { memory_mb: 256, processes: 128 } });
-    const { id } = await a.api.create({ profile: 'podman-small' });
-    const ready = await a.api.get(id, 60);
-    expect(ready).toMatchObject({ status: 'ready', provisioning_kind: 'cold_boot' });
-    const dir = await root(id);
-    const name = containerName(dir);
-    expect(containerState(name)).toBe('running');
-
-    const run = await a.api.exec(id, sh('echo hello from $SLIPWAY_SANDBOX_ID; git rev-parse --abbrev-ref HEAD; pwd; grep CapEff /proc/self/status'));
-    expect(run).toMatchObject({ exit_code: 0, timed_out: false });
-    expect(run.stdout).toBe(`hello from ${id}\nslipway/sandboxes/${id}\n/workspace\nCapEff:\t0000000000000000\n`);
-    await a.api.exec(id, sh('printf "draft\\n" > notes.txt'));
-
-    // Idle: the container stops, its workspace stays; compute closes, storage opens.
-    await h.waitFor(a.api, id, ['suspended'], 30_000);
-    expect(containerState(name)).toBe('exited');
-    expect(existsSync(dir)).toBe(true);
-    expect((await h.sessions(id)).map((s) => [s.kind, s.seq, s.end_reason])).toEqual([
-      ['compute', 1, 'idle_offload'],
-      ['snapshot_storage', 1, null],
-    ]);
-
-    // The next call wakes it, with its files in place.
-    const woke = await a.api.exec(id, sh('cat notes.txt'));
-    expect(woke.stdout).toBe('draft\n');
-    expect(containerState(name)).toBe('running');
-    expect((await h.sessions(id)).map((s) => [s.kind, s.seq, s.end_reason])).toEqual([
-      ['compute', 1, 'idle_offload'],
-      ['snapshot_storage', 1, 'restored'],
-      ['compute', 2, null],
-    ]);
-
-    await a.api.destroy(id);
-    const done = await h.waitFor(a.api, id, ['terminated'], 30_000);
-    expect(done.end_reason).toBe('explicit_delete');
-    expect(containerState(name)).toBe('gone');
-    expect(existsSync(dir)).toBe(false);
-  });
+describeProviderLifecycle('podman', {
+  provider: 'podman',
+  providerFor: () => defaultProviderFor(),
+  resources: { memory_mb: 256, processes: 128 },
+  // Stopped: the container exited with its workspace kept; gone: both removed.
+  state: async (root) => {
+    const s = containerState(containerName(root));
+    if (s === 'running') return 'running';
+    if (s === 'exited' && existsSync(root)) return 'stopped';
+    if (s === 'gone' && !existsSync(root)) return 'gone';
+    throw new Error(`container ${containerName(root)} is ${s}, workspace ${existsSync(root) ? 'present' : 'absent'}`);
+  },
+  firstExec: { script: 'pwd; grep CapEff /proc/self/status', expected: '/workspace\nCapEff:\t0000000000000000\n' },
+  more: (h, root) => {
+    it("a container the kernel's OOM killer ends is seen by the watcher: the sandbox terminates with reason oom_killed", async () => {
+      const a = await h().account({ limit: 2 });
+      await a.profile({ name: 'podman-tiny', provider: 'podman', resources: { memory_mb: 32 } });
+      const { id } = await a.api.create({ profile: 'podman-tiny' });
+      await a.api.get(id, 60);
+      const name = containerName(await root(id));
+      expect(containerState(name)).toBe('running');
+      // The exec dies with its container; its answer does not matter, what the watcher sees does.
+      await a.api.exec(id, { command: 'sh', args: ['-c', OOM_KILL_CONTAINER_SCRIPT] }).catch(() => undefined);
+      const done = await h().waitFor(a.api, id, ['terminated'], 60_000);
+      expect(done.end_reason).toBe('oom_killed');
+      expect((await h().sessions(id)).map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'oom_killed']]);
+      expect(containerState(name)).toBe('gone');
+    });
+  },
 });
