@@ -1,6 +1,7 @@
 /** The objective file's `sandbox:` section -> `SandboxOptions` (workflow input). Pure. */
 import os from 'node:os';
 import path from 'node:path';
+import { kubernetesSettingsOf } from '../core/kubernetes';
 import { limitsFromConfig } from '../core/limits';
 import type { SandboxConfig } from '../core/objective-schema';
 import type { SandboxOptions } from '../core/types';
@@ -15,6 +16,7 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
   const container = config.provider !== 'local';
   return {
     ...(container ? { provider: config.provider } : {}),
+    ...(config.provider === 'kubernetes' ? { kubernetes: kubernetesSettingsOf(config.kubernetes) } : {}),
     confinement: config.confinement,
     network: config.network,
     copyIgnored: config.copy_ignored,

@@ -2,6 +2,7 @@
  * The objective file: what a user writes. Validated with zod; `config/objective-file.ts`
  * turns zod issues into "file:line field: message" errors.
  */
+import { KubernetesConfigSchema } from './kubernetes';
 import { LimitsConfigSchema } from './limits';
 import { ModelPriceSchema } from './prices';
 import { z } from 'zod';
@@ -152,7 +153,7 @@ export const AgentSchema = z
 export type AgentSpec = z.infer<typeof AgentSchema>;
 
 /** Where sandboxes can run (the `sandbox:` section's `provider`). */
-export const SANDBOX_PROVIDERS = ['local', 'podman', 'docker', 'daytona'] as const;
+export const SANDBOX_PROVIDERS = ['local', 'podman', 'docker', 'daytona', 'kubernetes'] as const;
 export type SandboxProviderKind = (typeof SANDBOX_PROVIDERS)[number];
 
 /** Absolute path, or `~/...` (the worker's home). */
@@ -192,7 +193,11 @@ export const SandboxConfigSchema = z.strictObject({
   readable: z.array(hostPath).default([]),
   /** Under bubblewrap: limits every command of a sandbox gets (cgroups where the host has them). */
   limits: LimitsConfigSchema.optional(),
+  /** With provider: kubernetes: namespace, image, node_selector, tolerations, resources, service_account, workspace (ADR 0020). */
+  kubernetes: KubernetesConfigSchema.optional(),
 }).superRefine((sandbox, ctx) => {
+  if (sandbox.kubernetes && sandbox.provider !== 'kubernetes') ctx.addIssue({ code: 'custom', path: ['kubernetes'], message: `applies to provider: kubernetes only, not provider: ${sandbox.provider}` });
+  if (sandbox.provider === 'kubernetes' && !sandbox.kubernetes?.image) ctx.addIssue({ code: 'custom', path: ['kubernetes', 'image'], message: 'is required with provider: kubernetes (the sandbox image: /bin/sh, git, coreutils)' });
   if (sandbox.provider === 'local') return;
   // Options of the local provider that a container cannot honour: refused, not ignored.
   const localOnly = (field: string, why: string) => ctx.addIssue({ code: 'custom', path: [field], message: `${why}; it is an option of the local provider, not of provider: ${sandbox.provider}` });
@@ -201,6 +206,8 @@ export const SandboxConfigSchema = z.strictObject({
   if (sandbox.writable.length > 0) localOnly('writable', 'a container writes only its workspace');
   if (sandbox.hidden.length > 0) localOnly('hidden', 'a container sees no host path it is not given');
   // Daytona sizes a sandbox by its snapshot and account (ADR 0019): limits would be ignored, so they are refused.
+  // A pod is sized by kubernetes.resources: limits would be a second, conflicting place.
+  if (sandbox.provider === 'kubernetes' && sandbox.limits) ctx.addIssue({ code: 'custom', path: ['limits'], message: 'is not supported by provider: kubernetes (size pods with kubernetes.resources)' });
   if (sandbox.provider === 'daytona' && sandbox.limits) ctx.addIssue({ code: 'custom', path: ['limits'], message: 'is not supported by provider: daytona (a Daytona sandbox is sized by its snapshot)' });
   if (sandbox.limits?.disk_mb !== undefined) ctx.addIssue({ code: 'custom', path: ['limits', 'disk_mb'], message: `is not supported by provider: ${sandbox.provider} (use the local provider)` });
 });

@@ -2,6 +2,7 @@
  * Workflow inputs, messages and results. Only data that is safe to keep in Temporal history:
  * no credentials, no environment values.
  */
+import type { KubernetesSettings } from './kubernetes';
 import type { SandboxLimits } from './sandbox-service';
 import type { AgentSpec, GateSpec, StreamSpec } from './objective-schema';
 import type { FailureKind } from './failures';
@@ -88,7 +89,9 @@ export interface ObjectiveCarry {
  */
 export interface SandboxOptions {
   /** Where the objective's stream sandboxes run (absent: local; the merger is always local). */
-  provider?: 'local' | 'podman' | 'docker' | 'daytona';
+  provider?: 'local' | 'podman' | 'docker' | 'daytona' | 'kubernetes';
+  /** With provider kubernetes: the pods' settings (`sandbox.kubernetes`, ADR 0020). */
+  kubernetes?: KubernetesSettings;
   /** `bubblewrap`: every command in the sandbox (agents, gates, setup) runs confined. */
   confinement: 'none' | 'bubblewrap';
   /** Under bubblewrap: false gives the sandbox a network namespace with loopback only. */
@@ -120,7 +123,7 @@ export interface ProjectSetupSpec {
 
 export interface SandboxInfo {
   sandboxId: string;
-  provider: 'local' | 'podman' | 'docker' | 'daytona';
+  provider: 'local' | 'podman' | 'docker' | 'daytona' | 'kubernetes';
   path: string;
   branch: string;
   baseCommit: string;

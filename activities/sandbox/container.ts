@@ -118,7 +118,7 @@ const readRecord = async (file: string): Promise<ContainerRecord | undefined> =>
  * its argv, which would die of most signals before the command could answer them); $1$2 as
  * for KILL_EXEC_SCRIPT.
  */
-const SIGNAL_EXEC_SCRIPT = [
+export const SIGNAL_EXEC_SCRIPT = [
   'id="$1$2"; sig=$3; groups=; wrappers=',
   'for d in /proc/[0-9]*; do',
   '  [ "${d#/proc/}" = "$$" ] && continue',
@@ -147,7 +147,7 @@ const PORT_RELAY_SCRIPT = [
   "s.on('close', () => process.exit(0));",
 ].join('\n');
 
-const KILL_EXEC_SCRIPT = [
+export const KILL_EXEC_SCRIPT = [
   'id="$1$2"; sig=$3',
   'for d in /proc/[0-9]*; do',
   '  [ "${d#/proc/}" = "$$" ] && continue',

@@ -57,7 +57,7 @@ export async function createStreamSandbox(sandboxes: SandboxProvider, input: San
   }
   return {
     sandboxId: handle.sandboxId,
-    provider: handle.provider === 'podman' || handle.provider === 'docker' || handle.provider === 'daytona' ? handle.provider : 'local',
+    provider: handle.provider === 'podman' || handle.provider === 'docker' || handle.provider === 'daytona' || handle.provider === 'kubernetes' ? handle.provider : 'local',
     path: handle.root,
     branch: handle.branch,
     baseCommit: handle.baseCommit,

@@ -30,11 +30,12 @@ export function containerSettingsOf(options: SandboxOptions): ContainerSettings 
 }
 
 /** The create-request fields for a sandbox made with these options. */
-export function createFieldsOf(options: SandboxOptions | undefined): Pick<SandboxCreateRequest, 'confinement' | 'copyIgnored' | 'setup' | 'warmPool' | 'provider' | 'container'> {
+export function createFieldsOf(options: SandboxOptions | undefined): Pick<SandboxCreateRequest, 'confinement' | 'copyIgnored' | 'setup' | 'warmPool' | 'provider' | 'container' | 'kubernetes'> {
   if (!options) return {};
   const setup = options.projectSetup;
   return {
     ...(options.provider && options.provider !== 'local' ? { provider: options.provider, container: containerSettingsOf(options) } : {}),
+    ...(options.provider === 'kubernetes' && options.kubernetes ? { kubernetes: options.kubernetes } : {}),
     confinement: confinementOf(options),
     copyIgnored: options.copyIgnored,
     ...(setup ? { setup: { commands: setup.commands, verify: setup.verify, timeoutMs: setup.timeoutSeconds * 1000, attempts: setup.attempts } } : {}),

@@ -7,6 +7,7 @@ import type { RunResult } from '../process';
 import type { Duplex } from 'node:stream';
 import type { BubblewrapConfinement } from './bubblewrap';
 import type { ContainerSettings } from './container';
+import type { KubernetesSettings } from '../../core/kubernetes';
 
 /** Commands that prepare a new sandbox (`npm ci`), and checks that it is ready. */
 export interface ProjectSetup {
@@ -40,9 +41,11 @@ export interface SandboxCreateRequest {
    */
   confinement?: BubblewrapConfinement;
   /** Which provider makes it (a router's choice; default local). The merger worktree is always local. */
-  provider?: 'local' | 'podman' | 'docker' | 'daytona';
+  provider?: 'local' | 'podman' | 'docker' | 'daytona' | 'kubernetes';
   /** For container providers: network, limits, read-only host paths (ADR 0012). */
   container?: ContainerSettings;
+  /** For `kubernetes`: namespace, image, nodeSelector, tolerations, resources, service account, workspace volume (ADR 0020). */
+  kubernetes?: KubernetesSettings;
   /** Run after creation (under the sandbox's confinement); a failure fails the create with the output. */
   setup?: ProjectSetup;
   /** Keep this many ready sandboxes for the repository and base commit; create claims one (0: off). */

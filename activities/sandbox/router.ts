@@ -7,6 +7,7 @@
 import path from 'node:path';
 import { ContainerSandboxProvider, parseContainerRoot, readContainerRecord, type ContainerEngine } from './container';
 import { DaytonaSandboxProvider, parseDaytonaRoot } from './daytona';
+import { KubernetesSandboxProvider, parseKubernetesRoot } from './kubernetes';
 import { PortUnreachableError } from './port-relay';
 import type { ExecRequest, SandboxCreateRequest, SandboxHandle, SandboxProvider, SessionRequest } from './provider';
 
@@ -16,19 +17,23 @@ export class SandboxProviders implements SandboxProvider {
   readonly hostBound = true;
   private readonly containers = new Map<ContainerEngine, SandboxProvider>();
   private daytona?: SandboxProvider;
+  private kubernetes?: SandboxProvider;
 
   constructor(
     readonly local: SandboxProvider,
     private readonly makeContainer: (engine: ContainerEngine) => SandboxProvider = (engine) => new ContainerSandboxProvider({ engine }),
     // Credentials come from the worker's environment when the provider is first used (ADR 0019).
     private readonly makeDaytona: () => SandboxProvider = () => new DaytonaSandboxProvider({ snapshot: process.env.DAYTONA_SNAPSHOT }),
+    // The cluster comes from the worker's KUBECONFIG (or its in-cluster service account) on first use (ADR 0020).
+    private readonly makeKubernetes: () => SandboxProvider = () => new KubernetesSandboxProvider(),
   ) {}
 
   /** The provider of a kind (`local`, `podman`, `docker`). */
   provider(kind: string | undefined): SandboxProvider {
     if (!kind || kind === 'local') return this.local;
     if (kind === 'daytona') return (this.daytona ??= this.makeDaytona());
-    if (kind !== 'podman' && kind !== 'docker') throw new Error(`unknown sandbox provider "${kind}" (known: local, podman, docker, daytona)`);
+    if (kind === 'kubernetes') return (this.kubernetes ??= this.makeKubernetes());
+    if (kind !== 'podman' && kind !== 'docker') throw new Error(`unknown sandbox provider "${kind}" (known: local, podman, docker, daytona, kubernetes)`);
     let p = this.containers.get(kind);
     if (!p) this.containers.set(kind, (p = this.makeContainer(kind)));
     return p;
@@ -41,6 +46,7 @@ export class SandboxProviders implements SandboxProvider {
    */
   private async owner(root: string): Promise<SandboxProvider> {
     if (parseDaytonaRoot(path.resolve(root))) return this.provider('daytona');
+    if (parseKubernetesRoot(path.resolve(root))) return this.provider('kubernetes');
     if (!parseContainerRoot(path.resolve(root))) return this.local;
     const engine = (await readContainerRecord(root))?.engine;
     return this.provider(engine === 'docker' ? 'docker' : 'podman');
@@ -79,7 +85,7 @@ export class SandboxProviders implements SandboxProvider {
     return (await this.owner(handle.root)).collect(handle, options);
   }
   async list(repository: string) {
-    const lists = await Promise.all([this.local, ...this.containers.values(), ...(this.daytona ? [this.daytona] : [])].map((p) => p.list(repository)));
+    const lists = await Promise.all([this.local, ...this.containers.values(), ...(this.daytona ? [this.daytona] : []), ...(this.kubernetes ? [this.kubernetes] : [])].map((p) => p.list(repository)));
     return lists.flat();
   }
   async suspend(handle: Pick<SandboxHandle, 'root'>, options: { templateIgnored: boolean }) {

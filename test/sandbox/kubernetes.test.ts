@@ -1,0 +1,180 @@
+/**
+ * Kubernetes sandboxes (ADR 0020) against a real kube-apiserver (test/helpers/kube-cluster.ts)
+ * and the test node (test/helpers/kube-node.ts: scheduler, kubelet with podman, PV controller,
+ * quota; its exec endpoint is test/helpers/kubelet-exec.ts). Real: the API server (authn, RBAC,
+ * admission, quota, pods/exec over WebSocket), client-node, git, podman. Played: the node.
+ * Fails, never skips, when a binary is missing.
+ */
+import { execFileSync } from 'node:child_process';
+import { promises as fs } from 'node:fs';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { ApplicationFailure } from '@temporalio/common';
+import { CoreV1Api, type KubeConfig } from '@kubernetes/client-node';
+import { defaultSandboxImage, engineEnv } from '../../activities/sandbox/container';
+import { KubernetesProviderError, KubernetesSandboxProvider, kubernetesSandboxRoot } from '../../activities/sandbox/kubernetes';
+import { LocalSandboxProvider } from '../../activities/sandbox/local';
+import { createStreamSandbox } from '../../activities/sandbox/objective-sandboxes';
+import type { SandboxHandle } from '../../activities/sandbox/provider';
+import { SandboxProviders } from '../../activities/sandbox/router';
+import { KUBE_LABELS, KUBE_WORKSPACE } from '../../core/kubernetes';
+import { SandboxConfigSchema } from '../../core/objective-schema';
+import { startKubeCluster, type KubeCluster } from '../helpers/kube-cluster';
+import { startTestNode, type TestNode } from '../helpers/kube-node';
+import { describeSandboxContract } from './contract';
+import { makeRepo, sandboxRequest, tempDir, waitFor } from './helpers';
+
+const NS = 'sandboxes';
+let cluster: KubeCluster;
+let node: TestNode;
+let admin: KubeConfig;
+let core: CoreV1Api;
+
+const podman = (...args: string[]) => execFileSync('podman', args, { env: engineEnv(), encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+
+/** Whether a process whose command line holds `marker` runs in any container of the test node. */
+async function runningOnNode(marker: string): Promise<boolean> {
+  const ids = podman('ps', '-q', '--filter', `label=slipway-test-node=${node.name}`).split('\n').filter(Boolean);
+  for (const id of ids) {
+    try {
+      const out = podman('exec', id, '/bin/sh', '-c', 'for d in /proc/[0-9]*; do tr "\\000" " " < $d/cmdline 2>/dev/null; echo; done');
+      if (out.split('\n').some((l) => l.includes(marker) && !l.includes('/proc/[0-9]'))) return true;
+    } catch {
+      /* a container that went away meanwhile */
+    }
+  }
+  return false;
+}
+
+beforeAll(async () => {
+  if (!defaultSandboxImage()) throw new Error('no sandbox image: bash scripts/setup.sh builds it');
+  cluster = await startKubeCluster();
+  node = await startTestNode(cluster);
+  admin = cluster.config('admin');
+  core = admin.makeApiClient(CoreV1Api);
+  await core.createNamespace({ body: { metadata: { name: NS } } });
+  expect(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: NS, name: 'default' }).catch(() => undefined)), 60_000)).toBe(true);
+}, 240_000);
+
+afterAll(async () => {
+  await node?.stop();
+  await cluster?.stop();
+});
+
+const provider = (over: Partial<ConstructorParameters<typeof KubernetesSandboxProvider>[0]> = {}) =>
+  new KubernetesSandboxProvider({ kubeConfig: admin, defaults: { namespace: NS, image: 'slipway-sandbox' }, ...over });
+
+describeSandboxContract('kubernetes (real kube-apiserver, test node)', () => provider(), {
+  processRunning: runningOnNode,
+  workspacePath: async () => KUBE_WORKSPACE,
+});
+
+describe('kubernetes: pods, claims, errors', () => {
+  let parent: string;
+  let repo: string;
+  let p: KubernetesSandboxProvider;
+  let handle: SandboxHandle;
+  const record = async (h: SandboxHandle) => JSON.parse(await fs.readFile(`${h.root}.json`, 'utf8')) as { pod: string; claim?: string; namespace: string };
+
+  beforeAll(async () => {
+    parent = tempDir('kube');
+    ({ repo } = makeRepo(parent));
+    p = provider({ unschedulableTimeoutMs: 2_000 });
+    handle = await p.create({ ...sandboxRequest(repo, 'pods', { group: 'kube-objective' }), kubernetes: { nodeSelector: { 'kubernetes.io/os': 'linux' }, resources: { requests: { cpu: '100m', memory: '64Mi' }, limits: { memory: '512Mi' } } } });
+  }, 240_000);
+  afterAll(async () => {
+    if (parent) await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  it('makes a labelled pod on a claim, from the profile\'s settings, with no capability and no service-account token', async () => {
+    const r = await record(handle);
+    const pod = await core.readNamespacedPod({ namespace: NS, name: r.pod });
+    expect(pod.metadata?.labels).toMatchObject({ [KUBE_LABELS.managed]: 'true', [KUBE_LABELS.sandbox]: handle.sandboxId, [KUBE_LABELS.group]: 'kube-objective' });
+    expect(pod.spec?.nodeSelector).toEqual({ 'kubernetes.io/os': 'linux' });
+    expect(pod.spec?.automountServiceAccountToken).toBe(false);
+    const c = pod.spec!.containers[0];
+    expect(c.resources?.limits).toEqual({ memory: '512Mi' });
+    expect(c.securityContext).toMatchObject({ allowPrivilegeEscalation: false, capabilities: { drop: ['ALL'] } });
+    expect(pod.spec?.volumes?.[0].persistentVolumeClaim?.claimName).toBe(r.claim);
+    const claim = await core.readNamespacedPersistentVolumeClaim({ namespace: NS, name: r.claim! });
+    expect(claim.metadata?.labels?.[KUBE_LABELS.sandbox]).toBe(handle.sandboxId);
+    // The exec's env values travel on stdin, not argv: nothing of them in the processes' command lines.
+    const run = await p.exec(handle, { command: 'cat /proc/*/cmdline | tr "\\000" " "; printf "\\n%s" "$SECRET_VALUE"', shell: true, env: { SECRET_VALUE: 'hunter2-value' } });
+    expect(run.stdout.split('\n').at(-1)).toBe('hunter2-value');
+    expect(run.stdout.split('\n').slice(0, -1).join('\n')).not.toContain('hunter2-value');
+  });
+
+  it('a pod the scheduler cannot place fails the create with the scheduler\'s message; nothing is left', async () => {
+    const err = await p.create({ ...sandboxRequest(repo, 'unschedulable', { group: 'kube-objective' }), kubernetes: { nodeSelector: { pool: 'gpu' } } }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(KubernetesProviderError);
+    expect((err as Error).message).toMatch(/cannot be scheduled: 0\/\d+ nodes are available/);
+    await expect(fs.access(`${kubernetesSandboxRoot(repo, 'kube-objective', 'unschedulable')}.json`)).rejects.toThrow();
+    const left = await core.listNamespacedPod({ namespace: NS, labelSelector: `${KUBE_LABELS.sandbox}=kube-objective.unschedulable` });
+    expect(left.items.filter((x) => !x.metadata?.deletionTimestamp)).toEqual([]);
+  });
+
+  it('quota exceeded: a sandbox_failure carrying the API server\'s message, nothing started', async () => {
+    const quotaNs = 'quota-limited';
+    await core.createNamespace({ body: { metadata: { name: quotaNs } } });
+    expect(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: quotaNs, name: 'default' }).catch(() => undefined)), 60_000)).toBe(true);
+    await core.createNamespacedResourceQuota({ namespace: quotaNs, body: { metadata: { name: 'pods' }, spec: { hard: { pods: '0' } } } });
+    // The quota controller (the test node) writes status.hard; until then admission refuses anyway.
+    expect(await waitFor(async () => !!(await core.readNamespacedResourceQuota({ namespace: quotaNs, name: 'pods' })).status?.hard, 60_000)).toBe(true);
+    const limited = provider({ defaults: { namespace: quotaNs, image: 'slipway-sandbox', workspace: 'ephemeral' } });
+    const router = new SandboxProviders(new LocalSandboxProvider(), undefined, undefined, () => limited);
+    const err = await createStreamSandbox(router, {
+      sandboxId: 'q.s', provider: 'local', repository: repo, objectiveId: 'kube-quota', name: 'over', branch: 'slipway/kube-quota/over', base: 'main', ownerWorkflowId: 'none',
+      options: { provider: 'kubernetes', kubernetes: { namespace: quotaNs, image: 'slipway-sandbox', workspace: 'ephemeral' }, confinement: 'none', network: true, copyIgnored: false, warmPool: 0 },
+    }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(ApplicationFailure);
+    expect((err as ApplicationFailure).type).toBe('sandbox_failure');
+    expect((err as Error).message).toMatch(/exceeded quota: pods/);
+    expect((await core.listNamespacedPod({ namespace: quotaNs })).items).toEqual([]);
+  });
+
+  it('a token without rights is refused naming the missing RBAC permission', async () => {
+    const nobody = provider({ kubeConfig: cluster.config('nobody') });
+    const err = await nobody.create(sandboxRequest(repo, 'no-rights', { group: 'kube-objective' })).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(KubernetesProviderError);
+    expect((err as KubernetesProviderError).kind).toBe('unauthorized');
+    expect((err as Error).message).toMatch(/missing RBAC permission: (get|create) persistentvolumeclaims in namespace sandboxes/);
+  });
+
+  it('probe: a pod deleted outside Slipway is dead with reason deleted; an evicted one with reason evicted', async () => {
+    const other = await p.create(sandboxRequest(repo, 'probed', { group: 'kube-objective' }));
+    expect(await p.probe(other)).toEqual({ alive: true });
+    const r = await record(other);
+    await node.evict(NS, r.pod);
+    expect(await waitFor(async () => (await p.probe(other)).alive === false, 60_000)).toBe(true);
+    expect(await p.probe(other)).toMatchObject({ alive: false, reason: 'evicted' });
+    await core.deleteNamespacedPod({ namespace: NS, name: r.pod, gracePeriodSeconds: 0 });
+    expect(await waitFor(async () => { const l = await p.probe(other); return !l.alive && l.reason === 'deleted'; }, 60_000)).toBe(true);
+    await p.destroy({ repository: repo, root: other.root });
+  });
+
+  it('suspend deletes the pod and keeps the claim; restore makes a new pod on it with the files', async () => {
+    await p.writeFile(handle, 'kept.txt', 'kept');
+    const before = await record(handle);
+    const { snapshotRef } = await p.suspend(handle);
+    expect(snapshotRef).toBe(`kubernetes:${NS}/${before.claim}`);
+    expect(await waitFor(async () => !(await core.readNamespacedPod({ namespace: NS, name: before.pod }).catch(() => undefined)), 60_000)).toBe(true);
+    expect((await core.readNamespacedPersistentVolumeClaim({ namespace: NS, name: before.claim! })).metadata?.deletionTimestamp).toBeUndefined();
+    expect(await p.probe(handle)).toEqual({ alive: true });
+    expect((await p.list(repo)).find((s) => s.root === handle.root)?.head).toBe(handle.headCommit);
+    const restored = await p.restore(handle);
+    expect(restored.head).toBe(handle.headCommit);
+    const after = await record(handle);
+    expect(after.pod).not.toBe(before.pod);
+    expect((await p.readFile(handle, 'kept.txt')).toString()).toBe('kept');
+  });
+
+  it('the objective file takes provider: kubernetes with its section, and refuses what does not fit, naming the field', () => {
+    const ok = SandboxConfigSchema.safeParse({ provider: 'kubernetes', kubernetes: { image: 'ghcr.io/acme/sandbox:1', namespace: 'ci', resources: { limits: { memory: '2Gi', cpu: '1' } }, tolerations: [{ key: 'pool', operator: 'Equal', value: 'sandbox', effect: 'NoSchedule' }] } });
+    expect(ok.success, JSON.stringify(ok.error?.issues)).toBe(true);
+    const issue = (input: unknown, at: string) => SandboxConfigSchema.safeParse(input).error?.issues.find((i) => i.path.join('.') === at)?.message;
+    expect(issue({ provider: 'kubernetes' }, 'kubernetes.image')).toMatch(/required with provider: kubernetes/);
+    expect(issue({ provider: 'kubernetes', kubernetes: { image: 'x', namespace: 'Bad_NS' } }, 'kubernetes.namespace')).toMatch(/DNS-1123/);
+    expect(issue({ provider: 'kubernetes', kubernetes: { image: 'x', resources: { limits: { memory: 'lots' } } } }, 'kubernetes.resources.limits.memory')).toMatch(/quantity/);
+    expect(issue({ provider: 'kubernetes', kubernetes: { image: 'x' }, limits: { memory_mb: 512 } }, 'limits')).toMatch(/kubernetes.resources/);
+    expect(issue({ provider: 'podman', kubernetes: { image: 'x' } }, 'kubernetes')).toMatch(/provider: kubernetes only/);
+  });
+});
