@@ -42,11 +42,14 @@ export const END_REASONS = {
   worktree_unregistered: 'the git worktree was removed outside Slipway',
   sandbox_lost: 'the provider no longer knows the sandbox',
   oom_killed: "the kernel's OOM killer ended the sandbox's container",
+  evicted: 'the node evicted the sandbox pod (node pressure)',
+  deleted: 'the sandbox pod was deleted outside Slipway',
+  node_lost: "the sandbox pod's node stopped reporting",
   orphaned: 'the sandbox workflow is gone; the reaper closed the books',
   account_disabled: "the account's sandboxes were turned off (`slipway account set --disable`)",
 } as const;
 export type EndReason = keyof typeof END_REASONS;
-export const ABNORMAL_END_REASONS = ['directory_removed', 'worktree_unregistered', 'sandbox_lost', 'oom_killed'] as const satisfies readonly EndReason[];
+export const ABNORMAL_END_REASONS = ['directory_removed', 'worktree_unregistered', 'sandbox_lost', 'oom_killed', 'evicted', 'deleted', 'node_lost'] as const satisfies readonly EndReason[];
 export type AbnormalEndReason = (typeof ABNORMAL_END_REASONS)[number];
 /** Reasons a caller or a timer can ask a sandbox to terminate for. */
 export const TERMINATE_REASONS = ['explicit_delete', 'deadline', 'absolute_cap', ...ABNORMAL_END_REASONS, 'orphaned', 'account_disabled'] as const satisfies readonly EndReason[];

@@ -38,7 +38,8 @@ export function startSandboxWatcher(opts: { db: Queryable; client: Client; provi
       if (!provider.probe) continue;
       const liveness = await provider.probe({ root: row.root });
       if (liveness.alive) continue;
-      const observedAtMs = Date.now();
+      // The provider's own end time when it has one (a pod's finish time), else now.
+      const observedAtMs = Math.min(Date.now(), liveness.endedAtMs ?? Date.now());
       // Re-check: a suspend or a delete that started since the query removes the directory on purpose.
       const again = await opts.db.query<{ status: string }>('SELECT status FROM sandboxes WHERE id = $1', [row.id]);
       if (again.rows[0]?.status !== 'ready') continue;

@@ -33,6 +33,7 @@ import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
 import type { RunResult } from '../process';
 import { KILL_EXEC_SCRIPT, newExecId } from './container';
+import { SandboxPodWatch, type PodExit } from './kube-watch';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { NotAFolderError, PathEscapeError } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ExecRequest, type ProjectSetup, type ProviderFailureKind, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession } from './provider';
@@ -218,6 +219,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   readonly sessions = false;
   private kcCache?: KubeConfig;
   private coreCache?: CoreV1Api;
+  private podWatch?: SandboxPodWatch;
 
   constructor(private readonly options: KubernetesProviderOptions = {}) {}
 
@@ -238,6 +240,19 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   defaultNamespace(): string {
     const kc = this.kc();
     return this.options.defaults?.namespace ?? kc.getContextObject(kc.getCurrentContext())?.namespace ?? 'default';
+  }
+
+  /**
+   * Starts the pod watcher on the provider's namespace (once): `onExit` hears of every sandbox
+   * pod that dies outside Slipway, and probe answers from what it saw.
+   */
+  watch(onExit: (exit: PodExit) => void = () => undefined, opts: { resourceVersion?: string } = {}): SandboxPodWatch {
+    return (this.podWatch ??= new SandboxPodWatch(this.kc(), { namespace: this.defaultNamespace(), labelSelector: `${KUBE_LABELS.managed}=true`, onExit, ...opts }));
+  }
+
+  async stopWatch(): Promise<void> {
+    await this.podWatch?.stop();
+    this.podWatch = undefined;
   }
 
   /** Runs an API call, retrying 429 and 5xx with back-off; other errors are mapped and thrown. */
@@ -550,6 +565,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const gone = (e: KubernetesProviderError) => {
       if (e.kind !== 'not_found') throw e;
     };
+    this.podWatch?.expectDeletion(r.pod);
     await this.call(`deleting pod ${r.namespace}/${r.pod}`, () => this.core().deleteNamespacedPod({ namespace: r.namespace, name: r.pod, gracePeriodSeconds: 0 })).catch(gone);
     if (r.claim && !keepClaim) await this.call(`deleting claim ${r.namespace}/${r.claim}`, () => this.core().deleteNamespacedPersistentVolumeClaim({ namespace: r.namespace, name: r.claim! })).catch(gone);
   }
@@ -695,8 +711,10 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   async probe(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness> {
     const record = await this.record(handle.root);
     if (record.state === 'suspended') return { alive: true };
+    const seen = record.namespace === this.podWatch?.namespace ? this.podWatch.exitOf(record.pod) : undefined;
+    if (seen) return { alive: false, reason: seen.reason, detail: `pod ${record.namespace}/${record.pod}: ${seen.detail}`, endedAtMs: seen.endedAtMs };
     const end = podEnd(await this.readPod(record.namespace, record.pod));
-    return end ? { alive: false, reason: end.reason, detail: `pod ${record.namespace}/${record.pod}: ${end.detail}` } : { alive: true };
+    return end ? { alive: false, reason: end.reason, detail: `pod ${record.namespace}/${record.pod}: ${end.detail}`, ...(end.finishedAt ? { endedAtMs: Date.parse(end.finishedAt) } : {}) } : { alive: true };
   }
 }
 

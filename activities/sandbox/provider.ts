@@ -236,4 +236,5 @@ export class SandboxProviderError extends Error {
   }
 }
 
-export type SandboxLiveness = { alive: true } | { alive: false; reason: string; detail: string };
+/** Dead: why, and when it ended when the provider knows (a pod's finish time: the compute session closes there). */
+export type SandboxLiveness = { alive: true } | { alive: false; reason: string; detail: string; endedAtMs?: number };

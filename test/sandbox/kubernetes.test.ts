@@ -12,6 +12,7 @@ import { ApplicationFailure } from '@temporalio/common';
 import { CoreV1Api, type KubeConfig } from '@kubernetes/client-node';
 import { defaultSandboxImage, engineEnv } from '../../activities/sandbox/container';
 import { KubernetesProviderError, KubernetesSandboxProvider, kubernetesSandboxRoot } from '../../activities/sandbox/kubernetes';
+import { SandboxPodWatch, type PodExit } from '../../activities/sandbox/kube-watch';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { createStreamSandbox } from '../../activities/sandbox/objective-sandboxes';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
@@ -176,5 +177,96 @@ describe('kubernetes: pods, claims, errors', () => {
     expect(issue({ provider: 'kubernetes', kubernetes: { image: 'x', resources: { limits: { memory: 'lots' } } } }, 'kubernetes.resources.limits.memory')).toMatch(/quantity/);
     expect(issue({ provider: 'kubernetes', kubernetes: { image: 'x' }, limits: { memory_mb: 512 } }, 'limits')).toMatch(/kubernetes.resources/);
     expect(issue({ provider: 'podman', kubernetes: { image: 'x' } }, 'kubernetes')).toMatch(/provider: kubernetes only/);
+  });
+});
+
+// Last in the file: it restarts the API server and loses the node.
+describe('kubernetes: the pod watcher (list+watch, 410 re-list, reconnect) reports deaths with the reason and the finish time', () => {
+  let parent: string;
+  let repo: string;
+  let p: KubernetesSandboxProvider;
+  const exits: PodExit[] = [];
+  const podOf = async (h: SandboxHandle) => (JSON.parse(await fs.readFile(`${h.root}.json`, 'utf8')) as { pod: string }).pod;
+  const exitFor = async (pod: string) => {
+    expect(await waitFor(async () => exits.some((e) => e.pod === pod), 60_000), `an exit for ${pod}; seen ${JSON.stringify(exits)}`).toBe(true);
+    return exits.filter((e) => e.pod === pod);
+  };
+
+  beforeAll(async () => {
+    parent = tempDir('kube-watch');
+    ({ repo } = makeRepo(parent));
+    p = provider();
+    await p.watch((e) => exits.push(e)).synced;
+  }, 60_000);
+  afterAll(async () => {
+    await p?.stopWatch();
+    if (parent) await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  it('a pod deleted behind Slipway\'s back is reported once, reason deleted; Slipway\'s own destroy is not', async () => {
+    const a = await p.create(sandboxRequest(repo, 'deleted-outside', { group: 'watch' }));
+    const b = await p.create(sandboxRequest(repo, 'destroyed-by-slipway', { group: 'watch' }));
+    const pod = await podOf(a);
+    const started = Date.now();
+    await core.deleteNamespacedPod({ namespace: NS, name: pod, gracePeriodSeconds: 0 });
+    const seen = await exitFor(pod);
+    expect(seen).toHaveLength(1);
+    expect(seen[0]).toMatchObject({ reason: 'deleted', sandboxId: a.sandboxId });
+    expect(seen[0].endedAtMs).toBeGreaterThanOrEqual(started - 1_000);
+    expect(await p.probe(a)).toMatchObject({ alive: false, reason: 'deleted' });
+    const bPod = await podOf(b);
+    await p.destroy({ repository: repo, root: b.root });
+    expect(await waitFor(async () => !(await core.readNamespacedPod({ namespace: NS, name: bPod }).catch(() => undefined)), 60_000)).toBe(true);
+    expect(exits.filter((e) => e.pod === bPod)).toEqual([]);
+    await p.destroy({ repository: repo, root: a.root });
+  });
+
+  it('eviction is reported with reason evicted and the container\'s finish time', async () => {
+    const h = await p.create(sandboxRequest(repo, 'evicted', { group: 'watch' }));
+    const pod = await podOf(h);
+    await node.evict(NS, pod);
+    const [e] = await exitFor(pod);
+    expect(e.reason).toBe('evicted');
+    expect(e.detail).toMatch(/evicted/);
+    const live = await core.readNamespacedPod({ namespace: NS, name: pod });
+    const finished = live.status?.containerStatuses?.[0].state?.terminated?.finishedAt;
+    if (finished) expect(e.endedAtMs).toBe(new Date(finished).getTime());
+    await p.destroy({ repository: repo, root: h.root });
+  });
+
+  it('survives an API server restart: a deletion after it is still reported', async () => {
+    const h = await p.create(sandboxRequest(repo, 'after-restart', { group: 'watch' }));
+    const watches = p.watch().stats.watches;
+    await cluster.restart();
+    const pod = await podOf(h);
+    // Deleted while the watch may still be reconnecting: the re-list or the new watch sees it.
+    await core.deleteNamespacedPod({ namespace: NS, name: pod, gracePeriodSeconds: 0 });
+    expect((await exitFor(pod))[0].reason).toBe('deleted');
+    expect(p.watch().stats.watches).toBeGreaterThan(watches);
+    await p.destroy({ repository: repo, root: h.root });
+  });
+
+  it('a watch from a resourceVersion the API server no longer has gets 410 Gone, re-lists, and goes on', async () => {
+    const h = await p.create(sandboxRequest(repo, 'gone', { group: 'watch' }));
+    const pod = await podOf(h);
+    const mine: PodExit[] = [];
+    const stale = new SandboxPodWatch(admin, { namespace: NS, labelSelector: `${KUBE_LABELS.managed}=true`, onExit: (e) => mine.push(e), resourceVersion: '1' });
+    try {
+      expect(await waitFor(async () => stale.stats.gone > 0 && stale.stats.lists > 0, 60_000), JSON.stringify(stale.stats)).toBe(true);
+      await core.deleteNamespacedPod({ namespace: NS, name: pod, gracePeriodSeconds: 0 });
+      expect(await waitFor(async () => mine.some((e) => e.pod === pod && e.reason === 'deleted'), 60_000)).toBe(true);
+    } finally {
+      await stale.stop();
+    }
+    await p.destroy({ repository: repo, root: h.root });
+  });
+
+  it('a lost node is reported as node_lost for its pods', async () => {
+    const h = await p.create(sandboxRequest(repo, 'node-lost', { group: 'watch' }));
+    const pod = await podOf(h);
+    await node.lose();
+    const [e] = await exitFor(pod);
+    expect(e.reason).toBe('node_lost');
+    expect(await p.probe(h)).toMatchObject({ alive: false, reason: 'node_lost' });
   });
 });

@@ -1,0 +1,183 @@
+/**
+ * The sandbox pod watcher (ADR 0020): an informer on the pods Slipway made in a namespace. It
+ * lists them, then watches from the list's resourceVersion; a watch that ends is resumed from the
+ * last resourceVersion it saw (bookmarks included), a 410 Gone (that version is no longer in the
+ * API server's window) re-lists, and a connection that fails (API server restart) is retried
+ * with back-off. A pod that ends (evicted, OOM-killed, failed), whose node is lost, or that is
+ * deleted without Slipway asking is reported once, with the reason and the pod's finish time.
+ */
+import { CoreV1Api, Watch, type KubeConfig, type V1Pod } from '@kubernetes/client-node';
+import { podEnd } from '../../core/kubernetes';
+
+export interface PodExit {
+  namespace: string;
+  pod: string;
+  /** The exact sandbox id (annotation), when the pod carries it. */
+  sandboxId?: string;
+  reason: 'oom_killed' | 'evicted' | 'deleted' | 'node_lost' | 'pod_failed';
+  detail: string;
+  /** When the pod ended (its container's finish time, the node's loss, its deletion), epoch ms. */
+  endedAtMs: number;
+}
+
+export interface PodWatchOptions {
+  namespace: string;
+  labelSelector: string;
+  onExit: (exit: PodExit) => void;
+  /** Resume from a resourceVersion seen earlier instead of listing first (a 410 re-lists). */
+  resourceVersion?: string;
+  /** Longest back-off between reconnects (default 5 s). */
+  maxBackoffMs?: number;
+}
+
+export class SandboxPodWatch {
+  /** What the informer did (tests and the bench read it). */
+  readonly stats = { lists: 0, watches: 0, gone: 0, failures: 0 };
+  private readonly pods = new Map<string, V1Pod>();
+  private readonly exits = new Map<string, PodExit>();
+  /** Pods Slipway deletes itself (destroy, suspend): their deletion is no death. */
+  private readonly expected = new Set<string>();
+  private stopped = false;
+  private abort?: AbortController;
+  private resourceVersion?: string;
+  private syncedResolve!: () => void;
+  /** Settles after the first list (or the first watch when resuming). */
+  readonly synced = new Promise<void>((r) => (this.syncedResolve = r));
+  private readonly done: Promise<void>;
+
+  get namespace(): string {
+    return this.opts.namespace;
+  }
+
+  constructor(private readonly kc: KubeConfig, private readonly opts: PodWatchOptions) {
+    this.resourceVersion = opts.resourceVersion;
+    this.done = this.loop();
+  }
+
+  /** The exit seen for a pod, if it ended. */
+  exitOf(pod: string): PodExit | undefined {
+    return this.exits.get(pod);
+  }
+
+  /** Slipway is about to delete this pod: its deletion is not reported. */
+  expectDeletion(pod: string): void {
+    this.expected.add(pod);
+  }
+
+  async stop(): Promise<void> {
+    this.stopped = true;
+    this.abort?.abort();
+    await this.done;
+  }
+
+  private see(type: string, pod: V1Pod): void {
+    const name = pod.metadata?.name;
+    if (!name) return;
+    if (type === 'DELETED') {
+      this.pods.delete(name);
+      // Gone for good: its name is free of Slipway's expectation again.
+      if (this.expected.delete(name)) return;
+      this.report(pod, { reason: 'deleted', detail: 'the pod was deleted outside Slipway' });
+      return;
+    }
+    this.pods.set(name, pod);
+    if (this.expected.has(name)) return;
+    const end = podEnd(pod);
+    if (end) this.report(pod, end);
+  }
+
+  private report(pod: V1Pod, end: { reason: PodExit['reason']; detail: string; finishedAt?: string }): void {
+    const name = pod.metadata!.name!;
+    if (this.exits.has(name)) return;
+    const exit: PodExit = {
+      namespace: this.opts.namespace,
+      pod: name,
+      sandboxId: pod.metadata?.annotations?.['slipway.dev/sandbox-id'],
+      reason: end.reason,
+      detail: end.detail,
+      endedAtMs: end.finishedAt ? Date.parse(end.finishedAt) : Date.now(),
+    };
+    this.exits.set(name, exit);
+    try {
+      this.opts.onExit(exit);
+    } catch {
+      /* the listener's error is its own */
+    }
+  }
+
+  private async list(): Promise<void> {
+    const core = this.kc.makeApiClient(CoreV1Api);
+    const list = await core.listNamespacedPod({ namespace: this.opts.namespace, labelSelector: this.opts.labelSelector });
+    this.stats.lists++;
+    const names = new Set<string>();
+    for (const pod of list.items) {
+      names.add(pod.metadata!.name!);
+      this.see(this.pods.has(pod.metadata!.name!) ? 'MODIFIED' : 'ADDED', pod);
+    }
+    // Deleted while no watch ran (the API server was away, or the watch fell behind).
+    for (const [name, pod] of [...this.pods]) if (!names.has(name)) this.see('DELETED', pod);
+    this.resourceVersion = list.metadata?.resourceVersion;
+  }
+
+  /** One watch from the current resourceVersion; resolves when it ends, with whether it was a 410. */
+  private watchOnce(): Promise<{ gone: boolean; error?: unknown }> {
+    return new Promise((resolve) => {
+      let gone = false;
+      this.stats.watches++;
+      new Watch(this.kc)
+        .watch(
+          `/api/v1/namespaces/${this.opts.namespace}/pods`,
+          { labelSelector: this.opts.labelSelector, resourceVersion: this.resourceVersion, allowWatchBookmarks: true },
+          (type: string, obj: V1Pod & { code?: number }) => {
+            if (type === 'ERROR') {
+              if (obj?.code === 410) gone = true;
+              return;
+            }
+            if (obj?.metadata?.resourceVersion) this.resourceVersion = obj.metadata.resourceVersion;
+            if (type === 'BOOKMARK') return;
+            this.see(type, obj);
+          },
+          (err: unknown) => resolve({ gone, error: err ?? undefined }),
+        )
+        .then(
+          (controller) => {
+            this.abort = controller;
+            if (this.stopped) controller.abort();
+          },
+          (error: unknown) => resolve({ gone: (error as { code?: number })?.code === 410, error }),
+        );
+    });
+  }
+
+  private async loop(): Promise<void> {
+    let backoff = 0;
+    while (!this.stopped) {
+      try {
+        if (this.resourceVersion === undefined) await this.list();
+        this.syncedResolve();
+        const { gone, error } = await this.watchOnce();
+        if (gone) {
+          this.stats.gone++;
+          this.resourceVersion = undefined;
+          backoff = 0;
+          continue;
+        }
+        if (!error) {
+          backoff = 0;
+          continue;
+        }
+        throw error;
+      } catch (e) {
+        if ((e as { code?: number })?.code === 410) {
+          this.stats.gone++;
+          this.resourceVersion = undefined;
+          continue;
+        }
+        if (this.stopped) break;
+        this.stats.failures++;
+        backoff = Math.min(backoff ? backoff * 2 : 200, this.opts.maxBackoffMs ?? 5_000);
+        await new Promise((r) => setTimeout(r, backoff));
+      }
+    }
+  }
+}
