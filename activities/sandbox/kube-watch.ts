@@ -32,7 +32,9 @@ export interface PodWatchOptions {
 
 export class SandboxPodWatch {
   /** What the informer did (tests and the bench read it). */
-  readonly stats = { lists: 0, watches: 0, gone: 0, failures: 0 };
+  readonly stats = { lists: 0, watches: 0, connected: 0, gone: 0, failures: 0 };
+  /** The last list or watch failure (a 403 names the missing permission through classifyKubeError). */
+  lastError?: unknown;
   private readonly pods = new Map<string, V1Pod>();
   private readonly exits = new Map<string, PodExit>();
   /** Pods Slipway deletes itself (destroy, suspend): their deletion is no death. */
@@ -123,6 +125,7 @@ export class SandboxPodWatch {
   private watchOnce(): Promise<{ gone: boolean; error?: unknown }> {
     return new Promise((resolve) => {
       let gone = false;
+      let ended = false;
       this.stats.watches++;
       new Watch(this.kc)
         .watch(
@@ -137,10 +140,18 @@ export class SandboxPodWatch {
             if (type === 'BOOKMARK') return;
             this.see(type, obj);
           },
-          (err: unknown) => resolve({ gone, error: err ?? undefined }),
+          (err: unknown) => {
+            ended = true;
+            // A refused watch (client-node: an Error with statusCode) says which permission it lacked.
+            const status = (err as { statusCode?: number } | null)?.statusCode;
+            const error = status ? Object.assign(new Error(`watch pods in namespace ${this.opts.namespace} (the API server answered ${status} ${(err as Error).message})`), { code: status }) : (err ?? undefined);
+            resolve({ gone: gone || status === 410, error: status === 410 ? undefined : error });
+          },
         )
         .then(
           (controller) => {
+            // done() runs first when the API server refused the watch: that is no connection.
+            if (!ended) this.stats.connected++;
             this.abort = controller;
             if (this.stopped) controller.abort();
           },
@@ -175,6 +186,7 @@ export class SandboxPodWatch {
         }
         if (this.stopped) break;
         this.stats.failures++;
+        this.lastError = e;
         backoff = Math.min(backoff ? backoff * 2 : 200, this.opts.maxBackoffMs ?? 5_000);
         await new Promise((r) => setTimeout(r, backoff));
       }

@@ -440,7 +440,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
         ws = await new Exec(this.kc()).exec(r.namespace, r.pod, KUBE_CONTAINER, argv, sink('stdout'), sink('stderr'), stdin, false, (s) => (status = s));
       } catch (e) {
         const err = classifyKubeError(e, `exec in pod ${r.namespace}/${r.pod}`);
-        if (err.status === 403) throw new KubernetesProviderError(`Kubernetes: missing RBAC permission: get and create pods/exec in namespace ${r.namespace} (the API server refused the exec with 403)`, 'unauthorized', 403);
+        if (err.status === 403) throw new KubernetesProviderError(`Kubernetes: missing RBAC permission: get pods/exec in namespace ${r.namespace} (the API server refused the exec with 403; an API server that authorizes the WebSocket upgrade as create needs create pods/exec too)`, 'unauthorized', 403);
         // The handshake failed: nothing ran, so a 5xx or 429 can be tried again.
         if ((err.kind === 'transient' || err.kind === 'rate_limit') && attempt < (this.options.retries ?? 4)) {
           await sleep(Math.min(250 * 2 ** attempt, 5_000));

@@ -7,11 +7,13 @@
  */
 import { execFileSync } from 'node:child_process';
 import { promises as fs } from 'node:fs';
+import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ApplicationFailure } from '@temporalio/common';
-import { CoreV1Api, type KubeConfig } from '@kubernetes/client-node';
+import { CoreV1Api, KubernetesObjectApi, PatchStrategy, type KubeConfig } from '@kubernetes/client-node';
+import { parseAllDocuments } from 'yaml';
 import { defaultSandboxImage, engineEnv } from '../../activities/sandbox/container';
-import { KubernetesProviderError, KubernetesSandboxProvider, kubernetesSandboxRoot } from '../../activities/sandbox/kubernetes';
+import { classifyKubeError, KubernetesProviderError, KubernetesSandboxProvider, kubernetesSandboxRoot } from '../../activities/sandbox/kubernetes';
 import { SandboxPodWatch, type PodExit } from '../../activities/sandbox/kube-watch';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { createStreamSandbox } from '../../activities/sandbox/objective-sandboxes';
@@ -178,6 +180,89 @@ describe('kubernetes: pods, claims, errors', () => {
     expect(issue({ provider: 'kubernetes', kubernetes: { image: 'x' }, limits: { memory_mb: 512 } }, 'limits')).toMatch(/kubernetes.resources/);
     expect(issue({ provider: 'podman', kubernetes: { image: 'x' } }, 'kubernetes')).toMatch(/provider: kubernetes only/);
   });
+});
+
+describe('kubernetes: infra/kubernetes/rbac.yaml is exactly what the provider needs', () => {
+  const RBAC_NS = 'rbac-sandboxes';
+  let parent: string;
+  let repo: string;
+  type Rule = { apiGroups: string[]; resources: string[]; verbs: string[] };
+  let role: { apiVersion: string; kind: string; metadata: { name: string; namespace: string }; rules: Rule[] };
+  let objects: KubernetesObjectApi;
+
+  /** Server-side apply of the Role with these rules, as `kubectl apply --server-side` does. */
+  const applyRole = async (rules: Rule[]) => {
+    await objects.patch({ ...role, metadata: { ...role.metadata, namespace: RBAC_NS }, rules } as never, undefined, undefined, 'slipway-test', true, PatchStrategy.ServerSideApply);
+  };
+
+  /** Everything the provider does, with the slipway-provider token only; throws its first failure. */
+  const flow = async (label: string) => {
+    const p = new KubernetesSandboxProvider({ kubeConfig: cluster.config('slipway-provider'), defaults: { namespace: RBAC_NS, image: 'slipway-sandbox' }, retries: 0 });
+    const w = p.watch();
+    await waitFor(async () => w.stats.connected > 0 || w.stats.failures > 0, 30_000);
+    if (w.stats.connected === 0) throw classifyKubeError(w.lastError, 'watching sandbox pods');
+    await p.stopWatch();
+    const h = await p.create(sandboxRequest(repo, label, { group: 'rbac' }));
+    try {
+      await p.writeFile(h, 'made.txt', 'x');
+      const c = await p.exec(h, { command: 'git add made.txt && git -c user.name=t -c user.email=t@t commit -qm made && git rev-parse HEAD', shell: true });
+      expect(c.exitCode, c.stderr).toBe(0);
+      expect((await p.collect(h)).head).toBe(c.stdout.trim());
+      expect((await p.list(repo)).map((s) => s.root)).toContain(h.root);
+      expect(await p.probe(h)).toEqual({ alive: true });
+      await p.suspend(h);
+      await p.restore(h);
+      expect((await p.readFile(h, 'made.txt')).toString()).toBe('x');
+    } finally {
+      await p.destroy({ repository: repo, root: h.root });
+    }
+  };
+
+  beforeAll(async () => {
+    parent = tempDir('kube-rbac');
+    ({ repo } = makeRepo(parent));
+    objects = KubernetesObjectApi.makeApiClient(admin);
+    const docs = parseAllDocuments(await fs.readFile(path.join(__dirname, '..', '..', 'infra', 'kubernetes', 'rbac.yaml'), 'utf8')).map((d) => d.toJS());
+    role = docs.find((d) => d.kind === 'Role');
+    expect(role?.rules?.length).toBeGreaterThan(0);
+    await core.createNamespace({ body: { metadata: { name: RBAC_NS } } });
+    expect(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: RBAC_NS, name: 'default' }).catch(() => undefined)), 60_000)).toBe(true);
+    // The file's binding names the workers' ServiceAccount; here the token user gets the same Role.
+    const binding = docs.find((d) => d.kind === 'RoleBinding');
+    await applyRole(role.rules);
+    await objects.patch({ ...binding, metadata: { ...binding.metadata, namespace: RBAC_NS }, subjects: [{ kind: 'User', name: 'slipway-provider', apiGroup: 'rbac.authorization.k8s.io' }] } as never, undefined, undefined, 'slipway-test', true, PatchStrategy.ServerSideApply);
+  }, 120_000);
+  afterAll(async () => {
+    if (parent) await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  it('create, exec, files, collect, list, probe, suspend, restore, destroy and the pod watch all work with the Role alone', async () => {
+    await flow('full');
+  });
+
+  it('without any one verb of the Role the provider fails, naming the missing permission', async () => {
+    const missing: string[] = [];
+    for (const [i, rule] of role.rules.entries()) {
+      for (const verb of rule.verbs) {
+        const rules = role.rules.map((r, j) => (j === i ? { ...r, verbs: r.verbs.filter((v) => v !== verb) } : r)).filter((r) => r.verbs.length > 0);
+        await applyRole(rules);
+        // RBAC changes reach the authorizer through its informer: wait until the refusal shows.
+        let err: unknown;
+        const resource = rule.resources[0];
+        const needle = resource === 'pods/exec' ? 'pods/exec' : `${verb} ${resource}`;
+        await waitFor(async () => {
+          err = await flow(`drop-${verb}-${resource.replace('/', '-')}`).then(() => undefined, (e: unknown) => e);
+          return !!err && (err as Error).message.includes(needle);
+        }, 60_000);
+        expect(err, `${verb} ${resource}`).toBeInstanceOf(KubernetesProviderError);
+        expect((err as Error).message).toContain('missing RBAC permission');
+        expect((err as Error).message).toContain(needle);
+        missing.push(`${verb} ${resource}`);
+      }
+    }
+    await applyRole(role.rules);
+    expect(missing.length).toBe(role.rules.reduce((n, r) => n + r.verbs.length, 0));
+  }, 600_000);
 });
 
 // Last in the file: it restarts the API server and loses the node.
