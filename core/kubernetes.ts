@@ -21,6 +21,9 @@ export const KUBE_LABELS = {
   /** The objective (stream sandboxes) or the project (service sandboxes): the sandbox's group. */
   group: 'slipway.dev/group',
   account: 'slipway.dev/account',
+  /** Warm-pool pods: the pool's key (image and settings), and whether a create has claimed the pod. */
+  pool: 'slipway.dev/pool',
+  claimed: 'slipway.dev/claimed',
 } as const;
 
 /** A DNS-1123 name or label value: lower-case alphanumerics and '-', at most 63 characters. */

@@ -25,7 +25,7 @@ import { createWriteStream, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { PassThrough, Writable } from 'node:stream';
-import { CoreV1Api, Exec, KubeConfig, type V1Pod, type V1Status } from '@kubernetes/client-node';
+import { CoreV1Api, Exec, KubeConfig, PatchStrategy, setHeaderOptions, type V1Pod, type V1Status } from '@kubernetes/client-node';
 import { quote } from 'shell-quote';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { classifyKubeStatus, KUBE_CONTAINER, KUBE_LABELS, KUBE_WORKSPACE, LABEL_VALUE, podEnd, podReady, sandboxClaim, sandboxPod, unschedulable, type KubeFailureKind, type KubernetesSettings } from '../../core/kubernetes';
@@ -220,6 +220,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   private kcCache?: KubeConfig;
   private coreCache?: CoreV1Api;
   private podWatch?: SandboxPodWatch;
+  private readonly filling = new Map<string, Promise<number>>();
 
   constructor(private readonly options: KubernetesProviderOptions = {}) {}
 
@@ -325,11 +326,17 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     // A fresh name per pod: a destroyed sandbox's pod may still be terminating under the old one.
     const podName = `slipway-${createHash('sha256').update(w.root).digest('hex').slice(0, 12)}-${randomBytes(3).toString('hex')}`;
     const claim = settings.workspace === 'ephemeral' ? undefined : podName;
-    const base: KubeRecord = { version: 1, sandboxId: req.sandboxId, group: req.group, name: req.name, branch: req.branch, baseCommit, startCommit, namespace, pod: podName, ...(claim ? { claim } : {}), image, settings, state: 'creating', createdAt: new Date().toISOString() };
+    const warm = (req.warmPool ?? 0) > 0;
+    const draft: KubeRecord = { version: 1, sandboxId: req.sandboxId, group: req.group, name: req.name, branch: req.branch, baseCommit, startCommit, namespace, pod: podName, ...(claim ? { claim } : {}), image, settings, state: 'creating', createdAt: new Date().toISOString() };
+    const pooled = warm ? await this.claimPooled(draft, repo) : undefined;
+    const base: KubeRecord = pooled ? { ...draft, pod: pooled.pod, ...(pooled.claim ? { claim: pooled.claim } : {}) } : draft;
     await writeJsonAtomic(w.recordFile, base, { mkdir: true });
+    if (warm) void this.fillPool(namespace, image, settings, req.warmPool!).catch(() => undefined);
     try {
-      await this.makePod(base, repo);
-      await this.waitReady(namespace, podName, req.signal);
+      if (!pooled) {
+        await this.makePod(base, repo);
+        await this.waitReady(namespace, base.pod, req.signal);
+      }
       const local = await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-kube-'));
       let bundle: Buffer;
       try {
@@ -356,7 +363,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
       }
       const headCommit = await this.head(w.root);
       await writeJsonAtomic(w.recordFile, { ...base, state: 'ready' });
-      return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
+      return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: pooled ? 'pool' : 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
     } catch (e) {
       // Nothing half-made stays: the pod and claim go, and the record with them.
       await this.deleteObjects(base).catch(() => undefined);
@@ -381,9 +388,9 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   }
 
   /** The claim (when the workspace is one, and not there yet) and the pod of a record. */
-  private async makePod(r: KubeRecord, repo: string): Promise<void> {
-    const labels = this.labelsOf(r, repo);
-    const annotations = this.annotationsOf(r);
+  private async makePod(r: KubeRecord, repo: string | undefined, poolKey?: string): Promise<void> {
+    const labels = poolKey ? { ...r.settings.labels, ...this.options.labels, [KUBE_LABELS.managed]: 'true', [KUBE_LABELS.pool]: poolKey, [KUBE_LABELS.claimed]: 'false' } : this.labelsOf(r, repo!);
+    const annotations = poolKey ? {} : this.annotationsOf(r);
     if (r.claim) {
       const claimName = r.claim;
       const existing = await this.call(`reading claim ${r.namespace}/${claimName}`, () => this.core().readNamespacedPersistentVolumeClaim({ namespace: r.namespace, name: claimName })).catch((e: KubernetesProviderError) => {
@@ -393,6 +400,68 @@ export class KubernetesSandboxProvider implements SandboxProvider {
       if (!existing) await this.call(`creating claim ${r.namespace}/${claimName}`, () => this.core().createNamespacedPersistentVolumeClaim({ namespace: r.namespace, body: sandboxClaim({ name: claimName, namespace: r.namespace, settings: r.settings, labels, annotations }) as never }));
     }
     await this.call(`creating pod ${r.namespace}/${r.pod}`, () => this.core().createNamespacedPod({ namespace: r.namespace, body: sandboxPod({ name: r.pod, namespace: r.namespace, image: r.image, settings: r.settings, labels, annotations, claim: r.claim }) as never }));
+  }
+
+  /** The warm pool a sandbox with these settings draws from: its image and everything in its pod spec. */
+  poolKey(namespace: string, image: string, settings: KubernetesSettings): string {
+    const { labels: _labels, ...spec } = settings;
+    return createHash('sha256').update(JSON.stringify({ namespace, image, spec })).digest('hex').slice(0, 16);
+  }
+
+  /**
+   * Keeps `size` unclaimed pods (and their claims) of this key Ready; resolves once they are.
+   * One fill per key at a time in this provider (concurrent creates do not overshoot).
+   */
+  fillPool(namespace: string, image: string, settings: KubernetesSettings, size: number): Promise<number> {
+    const key = this.poolKey(namespace, image, settings);
+    const running = this.filling.get(key);
+    if (running) return running;
+    const fill = this.fillPoolOnce(key, namespace, image, settings, size).finally(() => this.filling.delete(key));
+    this.filling.set(key, fill);
+    return fill;
+  }
+
+  private async fillPoolOnce(key: string, namespace: string, image: string, settings: KubernetesSettings, size: number): Promise<number> {
+    const pods = await this.call('listing the warm pool', () => this.core().listNamespacedPod({ namespace, labelSelector: `${KUBE_LABELS.pool}=${key},${KUBE_LABELS.claimed}=false` }));
+    const live = pods.items.filter((p) => !podEnd(p));
+    const missing = Math.max(0, size - live.length);
+    const made: string[] = [];
+    for (let i = 0; i < missing; i++) {
+      const name = `slipway-pool-${key.slice(0, 8)}-${randomBytes(3).toString('hex')}`;
+      const r: KubeRecord = { version: 1, sandboxId: `pool.${key}`, group: 'pool', name, branch: '', baseCommit: '', startCommit: '', namespace, pod: name, ...(settings.workspace === 'ephemeral' ? {} : { claim: name }), image, settings, state: 'creating', createdAt: new Date().toISOString() };
+      await this.makePod(r, undefined, key);
+      made.push(name);
+    }
+    await Promise.all(made.map((name) => this.waitReady(namespace, name)));
+    return made.length;
+  }
+
+  /**
+   * Takes a Ready pod of the pool: a label patch carrying the pod's resourceVersion, so of two
+   * creates that pick the same pod one wins and the other gets 409 Conflict and tries the next.
+   * The winner relabels the pod's claim as the sandbox's too. Undefined when the pool is empty.
+   */
+  private async claimPooled(r: KubeRecord, repo: string): Promise<{ pod: string; claim?: string } | undefined> {
+    const key = this.poolKey(r.namespace, r.image, r.settings);
+    const pods = await this.call('listing the warm pool', () => this.core().listNamespacedPod({ namespace: r.namespace, labelSelector: `${KUBE_LABELS.pool}=${key},${KUBE_LABELS.claimed}=false` }));
+    const ready = pods.items.filter((p) => podReady(p) && !p.metadata?.deletionTimestamp).sort(() => Math.random() - 0.5);
+    const labels = { ...this.labelsOf(r, repo), [KUBE_LABELS.claimed]: 'true' };
+    const annotations = this.annotationsOf(r);
+    const merge = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
+    for (const pod of ready) {
+      const name = pod.metadata!.name!;
+      try {
+        await this.core().patchNamespacedPod({ namespace: r.namespace, name, body: { metadata: { resourceVersion: pod.metadata!.resourceVersion, labels, annotations } } }, merge);
+      } catch (e) {
+        const err = classifyKubeError(e, `claiming pod ${r.namespace}/${name} from the warm pool`);
+        if (err.kubeKind === 'conflict' || err.kind === 'not_found') continue;
+        throw err;
+      }
+      const claim = pod.spec?.volumes?.find((v) => v.name === 'workspace')?.persistentVolumeClaim?.claimName;
+      if (claim) await this.call(`relabelling claim ${r.namespace}/${claim}`, () => this.core().patchNamespacedPersistentVolumeClaim({ namespace: r.namespace, name: claim, body: { metadata: { labels, annotations } } }, merge));
+      return { pod: name, ...(claim ? { claim } : {}) };
+    }
+    return undefined;
   }
 
   /** Until the pod is Ready; fails with the scheduler's message once it has refused the pod long enough, or with how the pod ended. */

@@ -170,6 +170,23 @@ describe('kubernetes: pods, claims, errors', () => {
     expect((await p.readFile(handle, 'kept.txt')).toString()).toBe('kept');
   });
 
+  it('warm pool: 12 concurrent creates never share a pod; the pool refills in the background', async () => {
+    const settings = { namespace: NS, image: 'slipway-sandbox', workspace: 'ephemeral' as const };
+    const pool = provider({ defaults: settings });
+    expect(await pool.fillPool(NS, 'slipway-sandbox', settings, 4)).toBe(4);
+    const handles = await Promise.all(Array.from({ length: 12 }, (_, i) => pool.create({ ...sandboxRequest(repo, `warm-${i}`, { group: 'kube-pool' }), warmPool: 4 })));
+    const pods = await Promise.all(handles.map(record));
+    expect(new Set(pods.map((r) => r.pod)).size).toBe(12);
+    expect(handles.filter((h) => h.origin === 'pool')).toHaveLength(4);
+    // Each sandbox is its own: its branch checked out, nothing of another's.
+    for (const h of handles.slice(0, 3)) expect((await pool.exec(h, { command: 'git symbolic-ref --short HEAD', shell: true })).stdout.trim()).toBe(h.branch);
+    const key = pool.poolKey(NS, 'slipway-sandbox', settings);
+    const unclaimed = async () => (await core.listNamespacedPod({ namespace: NS, labelSelector: `${KUBE_LABELS.pool}=${key},${KUBE_LABELS.claimed}=false` })).items;
+    expect(await waitFor(async () => (await unclaimed()).filter((p) => p.status?.phase === 'Running').length === 4, 120_000)).toBe(true);
+    await Promise.all(handles.map((h) => pool.destroy({ repository: repo, root: h.root })));
+    await core.deleteCollectionNamespacedPod({ namespace: NS, labelSelector: `${KUBE_LABELS.pool}=${key}` });
+  }, 300_000);
+
   it('the objective file takes provider: kubernetes with its section, and refuses what does not fit, naming the field', () => {
     const ok = SandboxConfigSchema.safeParse({ provider: 'kubernetes', kubernetes: { image: 'ghcr.io/acme/sandbox:1', namespace: 'ci', resources: { limits: { memory: '2Gi', cpu: '1' } }, tolerations: [{ key: 'pool', operator: 'Equal', value: 'sandbox', effect: 'NoSchedule' }] } });
     expect(ok.success, JSON.stringify(ok.error?.issues)).toBe(true);
@@ -202,7 +219,10 @@ describe('kubernetes: infra/kubernetes/rbac.yaml is exactly what the provider ne
     await waitFor(async () => w.stats.connected > 0 || w.stats.failures > 0, 30_000);
     if (w.stats.connected === 0) throw classifyKubeError(w.lastError, 'watching sandbox pods');
     await p.stopWatch();
-    const h = await p.create(sandboxRequest(repo, label, { group: 'rbac' }));
+    // From the warm pool (a label patch on the pod and its claim).
+    await p.fillPool(RBAC_NS, 'slipway-sandbox', { namespace: RBAC_NS, image: 'slipway-sandbox' }, 1);
+    const h = await p.create({ ...sandboxRequest(repo, label, { group: 'rbac' }), warmPool: 1 });
+    expect(h.origin).toBe('pool');
     try {
       await p.writeFile(h, 'made.txt', 'x');
       const c = await p.exec(h, { command: 'git add made.txt && git -c user.name=t -c user.email=t@t commit -qm made && git rev-parse HEAD', shell: true });
@@ -250,17 +270,19 @@ describe('kubernetes: infra/kubernetes/rbac.yaml is exactly what the provider ne
         let err: unknown;
         const resource = rule.resources[0];
         const needle = resource === 'pods/exec' ? 'pods/exec' : `${verb} ${resource}`;
+        let attempt = 0;
         await waitFor(async () => {
-          err = await flow(`drop-${verb}-${resource.replace('/', '-')}`).then(() => undefined, (e: unknown) => e);
+          err = await flow(`drop-${verb}-${resource.replace('/', '-')}-${attempt++}`).then(() => undefined, (e: unknown) => e);
           return !!err && (err as Error).message.includes(needle);
         }, 60_000);
-        expect(err, `${verb} ${resource}`).toBeInstanceOf(KubernetesProviderError);
+        expect(err, `${verb} ${resource}: ${(err as Error)?.message}`).toBeInstanceOf(KubernetesProviderError);
         expect((err as Error).message).toContain('missing RBAC permission');
         expect((err as Error).message).toContain(needle);
         missing.push(`${verb} ${resource}`);
       }
     }
     await applyRole(role.rules);
+    await core.deleteCollectionNamespacedPod({ namespace: RBAC_NS, labelSelector: KUBE_LABELS.pool });
     expect(missing.length).toBe(role.rules.reduce((n, r) => n + r.verbs.length, 0));
   }, 600_000);
 });
