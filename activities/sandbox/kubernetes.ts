@@ -599,6 +599,19 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     return result({ exitCode: ending ? (res.exitCode ?? 137) : res.exitCode, stdout: out.stdout.text(), stderr, timedOut: ending === 'timedOut', cancelled: ending === 'cancelled' });
   }
 
+  /** Whether a process whose command line holds `marker` runs in any sandbox pod of the namespace (tests against a real cluster). */
+  async processRunningInAny(marker: string): Promise<boolean> {
+    const namespace = this.defaultNamespace();
+    const pods = await this.call('listing sandbox pods', () => this.core().listNamespacedPod({ namespace, labelSelector: `${KUBE_LABELS.managed}=true` }));
+    const half = Math.floor(marker.length / 2);
+    for (const pod of pods.items.filter(podReady)) {
+      // The marker in two halves, so this scan's own command line never matches.
+      const r = await this.control({ namespace, pod: pod.metadata!.name! }, ['/bin/sh', '-c', 'm="$1$2"; for d in /proc/[0-9]*; do [ "${d#/proc/}" = "$$" ] && continue; tr "\\000" " " < $d/cmdline 2>/dev/null | grep -qF -- "$m" && exit 0; done; exit 1', 'scan', marker.slice(0, half), marker.slice(half)]).catch(() => undefined);
+      if (r?.exitCode === 0) return true;
+    }
+    return false;
+  }
+
   async openSession(): Promise<SandboxSession> {
     throw new SessionRequestError('interactive sessions are not available on provider: kubernetes yet (ADR 0020)');
   }
