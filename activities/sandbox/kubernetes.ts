@@ -21,6 +21,7 @@
  * within the pod; the pod is the boundary (nothing of the worker's is in it).
  */
 import { createHash, randomBytes } from 'node:crypto';
+import { spawn } from 'node:child_process';
 import { createWriteStream, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -357,6 +358,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
         } as KubeExecRequest,
       );
       if (start.exitCode !== 0) throw new Error(`starting the sandbox from its bundle failed (exit ${start.exitCode}): ${start.stderr.trim()}`);
+      for (const host of req.container?.readable ?? []) await this.copyIn({ root: w.root }, host);
       let setup: SandboxHandle['setup'];
       if (req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0)) {
         setup = await runProjectSetup((r) => this.exec({ root: w.root }, r), req.setup as ProjectSetup, { signal: req.signal, onProgress: req.onProgress });
@@ -400,6 +402,33 @@ export class KubernetesSandboxProvider implements SandboxProvider {
       if (!existing) await this.call(`creating claim ${r.namespace}/${claimName}`, () => this.core().createNamespacedPersistentVolumeClaim({ namespace: r.namespace, body: sandboxClaim({ name: claimName, namespace: r.namespace, settings: r.settings, labels, annotations }) as never }));
     }
     await this.call(`creating pod ${r.namespace}/${r.pod}`, () => this.core().createNamespacedPod({ namespace: r.namespace, body: sandboxPod({ name: r.pod, namespace: r.namespace, image: r.image, settings: r.settings, labels, annotations, claim: r.claim }) as never }));
+  }
+
+  /**
+   * A host folder the sandbox should read (the objective's folder, where script agents and
+   * prompt files live), copied into the pod at the same absolute path: a pod cannot bind a
+   * worker's folder as a container does. A copy, made read-only for the sandbox's user by mode
+   * only; at most 64 MiB. A path that does not exist is left out.
+   */
+  private async copyIn(handle: Pick<SandboxHandle, 'root'>, host: string): Promise<void> {
+    const stat = await fs.stat(host).catch(() => undefined);
+    if (!stat) return;
+    const tar = await new Promise<Buffer>((resolve, reject) => {
+      const child = spawn('tar', ['-C', path.dirname(host), '-cf', '-', '--', path.basename(host)], { stdio: ['ignore', 'pipe', 'pipe'] });
+      const out: Buffer[] = [];
+      let size = 0;
+      let err = '';
+      child.stdout.on('data', (c: Buffer) => {
+        size += c.length;
+        if (size > 64 * 1024 * 1024) child.kill('SIGKILL');
+        else out.push(c);
+      });
+      child.stderr.on('data', (c: Buffer) => (err += c.toString()));
+      child.on('error', reject);
+      child.on('close', (code) => (size > 64 * 1024 * 1024 ? reject(new Error(`${host} is over 64 MiB: too big to copy into a pod`)) : code === 0 ? resolve(Buffer.concat(out)) : reject(new Error(`tar of ${host} failed: ${err.trim()}`))));
+    });
+    const r = await this.exec(handle, { command: '/bin/sh', args: ['-c', 'mkdir -p -- "$1" && tar -C "$1" -xf - --no-same-owner && chmod -R a-w -- "$1/$2"', 'copy-in', path.dirname(host), path.basename(host)], stdinBytes: tar, timeoutMs: 5 * 60_000 } as KubeExecRequest);
+    if (r.exitCode !== 0) throw new Error(`copying ${host} into the pod failed (exit ${r.exitCode}): ${r.stderr.trim()}`);
   }
 
   /** The warm pool a sandbox with these settings draws from: its image and everything in its pod spec. */
