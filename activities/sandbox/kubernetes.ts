@@ -33,12 +33,12 @@ import { classifyKubeStatus, KUBE_CONTAINER, KUBE_LABELS, KUBE_WORKSPACE, LABEL_
 import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
 import type { RunResult } from '../process';
-import { KILL_EXEC_SCRIPT, newExecId } from './container';
+import { KILL_EXEC_SCRIPT, newExecId, SIGNAL_EXEC_SCRIPT } from './container';
 import { SandboxPodWatch, type PodExit } from './kube-watch';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { NotAFolderError, PathEscapeError } from './paths';
-import { SANDBOX_BASE_ENV, SandboxProviderError, type ExecRequest, type ProjectSetup, type ProviderFailureKind, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession } from './provider';
-import { SessionRequestError } from './session';
+import { SANDBOX_BASE_ENV, SandboxProviderError, type ExecRequest, type ProjectSetup, type ProviderFailureKind, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
+import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
 
@@ -216,8 +216,6 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   readonly kind = 'kubernetes';
   /** A pod is reachable from any worker with the credentials. */
   readonly hostBound = false;
-  /** Interactive sessions are not served on Kubernetes yet (ADR 0020). */
-  readonly sessions = false;
   private kcCache?: KubeConfig;
   private coreCache?: CoreV1Api;
   private podWatch?: SandboxPodWatch;
@@ -641,8 +639,107 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     return false;
   }
 
-  async openSession(): Promise<SandboxSession> {
-    throw new SessionRequestError('interactive sessions are not available on provider: kubernetes yet (ADR 0020)');
+  /**
+   * An interactive process through pods/exec, under the same wrapper as exec (its own process
+   * group, found by the exec id for signals and kill). Without a pty its directory and environment
+   * come first on stdin, as for exec; under a pty the terminal would echo that line, so they go
+   * first into a file only root in the pod reads, which the wrapper reads and removes. A pty is
+   * the kubelet's (tty=true), sized through exec's resize channel; ^C, ^\ and ^Z are typed (no setsid there: the command keeps
+   * the terminal as its controlling one, so they reach it).
+   */
+  async openSession(handle: Pick<SandboxHandle, 'root'>, req: SessionRequest): Promise<SandboxSession> {
+    const record = await this.record(handle.root);
+    const cwd = req.cwd ? lexical(req.cwd) : undefined;
+    const size = req.pty ? checkSize(req.pty.cols, req.pty.rows) : undefined;
+    const env = { ...(req.inheritEnv === false ? {} : SANDBOX_BASE_ENV), ...(req.pty ? { TERM: 'xterm-256color' } : {}), ...req.env };
+    const id = newExecId();
+    const head = header(KUBE_WORKSPACE, cwd === '.' ? undefined : cwd, env);
+    const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
+    let wrapper = WRAPPER;
+    if (size) {
+      const file = `/tmp/slipway-exec/${id}.env`;
+      const put = await this.control(record, ['/bin/sh', '-c', 'umask 077 && mkdir -p /tmp/slipway-exec && cat > "$1"', 'put', file], head);
+      if (put.exitCode !== 0) throw new Error(`preparing the session in the pod failed: ${put.stderr.trim()}`);
+      // The wrapper outlives a typed ^C or ^\ (caught, so the command starts with the default
+      // action and decides for itself) and passes the command's exit code on.
+      wrapper = WRAPPER.replace('IFS= read -r h || exit 125', `trap : INT QUIT; IFS= read -r h < ${file}; rm -f ${file}; [ -n "$h" ] || exit 125`);
+    }
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    // client-node sends the terminal's size for a stdout with rows and columns, and on its 'resize'.
+    const sink = Object.assign(
+      new Writable({
+        write(chunk: Buffer, _e, cb) {
+          stdout.write(chunk, () => cb());
+        },
+      }),
+      size ? { columns: size.cols, rows: size.rows } : {},
+    );
+    const errSink = new Writable({
+      write(chunk: Buffer, _e, cb) {
+        stderr.write(chunk, () => cb());
+      },
+    });
+    const input = new PassThrough();
+    let status: V1Status | undefined;
+    const ws = await new Exec(this.kc()).exec(record.namespace, record.pod, KUBE_CONTAINER, [...(size ? [] : ['setsid', '-w']), '/bin/sh', '-c', wrapper, id, ...inner], sink, size ? null : errSink, input, !!size, (s) => (status = s)).catch((e: unknown) => {
+      throw classifyKubeError(e, `opening a session in pod ${record.namespace}/${record.pod}`);
+    });
+    if (!size) input.write(head);
+    let exited = false;
+    let killed = false;
+    const exit = new Promise<SessionExit>((resolve) => {
+      ws.once('close', () => {
+        exited = true;
+        stdout.end();
+        stderr.end();
+        let code: number | null = null;
+        if (status?.status === 'Success') code = 0;
+        else if (status?.reason === 'NonZeroExitCode') code = Number(status.details?.causes?.find((c) => c.reason === 'ExitCode')?.message ?? NaN);
+        if (Number.isNaN(code)) code = null;
+        resolve(killed ? { exitCode: null, signal: 'SIGKILL' } : { exitCode: code, signal: null });
+      });
+    });
+    const stdin = new Writable({
+      write: (chunk: Buffer, _e, cb) => {
+        if (exited) return cb();
+        input.write(chunk, () => cb());
+      },
+      final: (cb) => {
+        input.end();
+        cb();
+      },
+    });
+    stdin.on('error', () => undefined);
+    const half = Math.floor(id.length / 2);
+    const signalGroup = (sig: string) => this.control(record, ['/bin/sh', '-c', SIGNAL_EXEC_SCRIPT, 'signal', id.slice(0, half), id.slice(half), sig]).catch(() => undefined);
+    return {
+      pid: undefined,
+      pty: !!size,
+      stdin,
+      stdout,
+      stderr,
+      exit,
+      resize: (cols, rows) => {
+        if (!size) throw new SessionRequestError('resize needs a session with a pty');
+        const next = checkSize(cols, rows, 'resize');
+        if (exited) return;
+        Object.assign(sink, { columns: next.cols, rows: next.rows });
+        sink.emit('resize');
+      },
+      signal: (sig) => {
+        if (!/^SIG[A-Z0-9]+$/.test(sig)) throw new SessionRequestError(`signal: ${JSON.stringify(sig)} is not a signal name`);
+        if (exited) return;
+        const key = size ? TERMINAL_SIGNAL_KEYS[sig] : undefined;
+        if (key) input.write(key);
+        else void signalGroup(sig.slice(3));
+      },
+      kill: () => {
+        if (exited) return;
+        killed = true;
+        void this.killGroup(record, id, 'KILL').then(() => setTimeout(() => ws.terminate(), 5_000).unref());
+      },
+    };
   }
 
   /** A file operation through exec; its refusals as PathEscapeError / ENOENT. */
