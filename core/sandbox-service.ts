@@ -67,7 +67,7 @@ export const PLATFORMS = ['linux', 'macos'] as const;
 export type Platform = (typeof PLATFORMS)[number];
 
 /** `podman`, `docker`: container sandboxes (ADR 0012); the container is their confinement. */
-export const SERVICE_PROVIDERS = ['local', 'podman', 'docker', 'daytona'] as const;
+export const SERVICE_PROVIDERS = ['local', 'podman', 'docker', 'daytona', 'kubernetes'] as const;
 export type ServiceProviderKind = (typeof SERVICE_PROVIDERS)[number];
 
 /** Defaults from the proposal; each profile may override them. */

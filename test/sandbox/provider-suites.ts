@@ -120,7 +120,7 @@ export function describeProviderObjective(name: string, opts: ProviderObjectiveO
 
 export interface ProviderLifecycleOptions {
   /** The profile's provider. */
-  provider: 'local' | 'podman' | 'docker' | 'daytona';
+  provider: 'local' | 'podman' | 'docker' | 'daytona' | 'kubernetes';
   providerFor: () => ProviderFor;
   before?: () => Promise<void>;
   after?: () => Promise<void>;

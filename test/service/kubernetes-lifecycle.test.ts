@@ -1,0 +1,56 @@
+/**
+ * The sandbox service on Kubernetes (`provider: kubernetes` profiles, ADR 0020): the lifecycle
+ * every provider passes (provider-suites.ts): create, exec and files, idle suspend (the pod
+ * deleted, its claim kept), woken by exec on a new pod with its files, DELETE. Real Postgres,
+ * real Temporal, real HTTP, a real kube-apiserver with the test node (docs/kubernetes-test-node.md).
+ */
+import { promises as fs } from 'node:fs';
+import { expect } from 'vitest';
+import { CoreV1Api } from '@kubernetes/client-node';
+import { defaultProviderFor } from '../../activities/service/providers';
+import { KUBE_LABELS } from '../../core/kubernetes';
+import { startKubeCluster, type KubeCluster } from '../helpers/kube-cluster';
+import { startTestNode, type TestNode } from '../helpers/kube-node';
+import { waitFor } from '../sandbox/helpers';
+import { describeProviderLifecycle } from '../sandbox/provider-suites';
+
+const NS = 'service';
+let cluster: KubeCluster;
+let node: TestNode;
+let core: CoreV1Api;
+
+const recordOf = async (root: string) => JSON.parse(await fs.readFile(`${root}.json`, 'utf8').catch(() => 'null')) as { pod: string; claim?: string; state: string } | null;
+
+describeProviderLifecycle('kubernetes', {
+  provider: 'kubernetes',
+  before: async () => {
+    cluster = await startKubeCluster();
+    node = await startTestNode(cluster);
+    core = cluster.config('admin').makeApiClient(CoreV1Api);
+    await core.createNamespace({ body: { metadata: { name: NS } } });
+    if (!(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: NS, name: 'default' }).catch(() => undefined)), 60_000))) throw new Error('no default ServiceAccount');
+  },
+  after: async () => {
+    await node?.stop();
+    await cluster?.stop();
+  },
+  providerFor: () => defaultProviderFor({ kubernetes: { kubeConfig: cluster.config('admin'), defaults: { namespace: NS, image: 'slipway-sandbox' } } }),
+  resources: { memory_mb: 256 },
+  onReady: async (root) => {
+    const r = (await recordOf(root))!;
+    const pod = await core.readNamespacedPod({ namespace: NS, name: r.pod });
+    expect(pod.metadata?.labels?.[KUBE_LABELS.managed]).toBe('true');
+    expect(pod.spec?.containers[0].resources?.limits?.memory).toBe(String(256 * 1024 * 1024));
+  },
+  // Running: its pod runs; stopped: no pod, the claim kept; gone: neither, nor the record.
+  state: async (root) => {
+    const r = await recordOf(root);
+    if (!r) return 'gone';
+    const pod = await core.readNamespacedPod({ namespace: NS, name: r.pod }).catch(() => undefined);
+    const claim = r.claim ? await core.readNamespacedPersistentVolumeClaim({ namespace: NS, name: r.claim }).catch(() => undefined) : undefined;
+    if (pod?.status?.phase === 'Running' && !pod.metadata?.deletionTimestamp) return 'running';
+    if (r.state === 'suspended' && claim) return 'stopped';
+    throw new Error(`sandbox at ${root}: record ${r.state}, pod ${pod?.status?.phase ?? 'none'}, claim ${claim ? 'kept' : 'none'}`);
+  },
+  firstExec: { script: 'pwd; grep CapEff /proc/self/status', expected: '/workspace\nCapEff:\t0000000000000000\n' },
+});
