@@ -59,6 +59,7 @@ export const SLIPWAY_STATE = [
   'container-templates/', // container templates' manifests and builds (activities/sandbox/container-template.ts)
   'daytona/', // Daytona sandboxes' local records (activities/sandbox/daytona.ts)
   'daytona-snapshot.json', // the prepared Daytona snapshot's manifest (activities/sandbox/daytona.ts)
+  'kubernetes/', // Kubernetes sandboxes' local records (activities/sandbox/kubernetes.ts)
 ] as const;
 export const MERGER_SANDBOX_NAME = '_merge';
 

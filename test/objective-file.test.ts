@@ -529,7 +529,7 @@ describe('loadObjectiveFile: sandbox provider (ADR 0012)', () => {
   });
 
   it('refuses an unknown provider', async () => {
-    const file = await writeObjective(withSandbox('provider: kubernetes'));
+    const file = await writeObjective(withSandbox('provider: firecracker'));
     expectProblem(await loadError(file), file, 17, 'sandbox.provider', /local|podman|docker/);
   });
 });
