@@ -23,6 +23,8 @@ export const KUBE_LABELS = {
   account: 'slipway.dev/account',
   /** Warm-pool pods: the pool's key (image and settings), and whether a create has claimed the pod. */
   pool: 'slipway.dev/pool',
+  /** The pool's settings without the image: an image roll retires the older pods of the same profile. */
+  poolProfile: 'slipway.dev/pool-profile',
   claimed: 'slipway.dev/claimed',
 } as const;
 

@@ -389,7 +389,9 @@ export class KubernetesSandboxProvider implements SandboxProvider {
 
   /** The claim (when the workspace is one, and not there yet) and the pod of a record. */
   private async makePod(r: KubeRecord, repo: string | undefined, poolKey?: string): Promise<void> {
-    const labels = poolKey ? { ...r.settings.labels, ...this.options.labels, [KUBE_LABELS.managed]: 'true', [KUBE_LABELS.pool]: poolKey, [KUBE_LABELS.claimed]: 'false' } : this.labelsOf(r, repo!);
+    const labels = poolKey
+      ? { ...r.settings.labels, ...this.options.labels, [KUBE_LABELS.managed]: 'true', [KUBE_LABELS.pool]: poolKey, [KUBE_LABELS.poolProfile]: this.poolProfile(r.namespace, r.settings), [KUBE_LABELS.claimed]: 'false' }
+      : this.labelsOf(r, repo!);
     const annotations = poolKey ? {} : this.annotationsOf(r);
     if (r.claim) {
       const claimName = r.claim;
@@ -435,9 +437,17 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     return createHash('sha256').update(JSON.stringify({ namespace, image, spec })).digest('hex').slice(0, 16);
   }
 
+  /** The pool's settings without the image: pods of the same profile made from an older image share it, and are retired. */
+  private poolProfile(namespace: string, settings: KubernetesSettings): string {
+    const { labels: _labels, image: _image, ...spec } = settings;
+    return createHash('sha256').update(JSON.stringify({ namespace, spec })).digest('hex').slice(0, 16);
+  }
+
   /**
    * Keeps `size` unclaimed pods (and their claims) of this key Ready; resolves once they are.
-   * One fill per key at a time in this provider (concurrent creates do not overshoot).
+   * Unclaimed pods of the same settings made from another image are retired (deleted, with
+   * their claims): an image roll drains the pool. One fill per key at a time in this provider
+   * (concurrent creates do not overshoot).
    */
   fillPool(namespace: string, image: string, settings: KubernetesSettings, size: number): Promise<number> {
     const key = this.poolKey(namespace, image, settings);
@@ -449,6 +459,13 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   }
 
   private async fillPoolOnce(key: string, namespace: string, image: string, settings: KubernetesSettings, size: number): Promise<number> {
+    const profile = this.poolProfile(namespace, settings);
+    const stale = await this.call('listing the warm pool', () => this.core().listNamespacedPod({ namespace, labelSelector: `${KUBE_LABELS.poolProfile}=${profile},${KUBE_LABELS.pool}!=${key},${KUBE_LABELS.claimed}=false` }));
+    for (const pod of stale.items) {
+      const name = pod.metadata!.name!;
+      const claim = pod.spec?.volumes?.find((v) => v.name === 'workspace')?.persistentVolumeClaim?.claimName;
+      await this.deleteObjects({ namespace, pod: name, ...(claim ? { claim } : {}) } as KubeRecord);
+    }
     const pods = await this.call('listing the warm pool', () => this.core().listNamespacedPod({ namespace, labelSelector: `${KUBE_LABELS.pool}=${key},${KUBE_LABELS.claimed}=false` }));
     const live = pods.items.filter((p) => !podEnd(p));
     const missing = Math.max(0, size - live.length);

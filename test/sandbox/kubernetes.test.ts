@@ -187,6 +187,21 @@ describe('kubernetes: pods, claims, errors', () => {
     await core.deleteCollectionNamespacedPod({ namespace: NS, labelSelector: `${KUBE_LABELS.pool}=${key}` });
   }, 300_000);
 
+  it('warm pool: a new image retires the unclaimed pods of the old one', async () => {
+    const old = { namespace: NS, image: 'slipway-sandbox:old', workspace: 'ephemeral' as const };
+    const next = { ...old, image: 'slipway-sandbox:new' };
+    const pool = provider({ defaults: old });
+    expect(await pool.fillPool(NS, old.image, old, 2)).toBe(2);
+    const oldKey = pool.poolKey(NS, old.image, old);
+    const podsOf = async (key: string) => (await core.listNamespacedPod({ namespace: NS, labelSelector: `${KUBE_LABELS.pool}=${key}` })).items.filter((p) => !p.metadata?.deletionTimestamp);
+    expect(await podsOf(oldKey)).toHaveLength(2);
+    expect(await pool.fillPool(NS, next.image, next, 1)).toBe(1);
+    expect(await waitFor(async () => (await podsOf(oldKey)).length === 0, 60_000)).toBe(true);
+    const newKey = pool.poolKey(NS, next.image, next);
+    expect((await podsOf(newKey)).map((p) => p.spec?.containers[0].image)).toEqual(['slipway-sandbox:new']);
+    await core.deleteCollectionNamespacedPod({ namespace: NS, labelSelector: `${KUBE_LABELS.pool}=${newKey}` });
+  }, 180_000);
+
   it('the objective file takes provider: kubernetes with its section, and refuses what does not fit, naming the field', () => {
     const ok = SandboxConfigSchema.safeParse({ provider: 'kubernetes', kubernetes: { image: 'ghcr.io/acme/sandbox:1', namespace: 'ci', resources: { limits: { memory: '2Gi', cpu: '1' } }, tolerations: [{ key: 'pool', operator: 'Equal', value: 'sandbox', effect: 'NoSchedule' }] } });
     expect(ok.success, JSON.stringify(ok.error?.issues)).toBe(true);
