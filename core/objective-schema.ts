@@ -202,7 +202,8 @@ export const SandboxConfigSchema = z.strictObject({
   // Options of the local provider that a container cannot honour: refused, not ignored.
   const localOnly = (field: string, why: string) => ctx.addIssue({ code: 'custom', path: [field], message: `${why}; it is an option of the local provider, not of provider: ${sandbox.provider}` });
   if (sandbox.confinement !== 'none') localOnly('confinement', 'a container is its own confinement (ADR 0012)');
-  if (sandbox.warm_pool > 0) localOnly('warm_pool', 'container sandboxes have no warm pool');
+  // Kubernetes keeps warm pods (ADR 0020).
+  if (sandbox.warm_pool > 0 && sandbox.provider !== 'kubernetes') localOnly('warm_pool', 'container sandboxes have no warm pool');
   if (sandbox.writable.length > 0) localOnly('writable', 'a container writes only its workspace');
   if (sandbox.hidden.length > 0) localOnly('hidden', 'a container sees no host path it is not given');
   // Daytona sizes a sandbox by its snapshot and account (ADR 0019): limits would be ignored, so they are refused.

@@ -205,6 +205,7 @@ describe('kubernetes: pods, claims, errors', () => {
   it('the objective file takes provider: kubernetes with its section, and refuses what does not fit, naming the field', () => {
     const ok = SandboxConfigSchema.safeParse({ provider: 'kubernetes', kubernetes: { image: 'ghcr.io/acme/sandbox:1', namespace: 'ci', resources: { limits: { memory: '2Gi', cpu: '1' } }, tolerations: [{ key: 'pool', operator: 'Equal', value: 'sandbox', effect: 'NoSchedule' }] } });
     expect(ok.success, JSON.stringify(ok.error?.issues)).toBe(true);
+    expect(SandboxConfigSchema.safeParse({ provider: 'kubernetes', warm_pool: 2, kubernetes: { image: 'x' } }).success).toBe(true);
     const issue = (input: unknown, at: string) => SandboxConfigSchema.safeParse(input).error?.issues.find((i) => i.path.join('.') === at)?.message;
     expect(issue({ provider: 'kubernetes' }, 'kubernetes.image')).toMatch(/required with provider: kubernetes/);
     expect(issue({ provider: 'kubernetes', kubernetes: { image: 'x', namespace: 'Bad_NS' } }, 'kubernetes.namespace')).toMatch(/DNS-1123/);
