@@ -10,6 +10,7 @@ import path from 'node:path';
 import { Client as McpClient } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { DaytonaSandboxProvider } from '../../activities/sandbox/daytona';
 import { defaultProviderFor } from '../../activities/service/providers';
 import { FakeDaytona } from '../helpers/fake-daytona';
 import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
@@ -122,6 +123,25 @@ describe('REST files on a Daytona sandbox', () => {
       const res = await raw('GET', files(id, 'growing.log'));
       expect(res.status).toBe(200);
       expect(res.text.toString()).toBe('first part\n');
+    } finally {
+      fake.afterFileInfo = undefined;
+    }
+    // The provider's own stream carries exactly the stat's bytes (not just an HTTP body cut by its content-length) ...
+    const provider = new DaytonaSandboxProvider({ apiKey: fake.apiKey, apiUrl: fake.url, target: 'fake', retries: 0 });
+    const handle = { root: await rootOf(id) };
+    await fs.writeFile(path.join(ws, 'grows.log'), 'first part\n');
+    await fs.writeFile(path.join(ws, 'shrinks.log'), 'a longer first part\n');
+    fake.afterFileInfo = async (file) => {
+      if (file.endsWith('grows.log')) await fs.appendFile(file, 'x'.repeat(LIMIT * 4));
+      if (file.endsWith('shrinks.log')) await fs.truncate(file, 3);
+    };
+    try {
+      const grown = await provider.openFile(handle, 'grows.log', { maxBytes: LIMIT });
+      expect(grown.size).toBe(11);
+      expect(Buffer.concat(await grown.stream.toArray()).toString()).toBe('first part\n');
+      // ... and one that shrank meanwhile ends in an error, never a short file passed off as whole.
+      const shrunk = await provider.openFile(handle, 'shrinks.log', { maxBytes: LIMIT });
+      await expect(shrunk.stream.toArray()).rejects.toThrow(/shrank while it was read \(3 of 20 bytes\)/);
     } finally {
       fake.afterFileInfo = undefined;
     }
