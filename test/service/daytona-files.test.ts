@@ -54,6 +54,8 @@ describe('REST files on a Daytona sandbox', () => {
     const ws = await workspace(id);
     // It is in the Daytona sandbox's workspace ...
     expect([...(await fs.readFile(path.join(ws, 'notes/deep/bin.dat')))]).toEqual([...bytes]);
+    // The Daytona sandbox is labelled with the account's group and the sandbox's id (list by label finds it).
+    expect(fake.sandboxes.get(await daytonaId(id))!.labels).toMatchObject({ 'slipway.group': `acct-${a.id}`, 'slipway.sandbox': id, 'slipway.name': id });
     // ... and the sandbox's root on this host is only Slipway's record, no folder.
     expect(existsSync(await rootOf(id))).toBe(false);
     expect([...(await a.api.readFile(id, 'notes/deep/bin.dat'))]).toEqual([...bytes]);
