@@ -925,6 +925,29 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     return out;
   }
 
+  /**
+   * The janitor's sweep of an ended objective (ADR 0019): every Daytona sandbox of the
+   * repository's group found by its labels is deleted (one whose record a crash lost too), then
+   * Slipway's records in the group. Returns the roots of the sandboxes deleted.
+   */
+  async sweepGroup(repository: string, group: string): Promise<string[]> {
+    const repo = await fs.realpath(repository);
+    const found = await this.call('listing sandboxes', async () => {
+      const all: Sandbox[] = [];
+      for await (const s of this.daytona().list({ labels: { 'slipway.repository': repositoryLabel(repo), 'slipway.group': group } })) all.push(s);
+      return all;
+    });
+    const removed: string[] = [];
+    for (const s of found) {
+      await this.deleteRemote(s.id);
+      const name = s.labels?.['slipway.name'];
+      if (name) removed.push(daytonaSandboxRoot(repo, group, name));
+    }
+    const dir = path.join(repo, DAYTONA_DIR, group);
+    await fs.rm(dir, { recursive: true, force: true });
+    return removed;
+  }
+
   /** Stops the Daytona sandbox; its disk stays, so restore is a start (processes do not survive). */
   async suspend(handle: Pick<SandboxHandle, 'root'>): Promise<{ snapshotRef: string; bytes: number }> {
     const w = this.where(handle.root);
