@@ -1,5 +1,6 @@
 /**
- * The service reaper's leftover sweep on Daytona (ADR 0019, "the janitor"): Daytona sandboxes of
+ * The service watcher and reaper on Daytona: the watcher ends a sandbox Daytona stopped or
+ * archived outside Slipway with Daytona's reason; the reaper's leftover sweep (ADR 0019, "the janitor"): Daytona sandboxes of
  * the service found by their labels (`provider.list`), whose sandbox ended or never made it into
  * the billing database, are deleted; live ones and ones still being made are kept. Against the
  * local fake of Daytona's API (real SDK), real Postgres and Temporal.
@@ -62,4 +63,26 @@ it('deletes Daytona sandboxes of ended or unknown service sandboxes, keeps live 
   expect(fake.sandboxes.has(remotes.unknownYoung)).toBe(true);
   // The live sandbox still answers.
   expect((await a.api.exec(live, { command: 'echo', args: ['alive'] })).stdout).toBe('alive\n');
+});
+
+it('the watcher ends a sandbox Daytona stopped or archived outside Slipway, with the reason Daytona gave', async () => {
+  const a = await h.account({ limit: 2 });
+  await a.profile({ name: 'daytona', provider: 'daytona' });
+  const remoteOf = async (id: string) => {
+    const root = (await h.database.db.query<{ root: string }>('SELECT root FROM sandboxes WHERE id = $1', [id])).rows[0]!.root;
+    return (JSON.parse(await fs.readFile(`${root}.json`, 'utf8')) as { daytonaId: string }).daytonaId;
+  };
+  const cases = [
+    ['stopped', 'was stopped outside Slipway'],
+    ['archived', 'was archived'],
+  ] as const;
+  for (const [state, said] of cases) {
+    const id = (await a.api.create({ profile: 'daytona' })).id;
+    await h.waitFor(a.api, id, ['ready'], 60_000);
+    fake.setState(await remoteOf(id), state);
+    const done = await h.waitFor(a.api, id, ['terminated', 'failed'], 30_000);
+    expect([state, done.end_reason]).toEqual([state, 'sandbox_lost']);
+    const { rows } = await h.database.db.query<{ detail: { reason: string; detail?: string } }>(`SELECT detail FROM audit_events WHERE sandbox_id = $1 AND event = 'abnormal_exit'`, [id]);
+    expect(rows.map((r) => r.detail.detail ?? '')).toEqual([expect.stringContaining(said)]);
+  }
 });
