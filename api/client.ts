@@ -4,7 +4,7 @@
  */
 import type { z } from 'zod';
 import WebSocket from 'ws';
-import type { CreateSandboxBody, ExecBody, ExecResult, MintSshTokenBody, OpenPortBody, PreviewPortView, SandboxView, SessionServerFrame, SshTokenView, StreamExecBody } from './schemas';
+import type { CreateSandboxBody, ExecBody, ExecResult, FileList, MintSshTokenBody, OpenPortBody, PreviewPortView, SandboxView, SessionServerFrame, SshTokenView, StreamExecBody } from './schemas';
 
 export type CreateSandboxInput = z.input<typeof CreateSandboxBody>;
 export type ExecInput = z.input<typeof ExecBody>;
@@ -24,6 +24,7 @@ export interface SandboxOps {
   readFile(id: string, path: string): Promise<Buffer>;
   writeFile(id: string, path: string, content: Buffer): Promise<void>;
   deleteFile(id: string, path: string): Promise<void>;
+  listFiles(id: string, path?: string): Promise<FileList>;
   openPort(id: string, body: z.input<typeof OpenPortBody>): Promise<PreviewPortView>;
   closePort(id: string, port: number): Promise<void>;
 }
@@ -135,6 +136,9 @@ export class SandboxApiClient implements SandboxOps {
   }
   async deleteFile(id: string, path: string) {
     await this.request('DELETE', `/api/v1/sandboxes/${encodeURIComponent(id)}/files/${filePath(path)}`);
+  }
+  listFiles(id: string, path = '.') {
+    return this.json<FileList>('GET', `/api/v1/sandboxes/${encodeURIComponent(id)}/files?path=${encodeURIComponent(path)}`);
   }
   openPort(id: string, body: z.input<typeof OpenPortBody>) {
     return this.json<PreviewPortView>('POST', `/api/v1/sandboxes/${encodeURIComponent(id)}/ports`, body);

@@ -1,6 +1,6 @@
 /**
  * MCP tools mirroring the REST surface: create_sandbox, exec_in_sandbox, read_sandbox_file,
- * write_sandbox_file, destroy_sandbox, and wait_sandbox_ready (polling sugar over GET). The
+ * write_sandbox_file, list_sandbox_files, delete_sandbox_file, destroy_sandbox, and wait_sandbox_ready (polling sugar over GET). The
  * same tools run over HTTP inside the API (`POST /mcp`, bearer token, stateless) and over
  * stdio (`slipway mcp`, a thin client of the REST API), so auth and quotas are the REST ones.
  */
@@ -11,12 +11,12 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { ApiClientError, type SandboxOps } from './client';
 import { tail } from '../activities/process';
-import { CreateSandboxBody, ExecBody, ExecResult, OpenPortBody, PreviewPortView, SandboxView, StreamExecBody, type SessionServerFrame } from './schemas';
+import { CreateSandboxBody, ExecBody, ExecResult, FileList, ListFilesQuery, OpenPortBody, PreviewPortView, SandboxView, StreamExecBody, type SessionServerFrame } from './schemas';
 import { relaySession, writeInput } from './session-relay';
 import { ApiError, type Principal, type SandboxService } from './service';
 import { requestOrigin } from './preview-proxy';
 
-export const MCP_TOOLS = ['create_sandbox', 'exec_in_sandbox', 'read_sandbox_file', 'write_sandbox_file', 'destroy_sandbox', 'wait_sandbox_ready', 'open_sandbox_port', 'close_sandbox_port'] as const;
+export const MCP_TOOLS = ['create_sandbox', 'exec_in_sandbox', 'read_sandbox_file', 'write_sandbox_file', 'list_sandbox_files', 'delete_sandbox_file', 'destroy_sandbox', 'wait_sandbox_ready', 'open_sandbox_port', 'close_sandbox_port'] as const;
 
 /** Objects go out as text (for older clients) and as structured content matching the tool's output schema. */
 const text = (value: unknown): CallToolResult => ({
@@ -123,6 +123,29 @@ export function buildMcpServer(ops: SandboxOps): McpServer {
       }),
   );
   server.registerTool(
+    'list_sandbox_files',
+    {
+      description: 'List a folder of the sandbox (path relative to its root, default the root): each entry\'s name, type (file, directory, symlink, other; links are not followed) and size. .git and .slipway are left out.',
+      inputSchema: { sandbox_id: sandboxId, path: ListFilesQuery.shape.path },
+      outputSchema: FileList.shape,
+      annotations: { title: 'List a folder', readOnlyHint: true, openWorldHint: false },
+    },
+    async ({ sandbox_id, path }) => guard(async () => text(await ops.listFiles(sandbox_id, path))),
+  );
+  server.registerTool(
+    'delete_sandbox_file',
+    {
+      description: 'Delete a file of the sandbox (a link is removed, never its target; a file already gone is fine; folders are refused).',
+      inputSchema: { sandbox_id: sandboxId, path: filePath },
+      annotations: { title: 'Delete a file', readOnlyHint: false, destructiveHint: true, idempotentHint: true, openWorldHint: false },
+    },
+    async ({ sandbox_id, path }) =>
+      guard(async () => {
+        await ops.deleteFile(sandbox_id, path);
+        return text(`deleted ${path}`);
+      }),
+  );
+  server.registerTool(
     'destroy_sandbox',
     {
       description: 'Destroy the sandbox (it moves to terminating, then terminated); its files are gone.',
@@ -200,6 +223,7 @@ export function inProcessOps(service: SandboxService, principal: Principal, orig
     readFile: (id, path) => service.readFile(principal, id, path),
     writeFile: (id, path, content) => service.writeFile(principal, id, path, content),
     deleteFile: (id, path) => service.deleteFile(principal, id, path),
+    listFiles: (id, path) => service.listFiles(principal, id, path ?? '.'),
     openPort: (id, body) => service.openPort(principal, id, parse(OpenPortBody, body), origin),
     closePort: (id, port) => service.closePort(principal, id, port),
   };

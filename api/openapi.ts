@@ -4,7 +4,7 @@
  * a test fails when the two drift apart.
  */
 import { z } from 'zod';
-import { CreateSandboxBody, ErrorBody, ExecBody, ExecResult, GrantIntrospection, MintSshTokenBody, OpenPortBody, PreviewPortList, PreviewPortView, SandboxList, SandboxView, SessionClientFrame, SessionServerFrame, SessionStartFrame, SshTokenView, StreamExecBody } from './schemas';
+import { CreateSandboxBody, ErrorBody, ExecBody, ExecResult, FileList, GrantIntrospection, MintSshTokenBody, OpenPortBody, PreviewPortList, PreviewPortView, SandboxList, SandboxView, SessionClientFrame, SessionServerFrame, SessionStartFrame, SshTokenView, StreamExecBody } from './schemas';
 
 const schema = (s: z.ZodType, io: 'input' | 'output') => {
   const json = z.toJSONSchema(s, { io, target: 'draft-2020-12', unrepresentable: 'any' }) as Record<string, unknown>;
@@ -81,6 +81,7 @@ export function buildOpenApiDocument() {
         Sandbox: schema(SandboxView, 'output'),
         SandboxList: schema(SandboxList, 'output'),
         GrantIntrospection: schema(GrantIntrospection, 'output'),
+        FileList: schema(FileList, 'output'),
         Error: schema(ErrorBody, 'output'),
       },
     },
@@ -161,6 +162,18 @@ export function buildOpenApiDocument() {
             'a bad later frame gets an error frame and the session goes on. Under a pty, SIGINT/SIGQUIT/SIGTSTP are typed as ^C ^\\ ^Z. The session is activity for idle suspend until it ends; a closed socket kills it.',
           parameters: [ID],
           responses: { '101': { description: 'switching protocols' }, ...SANDBOX_ERRORS, '426': error('a plain GET without the WebSocket upgrade (upgrade_required)') },
+        },
+      },
+      '/api/v1/sandboxes/{id}/files': {
+        get: {
+          operationId: 'listSandboxFiles',
+          summary: 'List a folder (its entries by name; .git and .slipway left out; links not followed)',
+          parameters: [ID, { name: 'path', in: 'query', required: false, description: 'the folder, relative to the sandbox root (default: the root); links and ".." may not leave it', schema: { type: 'string', minLength: 1, default: '.' } }],
+          responses: {
+            '200': { description: 'the folder\'s entries', ...json('FileList') },
+            ...CALL_ERRORS,
+            '400': error('the path leaves the sandbox, names .git or .slipway, has a component over 255 bytes, or is not a folder (not_a_directory)'),
+          },
         },
       },
       '/api/v1/sandboxes/{id}/files/{path}': {

@@ -108,6 +108,26 @@ export const GetQuery = z.strictObject({
   wait_ready_seconds: z.coerce.number().min(0).max(300).optional().describe('long-poll: wait up to this long while the sandbox is pending'),
 });
 
+export const ListFilesQuery = z.strictObject({
+  path: z.string().min(1).default('.').describe('the folder, relative to the sandbox root (default: the root); links and ".." may not leave it'),
+});
+
+/** Most entries one listing returns (a sandbox's folder may hold any number; the answer stays bounded). */
+export const MAX_LISTED_FILES = 10_000;
+
+export const FileList = z.object({
+  path: z.string(),
+  entries: z.array(
+    z.object({
+      name: z.string(),
+      type: z.enum(['file', 'directory', 'symlink', 'other']).describe('what the entry is (a link is not followed)'),
+      size: z.number().int().describe('bytes'),
+    }),
+  ),
+  truncated: z.boolean().describe(`true when the folder holds more than ${MAX_LISTED_FILES} entries (the first by name are listed)`),
+});
+export type FileList = z.infer<typeof FileList>;
+
 export const SandboxView = z.object({
   id: z.string(),
   status: z.enum(SANDBOX_STATES),

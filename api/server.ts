@@ -11,7 +11,7 @@ import type { Duplex } from 'node:stream';
 import { handleMcpHttp } from './mcp';
 import { buildOpenApiDocument } from './openapi';
 import websocket from '@fastify/websocket';
-import { CreateSandboxBody, ExecBody, GetQuery, ListQuery, MintSshTokenBody, OpenPortBody, StreamExecBody, zodIssues } from './schemas';
+import { CreateSandboxBody, ExecBody, GetQuery, ListFilesQuery, ListQuery, MintSshTokenBody, OpenPortBody, StreamExecBody, zodIssues } from './schemas';
 import { abandonSession, relaySession, serveSessionSocket, writeInput } from './session-relay';
 import { handlePreviewRequest, handlePreviewUpgrade, previewTarget, requestOrigin, type PreviewCounters } from './preview-proxy';
 import { ApiError, idempotencyKeyOf, SandboxService, type Principal } from './service';
@@ -277,6 +277,10 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
         if (!p) throw new ApiError(400, 'invalid_path', 'a file path is needed after /files/');
         return p;
       };
+      files.get<{ Params: { id: string } }>('/api/v1/sandboxes/:id/files', async (req) => {
+        const q = parse(ListFilesQuery, req.query, 'query');
+        return service.listFiles(req.principal!, req.params.id, q.path);
+      });
       files.get<FileRoute>('/api/v1/sandboxes/:id/files/*', async (req, reply) => {
         const { size, stream } = await service.openFile(req.principal!, req.params.id, filePath(req));
         return reply.header('content-type', 'application/octet-stream').header('content-length', String(size)).send(stream);

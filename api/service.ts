@@ -35,10 +35,12 @@ import {
   checkRequestedPath,
   deleteSandboxFile,
   FileTooLargeError,
+  listSandboxDir,
   NotRegularFileError,
   openSandboxFile,
   RESERVED_NAMES,
   writeSandboxFile,
+  type FileEntry,
   type OpenedFile,
 } from '../activities/sandbox/file-io';
 import { SandboxProviderError, type SandboxProvider, type SandboxSession, type SessionRequest } from '../activities/sandbox/provider';
@@ -46,6 +48,7 @@ import { PortUnreachableError } from '../activities/sandbox/port-relay';
 import { DEFAULT_LINK_TTL_SECONDS, PREVIEW_LINK_PARAM, previewHost, signPreviewLink, verifyPreviewLink, type LinkCheck } from '../activities/service/preview';
 import type { Duplex } from 'node:stream';
 import { serviceSandboxWorkflow, terminateSandboxSignal, wakeSandboxUpdate } from '../workflows/service-sandbox';
+import { MAX_LISTED_FILES, type FileList } from './schemas';
 import type { CreateSandboxBody, ExecBody, MintSshTokenBody, OpenPortBody, PreviewPortView, SandboxView, SshTokenView } from './schemas';
 
 /**
@@ -603,12 +606,47 @@ export class SandboxService {
   }
 
   /**
+   * The one way the files API reaches a sandbox's files: a host-bound sandbox's folder directly
+   * (file-io.ts, descriptor-relative on this host), a remote one (Daytona) through its provider's
+   * file API. Either way paths are confined, `.git` and `.slipway` refused once links are
+   * followed, reads capped at the file limit before content moves, and failures answered by
+   * `fileCallError` (the provider's kind for a remote sandbox, as exec).
+   */
+  private files(row: billing.SandboxRow, provider: SandboxProvider, profile: billing.ProfileRow): SandboxFiles {
+    const root = row.root!;
+    const read = { ...FILES_API, maxBytes: this.fileLimitBytes };
+    if (provider.hostBound) {
+      // Under bubblewrap a tenant can link only files of its own tree (ADR 0006): its hard links are its own.
+      const allowHardLinks = profile.confinement === 'bubblewrap';
+      return {
+        open: (file) => openSandboxFile(root, file, { ...read, allowHardLinks }),
+        write: (file, content) => writeSandboxFile(root, file, content, FILES_API),
+        delete: (file) => deleteSandboxFile(root, file, FILES_API),
+        list: (dir) => listSandboxDir(root, dir, FILES_API),
+      };
+    }
+    const handle = { root };
+    return {
+      open: (file) => provider.openFile(handle, file, read),
+      write: (file, content) => provider.writeFile(handle, file, content, FILES_API),
+      delete: (file) => provider.deleteFile(handle, file, FILES_API),
+      list: (dir) => provider.listFiles(handle, dir, FILES_API),
+    };
+  }
+
+  /** A file call's failure as an answer: the file's own errors (400, 404, 413), a remote provider's by kind (409, 503, 502). */
+  private fileCallError(e: unknown, row: billing.SandboxRow, provider: SandboxProvider, file: string): unknown {
+    if (!provider.hostBound) return this.providerCallError(e, { sandboxId: row.id, root: row.root!, hostBound: false, file });
+    return mapFsError(e, file);
+  }
+
+  /**
    * Opens a file for streaming (size capped, regular files only, `.git` and `.slipway` refused).
    * The call counts as activity until the stream ends.
    */
   async openFile(principal: Principal, id: string, file: string): Promise<OpenedFile> {
     checkPath(file);
-    const { row, release, profile } = await this.admit(principal, id);
+    const { row, provider, release, profile } = await this.admit(principal, id);
     let opened: OpenedFile;
     try {
       const owner = this.remoteOwner(row, 'file');
@@ -620,8 +658,9 @@ export class SandboxService {
         stream.once('close', release);
         return { size: body.length, stream };
       }
-      // Under bubblewrap a tenant can link only files of its own tree (ADR 0006): its hard links are its own.
-      opened = await openSandboxFile(row.root!, file, { ...FILES_API, maxBytes: this.fileLimitBytes, allowHardLinks: profile.confinement === 'bubblewrap' });
+      opened = await this.files(row, provider, profile).open(file).catch((e: unknown) => {
+        throw this.fileCallError(e, row, provider, file);
+      });
     } catch (e) {
       release();
       throw mapFsError(e, file);
@@ -640,15 +679,15 @@ export class SandboxService {
   async writeFile(principal: Principal, id: string, file: string, content: Buffer): Promise<void> {
     checkPath(file);
     if (content.length > this.fileLimitBytes) throw new ApiError(413, 'file_too_large', `the file is ${content.length} bytes, over the limit of ${this.fileLimitBytes} bytes`);
-    const { row, release } = await this.admit(principal, id);
+    const { row, provider, release, profile } = await this.admit(principal, id);
     try {
       const owner = this.remoteOwner(row, 'file', content.length);
       if (owner !== undefined) {
         await this.onOwner(row, owner, { op: 'writeFile', input: { root: row.root!, path: file, base64: content.toString('base64') } }, file);
         return;
       }
-      await writeSandboxFile(row.root!, file, content, FILES_API).catch((e) => {
-        throw mapFsError(e, file);
+      await this.files(row, provider, profile).write(file, content).catch((e: unknown) => {
+        throw this.fileCallError(e, row, provider, file);
       });
     } finally {
       release();
@@ -657,16 +696,40 @@ export class SandboxService {
 
   async deleteFile(principal: Principal, id: string, file: string): Promise<void> {
     checkPath(file);
-    const { row, release } = await this.admit(principal, id);
+    const { row, provider, release, profile } = await this.admit(principal, id);
     try {
       const owner = this.remoteOwner(row, 'file');
       if (owner !== undefined) {
         await this.onOwner(row, owner, { op: 'deleteFile', input: { root: row.root!, path: file } }, file);
         return;
       }
-      await deleteSandboxFile(row.root!, file, FILES_API).catch((e) => {
-        throw mapFsError(e, file);
+      await this.files(row, provider, profile).delete(file).catch((e: unknown) => {
+        throw this.fileCallError(e, row, provider, file);
       });
+    } finally {
+      release();
+    }
+  }
+
+  /** A folder's entries (`.git` and `.slipway` left out), by name, at most MAX_LISTED_FILES. */
+  async listFiles(principal: Principal, id: string, dir: string): Promise<FileList> {
+    checkPath(dir);
+    const { row, provider, release, profile } = await this.admit(principal, id);
+    try {
+      const owner = this.remoteOwner(row, 'file');
+      const entries =
+        owner !== undefined
+          ? ((await this.onOwner(row, owner, { op: 'listFiles', input: { root: row.root!, path: dir } }, dir)) as { entries: FileEntry[] }).entries
+          : await this.files(row, provider, profile)
+              .list(dir)
+              .catch((e: unknown) => {
+                throw this.fileCallError(e, row, provider, dir);
+              });
+      return { path: dir, entries: entries.slice(0, MAX_LISTED_FILES), truncated: entries.length > MAX_LISTED_FILES };
+    } catch (e) {
+      // Here the path itself is what is not a folder.
+      if (e instanceof ApiError && e.code === 'not_a_directory') throw new ApiError(400, 'not_a_directory', `"${dir}" is not a folder in the sandbox`, [{ path: 'path', message: 'not a folder' }]);
+      throw e;
     } finally {
       release();
     }
@@ -832,6 +895,14 @@ export class SandboxService {
   }
 }
 
+/** A sandbox's files as the files API sees them (SandboxService.files). */
+interface SandboxFiles {
+  open(file: string): Promise<OpenedFile>;
+  write(file: string, content: Buffer): Promise<void>;
+  delete(file: string): Promise<void>;
+  list(dir: string): Promise<FileEntry[]>;
+}
+
 /** What an exec or a session runs with (its own fields, nothing else). */
 export interface SessionStart {
   command: string;
@@ -909,13 +980,13 @@ export function providerFailure(e: SandboxProviderError, sandboxId: string, now 
  * a remote sandbox), the provider's failure kind, and "gone" only where it is true (a host-bound
  * sandbox whose folder vanished; the watcher will end it).
  */
-function providerCallError(e: unknown, at: { sandboxId: string; root: string; hostBound: boolean; cwd?: string }): unknown {
+function providerCallError(e: unknown, at: { sandboxId: string; root: string; hostBound: boolean; cwd?: string; file?: string }): unknown {
   if (e instanceof ApiError) return e;
   if (at.hostBound && !existsSync(at.root)) return new ApiError(409, 'sandbox_ended', `sandbox ${at.sandboxId} is gone (its directory was removed)`);
   if (e instanceof NotAFolderError) return invalidCwd(e);
   if (e instanceof PathEscapeError && at.cwd !== undefined) return cwdRefused(e);
   if (e instanceof SandboxProviderError) return providerFailure(e, at.sandboxId);
-  return mapFsError(e, at.cwd ?? '.');
+  return mapFsError(e, at.file ?? at.cwd ?? '.');
 }
 
 /** A call on a remote owner failed: the owner took nothing up (503), or the owner's error as the direct path answers it. */

@@ -1,5 +1,6 @@
 /**
- * Create to ready and an exec round trip, side by side in one run: the local provider, podman,
+ * Create to ready, an exec round trip and a 1 MiB file read (openFile: stat, then the streamed
+ * download), side by side in one run: the local provider, podman,
  * and Daytona through the real SDK against the local fake (test/helpers/fake-daytona.ts), which
  * measures the SDK's and the provider's own overhead (HTTP, sessions, polling), not Daytona's.
  * Reference for a live run (DAYTONA_API_KEY set: `-- --live`): Daytona publishes a median
@@ -51,7 +52,15 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
         await p.exec(h, { command: 'true' });
         execMs.push(performance.now() - t0);
       }
-      console.log(`${name}: create to ready median ${median(createMs).toFixed(0)} ms (n=${creates}), exec round trip median ${median(execMs).toFixed(1)} ms (n=${execs})`);
+      await p.writeFile(h, 'bench.bin', Buffer.alloc(1024 * 1024, 7));
+      const readMs: number[] = [];
+      for (let i = 0; i < execs; i++) {
+        const t0 = performance.now();
+        const opened = await p.openFile(h, 'bench.bin', { maxBytes: 2 * 1024 * 1024 });
+        for await (const chunk of opened.stream) void chunk;
+        readMs.push(performance.now() - t0);
+      }
+      console.log(`${name}: create to ready median ${median(createMs).toFixed(0)} ms (n=${creates}), exec round trip median ${median(execMs).toFixed(1)} ms (n=${execs}), 1 MiB file read median ${median(readMs).toFixed(1)} ms (n=${execs})`);
       for (const root of roots) await p.destroy({ repository: repo, root });
     } catch (e) {
       console.log(`${name}: not measured: ${(e as Error).message.split('\n')[0]}`);
@@ -59,4 +68,6 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
   }
   await fake.stop();
   rmSync(dir, { recursive: true, force: true });
+  // The SDK's HTTP agents keep sockets open: end here rather than wait for them.
+  process.exit(0);
 })();

@@ -151,12 +151,20 @@ describe('kubelet exec through the real kube-apiserver (client-node Exec, WebSoc
     const status = new Promise<V1Status>((resolve, reject) => {
       void new Exec(admin).exec(NS, POD, 'main', ['sh'], terminal, null, stdin, true, resolve).then((ws) => ws.on('close', () => setImmediate(() => reject(new Error('closed without a status')))), reject);
     });
-    const sizeIs = (size: string) =>
-      waitFor(async () => {
-        stdin.write('stty size; tty\n');
-        await new Promise((r) => setTimeout(r, 100));
-        return Buffer.concat(out).toString().includes(size);
-      }, 60_000);
+    // One probe at a time: each waits for its own end marker before the next is typed, so a slow
+    // machine never floods the terminal's input queue (a full canonical-mode queue drops input).
+    let probes = 0;
+    const sizeIs = async (size: string) => {
+      const deadline = Date.now() + 50_000;
+      while (Date.now() < deadline) {
+        const marker = `probe-end-${++probes}`;
+        const from = Buffer.concat(out).length;
+        stdin.write(`stty size; tty; echo ${marker.replace('-end', '""-end')}\n`);
+        if (!(await waitFor(async () => Buffer.concat(out).subarray(from).toString().includes(marker), 40_000))) continue;
+        if (Buffer.concat(out).subarray(from).toString().includes(size)) return true;
+      }
+      return false;
+    };
     expect(await sizeIs('40 100')).toBe(true);
     expect(Buffer.concat(out).toString()).toMatch(/\/dev\/pts\/\d+/);
     terminal.columns = 120;

@@ -10,12 +10,14 @@
 import { proxyActivities } from '@temporalio/workflow';
 import { routeFor } from '../core/routing';
 import type { OwnerExecInput, OwnerExecResult, SandboxCallActivities } from '../activities/service/calls';
+import type { FileEntry } from '../activities/sandbox/file-io';
 
 export type SandboxServiceCall =
   | { op: 'exec'; input: OwnerExecInput }
   | { op: 'readFile'; input: Parameters<SandboxCallActivities['ownerReadFile']>[0] }
   | { op: 'writeFile'; input: Parameters<SandboxCallActivities['ownerWriteFile']>[0] }
-  | { op: 'deleteFile'; input: Parameters<SandboxCallActivities['ownerDeleteFile']>[0] };
+  | { op: 'deleteFile'; input: Parameters<SandboxCallActivities['ownerDeleteFile']>[0] }
+  | { op: 'listFiles'; input: Parameters<SandboxCallActivities['ownerListFiles']>[0] };
 
 export interface SandboxServiceCallInput {
   /** The service task queue; the call runs on its owner's queue `<serviceQueue>@<owner>`. */
@@ -25,7 +27,7 @@ export interface SandboxServiceCallInput {
   call: SandboxServiceCall;
 }
 
-export type SandboxServiceCallResult = { exec: OwnerExecResult } | { base64: string } | { done: true };
+export type SandboxServiceCallResult = { exec: OwnerExecResult } | { base64: string } | { done: true } | { entries: FileEntry[] };
 
 export async function sandboxServiceCallWorkflow(input: SandboxServiceCallInput): Promise<SandboxServiceCallResult> {
   const route = routeFor(input.serviceQueue, input.owner, { graceSeconds: input.graceSeconds });
@@ -51,5 +53,8 @@ export async function sandboxServiceCallWorkflow(input: SandboxServiceCallInput)
     case 'deleteFile':
       await acts.ownerDeleteFile(call.input);
       return { done: true };
+    // A new op, not a change to an existing one's commands: released histories replay as before.
+    case 'listFiles':
+      return { entries: await acts.ownerListFiles(call.input) };
   }
 }

@@ -24,7 +24,7 @@ import { SLIPWAY_DIR } from '../../core/ids';
 import { writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
 import { killProcessGroup, runProcess, type RunResult } from '../process';
-import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
+import { deleteSandboxFile, listSandboxDir, MAX_BUFFER_BYTES, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { resolveInside } from './paths';
 import { PortUnreachableError } from './port-relay';
@@ -513,16 +513,24 @@ export class ContainerSandboxProvider implements SandboxProvider {
     return stream;
   }
 
-  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
-    return readSandboxFile(handle.root, file, { maxBytes: MAX_BUFFER_BYTES });
+  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<Buffer> {
+    return readSandboxFile(handle.root, file, { ...opts, maxBytes: Math.min(opts.maxBytes ?? MAX_BUFFER_BYTES, MAX_BUFFER_BYTES) });
   }
 
-  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string): Promise<void> {
-    return writeSandboxFile(handle.root, file, content);
+  async openFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<OpenedFile> {
+    return openSandboxFile(handle.root, file, opts);
   }
 
-  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<void> {
-    return deleteSandboxFile(handle.root, file);
+  async listFiles(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<FileEntry[]> {
+    return listSandboxDir(handle.root, file, opts);
+  }
+
+  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string, opts: FileIoOptions = {}): Promise<void> {
+    return writeSandboxFile(handle.root, file, content, opts);
+  }
+
+  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<void> {
+    return deleteSandboxFile(handle.root, file, opts);
   }
 
   private async removeAll(w: { root: string; inDir: string; container: string }, opts: { container: boolean } = { container: true }): Promise<void> {

@@ -20,7 +20,7 @@ import { randomBytes, createHash } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { PassThrough, Writable } from 'node:stream';
+import { PassThrough, Readable, Writable } from 'node:stream';
 import { Daytona, DaytonaError, type Sandbox } from '@daytonaio/sdk';
 import { quote } from 'shell-quote';
 import { SLIPWAY_DIR } from '../../core/ids';
@@ -28,6 +28,7 @@ import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
 import type { RunResult } from '../process';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
+import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, MAX_BUFFER_BYTES, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { NotAFolderError, PathEscapeError } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ProviderFailureKind, type ProjectSetup, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
 import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
@@ -462,31 +463,36 @@ export class DaytonaSandboxProvider implements SandboxProvider {
 
   /**
    * `requested` resolved inside the sandbox, or PathEscapeError: lexically first, then with every
-   * symbolic link followed there (`realpath -m`; the last component only when `followFinal`).
+   * symbolic link followed there (`realpath -m`; the last component only when `followFinal`),
+   * then `opts.reservedNames` (`.git`, `.slipway` for the files API) refused in what it resolved
+   * to. `kind` is what the resolved path is there (a link only when the last component is kept).
+   * Output is NUL-separated: a name may hold a newline.
    */
-  private async resolve(s: Sandbox, workspace: string, requested: string, followFinal = true): Promise<string> {
-    if (requested.includes('\0')) throw new PathEscapeError(requested, 'it contains a NUL byte');
-    if (path.posix.isAbsolute(requested)) throw new PathEscapeError(requested, 'absolute paths are not allowed; use a path relative to the sandbox root');
+  private async resolve(s: Sandbox, workspace: string, requested: string, followFinal = true, opts: FileIoOptions = {}): Promise<{ path: string; kind: 'file' | 'folder' | 'link' | 'other' | 'none' }> {
+    checkRequestedPath(requested, opts);
     const rel = path.posix.normalize(requested);
     if (rel === '..' || rel.startsWith('../')) throw new PathEscapeError(requested, 'it leads outside the sandbox');
-    if (rel === '.' || rel === '') return workspace;
-    const [dir, last] = followFinal ? [rel, ''] : [path.posix.dirname(rel), path.posix.basename(rel)];
-    const r = await this.control(s, 'cd -- "$1" && realpath -m -- "$2" && realpath -m -- "$1"', [workspace, dir]);
-    const [resolved, ws] = r.output.trim().split('\n');
-    if (r.exitCode !== 0 || !resolved || !ws) throw new Error(`resolving ${JSON.stringify(requested)} in the sandbox failed: ${r.output.trim().slice(0, 400)}`);
+    const [dir, last] = followFinal || rel === '.' ? [rel, ''] : [path.posix.dirname(rel), path.posix.basename(rel)];
+    const r = await this.control(
+      s,
+      'cd -- "$1" && realpath -mz -- "$2" "$1" && t=$2${3:+/$3} && ' +
+        'if [ -n "$3" ] && [ -L "$t" ]; then echo link; elif [ -d "$t" ]; then echo folder; elif [ -f "$t" ]; then echo file; elif [ -e "$t" ]; then echo other; else echo none; fi',
+      [workspace, dir, last],
+    );
+    const [resolved, ws, kind] = r.output.split('\0');
+    if (r.exitCode !== 0 || !resolved || !ws || !kind) throw new Error(`resolving ${JSON.stringify(requested)} in the sandbox failed: ${r.output.trim().slice(0, 400)}`);
     const inside = resolved === ws || resolved.startsWith(`${ws}/`);
     if (!inside) throw new PathEscapeError(requested, 'a symbolic link leads outside the sandbox');
-    return last ? path.posix.join(resolved, last) : resolved;
+    const final = last ? path.posix.join(resolved, last) : resolved;
+    checkReservedPath(requested, path.posix.relative(ws, final), opts);
+    return { path: final, kind: kind.trim() as 'file' | 'folder' | 'link' | 'other' | 'none' };
   }
 
   /** A command's cwd: confined as any path (PathEscapeError), and an existing folder there (NotAFolderError), checked inside the sandbox. */
   private async resolveCwd(s: Sandbox, workspace: string, cwd: string): Promise<string> {
-    const resolved = await this.resolve(s, workspace, cwd);
-    const r = await this.control(s, 'if [ -d "$1" ]; then echo folder; elif [ -e "$1" ]; then echo other; else echo none; fi', [resolved]);
-    const kind = r.output.trim();
+    const { path: resolved, kind } = await this.resolve(s, workspace, cwd);
     if (kind === 'folder') return resolved;
-    if (kind === 'other' || kind === 'none') throw new NotAFolderError(cwd, kind === 'other' ? 'not a folder' : 'no such folder');
-    throw new Error(`checking the cwd ${JSON.stringify(cwd)} in the sandbox failed: ${r.output.trim().slice(0, 400)}`);
+    throw new NotAFolderError(cwd, kind === 'none' ? 'no such folder' : 'not a folder');
   }
 
   async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
@@ -725,31 +731,107 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     };
   }
 
-  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
+  /**
+   * A file call's failure: a missing file is ENOENT unless the sandbox itself is what Daytona no
+   * longer has (then its not_found stands: the service answers 409, not 404).
+   */
+  private async fileError(record: DaytonaRecord, e: unknown, file: string): Promise<unknown> {
+    const missing = e instanceof SandboxProviderError ? e.kind === 'not_found' || /no such file|not found/i.test(e.message) : false;
+    if (!missing) return e;
+    const gone = await this.remote(record.daytonaId, true).then(
+      () => undefined,
+      (err: unknown) => err,
+    );
+    if (gone instanceof SandboxProviderError && gone.kind === 'not_found') return gone;
+    return Object.assign(new Error(`ENOENT: no such file in the sandbox: ${file}`), { code: 'ENOENT' });
+  }
+
+  /** Where a files-API path lands inside the sandbox (confined, reserved names refused), and what is there. */
+  private async place(handle: Pick<SandboxHandle, 'root'>, file: string, followFinal: boolean, opts: FileIoOptions) {
     const record = await this.record(handle.root);
     const s = await this.remote(record.daytonaId);
-    const p = await this.resolve(s, record.workspace, file);
-    return this.call(`reading ${file}`, () => s.fs.downloadFile(p)).catch((e: DaytonaProviderError) => {
-      if (e.kind === 'not_found' || /no such file/i.test(e.message)) throw Object.assign(new Error(`ENOENT: no such file in the sandbox: ${file}`), { code: 'ENOENT' });
-      throw e;
+    return { record, s, ...(await this.resolve(s, record.workspace, file, followFinal, opts)) };
+  }
+
+  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<Buffer> {
+    const { stream } = await this.openFile(handle, file, { ...opts, maxBytes: Math.min(opts.maxBytes ?? MAX_BUFFER_BYTES, MAX_BUFFER_BYTES) });
+    const chunks: Buffer[] = [];
+    for await (const chunk of stream) chunks.push(chunk as Buffer);
+    return Buffer.concat(chunks);
+  }
+
+  /**
+   * Stat first (the SDK's getFileDetails): a folder, a special file or a file over `maxBytes` is
+   * refused before anything is downloaded. Then a streamed download (the SDK's downloadFileStream),
+   * cut at the size the stat gave: a file growing meanwhile sends no more than that, one that
+   * shrank ends the stream with an error rather than short.
+   */
+  async openFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<OpenedFile> {
+    const { record, s, path: p, kind } = await this.place(handle, file, true, opts);
+    if (kind === 'none') throw Object.assign(new Error(`ENOENT: no such file in the sandbox: ${file}`), { code: 'ENOENT' });
+    if (kind === 'folder') throw Object.assign(new Error(`EISDIR: "${file}" is a directory`), { code: 'EISDIR' });
+    const info = await this.call(`reading ${file}`, () => s.fs.getFileDetails(p)).catch(async (e: unknown) => {
+      throw await this.fileError(record, e, file);
+    });
+    if (info.isDir) throw Object.assign(new Error(`EISDIR: "${file}" is a directory`), { code: 'EISDIR' });
+    if (kind !== 'file' || !info.mode.startsWith('-')) throw new NotRegularFileError(file, 'special file');
+    const size = Number(info.size);
+    if (opts.maxBytes !== undefined && size > opts.maxBytes) throw new FileTooLargeError(file, size, opts.maxBytes);
+    if (size === 0) return { size: 0, stream: Readable.from([]) };
+    const abort = new AbortController();
+    const source = await this.call(`reading ${file}`, () => s.fs.downloadFileStream(p, { signal: abort.signal })).catch(async (e: unknown) => {
+      throw await this.fileError(record, e, file);
+    });
+    source.on('error', () => undefined);
+    async function* capped() {
+      let sent = 0;
+      try {
+        for await (const chunk of source) {
+          const part = (chunk as Buffer).subarray(0, size - sent);
+          sent += part.length;
+          if (part.length > 0) yield part;
+          if (sent >= size) return;
+        }
+        if (sent < size) throw new Error(`"${file}" shrank while it was read (${sent} of ${size} bytes)`);
+      } finally {
+        if (sent < size || !source.readableEnded) abort.abort();
+        source.destroy();
+      }
+    }
+    return { size, stream: Readable.from(capped(), { objectMode: false }) };
+  }
+
+  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string, opts: FileIoOptions = {}): Promise<void> {
+    const { record, s, path: p, kind } = await this.place(handle, file, true, opts);
+    if (kind === 'folder') throw Object.assign(new Error(`EISDIR: "${file}" is a directory`), { code: 'EISDIR' });
+    await this.call(`writing ${file}`, () => s.fs.uploadFile(Buffer.isBuffer(content) ? content : Buffer.from(content), p)).catch(async (e: unknown) => {
+      throw await this.fileError(record, e, file);
     });
   }
 
-  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string): Promise<void> {
-    const record = await this.record(handle.root);
-    const s = await this.remote(record.daytonaId);
-    const p = await this.resolve(s, record.workspace, file);
-    await this.call(`writing ${file}`, () => s.fs.uploadFile(Buffer.isBuffer(content) ? content : Buffer.from(content), p));
+  /** A link is removed, never its target (the last component is not followed); what is gone already is fine. */
+  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<void> {
+    const { record, s, path: p, kind } = await this.place(handle, file, false, opts);
+    if (p === record.workspace || path.posix.normalize(file) === '.') throw new PathEscapeError(file, 'the sandbox root itself cannot be deleted');
+    if (kind === 'none') return;
+    if (kind === 'folder') throw Object.assign(new Error(`EISDIR: "${file}" is a directory`), { code: 'EISDIR' });
+    await this.call(`deleting ${file}`, () => s.fs.deleteFile(p)).catch(async (e: unknown) => {
+      const err = await this.fileError(record, e, file);
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    });
   }
 
-  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<void> {
-    const record = await this.record(handle.root);
-    const s = await this.remote(record.daytonaId);
-    const p = await this.resolve(s, record.workspace, file, false);
-    if (p === record.workspace) throw new PathEscapeError(file, 'the sandbox root itself cannot be deleted');
-    await this.call(`deleting ${file}`, () => s.fs.deleteFile(p)).catch((e: DaytonaProviderError) => {
-      if (e.kind !== 'not_found' && !/no such file/i.test(e.message)) throw e;
+  /** A folder's entries through the SDK's listFiles (entries are not followed), reserved names left out. */
+  async listFiles(handle: Pick<SandboxHandle, 'root'>, dir: string, opts: FileIoOptions = {}): Promise<FileEntry[]> {
+    const { record, s, path: p, kind } = await this.place(handle, dir, true, opts);
+    if (kind === 'none') throw Object.assign(new Error(`ENOENT: no such folder in the sandbox: ${dir}`), { code: 'ENOENT' });
+    if (kind !== 'folder') throw Object.assign(new Error(`ENOTDIR: "${dir}" is not a directory`), { code: 'ENOTDIR' });
+    const found = await this.call(`listing ${dir}`, () => s.fs.listFiles(p)).catch(async (e: unknown) => {
+      throw await this.fileError(record, e, dir);
     });
+    // Go's FileMode strings: "-rw-r--r--" a file, "drwx..." a folder, "Lrwx..." a link.
+    const type = (f: { isDir: boolean; mode: string }): FileEntry['type'] => (f.mode.startsWith('L') ? 'symlink' : f.isDir ? 'directory' : f.mode.startsWith('-') ? 'file' : 'other');
+    return listedEntries(found.map((f) => ({ name: f.name, type: type(f), size: Number(f.size) })), opts);
   }
 
   private async deleteRemote(daytonaId: string): Promise<void> {
@@ -841,6 +923,29 @@ export class DaytonaSandboxProvider implements SandboxProvider {
       out.push({ root, branch: record.branch, head, sandboxId: record.sandboxId });
     }
     return out;
+  }
+
+  /**
+   * The janitor's sweep of an ended objective (ADR 0019): every Daytona sandbox of the
+   * repository's group found by its labels is deleted (one whose record a crash lost too), then
+   * Slipway's records in the group. Returns the roots of the sandboxes deleted.
+   */
+  async sweepGroup(repository: string, group: string): Promise<string[]> {
+    const repo = await fs.realpath(repository);
+    const found = await this.call('listing sandboxes', async () => {
+      const all: Sandbox[] = [];
+      for await (const s of this.daytona().list({ labels: { 'slipway.repository': repositoryLabel(repo), 'slipway.group': group } })) all.push(s);
+      return all;
+    });
+    const removed: string[] = [];
+    for (const s of found) {
+      await this.deleteRemote(s.id);
+      const name = s.labels?.['slipway.name'];
+      if (name) removed.push(daytonaSandboxRoot(repo, group, name));
+    }
+    const dir = path.join(repo, DAYTONA_DIR, group);
+    await fs.rm(dir, { recursive: true, force: true });
+    return removed;
   }
 
   /** Stops the Daytona sandbox; its disk stays, so restore is a start (processes do not survive). */

@@ -100,6 +100,14 @@ export function checkRequestedPath(requested: string, opts: FileIoOptions = {}):
   }
 }
 
+/**
+ * Refuses a path resolved elsewhere (a remote sandbox, links followed there) whose components,
+ * relative to the workspace, name a reserved folder: the same rule as the local walker's.
+ */
+export function checkReservedPath(requested: string, relative: string, opts: FileIoOptions): void {
+  for (const part of relative.split('/')) checkReserved(requested, part, opts);
+}
+
 function checkReserved(requested: string, name: string, opts: FileIoOptions): void {
   const reserved = opts.reservedNames ?? [];
   if (reserved.includes(name.toLowerCase())) throw new PathEscapeError(requested, `"${name}" is off limits to the files API`);
@@ -258,6 +266,53 @@ async function checkedStream(fh: FileHandle, requested: string, opts: FileIoOpti
   }
   // The size at open time is what is sent: a file growing meanwhile cannot push past the cap.
   return { size: st.size, stream: fh.createReadStream({ start: 0, end: st.size - 1 }) };
+}
+
+/** One entry of a folder listing (the files API's `GET /files?path=`). */
+export interface FileEntry {
+  name: string;
+  type: 'file' | 'directory' | 'symlink' | 'other';
+  /** Bytes (a regular file's size; a folder's or link's as the file system reports it). */
+  size: number;
+}
+
+/** Entries of a folder listing, by name, reserved names (`.git`, `.slipway`) left out. */
+export function listedEntries(entries: FileEntry[], opts: FileIoOptions): FileEntry[] {
+  const reserved = opts.reservedNames ?? [];
+  return entries.filter((e) => !reserved.includes(e.name.toLowerCase())).sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+}
+
+/** Lists a folder of the sandbox (links inside followed under the walker's rules; entries not followed). */
+export async function listSandboxDir(root: string, requested: string, opts: FileIoOptions = {}): Promise<FileEntry[]> {
+  checkRequestedPath(requested, opts);
+  const realRoot = await fs.realpath(root);
+  let dir: string;
+  let w: Walked | undefined;
+  if (!useProc) {
+    dir = await resolveInside(realRoot, requested);
+  } else {
+    w = await walk(realRoot, requested, { ...opts, create: false, followFinal: true });
+    if (!w.target) {
+      await w.close();
+      throw errno('ENOENT', `no such file or directory, '${requested}'`);
+    }
+    dir = fdPath(w.target.fd);
+  }
+  try {
+    const st = await fs.stat(dir);
+    if (!st.isDirectory()) throw errno('ENOTDIR', `"${requested}" is not a directory`);
+    if (w) await assertInside(realRoot, w.target!, requested);
+    const names = await fs.readdir(dir);
+    const entries: FileEntry[] = [];
+    for (const name of names) {
+      const e = await fs.lstat(path.join(dir, name)).catch(() => undefined);
+      if (!e) continue;
+      entries.push({ name, type: e.isFile() ? 'file' : e.isDirectory() ? 'directory' : e.isSymbolicLink() ? 'symlink' : 'other', size: e.size });
+    }
+    return listedEntries(entries, opts);
+  } finally {
+    await w?.close();
+  }
 }
 
 /** Reads a whole regular file (within the cap) into memory. */

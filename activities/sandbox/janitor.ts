@@ -11,12 +11,13 @@
  * knows the objective). Removed branches go to the trash refs, not away.
  */
 import { objectiveSessionsDir } from '../agents/session-carry';
-import { promises as fs } from 'node:fs';
+import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Context } from '@temporalio/activity';
 import { WorkflowNotFoundError, type Client } from '@temporalio/client';
 import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId, SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
 import { expireTrash, gitMaybe, isAncestor, listWorktrees, rawGit, trashBranch } from '../../lib/git';
+import { DAYTONA_DIR, DaytonaSandboxProvider } from './daytona';
 import { LocalSandboxProvider } from './local';
 import { sweepPool, type PoolSweepResult } from './pool';
 import { forgetObjective, forgetRepository, readRegistry, registryPath, type RegistryObjective, type TemporalHome } from './registry';
@@ -78,6 +79,8 @@ export interface JanitorActivityDeps {
   temporalHome?: () => Promise<TemporalHome>;
   /** Provider used to remove worktrees (default: an unconfined local provider). */
   sandboxes?: LocalSandboxProvider;
+  /** Removes an ended objective's Daytona sandboxes (default: one from the worker's DAYTONA_* variables, made only when an objective has some). */
+  daytona?: DaytonaSandboxProvider;
 }
 
 /**
@@ -130,6 +133,7 @@ async function sweepObjective(
   sandboxes: LocalSandboxProvider,
   keepUnmergedForMs: number,
   registry: string,
+  daytona: () => DaytonaSandboxProvider,
 ): Promise<ObjectiveSweep> {
   const result: ObjectiveSweep = { id, liveness: { state: 'unknown', reason: 'not asked' }, removedWorktrees: [], removedBranches: [], keptBranches: [], forgotten: false };
   if ((SERVICE_BRANCH_GROUPS as readonly string[]).includes(id)) {
@@ -177,6 +181,8 @@ async function sweepObjective(
     await sandboxes.destroy({ repository: repo, root: path.join(groupDir, name) });
     result.removedWorktrees.push(path.join(groupDir, name));
   }
+  // Its Daytona sandboxes (ADR 0019), by label, where Slipway recorded some: no call to Daytona otherwise.
+  if (existsSync(path.join(repo, DAYTONA_DIR, id))) result.removedWorktrees.push(...(await daytona().sweepGroup(repo, id)));
   await fs.rm(path.join(repo, SLIPWAY_DIR, 'sandboxes', id), { recursive: true, force: true });
   await fs.rm(objectiveSessionsDir(repo, id), { recursive: true, force: true });
   // Disk images whose sandbox is gone (destroy unmounts and deletes its own; a crash between the two leaves one).
@@ -208,6 +214,8 @@ async function sweepObjective(
 
 export function createJanitorActivities(deps: JanitorActivityDeps) {
   const sandboxes = deps.sandboxes ?? new LocalSandboxProvider({ copyIgnored: false });
+  let daytona = deps.daytona;
+  const daytonaProvider = () => (daytona ??= new DaytonaSandboxProvider());
   const home = deps.temporalHome ?? temporalHomeOf(deps.client);
   return {
     /** The repositories to sweep: the registry's, or the ones asked for. */
@@ -241,7 +249,7 @@ export function createJanitorActivities(deps: JanitorActivityDeps) {
       for (const [id, entry] of Object.entries(objectives)) {
         heartbeat({ objective: id });
         try {
-          result.objectives.push(await sweepObjective(repo, id, entry, deps.client, mine, sandboxes, input.keepUnmergedForMs ?? DEFAULT_KEEP_UNMERGED_MS, registryFile));
+          result.objectives.push(await sweepObjective(repo, id, entry, deps.client, mine, sandboxes, input.keepUnmergedForMs ?? DEFAULT_KEEP_UNMERGED_MS, registryFile, daytonaProvider));
         } catch (e) {
           result.errors.push(`${id}: ${(e as Error).message}`);
         }

@@ -25,7 +25,7 @@ import { spawn } from 'node:child_process';
 import { createWriteStream, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { PassThrough, Writable } from 'node:stream';
+import { PassThrough, Readable, Writable } from 'node:stream';
 import { CoreV1Api, Exec, KubeConfig, PatchStrategy, setHeaderOptions, type V1Pod, type V1Status } from '@kubernetes/client-node';
 import { quote } from 'shell-quote';
 import { SLIPWAY_DIR } from '../../core/ids';
@@ -36,6 +36,7 @@ import type { RunResult } from '../process';
 import { KILL_EXEC_SCRIPT, newExecId, SIGNAL_EXEC_SCRIPT } from './container';
 import { SandboxPodWatch, type PodExit } from './kube-watch';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
+import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { NotAFolderError, PathEscapeError } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ExecRequest, type ProjectSetup, type ProviderFailureKind, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
 import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
@@ -203,6 +204,10 @@ const READ_SCRIPT = `${RESOLVE}\n[ -e "$r" ] || exit 92\n[ -f "$r" ] || exit 93\
 const WRITE_SCRIPT = `${RESOLVE}\n[ "$r" = "$w" ] && exit 93\nmkdir -p -- "$(dirname -- "$r")" && exec cat > "$r"`;
 /** Deletes the last component itself (a link, never its target): its folder resolved, the name kept. */
 const DELETE_SCRIPT = `${RESOLVE}\n[ -d "$r/$3" ] && [ ! -L "$r/$3" ] && exit 93\nexec rm -f -- "$r/$3"`;
+/** The resolved path (relative to the workspace, NUL-ended), then `d`, `f<size>` or `o`. */
+const STAT_SCRIPT = `${RESOLVE}\n[ -e "$r" ] || exit 92\nprintf '%s\\0' "\${r#"$w"}"\nif [ -d "$r" ]; then printf d; elif [ -f "$r" ]; then printf "f%s" "$(stat -c %s -- "$r")"; else printf o; fi`;
+/** The resolved folder (relative, NUL-ended), then `<type> <size> <name>` NUL-ended per entry. */
+const LIST_SCRIPT = `${RESOLVE}\n[ -e "$r" ] || exit 92\n[ -d "$r" ] || exit 94\nprintf '%s\\0' "\${r#"$w"}"\ncd -- "$r" && exec find . -mindepth 1 -maxdepth 1 -printf '%y %s %f\\0'`;
 
 /** Internal: stdin as bytes (bundles), output as bytes as it comes (collect). */
 type KubeExecRequest = ExecRequest & { stdinBytes?: Buffer; onBytes?: (stream: 'stdout' | 'stderr', chunk: Buffer) => void };
@@ -768,19 +773,61 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     if (r.exitCode === 91) throw new PathEscapeError(file, 'a symbolic link leads outside the sandbox');
     if (r.exitCode === 92) throw Object.assign(new Error(`ENOENT: no such file in the sandbox: ${file}`), { code: 'ENOENT' });
     if (r.exitCode === 93) throw new Error(`${file} is not a regular file in the sandbox`);
+    if (r.exitCode === 94) throw new NotAFolderError(file, 'not a folder');
     if (/No such file|Not a directory/i.test(r.stderr)) throw Object.assign(new Error(`ENOENT: no such file in the sandbox: ${file}: ${r.stderr.trim()}`), { code: 'ENOENT' });
     throw new Error(`${file}: the sandbox refused the file operation (exit ${r.exitCode}): ${r.stderr.trim().slice(0, 400)}`);
   }
 
-  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
-    return this.fileOp(handle, file, READ_SCRIPT, []);
+  /**
+   * Checks a path before a read or listing: lexically, then (links followed inside the pod) that it
+   * names no reserved folder; returns what it is. Resolved and used in two calls, like Daytona's
+   * (ADR 0019): the pod holds nothing of the worker's, so a swapped link reaches only the pod.
+   */
+  private async stat(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions): Promise<{ type: 'd' | 'f' | 'o'; size: number }> {
+    checkRequestedPath(file, opts);
+    const out = (await this.fileOp(handle, file, STAT_SCRIPT, [])).toString('utf8');
+    const cut = out.indexOf('\0');
+    checkReservedPath(file, out.slice(0, cut).replace(/^\//, ''), opts);
+    const kind = out.slice(cut + 1);
+    return { type: kind[0] as 'd' | 'f' | 'o', size: kind[0] === 'f' ? Number(kind.slice(1)) : 0 };
   }
 
-  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string): Promise<void> {
+  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<Buffer> {
+    const opened = await this.openFile(handle, file, opts);
+    const chunks: Buffer[] = [];
+    for await (const c of opened.stream) chunks.push(c as Buffer);
+    return Buffer.concat(chunks);
+  }
+
+  /** Stat first (size checked against the cap before any content moves), then the content, cut at that size. */
+  async openFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<OpenedFile> {
+    const st = await this.stat(handle, file, opts);
+    if (st.type === 'd') throw new NotRegularFileError(file, 'folder');
+    if (st.type !== 'f') throw new NotRegularFileError(file, 'special file');
+    if (opts.maxBytes !== undefined && st.size > opts.maxBytes) throw new FileTooLargeError(file, st.size, opts.maxBytes);
+    const content = (await this.fileOp(handle, file, READ_SCRIPT, [])).subarray(0, st.size);
+    return { size: content.length, stream: Readable.from([content]) };
+  }
+
+  async listFiles(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<FileEntry[]> {
+    checkRequestedPath(file, opts);
+    const parts = (await this.fileOp(handle, file, LIST_SCRIPT, [])).toString('utf8').split('\0');
+    checkReservedPath(file, (parts.shift() ?? '').replace(/^\//, ''), opts);
+    const types: Record<string, FileEntry['type']> = { f: 'file', d: 'directory', l: 'symlink' };
+    const entries = parts.filter(Boolean).map((line) => {
+      const [type, size, ...name] = line.split(' ');
+      return { name: name.join(' '), type: types[type] ?? 'other', size: Number(size) } satisfies FileEntry;
+    });
+    return listedEntries(entries, opts);
+  }
+
+  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string, opts: FileIoOptions = {}): Promise<void> {
+    checkRequestedPath(file, opts);
     await this.fileOp(handle, file, WRITE_SCRIPT, [], Buffer.isBuffer(content) ? content : Buffer.from(content));
   }
 
-  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<void> {
+  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<void> {
+    checkRequestedPath(file, opts);
     if (lexical(file) === '.') throw new PathEscapeError(file, 'the sandbox root itself cannot be deleted');
     await this.fileOp(handle, file, DELETE_SCRIPT, ['split']);
   }

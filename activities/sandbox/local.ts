@@ -33,7 +33,7 @@ import { openSessionInWorktree } from './session';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
 import { deleteLocalSnapshot, probeLocal, restoreLocal, SnapshotError, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
-import { deleteSandboxFile, MAX_BUFFER_BYTES, readSandboxFile, writeSandboxFile } from './file-io';
+import { deleteSandboxFile, listSandboxDir, MAX_BUFFER_BYTES, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { claimPoolEntry, fillPool, poolKey, type PoolSpec } from './pool';
 import { populateWorktree } from './populate';
 import { SANDBOX_BASE_ENV, type ExecRequest, type ProjectSetup, type SandboxCreateRequest, type SandboxHandle, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
@@ -417,17 +417,25 @@ export class LocalSandboxProvider implements SandboxProvider {
   }
 
   // Race-free (descriptor-relative) file I/O: see file-io.ts.
-  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<Buffer> {
+  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<Buffer> {
     // Capped at what a Buffer can hold: a clear error, not a crash, for a huge file.
-    return readSandboxFile(handle.root, file, { maxBytes: MAX_BUFFER_BYTES });
+    return readSandboxFile(handle.root, file, { ...opts, maxBytes: Math.min(opts.maxBytes ?? MAX_BUFFER_BYTES, MAX_BUFFER_BYTES) });
   }
 
-  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string): Promise<void> {
-    return writeSandboxFile(handle.root, file, content);
+  async openFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<OpenedFile> {
+    return openSandboxFile(handle.root, file, opts);
   }
 
-  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string): Promise<void> {
-    return deleteSandboxFile(handle.root, file);
+  async listFiles(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<FileEntry[]> {
+    return listSandboxDir(handle.root, file, opts);
+  }
+
+  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string, opts: FileIoOptions = {}): Promise<void> {
+    return writeSandboxFile(handle.root, file, content, opts);
+  }
+
+  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<void> {
+    return deleteSandboxFile(handle.root, file, opts);
   }
 
   async destroy({ repository, root }: { repository: string; root: string }): Promise<void> {

@@ -8,6 +8,7 @@ import type { Duplex } from 'node:stream';
 import type { BubblewrapConfinement } from './bubblewrap';
 import type { ContainerSettings } from './container';
 import type { KubernetesSettings } from '../../core/kubernetes';
+import type { FileEntry, FileIoOptions, OpenedFile } from './file-io';
 
 /** Commands that prepare a new sandbox (`npm ci`), and checks that it is ready. */
 export interface ProjectSetup {
@@ -181,9 +182,17 @@ export interface SandboxProvider {
   openSession(handle: Pick<SandboxHandle, 'root'>, request: SessionRequest): Promise<SandboxSession>;
   /** The host path an agent run's HOME is (ExecRequest.agentHome), from Slipway's records, never from the sandbox; undefined when agent runs keep the worker's HOME (unconfined). */
   agentHome?(handle: Pick<SandboxHandle, 'root'>): Promise<string | undefined>;
-  readFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<Buffer>;
-  writeFile(handle: Pick<SandboxHandle, 'root'>, path: string, content: Buffer | string): Promise<void>;
-  deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string): Promise<void>;
+  /**
+   * Files, confined to the sandbox (PathEscapeError): `opts.reservedNames` are refused after
+   * links are followed where the files live; `opts.maxBytes` caps a read (FileTooLargeError).
+   */
+  readFile(handle: Pick<SandboxHandle, 'root'>, path: string, opts?: FileIoOptions): Promise<Buffer>;
+  /** A streamed read: the size is known (and checked against `opts.maxBytes`) before any content moves; exactly that many bytes follow. */
+  openFile(handle: Pick<SandboxHandle, 'root'>, path: string, opts?: FileIoOptions): Promise<OpenedFile>;
+  writeFile(handle: Pick<SandboxHandle, 'root'>, path: string, content: Buffer | string, opts?: FileIoOptions): Promise<void>;
+  deleteFile(handle: Pick<SandboxHandle, 'root'>, path: string, opts?: FileIoOptions): Promise<void>;
+  /** A folder's entries (reserved names left out), by name. */
+  listFiles(handle: Pick<SandboxHandle, 'root'>, path: string, opts?: FileIoOptions): Promise<FileEntry[]>;
   destroy(request: { repository: string; root: string }): Promise<void>;
   /**
    * Brings the sandbox's work into the repository: its HEAD commit (with the objects it needs,

@@ -9,6 +9,7 @@ import { ContainerSandboxProvider, parseContainerRoot, readContainerRecord, type
 import { DaytonaSandboxProvider, parseDaytonaRoot } from './daytona';
 import { KubernetesSandboxProvider, parseKubernetesRoot } from './kubernetes';
 import { PortUnreachableError } from './port-relay';
+import type { FileIoOptions } from './file-io';
 import type { ExecRequest, SandboxCreateRequest, SandboxHandle, SandboxProvider, SessionRequest } from './provider';
 
 export class SandboxProviders implements SandboxProvider {
@@ -69,14 +70,20 @@ export class SandboxProviders implements SandboxProvider {
   async agentHome(handle: Pick<SandboxHandle, 'root'>) {
     return (await this.owner(handle.root)).agentHome?.(handle);
   }
-  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
-    return (await this.owner(handle.root)).readFile(handle, file);
+  async readFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts?: FileIoOptions) {
+    return (await this.owner(handle.root)).readFile(handle, file, opts);
   }
-  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string) {
-    return (await this.owner(handle.root)).writeFile(handle, file, content);
+  async openFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts?: FileIoOptions) {
+    return (await this.owner(handle.root)).openFile(handle, file, opts);
   }
-  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string) {
-    return (await this.owner(handle.root)).deleteFile(handle, file);
+  async writeFile(handle: Pick<SandboxHandle, 'root'>, file: string, content: Buffer | string, opts?: FileIoOptions) {
+    return (await this.owner(handle.root)).writeFile(handle, file, content, opts);
+  }
+  async deleteFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts?: FileIoOptions) {
+    return (await this.owner(handle.root)).deleteFile(handle, file, opts);
+  }
+  async listFiles(handle: Pick<SandboxHandle, 'root'>, file: string, opts?: FileIoOptions) {
+    return (await this.owner(handle.root)).listFiles(handle, file, opts);
   }
   async destroy(request: { repository: string; root: string }) {
     return (await this.owner(request.root)).destroy(request);

@@ -13,7 +13,7 @@ import { ApplicationFailure } from '@temporalio/common';
 import { REMOTE_OWNER_PAYLOAD_LIMIT_BYTES } from '../../core/routing';
 import type { SandboxPolicy } from '../../core/sandbox-service';
 import { withHeartbeat } from '../heartbeat';
-import { deleteSandboxFile, FileTooLargeError, NotRegularFileError, openSandboxFile, RESERVED_NAMES, writeSandboxFile } from '../sandbox/file-io';
+import { deleteSandboxFile, FileTooLargeError, listSandboxDir, NotRegularFileError, openSandboxFile, RESERVED_NAMES, writeSandboxFile, type FileEntry } from '../sandbox/file-io';
 import { PathEscapeError, resolveInside } from '../sandbox/paths';
 import type { ProviderFor } from './providers';
 
@@ -107,6 +107,10 @@ export function createSandboxCallActivities(deps: { providerFor: ProviderFor }) 
 
     async ownerDeleteFile(input: { root: string; path: string }): Promise<void> {
       await deleteSandboxFile(input.root, input.path, FILES_API).catch(asFailure);
+    },
+
+    async ownerListFiles(input: { root: string; path: string }): Promise<FileEntry[]> {
+      return listSandboxDir(input.root, input.path, FILES_API).catch(asFailure);
     },
   };
 }

@@ -278,13 +278,18 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
         seen.add(key);
         const provider = providerFor(billing.policyFromProfile(profile));
         const listed = await provider.list(profile.repository).catch(() => []);
-        const prefix = path.join(profile.repository, '.slipway', 'worktrees', serviceSandboxGroup(''));
+        // Every provider keeps an account's sandboxes in `.slipway/<kind>/acct-<account>/<id>` (worktrees,
+        // containers, daytona: a remote sandbox found by its labels), so leftovers of each are found alike.
+        const slipwayDir = path.join(await fs.realpath(profile.repository).catch(() => profile.repository), '.slipway');
         for (const entry of listed) {
           const id = path.basename(entry.root);
-          if (!entry.root.startsWith(prefix) || !SANDBOX_ID_PATTERN.test(id)) continue;
+          const group = path.dirname(entry.root);
+          if (!path.basename(group).startsWith(serviceSandboxGroup('')) || path.dirname(path.dirname(group)) !== slipwayDir || !SANDBOX_ID_PATTERN.test(id)) continue;
           const row = await billing.getSandboxById(db, id);
           if (row && row.status !== 'terminated' && row.status !== 'failed') continue;
-          if (!row && Date.now() - ((await fs.stat(entry.root).catch(() => undefined))?.mtimeMs ?? 0) < grace) continue;
+          // A remote sandbox has no folder here: the age of Slipway's record of it stands for it.
+          const made = (await fs.stat(entry.root).catch(() => fs.stat(`${entry.root}.json`)).catch(() => undefined))?.mtimeMs ?? 0;
+          if (!row && Date.now() - made < grace) continue;
           await provider.destroy({ repository: profile.repository, root: entry.root });
           result.removedLeftovers.push(id);
         }

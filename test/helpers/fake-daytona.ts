@@ -99,6 +99,8 @@ export class FakeDaytona {
   failNextSnapshot?: string;
   /** How long each snapshot state (pending, building) lasts, so callers see them go by. */
   snapshotStepMs = 150;
+  /** Called after GET /files/info answered (a test changes the file between a stat and its download). */
+  afterFileInfo?: (file: string) => Promise<void>;
   /** Every request as `METHOD path` (for assertions on what the provider called). */
   readonly requests: string[] = [];
   private failures: InjectedFailure[] = [];
@@ -411,6 +413,26 @@ export class FakeDaytona {
       if (method === 'GET' && !sess[4]) return send(res, 200, { id: c.id, command: c.command, exitCode: c.exitCode });
       if (method === 'GET' && sess[4]) return send(res, 200, { output: c.stdout + c.stderr, stdout: c.stdout, stderr: c.stderr });
     }
+    if (method === 'GET' && (route === '/files/info' || route === '/files')) {
+      // Daytona's toolbox: getFileInfo stats the path (links followed), listFiles its folder's entries (not followed).
+      const p = this.resolve(s, url.searchParams.get('path') ?? '.');
+      const notFound = (e: NodeJS.ErrnoException) => send(res, e.code === 'ENOENT' ? 404 : 400, { statusCode: e.code === 'ENOENT' ? 404 : 400, message: `${e.code === 'ENOENT' ? 'no such file or directory' : e.message}: ${p}` });
+      if (route === '/files/info') {
+        const st = await fs.stat(p).catch((e: NodeJS.ErrnoException) => e);
+        if (st instanceof Error) return notFound(st);
+        const info = fileInfo(path.basename(p), p, st);
+        await this.afterFileInfo?.(p);
+        return send(res, 200, info);
+      }
+      const names = await fs.readdir(p).catch((e: NodeJS.ErrnoException) => e);
+      if (names instanceof Error) return notFound(names);
+      const items = [];
+      for (const name of names) {
+        const st = await fs.lstat(path.join(p, name)).catch(() => undefined);
+        if (st) items.push(fileInfo(name, path.join(p, name), st));
+      }
+      return send(res, 200, items);
+    }
     if (method === 'POST' && route === '/files/bulk-upload') return this.upload(s, req, res);
     if (method === 'POST' && route === '/files/bulk-download') {
       const { paths } = JSON.parse(await readBody(req)) as { paths: string[] };
@@ -564,6 +586,13 @@ function killAll(s: FakeSandbox): void {
   s.sessions.clear();
   for (const p of s.ptys.values()) killGroup(p.child);
   s.ptys.clear();
+}
+
+/** Daytona's FileInfo (toolbox-api-client), its `mode` as Go's FileMode.String() writes it. */
+function fileInfo(name: string, full: string, st: import('node:fs').Stats) {
+  const type = st.isSymbolicLink() ? 'L' : st.isDirectory() ? 'd' : st.isFIFO() ? 'p' : st.isSocket() ? 'S' : st.isCharacterDevice() ? 'Dc' : st.isBlockDevice() ? 'D' : '-';
+  const bits = 'rwxrwxrwx'.split('').map((c, i) => (st.mode & (1 << (8 - i)) ? c : '-')).join('');
+  return { name, path: full, isDir: st.isDirectory(), size: st.size, mode: `${type}${bits}`, permissions: `0${(st.mode & 0o777).toString(8)}`, owner: String(st.uid), group: String(st.gid), modTime: st.mtime.toString(), modifiedAt: st.mtime.toISOString() };
 }
 
 function ptyInfo(p: FakePty) {

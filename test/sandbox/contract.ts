@@ -9,6 +9,7 @@
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { FileTooLargeError } from '../../activities/sandbox/file-io';
 import { PathEscapeError } from '../../activities/sandbox/paths';
 import { SessionRequestError } from '../../activities/sandbox/session';
 import { SANDBOX_WORKSPACE } from '../../activities/sandbox/bubblewrap';
@@ -340,6 +341,25 @@ export function describeSandboxContract(
       it('sees files written by commands', async () => {
         await provider.exec(shared, { command: 'printf made > by-command.txt', shell: true });
         expect((await provider.readFile(shared, 'by-command.txt')).toString()).toBe('made');
+      });
+
+      it('lists a folder (links not followed, reserved names left out) and opens a file with its size first, capped', async () => {
+        const made = await provider.exec(shared, { command: 'mkdir -p listed/sub listed/.git && printf 12345 > listed/five && ln -sfn five listed/ln', shell: true });
+        expect(made.exitCode, made.stderr).toBe(0);
+        const reserved = { reservedNames: ['.git', '.slipway'] };
+        expect(await provider.listFiles(shared, 'listed', reserved)).toEqual([
+          { name: 'five', type: 'file', size: 5 },
+          { name: 'ln', type: 'symlink', size: expect.any(Number) },
+          { name: 'sub', type: 'directory', size: expect.any(Number) },
+        ]);
+        await expect(provider.listFiles(shared, 'listed/five')).rejects.toThrow(/ENOTDIR|not a directory/);
+        const opened = await provider.openFile(shared, 'listed/ln', { maxBytes: 5 });
+        expect(opened.size).toBe(5);
+        expect(Buffer.concat(await opened.stream.toArray()).toString()).toBe('12345');
+        await expect(provider.openFile(shared, 'listed/five', { maxBytes: 4 })).rejects.toBeInstanceOf(FileTooLargeError);
+        for (const op of [() => provider.readFile(shared, 'listed/.git/x', reserved), () => provider.writeFile(shared, 'listed/.git/x', 'no', reserved), () => provider.listFiles(shared, 'listed/.git', reserved)]) {
+          await expect(op()).rejects.toBeInstanceOf(PathEscapeError);
+        }
       });
 
       it('accepts names that merely start with two dots', async () => {

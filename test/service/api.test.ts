@@ -137,6 +137,26 @@ describe('exec and files', () => {
     expect(await codeOf(a.api.readFile(sandboxId, 'src'))).toBe('400 is_a_directory');
   });
 
+  it('lists a folder: entries by name, links not followed, .git and .slipway left out', async () => {
+    await a.api.exec(sandboxId, { command: 'sh', args: ['-c', 'mkdir -p listed/sub listed/.slipway && printf 12345 > listed/five && ln -sfn five listed/ln && ln -sfn ../.. listed/up'] });
+    expect(await a.api.listFiles(sandboxId, 'listed')).toEqual({
+      path: 'listed',
+      entries: [
+        { name: 'five', type: 'file', size: 5 },
+        { name: 'ln', type: 'symlink', size: expect.any(Number) },
+        { name: 'sub', type: 'directory', size: expect.any(Number) },
+        { name: 'up', type: 'symlink', size: expect.any(Number) },
+      ],
+      truncated: false,
+    });
+    expect((await a.api.listFiles(sandboxId)).entries.map((e) => e.name)).not.toContain('.git');
+    // A folder reached through a link out of the sandbox, a reserved one, a file: refused.
+    expect(await codeOf(a.api.listFiles(sandboxId, 'listed/up'))).toBe('400 path_refused');
+    expect(await codeOf(a.api.listFiles(sandboxId, '.git'))).toBe('400 path_refused');
+    expect(await codeOf(a.api.listFiles(sandboxId, 'listed/five'))).toBe('400 not_a_directory');
+    expect(await codeOf(a.api.listFiles(sandboxId, 'no-such'))).toBe('404 file_not_found');
+  });
+
   it('refuses path traversal and symlink escapes', async () => {
     const outside = path.join(path.dirname(h.repo), 'outside-secret.txt');
     await fs.writeFile(outside, 'secret\n');
