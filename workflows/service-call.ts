@@ -7,15 +7,32 @@
  * idempotent); an owner that takes nothing up within the grace time fails the call with a
  * schedule-to-start timeout, which the API answers with 503.
  */
-import { proxyActivities } from '@temporalio/workflow';
+import { allHandlersFinished, condition, defineSignal, defineUpdate, proxyActivities, setHandler } from '@temporalio/workflow';
 import { routeFor } from '../core/routing';
+import { EXEC_OUTPUT_SIGNAL, TAKE_EXEC_OUTPUT_UPDATE, type StreamedExecEnd, type StreamedOutputChunk } from '../core/sandbox-service';
 import type { OwnerExecInput, OwnerExecResult, SandboxCallActivities } from '../activities/service/calls';
+
+/** The owner's activity sends a streamed exec's output here (an empty batch: the command started). */
+export const execOutputSignal = defineSignal<[StreamedOutputChunk[]]>(EXEC_OUTPUT_SIGNAL);
+
+/**
+ * The API's long poll for a streamed exec's output: returns the chunks after `after` once there
+ * are any (or, with `untilStarted`, once the command started), with `end` once the command ended
+ * and every chunk was taken; an empty answer after a minute of silence (the API asks again).
+ */
+export const takeExecOutputUpdate = defineUpdate<{ chunks: StreamedOutputChunk[]; started: boolean; end?: StreamedExecEnd }, [{ after: number; untilStarted?: boolean }]>(TAKE_EXEC_OUTPUT_UPDATE);
 
 export type SandboxServiceCall =
   | { op: 'exec'; input: OwnerExecInput }
   | { op: 'readFile'; input: Parameters<SandboxCallActivities['ownerReadFile']>[0] }
   | { op: 'writeFile'; input: Parameters<SandboxCallActivities['ownerWriteFile']>[0] }
-  | { op: 'deleteFile'; input: Parameters<SandboxCallActivities['ownerDeleteFile']>[0] };
+  | { op: 'deleteFile'; input: Parameters<SandboxCallActivities['ownerDeleteFile']>[0] }
+  // Chunked file calls and streamed exec (ADR 0026).
+  | { op: 'readChunk'; input: Parameters<SandboxCallActivities['ownerReadChunk']>[0] }
+  | { op: 'writeChunk'; input: Parameters<SandboxCallActivities['ownerWriteChunk']>[0] }
+  | { op: 'commitUpload'; input: Parameters<SandboxCallActivities['ownerCommitUpload']>[0] }
+  | { op: 'abortUpload'; input: Parameters<SandboxCallActivities['ownerAbortUpload']>[0] }
+  | { op: 'execStream'; input: OwnerExecInput };
 
 export interface SandboxServiceCallInput {
   /** The service task queue; the call runs on its owner's queue `<serviceQueue>@<owner>`. */
@@ -25,18 +42,24 @@ export interface SandboxServiceCallInput {
   call: SandboxServiceCall;
 }
 
-export type SandboxServiceCallResult = { exec: OwnerExecResult } | { base64: string } | { done: true };
+export type SandboxServiceCallResult =
+  | { exec: OwnerExecResult }
+  | { base64: string }
+  | { done: true }
+  | { chunk: { base64: string; size: number; version: string } }
+  | { streamEnd: StreamedExecEnd };
 
 export async function sandboxServiceCallWorkflow(input: SandboxServiceCallInput): Promise<SandboxServiceCallResult> {
   const route = routeFor(input.serviceQueue, input.owner, { graceSeconds: input.graceSeconds });
-  const timeoutMs = input.call.op === 'exec' ? input.call.input.timeoutMs + 60_000 : 120_000;
+  const execLike = input.call.op === 'exec' || input.call.op === 'execStream';
+  const timeoutMs = input.call.op === 'exec' || input.call.op === 'execStream' ? input.call.input.timeoutMs + 60_000 : 120_000;
   const acts = proxyActivities<SandboxCallActivities>({
     taskQueue: route.taskQueue,
     // A dead owner takes nothing up: the call fails after the grace time instead of waiting for it.
     scheduleToStartTimeout: route.scheduleToStartTimeoutMs,
     startToCloseTimeout: timeoutMs,
     // Exec heartbeats (a dead owner mid-command shows within this); file calls are short and do not.
-    ...(input.call.op === 'exec' ? { heartbeatTimeout: '30 seconds' } : {}),
+    ...(execLike ? { heartbeatTimeout: '30 seconds' } : {}),
     retry: { maximumAttempts: 1 },
   });
   const { call } = input;
@@ -51,5 +74,46 @@ export async function sandboxServiceCallWorkflow(input: SandboxServiceCallInput)
     case 'deleteFile':
       await acts.ownerDeleteFile(call.input);
       return { done: true };
+    case 'readChunk':
+      return { chunk: await acts.ownerReadChunk(call.input) };
+    case 'writeChunk':
+      await acts.ownerWriteChunk(call.input);
+      return { done: true };
+    case 'commitUpload':
+      await acts.ownerCommitUpload(call.input);
+      return { done: true };
+    case 'abortUpload':
+      await acts.ownerAbortUpload(call.input);
+      return { done: true };
+    case 'execStream':
+      return { streamEnd: await streamedExec(acts, call.input) };
   }
+}
+
+/**
+ * A streamed exec: the owner's activity signals output in; the API takes it out by update.
+ * Taken chunks are dropped from memory; the workflow ends once the API took the end (or, if it
+ * went away without cancelling, after ten minutes).
+ */
+async function streamedExec(acts: SandboxCallActivities, input: OwnerExecInput): Promise<StreamedExecEnd> {
+  let chunks: StreamedOutputChunk[] = [];
+  let started = false;
+  let end: StreamedExecEnd | undefined;
+  let endTaken = false;
+  setHandler(execOutputSignal, (batch) => {
+    started = true;
+    chunks.push(...batch);
+  });
+  setHandler(takeExecOutputUpdate, async ({ after, untilStarted }) => {
+    const ready = () => chunks.some((c) => c.seq > after) || end !== undefined || (untilStarted === true && started);
+    await condition(ready, '1 minute');
+    chunks = chunks.filter((c) => c.seq > after);
+    // Every signal of the owner came before its activity's result: with `end` set, `chunks` is all there is.
+    if (end !== undefined) endTaken = true;
+    return { chunks, started, ...(end !== undefined ? { end } : {}) };
+  });
+  end = await acts.ownerExecStream(input);
+  await condition(() => endTaken, '10 minutes');
+  await condition(allHandlersFinished);
+  return end;
 }
