@@ -61,7 +61,8 @@ export interface PreparedCommand {
   cleanup: () => Promise<void>;
 }
 
-export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>): Promise<PreparedCommand> {
+/** `passFds`: descriptors the caller passes on purpose besides stdio and the wrappers' pipes (a terminal's control pipe). */
+export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>, passFds: number[] = []): Promise<PreparedCommand> {
   const confinement = target.confinement;
   if (!confinement) {
     const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
@@ -76,7 +77,7 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
   const extraPipes = cmd.seccomp ? cmd.seccomp.fd - 2 : cmd.egress ? 2 : 0;
   // Nothing the worker holds open reaches the sandbox: only stdio and the pipes above (close-fds.ts).
-  const closed = closeInheritedFds(2 + extraPipes, limited.command, limited.args);
+  const closed = closeInheritedFds([...Array.from({ length: 3 + extraPipes }, (_, fd) => fd), ...passFds], limited.command, limited.args);
   // Recorded while it runs (exec and sessions alike): preview ports reach a port only in the
   // network namespace of a running command of the sandbox (port-relay.ts).
   let untrack: (() => void) | undefined;
