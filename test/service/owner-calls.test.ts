@@ -7,7 +7,7 @@
  * killed => a 503 naming it, not a hang.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { createHash, randomBytes } from 'node:crypto';
@@ -26,6 +26,8 @@ let h: ServiceHarness;
 let a: TestAccount;
 let owner: { child: ChildProcess; output: () => string };
 let sandboxId: string;
+/** The owner process's TMPDIR: where it stages chunked uploads. */
+const ownerTmp = mkdtempSync(path.join(os.tmpdir(), 'slipway-owner-tmp-'));
 
 function startOwner(): { child: ChildProcess; output: () => string } {
   let output = '';
@@ -39,6 +41,7 @@ function startOwner(): { child: ChildProcess; output: () => string } {
       SLIPWAY_TASK_QUEUE: h.taskQueue,
       SLIPWAY_WORKER_ID: OWNER_ID,
       SLIPWAY_HOME: mkdtempSync(path.join(os.tmpdir(), 'slipway-owner-home-')),
+      TMPDIR: ownerTmp,
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -130,6 +133,18 @@ describe('a sandbox held by another worker', () => {
     expect(sum.stdout.split(' ')[0]).toBe(createHash('sha256').update(made).digest('hex'));
     expect(made.length).toBe(3 * REMOTE_OWNER_PAYLOAD_LIMIT_BYTES + 7);
   }, 180_000);
+
+  it('drops the staged chunks when the commit is refused: nothing in the sandbox, nothing left on the owner', async () => {
+    // `big` is a folder by now: a file cannot take its name.
+    expect(await codeOf(a.api.writeFile(sandboxId, 'big', randomBytes(3 * REMOTE_OWNER_CHUNK_BYTES)))).toBe('400 is_a_directory');
+    const staged = readdirSync(ownerTmp)
+      .filter((d) => d.startsWith('slipway-uploads-'))
+      .flatMap((d) => readdirSync(path.join(ownerTmp, d)));
+    expect(staged).toEqual([]);
+    expect(readdirSync(ownerTmp).some((d) => d.startsWith('slipway-uploads-'))).toBe(true); // the staging folder was used
+    const left = await a.api.exec(sandboxId, { command: 'sh', args: ['-c', 'ls -A big'] });
+    expect(left.stdout).toBe('made.bin\nup.bin\n');
+  }, 120_000);
 
   it('refuses a 70 MiB write with 413 naming the limit, leaving nothing half-written', async () => {
     const put = await rawRequest(h.url, 'PUT', `/api/v1/sandboxes/${sandboxId}/files/big/huge.bin`, { token: a.token, body: Buffer.alloc(70 * 1024 * 1024, 'a'), headers: { 'content-type': 'application/octet-stream' } });
