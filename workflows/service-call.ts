@@ -8,7 +8,7 @@
  * schedule-to-start timeout, which the API answers with 503.
  */
 import { allHandlersFinished, condition, defineSignal, defineUpdate, proxyActivities, setHandler } from '@temporalio/workflow';
-import { routeFor } from '../core/routing';
+import { REMOTE_OWNER_CHUNK_BYTES, routeFor } from '../core/routing';
 import { EXEC_OUTPUT_SIGNAL, TAKE_EXEC_OUTPUT_UPDATE, type StreamedExecEnd, type StreamedOutputChunk } from '../core/sandbox-service';
 import type { OwnerExecInput, OwnerExecResult, SandboxCallActivities } from '../activities/service/calls';
 
@@ -16,9 +16,10 @@ import type { OwnerExecInput, OwnerExecResult, SandboxCallActivities } from '../
 export const execOutputSignal = defineSignal<[StreamedOutputChunk[]]>(EXEC_OUTPUT_SIGNAL);
 
 /**
- * The API's long poll for a streamed exec's output: returns the chunks after `after` once there
- * are any (or, with `untilStarted`, once the command started), with `end` once the command ended
- * and every chunk was taken; an empty answer after a minute of silence (the API asks again).
+ * The API's long poll for a streamed exec's output: returns the oldest chunks after `after` once
+ * there are any (or, with `untilStarted`, once the command started), at most about
+ * REMOTE_OWNER_CHUNK_BYTES of them, with `end` once the command ended and this answer holds the
+ * last chunk; an empty answer after a minute of silence (the API asks again).
  */
 export const takeExecOutputUpdate = defineUpdate<{ chunks: StreamedOutputChunk[]; started: boolean; end?: StreamedExecEnd }, [{ after: number; untilStarted?: boolean }]>(TAKE_EXEC_OUTPUT_UPDATE);
 
@@ -108,9 +109,16 @@ async function streamedExec(acts: SandboxCallActivities, input: OwnerExecInput):
     const ready = () => chunks.some((c) => c.seq > after) || end !== undefined || (untilStarted === true && started);
     await condition(ready, '1 minute');
     chunks = chunks.filter((c) => c.seq > after);
-    // Every signal of the owner came before its activity's result: with `end` set, `chunks` is all there is.
-    if (end !== undefined) endTaken = true;
-    return { chunks, started, ...(end !== undefined ? { end } : {}) };
+    // One answer stays a small payload (Temporal fails a workflow task over 2 MB): the oldest
+    // chunks up to REMOTE_OWNER_CHUNK_BYTES of base64, at least one; the API asks again for the rest.
+    let size = 0;
+    let count = 0;
+    while (count < chunks.length && (count === 0 || size + chunks[count]!.base64.length <= REMOTE_OWNER_CHUNK_BYTES)) size += chunks[count++]!.base64.length;
+    const taken = chunks.slice(0, count);
+    // Every signal of the owner came before its activity's result: with `end` set and all taken, that is all there is.
+    const last = end !== undefined && count === chunks.length;
+    if (last) endTaken = true;
+    return { chunks: taken, started, ...(last ? { end } : {}) };
   });
   end = await acts.ownerExecStream(input);
   await condition(() => endTaken, '10 minutes');

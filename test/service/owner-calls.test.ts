@@ -15,7 +15,7 @@ import WebSocket from 'ws';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { getSandboxById } from '../../activities/billing/records';
 import { ownerTaskQueue } from '../../core/ids';
-import { REMOTE_OWNER_CHUNK_BYTES, REMOTE_OWNER_PAYLOAD_LIMIT_BYTES } from '../../core/routing';
+import { REMOTE_OWNER_CHUNK_BYTES, REMOTE_OWNER_PAYLOAD_LIMIT_BYTES, REMOTE_OWNER_STREAM_LIMIT_BYTES } from '../../core/routing';
 import { DEFAULT_FILE_LIMIT_BYTES } from '../../api/service';
 import { BIN, waitFor } from '../helpers/cli';
 import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
@@ -176,6 +176,19 @@ describe('a sandbox held by another worker', () => {
     expect(new Set(await ownerCallQueues('execStream'))).toEqual(new Set([ownerTaskQueue(h.host.serviceTaskQueue, OWNER_ID)]));
     await a.api.deleteFile(sandboxId, 'go');
   }, 180_000);
+
+  it('bounds a streamed exec\'s output through the owner and says what it dropped', async () => {
+    let out = 0;
+    let err = '';
+    const exit = await a.api.execStream(sandboxId, { command: 'sh', args: ['-c', `head -c ${REMOTE_OWNER_STREAM_LIMIT_BYTES + 100_000} /dev/zero | tr '\\0' a; echo done >&2`], output_encoding: 'base64' }, (stream, data) => {
+      if (stream === 'stdout') out += Buffer.from(data, 'base64').length;
+      else err += Buffer.from(data, 'base64').toString();
+    });
+    expect(exit).toMatchObject({ exit_code: 0 });
+    // What fits is delivered whole; stderr came after the limit was reached, so it is dropped too and the note names the limit.
+    expect(out).toBe(REMOTE_OWNER_STREAM_LIMIT_BYTES);
+    expect(err).toContain(`past ${REMOTE_OWNER_STREAM_LIMIT_BYTES} were dropped`);
+  }, 240_000);
 
   it('answers a streamed exec in a missing cwd with 400, before any frame', async () => {
     expect(await codeOf(a.api.execStream(sandboxId, { command: 'true', cwd: 'no-such-dir' }, () => undefined))).toBe('400 invalid_cwd');
