@@ -12,7 +12,6 @@ import { existsSync, promises as fs } from 'node:fs';
 import type { Client } from '@temporalio/client';
 import { WorkflowExecutionAlreadyStartedError, WorkflowFailedError, WorkflowNotFoundError } from '@temporalio/client';
 import { ActivityFailure, ApplicationFailure, TimeoutFailure, TimeoutType } from '@temporalio/common';
-import { Readable } from 'node:stream';
 import { ownerTaskQueue } from '../core/ids';
 import { DEFAULT_OWNER_GRACE_SECONDS, REMOTE_OWNER_PAYLOAD_LIMIT_BYTES, serviceCallRoute, type ServiceCallKind } from '../core/routing';
 import { openStreamThroughOwner, OwnerStreamSession, readThroughOwner, writeThroughOwner } from './owner-transfer';
