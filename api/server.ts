@@ -126,7 +126,9 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
     if (error instanceof ApiError) return sendError(reply, error);
     const fe = error as { statusCode?: number; code?: string; message: string };
     if (fe.statusCode && fe.statusCode >= 400 && fe.statusCode < 500) {
-      return sendError(reply, new ApiError(fe.statusCode, FRAMEWORK_CODES[fe.code ?? ''] ?? (fe.statusCode === 413 ? 'too_large' : 'bad_request'), fe.message));
+      // A body over its route's limit (the file limit for files) is told the limit, not only "too large".
+      const message = fe.code === 'FST_ERR_CTP_BODY_TOO_LARGE' ? `the request body is over the limit of ${req.routeOptions.bodyLimit} bytes` : fe.message;
+      return sendError(reply, new ApiError(fe.statusCode, FRAMEWORK_CODES[fe.code ?? ''] ?? (fe.statusCode === 413 ? 'too_large' : 'bad_request'), message));
     }
     req.log.error({ err: error, req: { method: req.method, url: redactUrl(req.url) } }, 'request failed');
     return sendError(reply, new ApiError(500, 'internal', 'internal error'));
@@ -206,7 +208,7 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
       if (req.headers['idempotency-key'] !== undefined) {
         throw new ApiError(400, 'invalid_request', 'Idempotency-Key cannot be used with stream: true (a streamed run is not replayed)', [{ path: 'headers.idempotency-key', message: 'not with stream: true' }]);
       }
-      const session = await service.openSession(req.principal!, req.params.id, body, 'stream');
+      const session = await service.openSession(req.principal!, req.params.id, { ...body, timeoutMs: body.timeout_seconds * 1000 }, 'stream');
       reply.hijack();
       const res = reply.raw;
       res.on('error', () => undefined);
@@ -214,8 +216,6 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
         if (!res.writableFinished) abandonSession(session);
       });
       res.writeHead(200, { 'content-type': 'application/x-ndjson; charset=utf-8', 'cache-control': 'no-store', 'x-content-type-options': 'nosniff' });
-      if (body.stdin !== undefined) writeInput(session, Buffer.from(body.stdin), { accountId: req.principal!.accountId, metrics: service.metrics });
-      session.stdin.end();
       const exit = await relaySession(
         session,
         { send: (f) => res.write(`${f}\n`), onDrain: (resume) => res.once('drain', resume), buffered: () => res.writableLength },
@@ -285,7 +285,7 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
         const { size, stream } = await service.openFile(req.principal!, req.params.id, filePath(req));
         return reply.header('content-type', 'application/octet-stream').header('content-length', String(size)).send(stream);
       });
-      files.put<FileRoute>('/api/v1/sandboxes/:id/files/*', async (req, reply) => {
+      files.put<FileRoute>('/api/v1/sandboxes/:id/files/*', { bodyLimit: fileLimit }, async (req, reply) => {
         const body = req.body;
         const content = Buffer.isBuffer(body) ? body : Buffer.alloc(0);
         await service.writeFile(req.principal!, req.params.id, filePath(req), content);

@@ -12,9 +12,10 @@ import { existsSync, promises as fs } from 'node:fs';
 import type { Client } from '@temporalio/client';
 import { WorkflowExecutionAlreadyStartedError, WorkflowFailedError, WorkflowNotFoundError } from '@temporalio/client';
 import { ActivityFailure, ApplicationFailure, TimeoutFailure, TimeoutType } from '@temporalio/common';
-import { Readable } from 'node:stream';
 import { ownerTaskQueue } from '../core/ids';
-import { DEFAULT_OWNER_GRACE_SECONDS, serviceCallRoute, type ServiceCallKind } from '../core/routing';
+import { DEFAULT_OWNER_GRACE_SECONDS, REMOTE_OWNER_PAYLOAD_LIMIT_BYTES, serviceCallRoute, type ServiceCallKind } from '../core/routing';
+import { openStreamThroughOwner, OwnerStreamSession, readThroughOwner, writeThroughOwner } from './owner-transfer';
+import { writeInput } from './session-relay';
 import { sandboxServiceCallWorkflow, type SandboxServiceCall, type SandboxServiceCallResult } from '../workflows/service-call';
 import type { OwnerExecResult } from '../activities/service/calls';
 import type { Logger } from 'pino';
@@ -347,11 +348,10 @@ export class SandboxService {
 
   /**
    * The worker to run this call on when it is not this host (ADR 0013, "Sandbox service calls
-   * through the owner"); undefined: run it here. Streams and bodies over the payload limit are
-   * refused for a remote owner.
+   * through the owner"); undefined: run it here. Interactive sessions are refused for a remote owner.
    */
-  private remoteOwner(row: billing.SandboxRow, call: ServiceCallKind, bytes?: number): string | undefined {
-    const route = serviceCallRoute({ owner: row.owner ?? undefined, localWorkerId: this.deps.workerId, call, bytes, historyEncrypted: this.deps.historyEncrypted === true });
+  private remoteOwner(row: billing.SandboxRow, call: ServiceCallKind): string | undefined {
+    const route = serviceCallRoute({ owner: row.owner ?? undefined, localWorkerId: this.deps.workerId, call, historyEncrypted: this.deps.historyEncrypted === true });
     if (route.kind === 'refuse') throw new ApiError(route.status, route.code, route.message);
     return route.kind === 'owner' ? route.owner : undefined;
   }
@@ -359,13 +359,7 @@ export class SandboxService {
   /** Runs one call on the owner (workflows/service-call.ts) and answers its failures as the direct path would. */
   private async onOwner(row: billing.SandboxRow, owner: string, call: SandboxServiceCall, file: string, signal?: AbortSignal): Promise<SandboxServiceCallResult> {
     const graceSeconds = this.deps.ownerGraceSeconds ?? DEFAULT_OWNER_GRACE_SECONDS;
-    const handle = await this.deps.client.workflow.start(sandboxServiceCallWorkflow, {
-      // This process's own queue when it has a worker id (it polls it), else the shared service queue.
-      taskQueue: this.deps.workerId ? ownerTaskQueue(this.deps.taskQueue, this.deps.workerId) : this.deps.taskQueue,
-      workflowId: `sandbox-call:${row.id}:${randomUUID()}`,
-      args: [{ serviceQueue: this.deps.taskQueue, owner, graceSeconds, call }],
-    });
-    this.deps.logger.info({ sandboxId: row.id, owner, op: call.op, workflowId: handle.workflowId }, 'call on the sandbox owner');
+    const handle = await this.startOnOwner(row, owner, call);
     // The caller went away: the command on the owner is cancelled with the call.
     const onAbort = () => void handle.cancel().catch(() => undefined);
     signal?.addEventListener('abort', onAbort, { once: true });
@@ -376,6 +370,19 @@ export class SandboxService {
     } finally {
       signal?.removeEventListener('abort', onAbort);
     }
+  }
+
+  /** Starts one call workflow for the owner (its result or updates are the caller's). */
+  private async startOnOwner(row: billing.SandboxRow, owner: string, call: SandboxServiceCall) {
+    const graceSeconds = this.deps.ownerGraceSeconds ?? DEFAULT_OWNER_GRACE_SECONDS;
+    const handle = await this.deps.client.workflow.start(sandboxServiceCallWorkflow, {
+      // This process's own queue when it has a worker id (it polls it), else the shared service queue.
+      taskQueue: this.deps.workerId ? ownerTaskQueue(this.deps.taskQueue, this.deps.workerId) : this.deps.taskQueue,
+      workflowId: `sandbox-call:${row.id}:${randomUUID()}`,
+      args: [{ serviceQueue: this.deps.taskQueue, owner, graceSeconds, call }],
+    });
+    this.deps.logger.info({ sandboxId: row.id, owner, op: call.op, workflowId: handle.workflowId }, 'call on the sandbox owner');
+    return handle;
   }
 
   /**
@@ -545,7 +552,13 @@ export class SandboxService {
       principal,
       id,
       { command: body.command, args: body.args, env: body.env, cwd: body.cwd, ...(body.pty ? { pty: body.pty } : {}) },
+      transport === 'stream' ? { stdin: body.stdin, timeoutMs: body.timeoutMs ?? 0 } : undefined,
     );
+    // A streamed exec's input is given whole in its request: written and closed here (a remote owner got it with the start).
+    if (transport === 'stream') {
+      if (body.stdin && !(session instanceof OwnerStreamSession)) writeInput(session, Buffer.from(body.stdin), { accountId: principal.accountId, metrics: this.deps.metrics });
+      session.stdin.end();
+    }
     this.deps.metrics?.sessionOpened(principal.accountId, row.platform, transport, session.pty);
     void session.exit.finally(release);
     return session;
@@ -561,13 +574,35 @@ export class SandboxService {
     principal: Principal,
     id: string,
     req: SessionRequest,
+    /** A streamed exec (its whole input, its timeout): it may run on a remote owner; anything else is an interactive session, which may not. */
+    streamed?: { stdin?: string; timeoutMs: number },
   ): Promise<{ session: SandboxSession; row: billing.SandboxRow; release: () => void }> {
     const releaseSlot = this.claimExecSlot(principal.accountId);
     try {
-      const { row, provider, release } = await this.admit(principal, id);
+      const { row, provider, release, profile } = await this.admit(principal, id);
       try {
         const root = row.root!;
-        this.remoteOwner(row, 'stream');
+        const owner = this.remoteOwner(row, streamed ? 'stream' : 'session');
+        if (owner !== undefined && streamed) {
+          if (streamed.stdin !== undefined && Buffer.byteLength(streamed.stdin) > REMOTE_OWNER_PAYLOAD_LIMIT_BYTES) {
+            throw new ApiError(413, 'stdin_too_large', `stdin is over ${REMOTE_OWNER_PAYLOAD_LIMIT_BYTES} bytes, the most a call to a sandbox on another host carries`, [{ path: 'stdin', message: `at most ${REMOTE_OWNER_PAYLOAD_LIMIT_BYTES} bytes` }]);
+          }
+          const graceSeconds = this.deps.ownerGraceSeconds ?? DEFAULT_OWNER_GRACE_SECONDS;
+          const input = { root, policy: billing.policyFromProfile(profile), command: req.command, args: req.args ?? [], env: execEnv(row, req.env ?? {}), cwd: req.cwd, stdin: streamed.stdin, timeoutMs: streamed.timeoutMs };
+          const session = await openStreamThroughOwner(
+            (call) => this.startOnOwner(row, owner, call),
+            async (e) => remoteCallError(e, id, owner, graceSeconds, req.cwd ?? '.'),
+            input,
+          );
+          return {
+            session,
+            row,
+            release: () => {
+              release();
+              releaseSlot();
+            },
+          };
+        }
         if (provider.sessions === false) throw new ApiError(501, 'sessions_unsupported', `the ${provider.kind} provider has no interactive sessions`);
         // A host-bound sandbox is a folder here; a remote one (Daytona) checks cwd inside itself.
         if (req.cwd !== undefined && provider.hostBound) await checkCwd(root, req.cwd);
@@ -652,11 +687,9 @@ export class SandboxService {
       const owner = this.remoteOwner(row, 'file');
       if (owner !== undefined) {
         const allowHardLinks = profile.confinement === 'bubblewrap';
-        const result = await this.onOwner(row, owner, { op: 'readFile', input: { root: row.root!, path: file, maxBytes: this.fileLimitBytes, allowHardLinks } }, file);
-        const body = Buffer.from((result as { base64: string }).base64, 'base64');
-        const stream = Readable.from([body]);
-        stream.once('close', release);
-        return { size: body.length, stream };
+        const remote = await readThroughOwner((call) => this.onOwner(row, owner, call, file), { root: row.root!, path: file, maxBytes: this.fileLimitBytes, allowHardLinks });
+        remote.stream.once('close', release);
+        return remote;
       }
       opened = await this.files(row, provider, profile).open(file).catch((e: unknown) => {
         throw this.fileCallError(e, row, provider, file);
@@ -681,9 +714,9 @@ export class SandboxService {
     if (content.length > this.fileLimitBytes) throw new ApiError(413, 'file_too_large', `the file is ${content.length} bytes, over the limit of ${this.fileLimitBytes} bytes`);
     const { row, provider, release, profile } = await this.admit(principal, id);
     try {
-      const owner = this.remoteOwner(row, 'file', content.length);
+      const owner = this.remoteOwner(row, 'file');
       if (owner !== undefined) {
-        await this.onOwner(row, owner, { op: 'writeFile', input: { root: row.root!, path: file, base64: content.toString('base64') } }, file);
+        await writeThroughOwner((call) => this.onOwner(row, owner, call, file), { root: row.root!, path: file, content });
         return;
       }
       await this.files(row, provider, profile).write(file, content).catch((e: unknown) => {
@@ -910,6 +943,10 @@ export interface SessionStart {
   env: Record<string, string>;
   cwd?: string;
   pty?: { cols: number; rows: number };
+  /** A streamed exec's whole input (streams only). */
+  stdin?: string;
+  /** A streamed exec's timeout (streams only): a remote owner kills the command itself at it. */
+  timeoutMs?: number;
 }
 
 /**
@@ -1010,6 +1047,10 @@ function remoteCallError(e: unknown, sandboxId: string, owner: string, graceSeco
       return new ApiError(413, 'file_too_large', message);
     case 'NotRegularFileError':
       return new ApiError(400, 'not_a_regular_file', message);
+    case 'file_changed':
+      return new ApiError(409, 'file_changed', message);
+    case 'upload_incomplete':
+      return new ApiError(503, 'upload_incomplete', `${message}; retry`, undefined, 1);
     default:
       return mapFsError(Object.assign(new Error(message), { code: cause.type }), file);
   }

@@ -4,12 +4,15 @@
  *
  *   1. create -> ready latency, warm-pool hit and cold boot            (goal: warm < 150 ms)
  *   2. exec round trip of `true` through REST vs spawning it directly (goal: < 10 ms overhead),
- *      and through an API host that is not the sandbox's owner (ADR 0013: a call workflow on the
- *      API's queue, the exec activity on the owner's), side by side
+ *      vs the same confined spawn without REST (bubblewrap's share), and through an API host that
+ *      is not the sandbox's owner (ADR 0013: a call workflow on the API's queue, the exec activity
+ *      on the owner's), side by side; the descriptor-closing step's own cost; streamed exec line
+ *      latency (printed -> received) on the owner and through it; a 5 MiB file written and read
+ *      back on the owner and through it (ADR 0026)
  *   3. suspend and wake of a sandbox with ~10,000 files               (goal: each < 1 s)
  *   4. idle sandboxes one worker holds within 1 GiB of memory
  *
- * Usage: npx tsx bench/sandbox-service.ts [--quick] [--json]
+ * Usage: npx tsx bench/sandbox-service.ts [--quick] [--json] [--only 2]
  * Postgres: DATABASE_URL, else a throwaway cluster like the tests'. Prints medians and ratios.
  */
 import { execFileSync } from 'node:child_process';
@@ -23,6 +26,8 @@ import { createAccount, createApiToken, createProfile } from '../activities/bill
 import { runProcess } from '../activities/process';
 import { suspendLocal, restoreLocal } from '../activities/sandbox/local-snapshot';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
+import { closeInheritedFds } from '../activities/sandbox/close-fds';
+import { findExecutable } from '../activities/sandbox/bubblewrap';
 import { SandboxApiClient } from '../api/client';
 import { freePort, startDevServer } from '../workers/dev-server';
 import { installRuntimeLogging } from '../workers/logging';
@@ -31,6 +36,9 @@ import { bundleWorkflows } from '../workers/worker';
 import { setup as startPostgres, teardown as stopPostgres } from '../test/postgres-setup';
 
 const quick = process.argv.includes('--quick');
+/** `--only 2`: section 2 alone (the others take minutes). */
+const only = process.argv.includes('--only') ? process.argv[process.argv.indexOf('--only') + 1] : undefined;
+const runs = (section: string) => only === undefined || only === section;
 const asJson = process.argv.includes('--json');
 const N = {
   create: quick ? 5 : 20,
@@ -66,6 +74,8 @@ function makeRepo(parent: string, name: string, files: number): string {
 
 async function main() {
   installRuntimeLogging();
+  // Calls through a remote owner run only with encrypted payloads (ADR 0013); both hosts share this key.
+  process.env.SLIPWAY_PAYLOAD_KEY ??= randomBytes(32).toString('base64');
   const work = realpathSync(mkdtempSync(path.join(os.tmpdir(), 'slipway-bench-')));
   const results: Record<string, unknown> = { machine: `${os.cpus().length} cores, ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB`, node: process.version };
 
@@ -131,6 +141,7 @@ async function main() {
       return { id: s.id, ms: t, kind: s.provisioning_kind };
     };
     // --- 4. (measured first) idle sandboxes per GiB ------------------------------------------------------------
+    if (runs('4')) {
     log(`4. memory: ${N.idle} idle ready sandboxes held by this worker ...`);
     // First, on a process that has done little else, so the RSS delta is the sandboxes'.
     for (let i = 0; i < 3; i++) await api.destroy((await createReady('cold')).id);
@@ -161,6 +172,8 @@ async function main() {
     };
     log(`   RSS ${(before.rss / 2 ** 20).toFixed(0)} -> ${(after.rss / 2 ** 20).toFixed(0)} MiB for ${idle.length}: ${(perSandboxBytes / 1024).toFixed(0)} KiB each, ~${Math.floor(2 ** 30 / Math.max(perSandboxBytes, 1))} per GiB`);
     await Promise.all(idle.map((id) => api.destroy(id)));
+    }
+    if (runs('1')) {
     const cold: number[] = [];
     const warm: number[] = [];
     const doomed: string[] = [];
@@ -182,18 +195,28 @@ async function main() {
     results.createReady = { coldMedianMs: median(cold), coldP90Ms: p90(cold), warmMedianMs: median(warm), warmP90Ms: p90(warm), warmMisses: misses };
     log(`   cold ${ms(median(cold))} (p90 ${ms(p90(cold))}), warm hit ${ms(median(warm))} (p90 ${ms(p90(warm))})`);
     await Promise.all(doomed.map((id) => api.destroy(id)));
+    }
 
     // --- 2. exec round trip -------------------------------------------------------------------
+    if (runs('2')) {
     log(`2. exec \`true\`: ${N.exec} through REST, ${N.exec} direct spawns ...`);
     const { id: execBox } = await createReady('cold');
     const root = (await db.query<{ root: string }>('SELECT root FROM sandboxes WHERE id = $1', [execBox])).rows[0]!.root;
     const rest: number[] = [];
     const remote: number[] = [];
     const direct: number[] = [];
+    const confinedSpawn: number[] = [];
+    const closer: number[] = [];
+    const bare: number[] = [];
+    // The service's own provider settings for a default profile: bubblewrap, no network.
+    const confinedProvider = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false }, backgroundFill: false });
+    const trueBin = findExecutable('true')!;
+    const closing = closeInheritedFds([0, 1, 2], trueBin, []);
     for (let i = 0; i < 20; i++) {
       await api.exec(execBox, { command: 'true' });
       await remoteApi.exec(execBox, { command: 'true' });
       await runProcess({ command: 'true', cwd: root });
+      await confinedProvider.exec({ root }, { command: 'true' });
     }
     for (let i = 0; i < N.exec; i++) {
       // Interleaved, so machine load affects both alike.
@@ -207,6 +230,16 @@ async function main() {
       t0 = performance.now();
       await runProcess({ command: 'true', cwd: root });
       direct.push(performance.now() - t0);
+      t0 = performance.now();
+      await confinedProvider.exec({ root }, { command: 'true' });
+      confinedSpawn.push(performance.now() - t0);
+      // The descriptor-closing step alone (close-fds.ts): `true` behind it vs `true` bare.
+      t0 = performance.now();
+      await runProcess({ command: closing.command, args: closing.args, cwd: root });
+      closer.push(performance.now() - t0);
+      t0 = performance.now();
+      await runProcess({ command: trueBin, cwd: root });
+      bare.push(performance.now() - t0);
     }
     results.exec = {
       restMedianMs: median(rest),
@@ -217,12 +250,69 @@ async function main() {
       remoteOwnerMedianMs: median(remote),
       remoteOwnerP90Ms: p90(remote),
       remoteOwnerOverheadMedianMs: median(remote) - median(direct),
+      confinedSpawnMedianMs: median(confinedSpawn),
+      restOverConfinedSpawnMedianMs: median(rest) - median(confinedSpawn),
+      closeFdsStepMedianMs: median(closer) - median(bare),
     };
     log(`   REST ${ms(median(rest))} (p90 ${ms(p90(rest))}), direct ${ms(median(direct))}: overhead ${ms(median(rest) - median(direct))}, ratio ${(median(rest) / median(direct)).toFixed(2)}x`);
     log(`   through the owner (API host not the owner) ${ms(median(remote))} (p90 ${ms(p90(remote))}): overhead ${ms(median(remote) - median(direct))}`);
+    log(`   confined spawn without REST ${ms(median(confinedSpawn))}: REST adds ${ms(median(rest) - median(confinedSpawn))}; the descriptor-closing step ${ms(median(closer) - median(bare))}`);
+
+    // Streamed exec: each line carries the time it was printed; latency = received - printed.
+    const lineLatency = async (client: SandboxApiClient, rounds: number) => {
+      const lat: number[] = [];
+      for (let round = 0; round < rounds; round++) {
+        let buffered = '';
+        await client.execStream(execBox, { command: 'sh', args: ['-c', 'for i in 1 2 3 4 5; do date +%s%N; sleep 0.1; done'] }, (stream, data) => {
+          const now = performance.timeOrigin + performance.now();
+          if (stream !== 'stdout') return;
+          buffered += data;
+          const lines = buffered.split('\n');
+          buffered = lines.pop()!;
+          for (const line of lines) lat.push(now - Number(line) / 1e6);
+        });
+      }
+      return lat;
+    };
+    const rounds = quick ? 4 : 20;
+    await lineLatency(api, 1);
+    await lineLatency(remoteApi, 1);
+    const streamLocal: number[] = [];
+    const streamRemote: number[] = [];
+    for (let i = 0; i < rounds; i++) {
+      streamLocal.push(...(await lineLatency(api, 1)));
+      streamRemote.push(...(await lineLatency(remoteApi, 1)));
+    }
+    // A 5 MiB file written and read back, on the owner and through it.
+    const body = randomBytes(5 * 1024 * 1024);
+    const fileRound = async (client: SandboxApiClient) => {
+      const t0 = performance.now();
+      await client.writeFile(execBox, 'bench.bin', body);
+      const back = await client.readFile(execBox, 'bench.bin');
+      if (!back.equals(body)) throw new Error('file round trip changed the bytes');
+      return performance.now() - t0;
+    };
+    const fileLocal: number[] = [];
+    const fileRemote: number[] = [];
+    for (let i = 0; i < (quick ? 2 : 5); i++) {
+      fileLocal.push(await fileRound(api));
+      fileRemote.push(await fileRound(remoteApi));
+    }
+    results.streamAndFiles = {
+      lineLatencyLocalMedianMs: median(streamLocal),
+      lineLatencyLocalP90Ms: p90(streamLocal),
+      lineLatencyRemoteMedianMs: median(streamRemote),
+      lineLatencyRemoteP90Ms: p90(streamRemote),
+      file5MiBLocalMedianMs: median(fileLocal),
+      file5MiBRemoteMedianMs: median(fileRemote),
+    };
+    log(`   streamed line latency: on the owner ${ms(median(streamLocal))} (p90 ${ms(p90(streamLocal))}), through it ${ms(median(streamRemote))} (p90 ${ms(p90(streamRemote))})`);
+    log(`   5 MiB write + read: on the owner ${ms(median(fileLocal))}, through it ${ms(median(fileRemote))}`);
     await api.destroy(execBox);
+    }
 
     // --- 3. suspend and wake, ~10,000 files ---------------------------------------------------
+    if (runs('3')) {
     log(`3. suspend/wake with 10,000 files: ${N.suspend} rounds at the provider, ${N.suspend} end to end ...`);
     const big = makeRepo(work, 'big', 10_000);
     const provider = new LocalSandboxProvider({ copyIgnored: false });
@@ -268,6 +358,7 @@ async function main() {
     };
     log(`   provider: suspend ${ms(median(suspendMs))}, restore ${ms(median(restoreMs))}; through the service: suspend activity ${ms(e2eSuspend[0] ?? NaN)} (mean), exec on a suspended sandbox ${ms(median(e2eWake))}`);
     await api.destroy(idleBox);
+    }
 
   } finally {
     await remoteHost.close();
@@ -280,7 +371,8 @@ async function main() {
 
   const r = results as {
     createReady: { coldMedianMs: number; warmMedianMs: number };
-    exec: { overheadMedianMs: number; ratio: number; restMedianMs: number; directMedianMs: number; remoteOwnerMedianMs: number; remoteOwnerOverheadMedianMs: number };
+    exec: { overheadMedianMs: number; ratio: number; restMedianMs: number; directMedianMs: number; remoteOwnerMedianMs: number; remoteOwnerOverheadMedianMs: number; confinedSpawnMedianMs: number; restOverConfinedSpawnMedianMs: number; closeFdsStepMedianMs: number };
+    streamAndFiles: { lineLatencyLocalMedianMs: number; lineLatencyRemoteMedianMs: number; lineLatencyRemoteP90Ms: number; lineLatencyLocalP90Ms: number; file5MiBLocalMedianMs: number; file5MiBRemoteMedianMs: number };
     suspendWake: { providerSuspendMedianMs: number; providerRestoreMedianMs: number; e2eWakeExecMedianMs: number };
     memory: { sandboxesPerGiB: number; perSandboxKiB: number; heapPerSandboxKiB: number };
   };
@@ -291,15 +383,30 @@ async function main() {
   const goal = (ok: boolean) => (ok ? 'met' : 'NOT met');
   process.stdout.write(
     [
-      `Slipway sandbox service benchmark (${results.machine}, node ${results.node}${quick ? ', --quick' : ''})`,
-      `  create -> ready, cold boot     median ${ms(r.createReady.coldMedianMs)}`,
-      `  create -> ready, warm hit      median ${ms(r.createReady.warmMedianMs)}   goal < 150 ms: ${goal(r.createReady.warmMedianMs < 150)}`,
-      `  exec \`true\` via REST           median ${ms(r.exec.restMedianMs)} vs direct spawn ${ms(r.exec.directMedianMs)}: +${ms(r.exec.overheadMedianMs)}, ${r.exec.ratio.toFixed(2)}x   goal < 10 ms: ${goal(r.exec.overheadMedianMs < 10)}`,
-      `  exec \`true\` through the owner  median ${ms(r.exec.remoteOwnerMedianMs)}: +${ms(r.exec.remoteOwnerOverheadMedianMs)} over direct spawn (API host not the owner: a call workflow + an activity on the owner's queue; no goal)`,
-      `  suspend, 10,000 files          median ${ms(r.suspendWake.providerSuspendMedianMs)}   goal < 1 s: ${goal(r.suspendWake.providerSuspendMedianMs < 1000)}`,
-      `  wake (restore), 10,000 files   median ${ms(r.suspendWake.providerRestoreMedianMs)}   goal < 1 s: ${goal(r.suspendWake.providerRestoreMedianMs < 1000)}`,
-      `  exec on a suspended sandbox    median ${ms(r.suspendWake.e2eWakeExecMedianMs)} (wake + exec through REST and the workflow)`,
-      `  idle sandboxes per GiB         ~${r.memory.sandboxesPerGiB} (${r.memory.perSandboxKiB.toFixed(0)} KiB RSS each, ${r.memory.heapPerSandboxKiB.toFixed(0)} KiB V8 heap each; worker + API process)`,
+      `Slipway sandbox service benchmark (${results.machine}, node ${results.node}${quick ? ', --quick' : ''}${only ? `, section ${only} only` : ''})`,
+      ...(r.createReady
+        ? [
+            `  create -> ready, cold boot     median ${ms(r.createReady.coldMedianMs)}`,
+            `  create -> ready, warm hit      median ${ms(r.createReady.warmMedianMs)}   goal < 150 ms: ${goal(r.createReady.warmMedianMs < 150)}`,
+          ]
+        : []),
+      ...(r.exec
+        ? [
+            `  exec \`true\` via REST           median ${ms(r.exec.restMedianMs)} vs direct spawn ${ms(r.exec.directMedianMs)}: +${ms(r.exec.overheadMedianMs)}, ${r.exec.ratio.toFixed(2)}x   goal < 10 ms: ${goal(r.exec.overheadMedianMs < 10)}`,
+            `    of which bubblewrap           confined spawn without REST ${ms(r.exec.confinedSpawnMedianMs)}: REST adds ${ms(r.exec.restOverConfinedSpawnMedianMs)}; closing inherited descriptors ${ms(r.exec.closeFdsStepMedianMs)}`,
+            `  exec \`true\` through the owner  median ${ms(r.exec.remoteOwnerMedianMs)}: +${ms(r.exec.remoteOwnerOverheadMedianMs)} over direct spawn, ${(r.exec.remoteOwnerMedianMs / r.exec.restMedianMs).toFixed(1)}x REST on the owner (a call workflow + an activity on the owner's queue; no goal)`,
+            `  streamed line latency          on the owner median ${ms(r.streamAndFiles.lineLatencyLocalMedianMs)} (p90 ${ms(r.streamAndFiles.lineLatencyLocalP90Ms)}), through the owner ${ms(r.streamAndFiles.lineLatencyRemoteMedianMs)} (p90 ${ms(r.streamAndFiles.lineLatencyRemoteP90Ms)})`,
+            `  5 MiB file write + read        on the owner median ${ms(r.streamAndFiles.file5MiBLocalMedianMs)}, through the owner ${ms(r.streamAndFiles.file5MiBRemoteMedianMs)} (${(r.streamAndFiles.file5MiBRemoteMedianMs / r.streamAndFiles.file5MiBLocalMedianMs).toFixed(0)}x: one call per 256 KiB chunk)`,
+          ]
+        : []),
+      ...(r.suspendWake
+        ? [
+            `  suspend, 10,000 files          median ${ms(r.suspendWake.providerSuspendMedianMs)}   goal < 1 s: ${goal(r.suspendWake.providerSuspendMedianMs < 1000)}`,
+            `  wake (restore), 10,000 files   median ${ms(r.suspendWake.providerRestoreMedianMs)}   goal < 1 s: ${goal(r.suspendWake.providerRestoreMedianMs < 1000)}`,
+            `  exec on a suspended sandbox    median ${ms(r.suspendWake.e2eWakeExecMedianMs)} (wake + exec through REST and the workflow)`,
+          ]
+        : []),
+      ...(r.memory ? [`  idle sandboxes per GiB         ~${r.memory.sandboxesPerGiB} (${r.memory.perSandboxKiB.toFixed(0)} KiB RSS each, ${r.memory.heapPerSandboxKiB.toFixed(0)} KiB V8 heap each; worker + API process)`] : []),
       '',
     ].join('\n'),
   );

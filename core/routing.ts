@@ -42,37 +42,52 @@ export function afterOwnerGone(replacementsSoFar: number): 'recreate' | 'give_up
 }
 
 /**
- * Largest file body or exec output a service call may carry through a remote owner: it travels
- * in activity inputs/results, i.e. in history, which Temporal caps at 2 MB per payload.
+ * Largest exec output (each of stdout and stderr: half of it) or stdin a single service call may
+ * carry through a remote owner: it travels in activity inputs/results, i.e. in history, which
+ * Temporal caps at 2 MB per payload. File bodies go in chunks instead (REMOTE_OWNER_CHUNK_BYTES).
  */
 export const REMOTE_OWNER_PAYLOAD_LIMIT_BYTES = 1024 * 1024;
 
-export type ServiceCallKind = 'exec' | 'file' | 'stream';
+/**
+ * One chunk of a file read or written through a remote owner (ADR 0026): one call each, so a
+ * file up to the files API's own limit travels without any payload near Temporal's 2 MB cap
+ * (base64 makes 256 KiB about 350 kB, under the SDK's 512 KiB payload warning).
+ */
+export const REMOTE_OWNER_CHUNK_BYTES = 256 * 1024;
+
+/**
+ * Output a streamed exec may send through a remote owner (stdout and stderr together): each
+ * byte enters the call workflow's history twice (the owner's signal and the API's update), and
+ * a history must stay well under Temporal's 50 MB limit. Past it the rest is dropped and the
+ * stream says so on stderr (ADR 0026).
+ */
+export const REMOTE_OWNER_STREAM_LIMIT_BYTES = 8 * 1024 * 1024;
+
+/** `stream`: a streamed exec (output frames as it runs); `session`: an interactive byte stream (WebSocket, SSH, preview). */
+export type ServiceCallKind = 'exec' | 'file' | 'stream' | 'session';
 
 export type ServiceCallRoute =
   | { kind: 'direct' }
   | { kind: 'owner'; owner: string }
-  | { kind: 'refuse'; status: 413 | 501; code: string; message: string };
+  | { kind: 'refuse'; status: 501; code: string; message: string };
 
 /**
- * Where the sandbox service runs an exec or file call (docs/adr/0013-worker-ownership.md,
- * "Sandbox service calls"): on the API's own host when it owns the sandbox (or any host can reach
- * it), else on the owner. Streams (sessions, SSH, preview) cannot go through history and are
- * refused for remote owners; so are file bodies over the payload limit.
+ * Where the sandbox service runs an exec, file or streamed-exec call (docs/adr/0013-worker-ownership.md,
+ * "Sandbox service calls"; ADR 0026): on the API's own host when it owns the sandbox (or any host can
+ * reach it), else on the owner. Interactive sessions (WebSocket, SSH, preview) cannot go through
+ * history and are refused for remote owners.
  */
 export function serviceCallRoute(input: {
   owner: string | undefined;
   localWorkerId: string | undefined;
   call: ServiceCallKind;
-  bytes?: number;
-  limitBytes?: number;
   /** Payloads are encrypted (SLIPWAY_PAYLOAD_KEY): a remote call's command, environment and file contents travel through history. */
   historyEncrypted: boolean;
 }): ServiceCallRoute {
   const { owner, localWorkerId, call } = input;
   if (!owner || owner === ANY_OWNER || owner === localWorkerId) return { kind: 'direct' };
-  if (call === 'stream') {
-    return { kind: 'refuse', status: 501, code: 'remote_owner_stream', message: `the sandbox is held by worker "${owner}" on another host; sessions, SSH and previews run only on the owner's host` };
+  if (call === 'session') {
+    return { kind: 'refuse', status: 501, code: 'remote_owner_stream', message: `the sandbox is held by worker "${owner}" on another host; interactive sessions, SSH and previews run only on the owner's host` };
   }
   // A tenant's environment, input and files must never sit in Temporal's history in the clear.
   if (!input.historyEncrypted) {
@@ -82,10 +97,6 @@ export function serviceCallRoute(input: {
       code: 'remote_owner_needs_payload_key',
       message: `the sandbox is held by worker "${owner}" on another host; calls through it carry commands, environment and file contents through Temporal's history, which must be encrypted: set SLIPWAY_PAYLOAD_KEY (the same key) on the API and the workers`,
     };
-  }
-  const limit = input.limitBytes ?? REMOTE_OWNER_PAYLOAD_LIMIT_BYTES;
-  if (call === 'file' && input.bytes !== undefined && input.bytes > limit) {
-    return { kind: 'refuse', status: 413, code: 'file_too_large', message: `the file is ${input.bytes} bytes, over the limit of ${limit} bytes for a sandbox held by worker "${owner}" on another host` };
   }
   return { kind: 'owner', owner };
 }

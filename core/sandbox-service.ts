@@ -200,3 +200,26 @@ export interface SandboxExitReport {
   observedAtMs: number;
   detail?: string;
 }
+
+/**
+ * A streamed exec through a remote owner (ADR 0026): the owner's activity sends the command's
+ * output to its call workflow in batches by this signal; the API takes them with the update
+ * `takeExecOutput` (a long poll: it returns once there is output after `after`, or the end).
+ */
+export const EXEC_OUTPUT_SIGNAL = 'execOutput';
+export const TAKE_EXEC_OUTPUT_UPDATE = 'takeExecOutput';
+
+/** One piece of a streamed exec's output, numbered from 1 in the order the owner read it. */
+export interface StreamedOutputChunk {
+  seq: number;
+  stream: 'stdout' | 'stderr';
+  base64: string;
+}
+
+/** How a streamed exec through the owner ended. */
+export interface StreamedExecEnd {
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean;
+  durationMs: number;
+}

@@ -2,7 +2,7 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { DEFAULT_OWNER_GRACE_SECONDS, MAX_SANDBOX_REPLACEMENTS, REMOTE_OWNER_PAYLOAD_LIMIT_BYTES, afterOwnerGone, routeFor, serviceCallRoute } from '../core/routing';
+import { DEFAULT_OWNER_GRACE_SECONDS, MAX_SANDBOX_REPLACEMENTS, afterOwnerGone, routeFor, serviceCallRoute } from '../core/routing';
 import { POLLER_FRESH_MS, ownerPolls } from '../activities/owners';
 import { WORKER_ID_FILE, WorkerIdError, newWorkerId, resolveWorkerId } from '../lib/worker-id';
 import { slipway } from './helpers/cli';
@@ -26,27 +26,26 @@ describe('routeFor', () => {
 });
 
 describe('serviceCallRoute', () => {
-  const big = REMOTE_OWNER_PAYLOAD_LIMIT_BYTES + 1;
   it.each([
-    ['no owner recorded', undefined, 'api', 'exec', undefined, 'direct'],
-    ['any host reaches it (remote provider)', 'any', 'api', 'stream', undefined, 'direct'],
-    ['the API host owns it: exec', 'api', 'api', 'exec', undefined, 'direct'],
-    ['the API host owns it: large file', 'api', 'api', 'file', big, 'direct'],
-    ['the API host owns it: session', 'api', 'api', 'stream', undefined, 'direct'],
-    ['another owner: exec', 'w1', 'api', 'exec', undefined, 'owner'],
-    ['another owner: API without an id', 'w1', undefined, 'exec', undefined, 'owner'],
-    ['another owner: file at the limit', 'w1', 'api', 'file', REMOTE_OWNER_PAYLOAD_LIMIT_BYTES, 'owner'],
-    ['another owner: file over the limit', 'w1', 'api', 'file', big, 413],
-    ['another owner: session', 'w1', 'api', 'stream', undefined, 501],
-  ] as const)('%s', (_name, owner, local, call, bytes, expected) => {
-    const route = serviceCallRoute({ owner, localWorkerId: local, call, bytes, historyEncrypted: true });
+    ['no owner recorded', undefined, 'api', 'exec', 'direct'],
+    ['any host reaches it (remote provider)', 'any', 'api', 'session', 'direct'],
+    ['the API host owns it: exec', 'api', 'api', 'exec', 'direct'],
+    ['the API host owns it: file', 'api', 'api', 'file', 'direct'],
+    ['the API host owns it: session', 'api', 'api', 'session', 'direct'],
+    ['another owner: exec', 'w1', 'api', 'exec', 'owner'],
+    ['another owner: API without an id', 'w1', undefined, 'exec', 'owner'],
+    // Any size up to the files API's limit: bodies travel in chunks (ADR 0026).
+    ['another owner: file', 'w1', 'api', 'file', 'owner'],
+    ['another owner: streamed exec', 'w1', 'api', 'stream', 'owner'],
+    ['another owner: interactive session', 'w1', 'api', 'session', 501],
+  ] as const)('%s', (_name, owner, local, call, expected) => {
+    const route = serviceCallRoute({ owner, localWorkerId: local, call, historyEncrypted: true });
     if (expected === 'direct') expect(route).toEqual({ kind: 'direct' });
     else if (expected === 'owner') expect(route).toEqual({ kind: 'owner', owner });
     else {
-      expect(route).toMatchObject({ kind: 'refuse', status: expected });
+      expect(route).toMatchObject({ kind: 'refuse', status: expected, code: 'remote_owner_stream' });
       if (route.kind !== 'refuse') throw new Error('unreachable');
       expect(route.message).toContain(`"${owner}"`);
-      if (expected === 413) expect(route.message).toContain(String(REMOTE_OWNER_PAYLOAD_LIMIT_BYTES));
     }
   });
 });
@@ -66,7 +65,7 @@ describe('serviceCallRoute without payload encryption', () => {
     }
   });
   it('a file call too: its contents would sit in history', () => {
-    expect(serviceCallRoute({ owner: 'w1', localWorkerId: 'api', call: 'file', bytes: 10, historyEncrypted: false })).toMatchObject({ kind: 'refuse', code: 'remote_owner_needs_payload_key' });
+    expect(serviceCallRoute({ owner: 'w1', localWorkerId: 'api', call: 'file', historyEncrypted: false })).toMatchObject({ kind: 'refuse', code: 'remote_owner_needs_payload_key' });
   });
 });
 

@@ -7,17 +7,35 @@
  * idempotent); an owner that takes nothing up within the grace time fails the call with a
  * schedule-to-start timeout, which the API answers with 503.
  */
-import { proxyActivities } from '@temporalio/workflow';
-import { routeFor } from '../core/routing';
+import { allHandlersFinished, condition, defineSignal, defineUpdate, proxyActivities, setHandler } from '@temporalio/workflow';
+import { REMOTE_OWNER_CHUNK_BYTES, routeFor } from '../core/routing';
+import { EXEC_OUTPUT_SIGNAL, TAKE_EXEC_OUTPUT_UPDATE, type StreamedExecEnd, type StreamedOutputChunk } from '../core/sandbox-service';
 import type { OwnerExecInput, OwnerExecResult, SandboxCallActivities } from '../activities/service/calls';
 import type { FileEntry } from '../activities/sandbox/file-io';
+
+/** The owner's activity sends a streamed exec's output here (an empty batch: the command started). */
+export const execOutputSignal = defineSignal<[StreamedOutputChunk[]]>(EXEC_OUTPUT_SIGNAL);
+
+/**
+ * The API's long poll for a streamed exec's output: returns the oldest chunks after `after` once
+ * there are any (or, with `untilStarted`, once the command started), at most about
+ * REMOTE_OWNER_CHUNK_BYTES of them, with `end` once the command ended and this answer holds the
+ * last chunk; an empty answer after a minute of silence (the API asks again).
+ */
+export const takeExecOutputUpdate = defineUpdate<{ chunks: StreamedOutputChunk[]; started: boolean; end?: StreamedExecEnd }, [{ after: number; untilStarted?: boolean }]>(TAKE_EXEC_OUTPUT_UPDATE);
 
 export type SandboxServiceCall =
   | { op: 'exec'; input: OwnerExecInput }
   | { op: 'readFile'; input: Parameters<SandboxCallActivities['ownerReadFile']>[0] }
   | { op: 'writeFile'; input: Parameters<SandboxCallActivities['ownerWriteFile']>[0] }
   | { op: 'deleteFile'; input: Parameters<SandboxCallActivities['ownerDeleteFile']>[0] }
-  | { op: 'listFiles'; input: Parameters<SandboxCallActivities['ownerListFiles']>[0] };
+  | { op: 'listFiles'; input: Parameters<SandboxCallActivities['ownerListFiles']>[0] }
+  // Chunked file calls and streamed exec (ADR 0026).
+  | { op: 'readChunk'; input: Parameters<SandboxCallActivities['ownerReadChunk']>[0] }
+  | { op: 'writeChunk'; input: Parameters<SandboxCallActivities['ownerWriteChunk']>[0] }
+  | { op: 'commitUpload'; input: Parameters<SandboxCallActivities['ownerCommitUpload']>[0] }
+  | { op: 'abortUpload'; input: Parameters<SandboxCallActivities['ownerAbortUpload']>[0] }
+  | { op: 'execStream'; input: OwnerExecInput };
 
 export interface SandboxServiceCallInput {
   /** The service task queue; the call runs on its owner's queue `<serviceQueue>@<owner>`. */
@@ -27,18 +45,25 @@ export interface SandboxServiceCallInput {
   call: SandboxServiceCall;
 }
 
-export type SandboxServiceCallResult = { exec: OwnerExecResult } | { base64: string } | { done: true } | { entries: FileEntry[] };
+export type SandboxServiceCallResult =
+  | { exec: OwnerExecResult }
+  | { base64: string }
+  | { done: true }
+  | { chunk: { base64: string; size: number; version: string } }
+  | { streamEnd: StreamedExecEnd }
+  | { entries: FileEntry[] };
 
 export async function sandboxServiceCallWorkflow(input: SandboxServiceCallInput): Promise<SandboxServiceCallResult> {
   const route = routeFor(input.serviceQueue, input.owner, { graceSeconds: input.graceSeconds });
-  const timeoutMs = input.call.op === 'exec' ? input.call.input.timeoutMs + 60_000 : 120_000;
+  const execLike = input.call.op === 'exec' || input.call.op === 'execStream';
+  const timeoutMs = input.call.op === 'exec' || input.call.op === 'execStream' ? input.call.input.timeoutMs + 60_000 : 120_000;
   const acts = proxyActivities<SandboxCallActivities>({
     taskQueue: route.taskQueue,
     // A dead owner takes nothing up: the call fails after the grace time instead of waiting for it.
     scheduleToStartTimeout: route.scheduleToStartTimeoutMs,
     startToCloseTimeout: timeoutMs,
     // Exec heartbeats (a dead owner mid-command shows within this); file calls are short and do not.
-    ...(input.call.op === 'exec' ? { heartbeatTimeout: '30 seconds' } : {}),
+    ...(execLike ? { heartbeatTimeout: '30 seconds' } : {}),
     retry: { maximumAttempts: 1 },
   });
   const { call } = input;
@@ -56,5 +81,53 @@ export async function sandboxServiceCallWorkflow(input: SandboxServiceCallInput)
     // A new op, not a change to an existing one's commands: released histories replay as before.
     case 'listFiles':
       return { entries: await acts.ownerListFiles(call.input) };
+    case 'readChunk':
+      return { chunk: await acts.ownerReadChunk(call.input) };
+    case 'writeChunk':
+      await acts.ownerWriteChunk(call.input);
+      return { done: true };
+    case 'commitUpload':
+      await acts.ownerCommitUpload(call.input);
+      return { done: true };
+    case 'abortUpload':
+      await acts.ownerAbortUpload(call.input);
+      return { done: true };
+    case 'execStream':
+      return { streamEnd: await streamedExec(acts, call.input) };
   }
+}
+
+/**
+ * A streamed exec: the owner's activity signals output in; the API takes it out by update.
+ * Taken chunks are dropped from memory; the workflow ends once the API took the end (or, if it
+ * went away without cancelling, after ten minutes).
+ */
+async function streamedExec(acts: SandboxCallActivities, input: OwnerExecInput): Promise<StreamedExecEnd> {
+  let chunks: StreamedOutputChunk[] = [];
+  let started = false;
+  let end: StreamedExecEnd | undefined;
+  let endTaken = false;
+  setHandler(execOutputSignal, (batch) => {
+    started = true;
+    chunks.push(...batch);
+  });
+  setHandler(takeExecOutputUpdate, async ({ after, untilStarted }) => {
+    const ready = () => chunks.some((c) => c.seq > after) || end !== undefined || (untilStarted === true && started);
+    await condition(ready, '1 minute');
+    chunks = chunks.filter((c) => c.seq > after);
+    // One answer stays a small payload (Temporal fails a workflow task over 2 MB): the oldest
+    // chunks up to REMOTE_OWNER_CHUNK_BYTES of base64, at least one; the API asks again for the rest.
+    let size = 0;
+    let count = 0;
+    while (count < chunks.length && (count === 0 || size + chunks[count]!.base64.length <= REMOTE_OWNER_CHUNK_BYTES)) size += chunks[count++]!.base64.length;
+    const taken = chunks.slice(0, count);
+    // Every signal of the owner came before its activity's result: with `end` set and all taken, that is all there is.
+    const last = end !== undefined && count === chunks.length;
+    if (last) endTaken = true;
+    return { chunks: taken, started, ...(last ? { end } : {}) };
+  });
+  end = await acts.ownerExecStream(input);
+  await condition(() => endTaken, '10 minutes');
+  await condition(allHandlersFinished);
+  return end;
 }

@@ -13,6 +13,7 @@ import { BLOCK_FD, egressSetup, findEgressTools, INFO_FD, loopbackResolver, PAST
 import { limitedCommand, type SandboxLimits } from './limits';
 import { randomBytes } from 'node:crypto';
 import { spawnSync, type ChildProcess } from 'node:child_process';
+import { closeInheritedFds } from './close-fds';
 import type { ExecRequest } from './provider';
 import { seccompFilter } from './seccomp';
 import { trackSandboxProcess } from './port-relay';
@@ -60,7 +61,8 @@ export interface PreparedCommand {
   cleanup: () => Promise<void>;
 }
 
-export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>): Promise<PreparedCommand> {
+/** `passFds`: descriptors the caller passes on purpose besides stdio and the wrappers' pipes (a terminal's control pipe). */
+export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv'>, passFds: number[] = []): Promise<PreparedCommand> {
   const confinement = target.confinement;
   if (!confinement) {
     const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
@@ -73,17 +75,20 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
   }
   const cmd = await confinedCommand(target, req, { seccomp: true });
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
+  const extraPipes = cmd.seccomp ? cmd.seccomp.fd - 2 : cmd.egress ? 2 : 0;
+  // Nothing the worker holds open reaches the sandbox: only stdio and the pipes above (close-fds.ts).
+  const closed = closeInheritedFds([...Array.from({ length: 3 + extraPipes }, (_, fd) => fd), ...passFds], limited.command, limited.args);
   // Recorded while it runs (exec and sessions alike): preview ports reach a port only in the
   // network namespace of a running command of the sandbox (port-relay.ts).
   let untrack: (() => void) | undefined;
   return {
     spawn: {
-      command: limited.command,
-      args: limited.args,
+      command: closed.command,
+      args: closed.args,
       env: cmd.env,
       cwd: cmd.cwd,
       pwd: cmd.pwd,
-      extraPipes: cmd.seccomp ? cmd.seccomp.fd - 2 : cmd.egress ? 2 : 0,
+      extraPipes,
       prepare: async (child: ChildProcess) => {
         if (child.pid !== undefined) untrack = trackSandboxProcess(target.root, child.pid);
         // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.

@@ -70,6 +70,8 @@ export interface FileIoOptions {
    * Default: refused, since an unconfined command can link any file of the host it may read.
    */
   allowHardLinks?: boolean;
+  /** Reads: stream only these bytes (a chunk of a file read through a remote owner); the size and cap stay the whole file's. */
+  range?: { start: number; length: number };
 }
 
 let protectedHardlinks: boolean | undefined;
@@ -217,6 +219,8 @@ async function chownLike(target: string | FileHandle, dir: FileHandle, isPath: b
 export interface OpenedFile {
   size: number;
   stream: Readable;
+  /** The file as opened: a chunked read checks that every chunk comes from the same version (device, inode, size, mtime). */
+  version?: string;
 }
 
 /** Opens a regular file of the sandbox for reading: size checked against the cap, content streamed. */
@@ -260,12 +264,15 @@ async function checkedStream(fh: FileHandle, requested: string, opts: FileIoOpti
     await fh.close();
     throw new FileTooLargeError(requested, st.size, opts.maxBytes);
   }
-  if (st.size === 0) {
+  const version = `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}`;
+  const start = Math.min(opts.range?.start ?? 0, st.size);
+  const end = Math.min(st.size, opts.range ? start + opts.range.length : st.size);
+  if (end <= start) {
     await fh.close();
-    return { size: 0, stream: Readable.from([]) };
+    return { size: st.size, stream: Readable.from([]), version };
   }
   // The size at open time is what is sent: a file growing meanwhile cannot push past the cap.
-  return { size: st.size, stream: fh.createReadStream({ start: 0, end: st.size - 1 }) };
+  return { size: st.size, stream: fh.createReadStream({ start, end: end - 1 }), version };
 }
 
 /** One entry of a folder listing (the files API's `GET /files?path=`). */
@@ -324,7 +331,8 @@ export async function readSandboxFile(root: string, requested: string, opts: Fil
 }
 
 /** Writes a file (parent folders made as needed) by renaming a new file over the name. */
-export async function writeSandboxFile(root: string, requested: string, content: Buffer | string, opts: FileIoOptions = {}): Promise<void> {
+/** `content` may be a stream (a file staged by a chunked upload, ADR 0026): it is written to a temporary name and renamed into place all the same. */
+export async function writeSandboxFile(root: string, requested: string, content: Buffer | string | Readable, opts: FileIoOptions = {}): Promise<void> {
   checkRequestedPath(requested, opts);
   const realRoot = await fs.realpath(root);
   if (!useProc) {
@@ -345,7 +353,8 @@ export async function writeSandboxFile(root: string, requested: string, content:
     try {
       await chownLike(fh, w.dir, false, existing?.isFile() ? existing : undefined);
       await fh.chmod(mode);
-      await fh.writeFile(content);
+      if (content instanceof Readable) for await (const chunk of content) await fh.write(chunk as Buffer);
+      else await fh.writeFile(content);
       await fh.close();
       await assertInside(realRoot, w.dir, requested);
       await fs.rename(fdPath(w.dir.fd, tmp), fdPath(w.dir.fd, w.name));

@@ -101,7 +101,7 @@ export async function openSessionInWorktree(target: ExecTarget, req: SessionRequ
           args: ['-c', CONTROLLER, 'slipway-session', terminalCommandLine(inner, pty)],
         }
       : { command: inner[0], args: inner.slice(1) }),
-  });
+  }, pty ? [CONTROL_FD] : []);
   const s = cmd.spawn;
   const stdio: Array<'pipe' | 'ignore'> = ['pipe', 'pipe', 'pipe', ...Array.from({ length: s.extraPipes }, () => 'pipe' as const)];
   if (pty) {

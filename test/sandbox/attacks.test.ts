@@ -84,6 +84,64 @@ describe('a hostile agent in a confined stream sandbox', () => {
     expect(gitIn(repo, 'log', '--format=%s', 'main')).toBe('second\nfirst');
   }
 
+  it('cannot read or write any descriptor the worker had open (a database file, a connection)', async () => {
+    // The worker holds a database file and a connection it inherited without close-on-exec (from
+    // a wrapper script, as bash hands them over), at descriptors 20, 21 and 100: above 9, which a
+    // POSIX sh cannot even name. (Node marks low descriptors, and what it passes in `stdio`,
+    // close-on-exec at start-up, so a wrapper with high ones is the honest way to make such a worker.)
+    const db = path.join(parent, 'worker.db');
+    await fs.writeFile(db, 'DB-SECRET');
+    const got: Buffer[] = [];
+    const server = net.createServer((c) => c.on('error', () => undefined).on('data', (d) => got.push(d)).write('SOCKET-SECRET'));
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const probe = [
+      'echo "fds: $(ls /proc/self/fd | tr "\\n" " ")"',
+      'for n in $(ls /proc/self/fd) 20 21 100; do',
+      '  [ "$n" -le 2 ] && continue',
+      '  [ -e /proc/self/fd/$n ] && echo "open $n -> $(readlink /proc/self/fd/$n)"',
+      '  timeout 5 head -c 8 <&$n 2>/dev/null | grep -q . && echo "read $n"',
+      '  (echo pwned >&$n) 2>/dev/null && echo "wrote $n"',
+      'done; echo probed',
+    ].join('\n');
+    try {
+      const worker = spawn('bash', ['-c', 'exec 20<>"$DB" 21<>"/dev/tcp/127.0.0.1/$PORT" 100<>"$DB"; exec "$0" --import tsx "$1"', process.execPath, path.join(__dirname, 'fixtures', 'exec-with-inherited-fds.ts')], {
+        env: { ...process.env, DB: db, PORT: String((server.address() as net.AddressInfo).port), SLIPWAY_TEST_HANDLE: JSON.stringify(h), SLIPWAY_TEST_COMMAND: `bash -c '${probe.replace(/'/g, `'\\''`)}'` },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let out = '';
+      let err = '';
+      worker.stdout!.on('data', (c) => (out += c));
+      worker.stderr!.on('data', (c) => (err += c));
+      const code = await new Promise((r) => worker.once('exit', r));
+      expect(code, err).toBe(0);
+      const result = JSON.parse(out) as { control: number[]; exitCode: number; stdout: string; stderr: string };
+      // The worker really held them: an ordinary child of it inherits all three.
+      expect(result.control).toEqual(expect.arrayContaining([20, 21, 100]));
+      expect(result.exitCode, result.stderr).toBe(0);
+      expect(result.stdout).toContain('probed');
+      expect(result.stdout).not.toMatch(/^(open|read|wrote) /m);
+      expect(result.stdout).toMatch(/^fds: 0 1 2 3 $/m); // 3: ls's own listing of the folder
+    } finally {
+      server.close();
+    }
+    expect(await fs.readFile(db, 'utf8')).toBe('DB-SECRET');
+    expect(Buffer.concat(got).toString()).not.toContain('pwned');
+  }, 120_000);
+
+  it('cannot run code on the host through the step that closes descriptors (bash startup variables)', async () => {
+    const marker = hostMarker();
+    const script = path.join(parent, 'bash-env.sh');
+    await fs.writeFile(script, `touch ${marker}\n`);
+    const r = await confined.exec(h, {
+      command: 'echo inside',
+      shell: true,
+      env: { BASH_ENV: script, ENV: script, SHELLOPTS: 'xtrace', PS4: `$(touch ${marker})`, 'BASH_FUNC_eval%%': `() { touch ${marker}; }`, 'BASH_FUNC_exec%%': `() { touch ${marker}; }` },
+    });
+    expect(r.exitCode, r.stderr).toBe(0);
+    expect(r.stdout).toBe('inside\n');
+    expect(await exists(marker)).toBe(false);
+  });
+
   it('cannot delete or rewrite the repository\'s objects', async () => {
     const r = await run(
       'rm -rf "$(git rev-parse --git-common-dir)/objects/"* ; for d in /run/slipway/objects/*; do rm -rf "$d"/* 2>&1; chmod -R u+w "$d" 2>&1; done; true',

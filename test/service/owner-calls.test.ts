@@ -2,18 +2,21 @@
  * Sandbox service calls through the owner (ADR 0013): an API process with its own worker id and
  * no service worker, and the sandboxes made by a separate `slipway api --no-http` process with
  * another worker id and SLIPWAY_HOME. Exec and the file calls run on the owner (the history shows
- * the activity on `<service queue>@<owner>`); bodies over the remote limit get 413; streams 501;
- * the owner killed => a 503 naming it, not a hang.
+ * the activity on `<service queue>@<owner>`); big files in chunks (ADR 0026), over the files
+ * limit 413; streamed exec output while the command runs; interactive sessions 501; the owner
+ * killed => a 503 naming it, not a hang.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
+import WebSocket from 'ws';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { getSandboxById } from '../../activities/billing/records';
 import { ownerTaskQueue } from '../../core/ids';
-import { REMOTE_OWNER_PAYLOAD_LIMIT_BYTES } from '../../core/routing';
+import { REMOTE_OWNER_CHUNK_BYTES, REMOTE_OWNER_PAYLOAD_LIMIT_BYTES, REMOTE_OWNER_STREAM_LIMIT_BYTES } from '../../core/routing';
+import { DEFAULT_FILE_LIMIT_BYTES } from '../../api/service';
 import { BIN, waitFor } from '../helpers/cli';
 import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
 
@@ -23,6 +26,8 @@ let h: ServiceHarness;
 let a: TestAccount;
 let owner: { child: ChildProcess; output: () => string };
 let sandboxId: string;
+/** The owner process's TMPDIR: where it stages chunked uploads. */
+const ownerTmp = mkdtempSync(path.join(os.tmpdir(), 'slipway-owner-tmp-'));
 
 function startOwner(): { child: ChildProcess; output: () => string } {
   let output = '';
@@ -36,6 +41,7 @@ function startOwner(): { child: ChildProcess; output: () => string } {
       SLIPWAY_TASK_QUEUE: h.taskQueue,
       SLIPWAY_WORKER_ID: OWNER_ID,
       SLIPWAY_HOME: mkdtempSync(path.join(os.tmpdir(), 'slipway-owner-home-')),
+      TMPDIR: ownerTmp,
     },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
@@ -103,28 +109,103 @@ describe('a sandbox held by another worker', () => {
     expect(await codeOf(a.api.readFile(sandboxId, 'notes/owner.txt'))).toBe('404 file_not_found');
     expect(await codeOf(a.api.readFile(sandboxId, '.git/config'))).toMatch(/^400 /);
     expect(await codeOf(a.api.writeFile(sandboxId, '../escape.txt', Buffer.from('x')))).toBe('400 path_refused');
-    for (const op of ['writeFile', 'readFile', 'deleteFile']) {
+    for (const op of ['writeFile', 'readChunk', 'deleteFile']) {
       expect(new Set(await ownerCallQueues(op))).toEqual(new Set([ownerTaskQueue(h.host.serviceTaskQueue, OWNER_ID)]));
     }
   });
 
-  it('refuses a body over the remote limit with 413 naming it, and reads of big files too', async () => {
-    const big = Buffer.alloc(REMOTE_OWNER_PAYLOAD_LIMIT_BYTES + 1, 'a');
-    const put = await rawRequest(h.url, 'PUT', `/api/v1/sandboxes/${sandboxId}/files/big.txt`, { token: a.token, body: big, headers: { 'content-type': 'application/octet-stream' } });
-    expect(put.status).toBe(413);
-    expect(JSON.stringify(await put.json())).toContain(String(REMOTE_OWNER_PAYLOAD_LIMIT_BYTES));
-    // Made on the owner by a command: reading it back would not fit in history.
-    await a.api.exec(sandboxId, { command: 'sh', args: ['-c', `head -c ${REMOTE_OWNER_PAYLOAD_LIMIT_BYTES + 1} /dev/zero > big.bin`] });
-    expect(await codeOf(a.api.readFile(sandboxId, 'big.bin'))).toBe('413 file_too_large');
-  });
+  it('carries a 5 MiB file both ways in chunks, byte for byte, and reads a big file made on the owner', async () => {
+    const body = randomBytes(5 * 1024 * 1024 + 123);
+    await a.api.writeFile(sandboxId, 'big/up.bin', body);
+    // The owner's own view: the whole file arrived as one.
+    const seen = await a.api.exec(sandboxId, { command: 'sh', args: ['-c', 'wc -c < big/up.bin; sha256sum big/up.bin | cut -d" " -f1; ls -A big'] });
+    expect(seen.stdout.split('\n').slice(0, 3)).toEqual([String(body.length), createHash('sha256').update(body).digest('hex'), 'up.bin']);
+    const back = await a.api.readFile(sandboxId, 'big/up.bin');
+    expect(back.length).toBe(body.length);
+    expect(back.equals(body)).toBe(true);
+    // Several chunk calls, each on the owner's queue.
+    expect((await ownerCallQueues('writeChunk')).length).toBeGreaterThanOrEqual(Math.ceil(body.length / REMOTE_OWNER_CHUNK_BYTES));
+    expect(new Set(await ownerCallQueues('readChunk'))).toEqual(new Set([ownerTaskQueue(h.host.serviceTaskQueue, OWNER_ID)]));
+    // Made on the owner by a command, over the single-payload limit.
+    await a.api.exec(sandboxId, { command: 'sh', args: ['-c', `head -c ${3 * REMOTE_OWNER_PAYLOAD_LIMIT_BYTES + 7} /dev/urandom > big/made.bin`] });
+    const made = await a.api.readFile(sandboxId, 'big/made.bin');
+    const sum = await a.api.exec(sandboxId, { command: 'sha256sum', args: ['big/made.bin'] });
+    expect(sum.stdout.split(' ')[0]).toBe(createHash('sha256').update(made).digest('hex'));
+    expect(made.length).toBe(3 * REMOTE_OWNER_PAYLOAD_LIMIT_BYTES + 7);
+  }, 180_000);
 
-  it('refuses a streaming exec with 501 naming the owner', async () => {
-    const err = await a.api.execStream(sandboxId, { command: 'true' }, () => undefined).then(
-      () => undefined,
-      (e: Error) => e,
-    );
-    expect(String(err)).toMatch(/remote_owner_stream|on another host/);
-  });
+  it('drops the staged chunks when the commit is refused: nothing in the sandbox, nothing left on the owner', async () => {
+    // `big` is a folder by now: a file cannot take its name.
+    expect(await codeOf(a.api.writeFile(sandboxId, 'big', randomBytes(3 * REMOTE_OWNER_CHUNK_BYTES)))).toBe('400 is_a_directory');
+    const staged = readdirSync(ownerTmp)
+      .filter((d) => d.startsWith('slipway-uploads-'))
+      .flatMap((d) => readdirSync(path.join(ownerTmp, d)));
+    expect(staged).toEqual([]);
+    expect(readdirSync(ownerTmp).some((d) => d.startsWith('slipway-uploads-'))).toBe(true); // the staging folder was used
+    const left = await a.api.exec(sandboxId, { command: 'sh', args: ['-c', 'ls -A big'] });
+    expect(left.stdout).toBe('made.bin\nup.bin\n');
+  }, 120_000);
+
+  it('refuses a 70 MiB write with 413 naming the limit, leaving nothing half-written', async () => {
+    const put = await rawRequest(h.url, 'PUT', `/api/v1/sandboxes/${sandboxId}/files/big/huge.bin`, { token: a.token, body: Buffer.alloc(70 * 1024 * 1024, 'a'), headers: { 'content-type': 'application/octet-stream' } });
+    expect(put.status).toBe(413);
+    expect(JSON.stringify(await put.json())).toContain(String(DEFAULT_FILE_LIMIT_BYTES));
+    expect(await codeOf(a.api.readFile(sandboxId, 'big/huge.bin'))).toBe('404 file_not_found');
+    // No staged or temporary file anywhere in the sandbox.
+    const left = await a.api.exec(sandboxId, { command: 'sh', args: ['-c', 'find . -path ./.git -prune -o -name "*huge*" -print'] });
+    expect(left.stdout).toBe('');
+  }, 120_000);
+
+  it('streams an exec\'s output through the owner while the command runs', async () => {
+    const frames: Array<[string, string]> = [];
+    let exited = false;
+    // Prints a line, then waits for a file only this test makes once it saw that line.
+    const run = a.api
+      .execStream(sandboxId, { command: 'sh', args: ['-c', 'echo first; echo err-line >&2; while [ ! -e go ]; do sleep 0.05; done; echo second; exit 4'] }, (stream, data) => {
+        frames.push([stream, data]);
+      })
+      .finally(() => (exited = true));
+    await waitFor(async () => frames.some(([st, d]) => st === 'stdout' && d.includes('first')), 'the first line before the command ends', 120_000);
+    expect(exited).toBe(false);
+    await a.api.writeFile(sandboxId, 'go', Buffer.from(''));
+    const exit = await run;
+    expect(exit).toMatchObject({ type: 'exit', exit_code: 4, timed_out: false });
+    const text = (which: string) => frames.filter(([st]) => st === which).map(([, d]) => d).join('');
+    expect(text('stdout')).toBe('first\nsecond\n');
+    expect(text('stderr')).toBe('err-line\n');
+    expect(new Set(await ownerCallQueues('execStream'))).toEqual(new Set([ownerTaskQueue(h.host.serviceTaskQueue, OWNER_ID)]));
+    await a.api.deleteFile(sandboxId, 'go');
+  }, 180_000);
+
+  it('bounds a streamed exec\'s output through the owner and says what it dropped', async () => {
+    let out = 0;
+    let err = '';
+    const exit = await a.api.execStream(sandboxId, { command: 'sh', args: ['-c', `head -c ${REMOTE_OWNER_STREAM_LIMIT_BYTES + 100_000} /dev/zero | tr '\\0' a; echo done >&2`], output_encoding: 'base64' }, (stream, data) => {
+      if (stream === 'stdout') out += Buffer.from(data, 'base64').length;
+      else err += Buffer.from(data, 'base64').toString();
+    });
+    expect(exit).toMatchObject({ exit_code: 0 });
+    // What fits is delivered whole; stderr came after the limit was reached, so it is dropped too and the note names the limit.
+    expect(out).toBe(REMOTE_OWNER_STREAM_LIMIT_BYTES);
+    expect(err).toContain(`past ${REMOTE_OWNER_STREAM_LIMIT_BYTES} were dropped`);
+  }, 240_000);
+
+  it('answers a streamed exec in a missing cwd with 400, before any frame', async () => {
+    expect(await codeOf(a.api.execStream(sandboxId, { command: 'true', cwd: 'no-such-dir' }, () => undefined))).toBe('400 invalid_cwd');
+  }, 120_000);
+
+  it('refuses an interactive session (WebSocket) with 501 naming the owner', async () => {
+    const ws = new WebSocket(`${h.url.replace(/^http/, 'ws')}/api/v1/sandboxes/${sandboxId}/exec/ws`, { headers: { authorization: `Bearer ${a.token}` } });
+    const got: string[] = [];
+    ws.on('message', (d: Buffer) => got.push(d.toString()));
+    const closed = new Promise<number>((r) => ws.once('close', (code: number) => r(code)));
+    await new Promise((r) => ws.once('open', r));
+    ws.send(JSON.stringify({ type: 'start', command: 'true' }));
+    // A 5xx refusal closes with 1011 after an error frame (a 4xx would be 4000 + status).
+    expect(await closed).toBe(1011);
+    expect(got.join('')).toContain('remote_owner_stream');
+    expect(got.join('')).toContain(OWNER_ID);
+  }, 120_000);
 
   it('answers 503 naming the owner once it is gone, instead of hanging', async () => {
     owner.child.kill('SIGKILL');

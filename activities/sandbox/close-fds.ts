@@ -1,0 +1,29 @@
+/**
+ * A sandbox command must not inherit the worker's open file descriptors (a Temporal connection,
+ * the billing database, a file a supervisor handed the worker): Node and libuv open theirs
+ * close-on-exec, but a descriptor the worker itself inherited without that flag passes through
+ * `spawn`, bubblewrap and into the sandbox. `closeInheritedFds` puts a step in front of a command
+ * that closes every descriptor but `keep` (stdio and the pipes Slipway passes on purpose:
+ * seccomp, egress, a terminal's control pipe) and then execs it, same pid.
+ *
+ * bash, because dash cannot name descriptors above 9. With `-p` (privileged mode) bash reads no
+ * startup file (BASH_ENV, ENV), imports no functions and ignores SHELLOPTS, BASHOPTS, CDPATH and
+ * GLOBIGNORE from the environment: the command's environment is the tenant's, and this step runs
+ * on the host, outside the sandbox. The script uses no word splitting and no command lookup
+ * (the command is an absolute path).
+ */
+import path from 'node:path';
+import { findExecutable } from './bubblewrap';
+
+const CLOSE_SCRIPT = 'k=" $1 "; shift; for f in /proc/self/fd/*; do n=${f##*/}; case "$k" in *" $n "*) ;; *) eval "exec $n>&-" ;; esac; done; exec "$@"';
+
+let bashPath: string | undefined;
+
+export function closeInheritedFds(keep: number[], command: string, args: string[]): { command: string; args: string[] } {
+  if (!keep.every((fd) => Number.isInteger(fd) && fd >= 0)) throw new Error(`closeInheritedFds: descriptors to keep must be integers, got ${JSON.stringify(keep)}`);
+  if (!path.isAbsolute(command)) throw new Error(`closeInheritedFds: the command must be an absolute path, got ${JSON.stringify(command)}`);
+  // Looked up once on the worker's PATH (never the command's: that is the tenant's).
+  bashPath ??= findExecutable('bash');
+  if (!bashPath) throw new Error('bash is needed to close the worker\'s file descriptors before a sandbox command: install bash');
+  return { command: bashPath, args: ['-p', '-c', CLOSE_SCRIPT, 'slipway-close-fds', keep.join(' '), command, ...args] };
+}
