@@ -75,8 +75,12 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   };
   const owned = ownedOn(sandboxes instanceof SandboxProviders ? sandboxes.local : sandboxes);
   const activities = {
-    /** Creates the integration branch at the base commit and the merger worktree. Idempotent. */
-    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions }) {
+    /**
+     * Creates the integration branch at the base commit and the merger worktree. Idempotent.
+     * `deferMerger`: only resolves the base and claims the id; `prepareMerger` makes the merger
+     * later, in parallel with the streams (docs/adr/0018-orchestration-overhead.md).
+     */
+    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions; deferMerger?: boolean }) {
       const baseCommit = await resolveCommit(input.repository, input.baseBranch).catch(() => {
         throw failure('configuration_error', `base branch "${input.baseBranch}" does not exist in ${input.repository}`);
       });
@@ -85,9 +89,24 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
         throw failure('configuration_error', e.message);
       });
       const branch = integrationBranch(input.objectiveId);
+      if (input.deferMerger) {
+        const mergerPath = localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME);
+        return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, ...owned };
+      }
       const temporal = await deps.temporalHome?.().catch(() => undefined);
       const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit, branch, sandbox: input.sandbox, temporal });
       return { baseCommit, integrationBranch: branch, mergerPath: merger.root, integrationTip: merger.headCommit, ...owned };
+    },
+
+    /**
+     * The merger worktree (and the integration branch) of an objective prepared with
+     * `deferMerger`. Idempotent. `bare`: nothing but git runs in it (no post-merge gates, no
+     * objective gates, no planner), so neither ignored files nor project setup go in.
+     */
+    async prepareMerger(input: { objectiveId: string; repository: string; baseCommit: string; sandbox?: SandboxOptions; bare: boolean }): Promise<{ mergerPath: string; integrationTip: string }> {
+      const temporal = await deps.temporalHome?.().catch(() => undefined);
+      const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit: input.baseCommit, branch: integrationBranch(input.objectiveId), sandbox: input.sandbox, temporal, bare: input.bare });
+      return { mergerPath: merger.root, integrationTip: merger.headCommit };
     },
 
     /** Creates (or finds again) a stream's sandbox with the objective's sandbox options; heartbeats through setup. */
@@ -254,6 +273,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   return {
     ...activities,
     prepareObjective: heartbeating(activities.prepareObjective),
+    prepareMerger: heartbeating(activities.prepareMerger),
     destroySandbox: heartbeating(activities.destroySandbox),
     commitWork: heartbeating(activities.commitWork),
     mergeStream: heartbeating(activities.mergeStream),

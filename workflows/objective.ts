@@ -85,6 +85,11 @@ const PARALLEL_STARTS = 'parallel-stream-starts';
 const COST_ATTRIBUTE = 'objective-cost-attribute';
 /** The merger worktree's activities run on the worker that prepared it (docs/adr/0013-worker-ownership.md). */
 const MERGER_OWNER_ROUTING = 'merger-owner-routing';
+/**
+ * The merger worktree is made by its own activity in parallel with the first streams instead of
+ * before them, and bare (git only: no ignored files, no project setup) when nothing else runs in it.
+ */
+const LAZY_MERGER = 'lazy-merger';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 
@@ -283,11 +288,40 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     status.streams = specs.map((s) => ({ id: s.id, task: s.task, phase: 'waiting', iterations: 0 }));
   };
   let prepared: Awaited<ReturnType<typeof git.prepareObjective>>;
+  // The merger worktree is held by the worker that prepared the objective (it holds the
+  // repository); its activities wait for that worker, since the repository cannot move (docs/adr/0013).
+  const mergerRoute = () => (prepared.owner !== undefined && patched(MERGER_OWNER_ROUTING) ? ownerRoute(prepared.owner, { waitForOwner: true }) : undefined);
+  const mergerGit = () => {
+    const route = mergerRoute();
+    return route ? gitActivities(retryFor(root, root.steps[0]), route) : git;
+  };
+  /** Settles once the merger worktree exists (at once when prepareObjective made it); its failure is kept for the first use. */
+  let mergerMade: Promise<void> = Promise.resolve();
+  let mergerFailure: unknown;
+  const mergerReady = async () => {
+    await mergerMade;
+    if (mergerFailure !== undefined) throw mergerFailure;
+  };
   if (resume) prepared = resume.prepared;
   else {
     enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
+    const deferMerger = patched(LAZY_MERGER);
     try {
-      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox });
+      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox, ...(deferMerger ? { deferMerger } : {}) });
+      if (deferMerger) {
+        // Only git runs in the merger unless post-merge gates, objective gates or the planner need the project's files.
+        const objectiveGates = input.gates.length > 0 && root.steps.some((st) => st.type === 'deterministic' && st.action === 'run_quality_gates');
+        const bare = input.postMergeGates.length === 0 && !objectiveGates && input.streams.length > 0;
+        // Not cancellable: a cancelled objective removes the merger only once its create has ended.
+        mergerMade = CancellationScope.nonCancellable(() =>
+          mergerGit().prepareMerger({ objectiveId: input.id, repository: input.repository, baseCommit: prepared.baseCommit, sandbox: input.sandbox, bare }),
+        ).then(
+          () => undefined,
+          (err) => {
+            mergerFailure = err;
+          },
+        );
+      }
     } catch (err) {
       if (isCancellation(err) && CancellationScope.current().consideredCancelled) {
         // Cancelled while preparing: nothing started but the merger worktree, which goes.
@@ -396,14 +430,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
 
   // --- the merge queue (workflows/merge-queue.ts decides) -------------------------------------------
   let integrationTip: string | undefined = resume ? resume.integrationTip : prepared.integrationTip;
-  // The merger worktree is held by the worker that prepared the objective (it holds the
-  // repository); its activities wait for that worker, since the repository cannot move (docs/adr/0013).
-  const mergerRoute = () => (prepared.owner !== undefined && patched(MERGER_OWNER_ROUTING) ? ownerRoute(prepared.owner, { waitForOwner: true }) : undefined);
-  const mergerGit = () => {
-    const route = mergerRoute();
-    return route ? gitActivities(retryFor(root, root.steps[0]), route) : git;
-  };
   const mergeOne = async (request: MergeRequest) => {
+    await mergerReady();
     enter('merging', `merging stream ${request.streamId}`);
     view(request.streamId)!.phase = 'merging';
     let merge = startMerge(request.streamId, integrationTip);
@@ -457,6 +485,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
   /** Hands the objective to a new run (./objective-rollover): its streams keep running. */
   const rollover = async (step: string | undefined): Promise<never> => {
+    await mergerReady();
     await condition(allHandlersFinished);
     const carry = trimCarry({
       runs: (resume?.runs ?? 0) + 1,
@@ -496,6 +525,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   const runPlanner = async (current: Extract<Step, { type: 'agent' }>, feedback: string | undefined, iteration: number): Promise<ObjectiveStepFailure | undefined> => {
     const spec = input.agents.planner!;
     enter('planning', 'the planner is splitting the objective into streams');
+    await mergerReady();
     // Kept across rate-limit waits: the loop continues at the run it stopped at.
     const loop = newAgentLoop();
     const outcome = await withRateLimitWaits(
@@ -588,6 +618,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           } else if (current.action === 'merge_queue') {
             await runMergeQueue(current.id);
           } else if (current.action === 'run_quality_gates' && input.gates.length > 0) {
+            await mergerReady();
             const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
             const gates = await gateActivities(timeout, retryFor(root, current), mergerRoute()).runGates({ path: prepared.mergerPath, gates: input.gates });
             if (!gates.passed) failure = `gates failed on ${prepared.integrationBranch}`;
@@ -648,6 +679,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   }
 
   enter('finishing', 'removing the merger worktree');
+  await mergerMade;
   const finished = await CancellationScope.nonCancellable(() => mergerGit().finishObjective({ repository: input.repository, objectiveId: input.id }));
   const outcome: ObjectiveOutcome = cancelled ? 'cancelled' : failure ? 'failed' : decideOutcome(status.streams);
   done = true;
