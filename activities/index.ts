@@ -66,6 +66,13 @@ export type MergeOutcome =
   | { status: 'no_changes'; summary: string }
   | { status: 'conflict'; files: string[]; details: string };
 
+/** What `mergeWithGates` did: the merge, the post-merge gates when they ran, and whether it was reverted. */
+export interface MergedWithGates {
+  merge: MergeOutcome;
+  gates?: { passed: boolean; failureReport: string };
+  reset?: boolean;
+}
+
 export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   const { sandboxes } = deps;
   // Who holds what this worker creates: itself for a host-bound provider, any worker otherwise.
@@ -213,6 +220,23 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       return { status: 'merged', commit: await m.git(['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
     },
 
+    /**
+     * One stream's whole merge in one activity: `mergeStream`, then the post-merge gates on the
+     * new integration state, then `resetIntegration` to the commit before it when they fail.
+     * Retried after a crash at any point it ends as one undisturbed run does: the merge is found
+     * again (never made twice), the gates run again, a reset to `previous` is repeatable.
+     */
+    async mergeWithGates(input: { mergerPath: string; branch: string; headCommit: string; message: string; expectedTip?: string; gates: GateSpec[] }): Promise<MergedWithGates> {
+      const { gates: specs, ...request } = input;
+      const merge = await activities.mergeStream(request);
+      if (merge.status !== 'merged' || specs.length === 0) return { merge };
+      const gates = await activities.runGates({ path: input.mergerPath, gates: specs });
+      const report = { passed: gates.passed, failureReport: gates.failureReport };
+      if (gates.passed) return { merge, gates: report };
+      await activities.resetIntegration({ mergerPath: input.mergerPath, commit: merge.previous });
+      return { merge, gates: report, reset: true };
+    },
+
     /** Moves the integration branch back to `commit` (undoing a merge whose post-merge gates failed). */
     async resetIntegration(input: { mergerPath: string; commit: string }): Promise<void> {
       const m = await mergerGit(input.mergerPath);
@@ -277,6 +301,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     destroySandbox: heartbeating(activities.destroySandbox),
     commitWork: heartbeating(activities.commitWork),
     mergeStream: heartbeating(activities.mergeStream),
+    mergeWithGates: heartbeating(activities.mergeWithGates),
     resetIntegration: heartbeating(activities.resetIntegration),
     resetOntoIntegration: heartbeating(activities.resetOntoIntegration),
     finishObjective: heartbeating(activities.finishObjective),

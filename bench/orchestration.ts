@@ -194,6 +194,8 @@ interface Run {
 }
 
 const ms = (e: HistoryEvent) => tsToMs(e.eventTime!);
+/** The activity a merge starts with: merge, gates and revert in one (patch one-activity-merge), or the merge alone. */
+const MERGE_ACTIVITIES = ['mergeWithGates', 'mergeStream'];
 
 /** Every run of a workflow (continued-as-new chains followed back), and of its children, recursively. */
 async function historiesOf(client: Client, workflowId: string, seen = new Set<string>()): Promise<Run[]> {
@@ -223,7 +225,7 @@ interface Breakdown {
   signals: Record<string, number>;
   /** Per stream: its merge-ready signal to the merge decision it heard. */
   mergeReadyToMergedMs: number[];
-  /** Per merge in the objective: mergeStream scheduled to the decision sent (the queue's service time). */
+  /** Per merge in the objective: its merge activity scheduled to the decision sent (the queue's service time). */
   mergeServiceMs: number[];
   historyEvents: number;
 }
@@ -266,7 +268,7 @@ function breakdown(runs: Run[]): Breakdown {
         const name = scheduled.activityTaskScheduledEventAttributes!.activityType!.name!;
         const a = (b.activities[name] ??= { count: 0, runMs: 0, scheduleToStartMs: 0 });
         a.scheduleToStartMs += at - ms(scheduled);
-      } else if (e.activityTaskScheduledEventAttributes?.activityType?.name === 'mergeStream') {
+      } else if (MERGE_ACTIVITIES.includes(e.activityTaskScheduledEventAttributes?.activityType?.name ?? '')) {
         mergeScheduledAt = at;
       } else if (e.activityTaskCompletedEventAttributes || e.activityTaskFailedEventAttributes || e.activityTaskTimedOutEventAttributes) {
         const attrs = e.activityTaskCompletedEventAttributes ?? e.activityTaskFailedEventAttributes ?? e.activityTaskTimedOutEventAttributes!;

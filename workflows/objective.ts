@@ -90,6 +90,11 @@ const MERGER_OWNER_ROUTING = 'merger-owner-routing';
  * before them, and bare (git only: no ignored files, no project setup) when nothing else runs in it.
  */
 const LAZY_MERGER = 'lazy-merger';
+/**
+ * A stream's merge, post-merge gates and revert run in one activity (`mergeWithGates`) instead of
+ * one each, and the next merge starts without waiting for the decision signal's round trip.
+ */
+const ONE_ACTIVITY_MERGE = 'one-activity-merge';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 
@@ -430,32 +435,36 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
 
   // --- the merge queue (workflows/merge-queue.ts decides) -------------------------------------------
   let integrationTip: string | undefined = resume ? resume.integrationTip : prepared.integrationTip;
+  /** Decision signals on their way (ONE_ACTIVITY_MERGE): awaited before the run ends or continues as new. */
+  const decisionsSent = new Set<Promise<void>>();
   const mergeOne = async (request: MergeRequest) => {
     await mergerReady();
     enter('merging', `merging stream ${request.streamId}`);
     view(request.streamId)!.phase = 'merging';
     let merge = startMerge(request.streamId, integrationTip);
-    let event: MergeEvent = {
-      type: 'merge_finished',
-      result: await mergerGit().mergeStream({
-        mergerPath: prepared.mergerPath,
-        branch: request.branch,
-        headCommit: request.headCommit,
-        // Only the queue moves the integration branch: a tip it did not leave there is refused.
-        expectedTip: integrationTip,
-        message: mergeMessage(request.streamId, prepared.integrationBranch, input.id, input.objective),
-      }),
+    const mergeRequest = {
+      mergerPath: prepared.mergerPath,
+      branch: request.branch,
+      headCommit: request.headCommit,
+      // Only the queue moves the integration branch: a tip it did not leave there is refused.
+      expectedTip: integrationTip,
+      message: mergeMessage(request.streamId, prepared.integrationBranch, input.id, input.objective),
     };
+    const gatesTimeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
+    // One activity: its result answers every step of ./merge-queue's state machine in turn.
+    const inOne = patched(ONE_ACTIVITY_MERGE);
+    const whole = inOne ? await gateActivities(gatesTimeout, retryFor(root, root.steps[0]), mergerRoute()).mergeWithGates({ ...mergeRequest, gates: input.postMergeGates }) : undefined;
+    let event: MergeEvent = { type: 'merge_finished', result: whole ? whole.merge : await mergerGit().mergeStream(mergeRequest) };
     for (;;) {
       const step = mergeStep(merge, event, { postMergeGates: input.postMergeGates.length > 0 });
       merge = step.state;
       const action = step.action;
       if (action.type === 'run_post_merge_gates') {
-        const timeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
-        const gates = await gateActivities(timeout, undefined, mergerRoute()).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
+        const gates = whole ? whole.gates! : await gateActivities(gatesTimeout, undefined, mergerRoute()).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
         event = { type: 'post_merge_gates_finished', passed: gates.passed, failureReport: gates.failureReport };
       } else if (action.type === 'reset_integration') {
-        await mergerGit().resetIntegration({ mergerPath: prepared.mergerPath, commit: action.commit });
+        if (!whole) await mergerGit().resetIntegration({ mergerPath: prepared.mergerPath, commit: action.commit });
+        else if (!whole.reset) throw new Error(`mergeWithGates did not revert the failed merge of ${request.streamId}`);
         event = { type: 'integration_reset' };
       } else {
         integrationTip = merge.tip;
@@ -465,14 +474,18 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           if (action.decision.status === 'merged') view(request.streamId)!.mergeCommit = action.decision.commit;
         }
         say('merge-queue', action.feed);
-        try {
-          await getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId)).signal(mergeDecisionSignal, action.decision);
-        } catch (err) {
-          // The stream ended meanwhile (cancelled or terminated by hand): its result says how; the
-          // decision has no one to tell, and the other streams go on.
-          if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
-          say('merge-queue', `stream ${request.streamId} ended before it heard the decision: ${failureMessage(err)}`);
-        }
+        const told = getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId))
+          .signal(mergeDecisionSignal, action.decision)
+          .catch((err) => {
+            // The stream ended meanwhile (cancelled or terminated by hand): its result says how; the
+            // decision has no one to tell, and the other streams go on.
+            if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
+            say('merge-queue', `stream ${request.streamId} ended before it heard the decision: ${failureMessage(err)}`);
+          });
+        if (!inOne) return told;
+        // The next merge may start in this workflow task; the stream hears its decision meanwhile.
+        decisionsSent.add(told);
+        void told.finally(() => decisionsSent.delete(told));
         return;
       }
     }
@@ -486,6 +499,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   /** Hands the objective to a new run (./objective-rollover): its streams keep running. */
   const rollover = async (step: string | undefined): Promise<never> => {
     await mergerReady();
+    await Promise.all(decisionsSent);
     await condition(allHandlersFinished);
     const carry = trimCarry({
       runs: (resume?.runs ?? 0) + 1,
@@ -680,6 +694,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
 
   enter('finishing', 'removing the merger worktree');
   await mergerMade;
+  await Promise.all(decisionsSent);
   const finished = await CancellationScope.nonCancellable(() => mergerGit().finishObjective({ repository: input.repository, objectiveId: input.id }));
   const outcome: ObjectiveOutcome = cancelled ? 'cancelled' : failure ? 'failed' : decideOutcome(status.streams);
   done = true;
