@@ -48,7 +48,7 @@ import { slipwaySettings } from '../lib/settings';
 import { freePort, startDevServer } from '../workers/dev-server';
 import { slipwayDataConverter } from '../workers/payload-codec';
 import { objectiveWorkflow } from '../workflows/objective';
-import { mergeDecisionSignal, streamMergeReadySignal } from '../workflows/stream';
+import { mergeDecisionSignal, streamEventsSignal, streamMergeReadySignal } from '../workflows/stream';
 
 type HistoryEvent = temporal.api.history.v1.IHistoryEvent;
 
@@ -249,6 +249,8 @@ function breakdown(runs: Run[]): Breakdown {
     b.historyEvents += run.events.length;
     const byId = new Map(run.events.map((e) => [Number(e.eventId), e]));
     let mergeReadyAt: number | undefined;
+    /** The stream's last events batch: with patch merge-request-in-events the merge request rides in it. */
+    let lastBatchAt: number | undefined;
     let mergeScheduledAt: number | undefined;
     for (const e of run.events) {
       const at = ms(e);
@@ -285,10 +287,14 @@ function breakdown(runs: Run[]): Breakdown {
       } else if (e.workflowExecutionSignaledEventAttributes) {
         const name = e.workflowExecutionSignaledEventAttributes.signalName!;
         b.signals[name] = (b.signals[name] ?? 0) + 1;
-        if (name === mergeDecisionSignal.name && mergeReadyAt !== undefined) b.mergeReadyToMergedMs.push(at - mergeReadyAt);
+        // The stream waits for its decision after it asked: its last message before the decision asked.
+        const askedAt = mergeReadyAt ?? lastBatchAt;
+        if (name === mergeDecisionSignal.name && askedAt !== undefined) b.mergeReadyToMergedMs.push(at - askedAt);
+        if (name === mergeDecisionSignal.name) mergeReadyAt = undefined;
       } else if (e.signalExternalWorkflowExecutionInitiatedEventAttributes) {
         const name = e.signalExternalWorkflowExecutionInitiatedEventAttributes.signalName;
         if (name === streamMergeReadySignal.name) mergeReadyAt = at;
+        if (name === streamEventsSignal.name) lastBatchAt = at;
         if (name === mergeDecisionSignal.name && mergeScheduledAt !== undefined) {
           b.mergeServiceMs.push(at - mergeScheduledAt);
           mergeScheduledAt = undefined;

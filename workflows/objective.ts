@@ -171,6 +171,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     const index = status.streams.findIndex((s) => s.id === event.streamId);
     if (index < 0) return;
     const v = (status.streams[index] = applyStreamEvent(status.streams[index], event));
+    // Today's streams send their merge request in their events batch (workflows/stream.ts).
+    if (event.mergeRequest) mergeQueue.push(event.mergeRequest);
     if (event.ledger) status.ledger.push(event.ledger);
     if (event.agentRun) (status.agentRuns ??= []).push(event.agentRun);
     say(event.streamId, event.text, event.at);
