@@ -66,6 +66,13 @@ export type MergeOutcome =
   | { status: 'no_changes'; summary: string }
   | { status: 'conflict'; files: string[]; details: string };
 
+/** What `mergeWithGates` did: the merge, the post-merge gates when they ran, and whether it was reverted. */
+export interface MergedWithGates {
+  merge: MergeOutcome;
+  gates?: { passed: boolean; failureReport: string };
+  reset?: boolean;
+}
+
 export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   const { sandboxes } = deps;
   // Who holds what this worker creates: itself for a host-bound provider, any worker otherwise.
@@ -75,8 +82,12 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   };
   const owned = ownedOn(sandboxes instanceof SandboxProviders ? sandboxes.local : sandboxes);
   const activities = {
-    /** Creates the integration branch at the base commit and the merger worktree. Idempotent. */
-    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions }) {
+    /**
+     * Creates the integration branch at the base commit and the merger worktree. Idempotent.
+     * `deferMerger`: only resolves the base and claims the id; `prepareMerger` makes the merger
+     * later, in parallel with the streams (docs/adr/0018-orchestration-overhead.md).
+     */
+    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions; deferMerger?: boolean }) {
       const baseCommit = await resolveCommit(input.repository, input.baseBranch).catch(() => {
         throw failure('configuration_error', `base branch "${input.baseBranch}" does not exist in ${input.repository}`);
       });
@@ -85,9 +96,24 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
         throw failure('configuration_error', e.message);
       });
       const branch = integrationBranch(input.objectiveId);
+      if (input.deferMerger) {
+        const mergerPath = localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME);
+        return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, ...owned };
+      }
       const temporal = await deps.temporalHome?.().catch(() => undefined);
       const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit, branch, sandbox: input.sandbox, temporal });
       return { baseCommit, integrationBranch: branch, mergerPath: merger.root, integrationTip: merger.headCommit, ...owned };
+    },
+
+    /**
+     * The merger worktree (and the integration branch) of an objective prepared with
+     * `deferMerger`. Idempotent. `bare`: nothing but git runs in it (no post-merge gates, no
+     * objective gates, no planner), so neither ignored files nor project setup go in.
+     */
+    async prepareMerger(input: { objectiveId: string; repository: string; baseCommit: string; sandbox?: SandboxOptions; bare: boolean }): Promise<{ mergerPath: string; integrationTip: string }> {
+      const temporal = await deps.temporalHome?.().catch(() => undefined);
+      const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit: input.baseCommit, branch: integrationBranch(input.objectiveId), sandbox: input.sandbox, temporal, bare: input.bare });
+      return { mergerPath: merger.root, integrationTip: merger.headCommit };
     },
 
     /** Creates (or finds again) a stream's sandbox with the objective's sandbox options; heartbeats through setup. */
@@ -194,6 +220,23 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       return { status: 'merged', commit: await m.git(['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
     },
 
+    /**
+     * One stream's whole merge in one activity: `mergeStream`, then the post-merge gates on the
+     * new integration state, then `resetIntegration` to the commit before it when they fail.
+     * Retried after a crash at any point it ends as one undisturbed run does: the merge is found
+     * again (never made twice), the gates run again, a reset to `previous` is repeatable.
+     */
+    async mergeWithGates(input: { mergerPath: string; branch: string; headCommit: string; message: string; expectedTip?: string; gates: GateSpec[] }): Promise<MergedWithGates> {
+      const { gates: specs, ...request } = input;
+      const merge = await activities.mergeStream(request);
+      if (merge.status !== 'merged' || specs.length === 0) return { merge };
+      const gates = await activities.runGates({ path: input.mergerPath, gates: specs });
+      const report = { passed: gates.passed, failureReport: gates.failureReport };
+      if (gates.passed) return { merge, gates: report };
+      await activities.resetIntegration({ mergerPath: input.mergerPath, commit: merge.previous });
+      return { merge, gates: report, reset: true };
+    },
+
     /** Moves the integration branch back to `commit` (undoing a merge whose post-merge gates failed). */
     async resetIntegration(input: { mergerPath: string; commit: string }): Promise<void> {
       const m = await mergerGit(input.mergerPath);
@@ -254,9 +297,11 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   return {
     ...activities,
     prepareObjective: heartbeating(activities.prepareObjective),
+    prepareMerger: heartbeating(activities.prepareMerger),
     destroySandbox: heartbeating(activities.destroySandbox),
     commitWork: heartbeating(activities.commitWork),
     mergeStream: heartbeating(activities.mergeStream),
+    mergeWithGates: heartbeating(activities.mergeWithGates),
     resetIntegration: heartbeating(activities.resetIntegration),
     resetOntoIntegration: heartbeating(activities.resetOntoIntegration),
     finishObjective: heartbeating(activities.finishObjective),

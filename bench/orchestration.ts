@@ -48,7 +48,7 @@ import { slipwaySettings } from '../lib/settings';
 import { freePort, startDevServer } from '../workers/dev-server';
 import { slipwayDataConverter } from '../workers/payload-codec';
 import { objectiveWorkflow } from '../workflows/objective';
-import { mergeDecisionSignal, streamMergeReadySignal } from '../workflows/stream';
+import { mergeDecisionSignal, streamEventsSignal, streamMergeReadySignal } from '../workflows/stream';
 
 type HistoryEvent = temporal.api.history.v1.IHistoryEvent;
 
@@ -194,6 +194,8 @@ interface Run {
 }
 
 const ms = (e: HistoryEvent) => tsToMs(e.eventTime!);
+/** The activity a merge starts with: merge, gates and revert in one (patch one-activity-merge), or the merge alone. */
+const MERGE_ACTIVITIES = ['mergeWithGates', 'mergeStream'];
 
 /** Every run of a workflow (continued-as-new chains followed back), and of its children, recursively. */
 async function historiesOf(client: Client, workflowId: string, seen = new Set<string>()): Promise<Run[]> {
@@ -223,7 +225,7 @@ interface Breakdown {
   signals: Record<string, number>;
   /** Per stream: its merge-ready signal to the merge decision it heard. */
   mergeReadyToMergedMs: number[];
-  /** Per merge in the objective: mergeStream scheduled to the decision sent (the queue's service time). */
+  /** Per merge in the objective: its merge activity scheduled to the decision sent (the queue's service time). */
   mergeServiceMs: number[];
   historyEvents: number;
 }
@@ -247,6 +249,8 @@ function breakdown(runs: Run[]): Breakdown {
     b.historyEvents += run.events.length;
     const byId = new Map(run.events.map((e) => [Number(e.eventId), e]));
     let mergeReadyAt: number | undefined;
+    /** The stream's last events batch: with patch merge-request-in-events the merge request rides in it. */
+    let lastBatchAt: number | undefined;
     let mergeScheduledAt: number | undefined;
     for (const e of run.events) {
       const at = ms(e);
@@ -266,7 +270,7 @@ function breakdown(runs: Run[]): Breakdown {
         const name = scheduled.activityTaskScheduledEventAttributes!.activityType!.name!;
         const a = (b.activities[name] ??= { count: 0, runMs: 0, scheduleToStartMs: 0 });
         a.scheduleToStartMs += at - ms(scheduled);
-      } else if (e.activityTaskScheduledEventAttributes?.activityType?.name === 'mergeStream') {
+      } else if (MERGE_ACTIVITIES.includes(e.activityTaskScheduledEventAttributes?.activityType?.name ?? '')) {
         mergeScheduledAt = at;
       } else if (e.activityTaskCompletedEventAttributes || e.activityTaskFailedEventAttributes || e.activityTaskTimedOutEventAttributes) {
         const attrs = e.activityTaskCompletedEventAttributes ?? e.activityTaskFailedEventAttributes ?? e.activityTaskTimedOutEventAttributes!;
@@ -283,10 +287,14 @@ function breakdown(runs: Run[]): Breakdown {
       } else if (e.workflowExecutionSignaledEventAttributes) {
         const name = e.workflowExecutionSignaledEventAttributes.signalName!;
         b.signals[name] = (b.signals[name] ?? 0) + 1;
-        if (name === mergeDecisionSignal.name && mergeReadyAt !== undefined) b.mergeReadyToMergedMs.push(at - mergeReadyAt);
+        // The stream waits for its decision after it asked: its last message before the decision asked.
+        const askedAt = mergeReadyAt ?? lastBatchAt;
+        if (name === mergeDecisionSignal.name && askedAt !== undefined) b.mergeReadyToMergedMs.push(at - askedAt);
+        if (name === mergeDecisionSignal.name) mergeReadyAt = undefined;
       } else if (e.signalExternalWorkflowExecutionInitiatedEventAttributes) {
         const name = e.signalExternalWorkflowExecutionInitiatedEventAttributes.signalName;
         if (name === streamMergeReadySignal.name) mergeReadyAt = at;
+        if (name === streamEventsSignal.name) lastBatchAt = at;
         if (name === mergeDecisionSignal.name && mergeScheduledAt !== undefined) {
           b.mergeServiceMs.push(at - mergeScheduledAt);
           mergeScheduledAt = undefined;

@@ -344,6 +344,8 @@ export interface StreamEvent {
   usage?: TokenTotals;
   /** An agent run that just ended. */
   agentRun?: AgentRunRecord;
+  /** The stream's work is ready to merge: its request rides in the batch (patch `merge-request-in-events`). */
+  mergeRequest?: MergeRequest;
 }
 
 export interface ObjectiveStreamView {

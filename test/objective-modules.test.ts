@@ -190,6 +190,12 @@ describe('feed', () => {
     { name: 'guidance applied (block cleared) goes at once', e: event({ phase: 'building', blocked: null }), now: true },
     ...(['merged', 'no_changes', 'escalated', 'failed'] as const).map((phase) => ({ name: `the end (${phase}) goes at once`, e: event({ phase }), now: true })),
   ])('flush: $name', ({ e, now }) => expect(flushNow(e)).toBe(now));
+
+  it.each([
+    { name: 'merge-ready waits for the merge request it goes with', e: event({ phase: 'merge_ready' }), now: false },
+    { name: 'the merge request goes at once, with the events before it', e: event({ phase: 'merge_ready', mergeRequest: { streamId: 's', branch: 'b', headCommit: 'c' } }), now: true },
+    { name: 'a block still goes at once', e: event({ phase: 'blocked', blocked: {} as StreamEvent['blocked'] }), now: true },
+  ])('flush with the merge request in the events: $name', ({ e, now }) => expect(flushNow(e, { requestInEvents: true })).toBe(now));
 });
 
 describe('stream graph bounds', () => {

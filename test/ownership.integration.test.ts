@@ -106,7 +106,7 @@ async function expectOwnerRouting(c: Client, objectiveId: string, taskQueue: str
   expect(prepare.queue).toBe(taskQueue);
   const mergerOwner = prepare.startedBy!.split('/').at(-1)!;
   const merger = objective.filter((a) => a.type !== 'prepareObjective');
-  expect(merger.map((a) => a.type)).toContain('mergeStream');
+  expect(merger.map((a) => a.type)).toEqual(expect.arrayContaining(['prepareMerger', 'mergeWithGates']));
   for (const a of merger) {
     expect(a.queue, `${a.type} of the objective`).toBe(ownerTaskQueue(taskQueue, mergerOwner));
     if (a.startedBy) expect(a.startedBy.endsWith(`/${mergerOwner}`), `${a.type} started by ${a.startedBy}`).toBe(true);

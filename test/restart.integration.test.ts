@@ -5,6 +5,8 @@
  * with its ledger, across the restart.
  */
 import { randomUUID } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import path from 'node:path';
 import { afterEach, describe, expect, inject, it } from 'vitest';
 import { Client, Connection } from '@temporalio/client';
 import { loadObjectiveFile } from '../config/objective-file';
@@ -14,7 +16,7 @@ import { objectiveStatusQuery, objectiveWorkflow } from '../workflows/objective'
 import { streamStatusQuery } from '../workflows/stream';
 import { slipway, waitFor } from './helpers/cli';
 import { PLAN_BUILDER, helperFiles, writeObjective, type Plan } from './helpers/objective';
-import { gitIn, makeDemoRepo, pictureCheckout } from './helpers/repo';
+import { gitIn, makeDemoRepo, pictureCheckout, tempDir } from './helpers/repo';
 import { startWorkerProcess, type WorkerProcess } from './helpers/worker-process';
 
 const workers: WorkerProcess[] = [];
@@ -84,6 +86,60 @@ describe('restarts', () => {
     expect(gitIn(crashed.repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
     expect(gitIn(crashed.repo, 'branch', '--list', 'slipway/restart-crash/*').split('\n')).toHaveLength(4);
   }, 240_000);
+
+  it('a worker killed in the middle of a post-merge gate (merge and gates in one activity): the retry finds the merge, runs the gates again, and the tree is an undisturbed run\'s', async () => {
+    const sync = tempDir('slipway-sync-');
+    // Every run of the post-merge gate is logged; the first one hangs until the worker is killed under it.
+    const hold = `echo run >> ${sync}/runs; if [ ! -f ${sync}/held ]; then touch ${sync}/held; sleep 600; fi`;
+    const run = async (id: string, gate: string, disturb?: (worker: WorkerProcess) => Promise<void>) => {
+      const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `${id}-${randomUUID().slice(0, 8)}` };
+      const repo = makeDemoRepo();
+      const before = pictureCheckout(repo);
+      const file = writeObjective(
+        {
+          objective: 'two helpers',
+          repository: repo,
+          gates: [{ name: 'test', command: 'node --test' }],
+          post_merge_gates: [{ name: 'post', command: gate }],
+          agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+          streams: ['alpha', 'beta'].map((s) => ({ id: s, task: `helper ${s}` })),
+        },
+        { alpha: [{ files: helperFiles('alpha') }], beta: [{ files: helperFiles('beta') }] },
+      );
+      const c = await client();
+      const worker = await startWorkerProcess(env);
+      workers.push(worker);
+      const handle = await c.workflow.start(objectiveWorkflow, { taskQueue: env.SLIPWAY_TASK_QUEUE, workflowId: objectiveWorkflowId(id), args: [await loadObjectiveFile(file, { id })] });
+      if (disturb) {
+        await disturb(worker);
+        workers.push(await startWorkerProcess(env));
+      }
+      const result = (await handle.result()) as ObjectiveResult;
+      expect(pictureCheckout(repo)).toEqual(before);
+      const scheduled = ((await handle.fetchHistory()).events ?? []).flatMap((e) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? []);
+      return { repo, result, scheduled };
+    };
+    const [calm, crashed] = await Promise.all([
+      run('gate-calm', 'true'),
+      run('gate-crash', hold, async (worker) => {
+        await waitFor(async () => existsSync(path.join(sync, 'held')), 'the first post-merge gate to run', 180_000);
+        worker.crash();
+      }),
+    ]);
+
+    expect(crashed.result.outcome).toBe('completed');
+    expect(calm.result.outcome).toBe('completed');
+    // The merges took the one-activity path, and no merge was made twice.
+    expect(crashed.scheduled).toContain('mergeWithGates');
+    expect(crashed.scheduled).not.toContain('mergeStream');
+    const merges = gitIn(crashed.repo, 'log', '--first-parent', '--merges', '--format=%s', integrationBranch('gate-crash')).split('\n');
+    expect(merges).toHaveLength(2);
+    expect(new Set(merges.map((m) => m.match(/merge stream (\S+)/)![1]))).toEqual(new Set(['alpha', 'beta']));
+    const tree = (repo: string, id: string) => gitIn(repo, 'rev-parse', `${integrationBranch(id)}^{tree}`);
+    expect(tree(crashed.repo, 'gate-crash')).toBe(tree(calm.repo, 'gate-calm'));
+    // The killed gate ran again on the new worker (the hung run, its retry, the other stream's).
+    expect(readFileSync(path.join(sync, 'runs'), 'utf8').trim().split('\n')).toHaveLength(3);
+  }, 300_000);
 
   it('a blocked stream stays blocked with its ledger across a worker restart, then takes guidance', async () => {
     const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `blocked-${randomUUID().slice(0, 8)}` };

@@ -59,11 +59,14 @@ export function applyStreamEvent(view: ObjectiveStreamView, event: StreamEvent):
 /**
  * Whether a stream sends its buffered events at once after this one: the objective acts on
  * blocks (its outcome becomes `blocked`), on merge readiness and on a stream's end.
+ * `requestInEvents`: the merge request travels in a batch of its own event, so entering
+ * `merge_ready` waits for it instead of costing the objective a signal of its own.
  */
-export function flushNow(event: StreamEvent): boolean {
+export function flushNow(event: StreamEvent, opts: { requestInEvents?: boolean } = {}): boolean {
   return (
     event.blocked !== undefined ||
-    event.phase === 'merge_ready' ||
+    event.mergeRequest !== undefined ||
+    (event.phase === 'merge_ready' && !opts.requestInEvents) ||
     event.phase === 'merging' ||
     FINAL_STREAM_PHASES.includes(event.phase)
   );

@@ -85,6 +85,16 @@ const PARALLEL_STARTS = 'parallel-stream-starts';
 const COST_ATTRIBUTE = 'objective-cost-attribute';
 /** The merger worktree's activities run on the worker that prepared it (docs/adr/0013-worker-ownership.md). */
 const MERGER_OWNER_ROUTING = 'merger-owner-routing';
+/**
+ * The merger worktree is made by its own activity in parallel with the first streams instead of
+ * before them, and bare (git only: no ignored files, no project setup) when nothing else runs in it.
+ */
+const LAZY_MERGER = 'lazy-merger';
+/**
+ * A stream's merge, post-merge gates and revert run in one activity (`mergeWithGates`) instead of
+ * one each, and the next merge starts without waiting for the decision signal's round trip.
+ */
+const ONE_ACTIVITY_MERGE = 'one-activity-merge';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 
@@ -161,6 +171,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     const index = status.streams.findIndex((s) => s.id === event.streamId);
     if (index < 0) return;
     const v = (status.streams[index] = applyStreamEvent(status.streams[index], event));
+    // Today's streams send their merge request in their events batch (workflows/stream.ts).
+    if (event.mergeRequest) mergeQueue.push(event.mergeRequest);
     if (event.ledger) status.ledger.push(event.ledger);
     if (event.agentRun) (status.agentRuns ??= []).push(event.agentRun);
     say(event.streamId, event.text, event.at);
@@ -283,11 +295,40 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     status.streams = specs.map((s) => ({ id: s.id, task: s.task, phase: 'waiting', iterations: 0 }));
   };
   let prepared: Awaited<ReturnType<typeof git.prepareObjective>>;
+  // The merger worktree is held by the worker that prepared the objective (it holds the
+  // repository); its activities wait for that worker, since the repository cannot move (docs/adr/0013).
+  const mergerRoute = () => (prepared.owner !== undefined && patched(MERGER_OWNER_ROUTING) ? ownerRoute(prepared.owner, { waitForOwner: true }) : undefined);
+  const mergerGit = () => {
+    const route = mergerRoute();
+    return route ? gitActivities(retryFor(root, root.steps[0]), route) : git;
+  };
+  /** Settles once the merger worktree exists (at once when prepareObjective made it); its failure is kept for the first use. */
+  let mergerMade: Promise<void> = Promise.resolve();
+  let mergerFailure: unknown;
+  const mergerReady = async () => {
+    await mergerMade;
+    if (mergerFailure !== undefined) throw mergerFailure;
+  };
   if (resume) prepared = resume.prepared;
   else {
     enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
+    const deferMerger = patched(LAZY_MERGER);
     try {
-      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox });
+      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox, ...(deferMerger ? { deferMerger } : {}) });
+      if (deferMerger) {
+        // Only git runs in the merger unless post-merge gates, objective gates or the planner need the project's files.
+        const objectiveGates = input.gates.length > 0 && root.steps.some((st) => st.type === 'deterministic' && st.action === 'run_quality_gates');
+        const bare = input.postMergeGates.length === 0 && !objectiveGates && input.streams.length > 0;
+        // Not cancellable: a cancelled objective removes the merger only once its create has ended.
+        mergerMade = CancellationScope.nonCancellable(() =>
+          mergerGit().prepareMerger({ objectiveId: input.id, repository: input.repository, baseCommit: prepared.baseCommit, sandbox: input.sandbox, bare }),
+        ).then(
+          () => undefined,
+          (err) => {
+            mergerFailure = err;
+          },
+        );
+      }
     } catch (err) {
       if (isCancellation(err) && CancellationScope.current().consideredCancelled) {
         // Cancelled while preparing: nothing started but the merger worktree, which goes.
@@ -396,38 +437,36 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
 
   // --- the merge queue (workflows/merge-queue.ts decides) -------------------------------------------
   let integrationTip: string | undefined = resume ? resume.integrationTip : prepared.integrationTip;
-  // The merger worktree is held by the worker that prepared the objective (it holds the
-  // repository); its activities wait for that worker, since the repository cannot move (docs/adr/0013).
-  const mergerRoute = () => (prepared.owner !== undefined && patched(MERGER_OWNER_ROUTING) ? ownerRoute(prepared.owner, { waitForOwner: true }) : undefined);
-  const mergerGit = () => {
-    const route = mergerRoute();
-    return route ? gitActivities(retryFor(root, root.steps[0]), route) : git;
-  };
+  /** Decision signals on their way (ONE_ACTIVITY_MERGE): awaited before the run ends or continues as new. */
+  const decisionsSent = new Set<Promise<void>>();
   const mergeOne = async (request: MergeRequest) => {
+    await mergerReady();
     enter('merging', `merging stream ${request.streamId}`);
     view(request.streamId)!.phase = 'merging';
     let merge = startMerge(request.streamId, integrationTip);
-    let event: MergeEvent = {
-      type: 'merge_finished',
-      result: await mergerGit().mergeStream({
-        mergerPath: prepared.mergerPath,
-        branch: request.branch,
-        headCommit: request.headCommit,
-        // Only the queue moves the integration branch: a tip it did not leave there is refused.
-        expectedTip: integrationTip,
-        message: mergeMessage(request.streamId, prepared.integrationBranch, input.id, input.objective),
-      }),
+    const mergeRequest = {
+      mergerPath: prepared.mergerPath,
+      branch: request.branch,
+      headCommit: request.headCommit,
+      // Only the queue moves the integration branch: a tip it did not leave there is refused.
+      expectedTip: integrationTip,
+      message: mergeMessage(request.streamId, prepared.integrationBranch, input.id, input.objective),
     };
+    const gatesTimeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
+    // One activity: its result answers every step of ./merge-queue's state machine in turn.
+    const inOne = patched(ONE_ACTIVITY_MERGE);
+    const whole = inOne ? await gateActivities(gatesTimeout, retryFor(root, root.steps[0]), mergerRoute()).mergeWithGates({ ...mergeRequest, gates: input.postMergeGates }) : undefined;
+    let event: MergeEvent = { type: 'merge_finished', result: whole ? whole.merge : await mergerGit().mergeStream(mergeRequest) };
     for (;;) {
       const step = mergeStep(merge, event, { postMergeGates: input.postMergeGates.length > 0 });
       merge = step.state;
       const action = step.action;
       if (action.type === 'run_post_merge_gates') {
-        const timeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
-        const gates = await gateActivities(timeout, undefined, mergerRoute()).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
+        const gates = whole ? whole.gates! : await gateActivities(gatesTimeout, undefined, mergerRoute()).runGates({ path: prepared.mergerPath, gates: input.postMergeGates });
         event = { type: 'post_merge_gates_finished', passed: gates.passed, failureReport: gates.failureReport };
       } else if (action.type === 'reset_integration') {
-        await mergerGit().resetIntegration({ mergerPath: prepared.mergerPath, commit: action.commit });
+        if (!whole) await mergerGit().resetIntegration({ mergerPath: prepared.mergerPath, commit: action.commit });
+        else if (!whole.reset) throw new Error(`mergeWithGates did not revert the failed merge of ${request.streamId}`);
         event = { type: 'integration_reset' };
       } else {
         integrationTip = merge.tip;
@@ -437,14 +476,18 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           if (action.decision.status === 'merged') view(request.streamId)!.mergeCommit = action.decision.commit;
         }
         say('merge-queue', action.feed);
-        try {
-          await getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId)).signal(mergeDecisionSignal, action.decision);
-        } catch (err) {
-          // The stream ended meanwhile (cancelled or terminated by hand): its result says how; the
-          // decision has no one to tell, and the other streams go on.
-          if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
-          say('merge-queue', `stream ${request.streamId} ended before it heard the decision: ${failureMessage(err)}`);
-        }
+        const told = getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId))
+          .signal(mergeDecisionSignal, action.decision)
+          .catch((err) => {
+            // The stream ended meanwhile (cancelled or terminated by hand): its result says how; the
+            // decision has no one to tell, and the other streams go on.
+            if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
+            say('merge-queue', `stream ${request.streamId} ended before it heard the decision: ${failureMessage(err)}`);
+          });
+        if (!inOne) return told;
+        // The next merge may start in this workflow task; the stream hears its decision meanwhile.
+        decisionsSent.add(told);
+        void told.finally(() => decisionsSent.delete(told));
         return;
       }
     }
@@ -457,6 +500,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
   /** Hands the objective to a new run (./objective-rollover): its streams keep running. */
   const rollover = async (step: string | undefined): Promise<never> => {
+    await mergerReady();
+    await Promise.all(decisionsSent);
     await condition(allHandlersFinished);
     const carry = trimCarry({
       runs: (resume?.runs ?? 0) + 1,
@@ -496,6 +541,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   const runPlanner = async (current: Extract<Step, { type: 'agent' }>, feedback: string | undefined, iteration: number): Promise<ObjectiveStepFailure | undefined> => {
     const spec = input.agents.planner!;
     enter('planning', 'the planner is splitting the objective into streams');
+    await mergerReady();
     // Kept across rate-limit waits: the loop continues at the run it stopped at.
     const loop = newAgentLoop();
     const outcome = await withRateLimitWaits(
@@ -588,6 +634,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           } else if (current.action === 'merge_queue') {
             await runMergeQueue(current.id);
           } else if (current.action === 'run_quality_gates' && input.gates.length > 0) {
+            await mergerReady();
             const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
             const gates = await gateActivities(timeout, retryFor(root, current), mergerRoute()).runGates({ path: prepared.mergerPath, gates: input.gates });
             if (!gates.passed) failure = `gates failed on ${prepared.integrationBranch}`;
@@ -648,6 +695,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   }
 
   enter('finishing', 'removing the merger worktree');
+  await mergerMade;
+  await Promise.all(decisionsSent);
   const finished = await CancellationScope.nonCancellable(() => mergerGit().finishObjective({ repository: input.repository, objectiveId: input.id }));
   const outcome: ObjectiveOutcome = cancelled ? 'cancelled' : failure ? 'failed' : decideOutcome(status.streams);
   done = true;

@@ -133,6 +133,11 @@ export { failureKindOf, failureMessage } from './failure-info';
 /** Stream events go to the objective in batches (`streamEventsSignal`) instead of one signal each. */
 const BATCHED_STREAM_EVENTS = 'batched-stream-events';
 /**
+ * The merge request rides in the events batch (an event with `mergeRequest`) instead of its own
+ * `streamMergeReady` signal, and entering `merge_ready` no longer sends a batch ahead of it.
+ */
+const MERGE_REQUEST_IN_EVENTS = 'merge-request-in-events';
+/**
  * The stream's sandbox workflow is `stream-sandbox:<objective>.<stream>`; 0.1.0 named it
  * `sandbox:...`, the prefix of the service's sandbox workflows.
  */
@@ -232,7 +237,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     }
     pendingEvents.push(event);
     // Under a budget the objective counts every run at once: its limit is reached no later than needed.
-    if (flushNow(event) || (budget && extra.agentRun)) return flushEvents();
+    const requestInEvents = event.phase === 'merge_ready' && patched(MERGE_REQUEST_IN_EVENTS);
+    if (flushNow(event, { requestInEvents }) || (budget && extra.agentRun)) return flushEvents();
     if (!flusherStarted) {
       flusherStarted = true;
       void (async () => {
@@ -454,7 +460,10 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
         return { ok: false, failure: toStepFailure(err) };
       }
       decision = undefined;
-      await parent.signal(streamMergeReadySignal, { streamId: stream.id, branch: box.branch, headCommit: head.head });
+      const request: MergeRequest = { streamId: stream.id, branch: box.branch, headCommit: head.head };
+      // With the events before it, in one batch (sent at once: flushNow).
+      if (patched(MERGE_REQUEST_IN_EVENTS)) await emit(`ready to merge ${head.head.slice(0, 10)}`, { mergeRequest: request });
+      else await parent.signal(streamMergeReadySignal, request);
       await condition(() => decision !== undefined);
       return mergeStepOutcome(decision!);
     };

@@ -40,9 +40,12 @@ export function sandboxFailure(e: unknown, what: string, redactor: (text: string
   return failure('sandbox_failure', `${what}: ${(e as Error).message}`);
 }
 
-async function createWithOptions(sandboxes: SandboxProvider, request: SandboxCreateRequest, options: SandboxOptions | undefined): Promise<SandboxHandle> {
-  return heartbeating((signal, progress) => sandboxes.create({ ...request, ...createFieldsOf(options), signal, onProgress: progress }));
+async function createWithOptions(sandboxes: SandboxProvider, request: SandboxCreateRequest, options: SandboxOptions | undefined, overrides: Partial<SandboxCreateRequest> = {}): Promise<SandboxHandle> {
+  return heartbeating((signal, progress) => sandboxes.create({ ...request, ...createFieldsOf(options), ...overrides, signal, onProgress: progress }));
 }
+
+/** A merger where only git runs: no ignored files, no project setup, no warm pool of its kind. */
+const BARE_MERGER: Partial<SandboxCreateRequest> = { copyIgnored: false, setup: undefined, warmPool: 0 };
 
 export async function createStreamSandbox(sandboxes: SandboxProvider, input: SandboxInput): Promise<SandboxInfo> {
   let handle: SandboxHandle;
@@ -71,7 +74,7 @@ export async function createStreamSandbox(sandboxes: SandboxProvider, input: San
  */
 export async function createMergerSandbox(
   sandboxes: SandboxProvider,
-  input: { objectiveId: string; repository: string; baseCommit: string; branch: string; sandbox?: SandboxOptions; temporal?: TemporalHome },
+  input: { objectiveId: string; repository: string; baseCommit: string; branch: string; sandbox?: SandboxOptions; temporal?: TemporalHome; bare?: boolean },
 ): Promise<SandboxHandle> {
   try {
     await registerObjective(input.repository, input.objectiveId, input.baseCommit, undefined, input.temporal);
@@ -93,6 +96,7 @@ export async function createMergerSandbox(
       },
       // The merger works in the user's repository (merges, the planner): always a local worktree.
       input.sandbox?.provider && input.sandbox.provider !== 'local' ? { ...input.sandbox, provider: 'local' } : input.sandbox,
+      input.bare ? BARE_MERGER : {},
     );
   } catch (e) {
     throw sandboxFailure(e, `could not create the merger sandbox of ${input.objectiveId}`, await redactorFor(input.repository).catch(() => redact));

@@ -52,3 +52,60 @@ describe('mergeStream', () => {
     expect(gitIn(repo, 'rev-parse', 'slipway/obj/integration')).toBe(tip);
   });
 });
+
+describe('mergeWithGates', () => {
+  let parent: string;
+  let repo: string;
+  let merger: SandboxHandle;
+  const sandboxes = new LocalSandboxProvider({ backgroundFill: false });
+  const activities = createActivities({ sandboxes });
+  const integration = () => gitIn(repo, 'rev-parse', 'slipway/obj2/integration');
+  const streamHead = async (name: string) => {
+    const s = await sandboxes.create({ sandboxId: name, repository: repo, group: 'obj2', name, branch: `slipway/obj2/${name}`, base: 'main' });
+    await fs.writeFile(path.join(s.root, `${name}.txt`), `${name}\n`);
+    return { branch: s.branch, headCommit: (await activities.commitWork({ path: s.root, message: name })).head };
+  };
+
+  beforeAll(async () => {
+    parent = tempDir('merge-gates');
+    ({ repo } = makeRepo(parent));
+    merger = await sandboxes.create({ sandboxId: 'm2', repository: repo, group: 'obj2', name: '_merger', branch: 'slipway/obj2/integration', base: 'main' });
+  });
+  afterAll(async () => {
+    await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  it('merges, runs the post-merge gates on the merged tree, and keeps the merge when they pass', async () => {
+    const tip = integration();
+    const head = await streamHead('pass');
+    const done = await activities.mergeWithGates({ mergerPath: merger.root, ...head, message: 'merge pass', expectedTip: tip, gates: [{ name: 'sees', command: 'test -f pass.txt', timeout_seconds: 30 }] });
+    expect(done.merge).toMatchObject({ status: 'merged', previous: tip, alreadyMerged: false });
+    expect(done.gates).toEqual({ passed: true, failureReport: '' });
+    expect(done.reset).toBeUndefined();
+    expect(integration()).toBe(done.merge.status === 'merged' ? done.merge.commit : '');
+  });
+
+  it('reverts the merge when the gates fail, with their report', async () => {
+    const tip = integration();
+    const head = await streamHead('fail');
+    const done = await activities.mergeWithGates({ mergerPath: merger.root, ...head, message: 'merge fail', expectedTip: tip, gates: [{ name: 'no', command: 'echo broken; exit 3', timeout_seconds: 30 }] });
+    expect(done.merge.status).toBe('merged');
+    expect(done.gates?.passed).toBe(false);
+    expect(done.gates?.failureReport).toContain('broken');
+    expect(done.reset).toBe(true);
+    expect(integration()).toBe(tip);
+  });
+
+  it('run again after a crash past its merge (a retried attempt), finds the merge instead of making a second one', async () => {
+    const tip = integration();
+    const head = await streamHead('again');
+    const request = { mergerPath: merger.root, ...head, message: 'merge again', expectedTip: tip, gates: [{ name: 'ok', command: 'true', timeout_seconds: 30 }] };
+    // The first attempt merged, then its worker died in the gates: only the merge happened.
+    const first = await activities.mergeStream(request);
+    const retried = await activities.mergeWithGates(request);
+    expect(retried.merge).toMatchObject({ status: 'merged', previous: tip, alreadyMerged: true });
+    expect(retried.gates?.passed).toBe(true);
+    expect(first.status === 'merged' && retried.merge.status === 'merged' && retried.merge.commit === first.commit).toBe(true);
+    expect(gitIn(repo, 'rev-list', '--count', '--merges', `${tip}..slipway/obj2/integration`)).toBe('1');
+  });
+});
