@@ -11,6 +11,7 @@ import * as billing from '../../activities/billing/records';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS, SERVICE_PROVIDERS } from '../../core/sandbox-service';
 import { slipwaySettings } from '../../lib/settings';
 import { CliError, EXIT } from '../exit-codes';
+import { positiveNumber, wholeNumber } from '../numbers';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 
 async function withBillingDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
@@ -29,16 +30,6 @@ async function withBillingDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
 }
 
 const out = (line: string): void => void process.stdout.write(`${line}\n`);
-const positive = (name: string) => (v: string) => {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) throw new CliError(`${name} must be a positive number, got "${v}"`);
-  return n;
-};
-const count = (name: string) => (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 0) throw new CliError(`${name} must be a whole number, got "${v}"`);
-  return n;
-};
 
 async function requireAccount(db: Db, id: string): Promise<billing.Account> {
   const account = await billing.getAccount(db, id);
@@ -85,8 +76,8 @@ export function registerAccountCommands(program: Command): void {
     .command('create')
     .argument('<id>', `account id: ${billing.ACCOUNT_ID_PATTERN.source}`)
     .option('--name <name>', 'display name')
-    .option('--concurrency <n>', 'live sandboxes at once (default 1)', count('--concurrency'))
-    .option('--monthly-minutes <n>', 'soft monthly cap, for dashboards', count('--monthly-minutes'))
+    .option('--concurrency <n>', 'live sandboxes at once (default 1)', wholeNumber('--concurrency'))
+    .option('--monthly-minutes <n>', 'soft monthly cap, for dashboards', wholeNumber('--monthly-minutes'))
     .option('--disabled', 'create with sandboxes turned off')
     .description('create an account')
     .action(async (id: string, opts) => {
@@ -101,8 +92,8 @@ export function registerAccountCommands(program: Command): void {
   account
     .command('set')
     .argument('<id>')
-    .option('--concurrency <n>', 'live sandboxes at once', count('--concurrency'))
-    .option('--monthly-minutes <n>', 'soft monthly cap', count('--monthly-minutes'))
+    .option('--concurrency <n>', 'live sandboxes at once', wholeNumber('--concurrency'))
+    .option('--monthly-minutes <n>', 'soft monthly cap', wholeNumber('--monthly-minutes'))
     .option('--enable', 'turn sandboxes on')
     .option('--disable', 'turn sandboxes off')
     .description("change an account's limits or feature flag")
@@ -136,7 +127,7 @@ export function registerAccountCommands(program: Command): void {
     .command('create')
     .requiredOption('--account <id>', 'account')
     .option('--name <name>', 'what the token is for', 'default')
-    .option('--expires-days <n>', 'expire after this many days', positive('--expires-days'))
+    .option('--expires-days <n>', 'expire after this many days', positiveNumber('--expires-days'))
     .description('create a token and print it (the only time it is shown)')
     .action(async (opts) => {
       await withBillingDb(async (db) => {
@@ -182,12 +173,12 @@ export function registerAccountCommands(program: Command): void {
     .option('--provider <kind>', 'local (worktrees), podman or docker (one container per sandbox, ADR 0012), daytona (one Daytona sandbox each, ADR 0019; the worker needs DAYTONA_API_KEY)', 'local')
     .option('--platform <platform>', 'linux or macos', 'linux')
     .option('--resources <json>', 'enforced under bubblewrap: {"cpu":2,"memory_mb":4096,"processes":256,"file_size_mb":1024,"disk_mb":8192} (memory_gb also accepted)', '{}')
-    .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positive('--idle-seconds'))
-    .option('--provisioning-timeout-seconds <n>', 'pending longer than this fails (default 120)', positive('--provisioning-timeout-seconds'))
-    .option('--default-deadline-minutes <n>', 'default deadline (default 60)', positive('--default-deadline-minutes'))
-    .option('--max-deadline-minutes <n>', 'largest deadline a create may ask for (default 1440)', positive('--max-deadline-minutes'))
-    .option('--cap-minutes <n>', 'absolute lifetime cap (default 10080, 7 days)', positive('--cap-minutes'))
-    .option('--warm <n>', 'warm pool size', count('--warm'))
+    .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positiveNumber('--idle-seconds'))
+    .option('--provisioning-timeout-seconds <n>', 'pending longer than this fails (default 120)', positiveNumber('--provisioning-timeout-seconds'))
+    .option('--default-deadline-minutes <n>', 'default deadline (default 60)', positiveNumber('--default-deadline-minutes'))
+    .option('--max-deadline-minutes <n>', 'largest deadline a create may ask for (default 1440)', positiveNumber('--max-deadline-minutes'))
+    .option('--cap-minutes <n>', 'absolute lifetime cap (default 10080, 7 days)', positiveNumber('--cap-minutes'))
+    .option('--warm <n>', 'warm pool size', wholeNumber('--warm'))
     .option('--confinement <kind>', 'bubblewrap, or none (runs tenants on the host: needs --allow-unconfined)', SERVICE_DEFAULTS.confinement)
     .option('--network', 'give sandboxes network access (default: none)')
     .option('--no-network', 'no network (the default)')
