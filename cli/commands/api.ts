@@ -5,15 +5,10 @@
  */
 import type { Command } from 'commander';
 import path from 'node:path';
-import { BILLING_DIR, openBillingDb, type Db } from '../../activities/billing/db';
-import { billingSocketPath, serveBillingSocket } from '../../activities/billing/socket';
+import type { Db } from '../../activities/billing/db';
 import { slipwaySettings } from '../../lib/settings';
 import { resolveWorkerId, WorkerIdError } from '../../lib/worker-id';
-import { resolveTemporal } from '../../workers/temporal';
-import { installRuntimeLogging } from '../../workers/logging';
-import { slipwayDataConverter } from '../../workers/payload-codec';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv } from '../../core/sandbox-service';
-import { probeBwrap, requireBwrap } from '../../activities/sandbox/bubblewrap';
 import { CliError, EXIT } from '../exit-codes';
 import { portNumber, wholeNumber } from '../numbers';
 import { GROUP_DESCRIPTIONS } from '../verbs';
@@ -41,6 +36,14 @@ export async function apiCommand(opts: {
   sshPublicHost?: string;
   sshMaxTokenMinutes?: number;
 }): Promise<number> {
+  // Loaded when the service starts, not when the module is: `slipway api --help` need not load
+  // the Temporal SDK and the billing database (ADR 0016, 3).
+  const { BILLING_DIR, openBillingDb } = require('../../activities/billing/db') as typeof import('../../activities/billing/db');
+  const { billingSocketPath, serveBillingSocket } = require('../../activities/billing/socket') as typeof import('../../activities/billing/socket');
+  const { resolveTemporal } = require('../../workers/temporal') as typeof import('../../workers/temporal');
+  const { installRuntimeLogging } = require('../../workers/logging') as typeof import('../../workers/logging');
+  const { slipwayDataConverter } = require('../../workers/payload-codec') as typeof import('../../workers/payload-codec');
+  const { probeBwrap, requireBwrap } = require('../../activities/sandbox/bubblewrap') as typeof import('../../activities/sandbox/bubblewrap');
   if (!opts.worker && !opts.http) throw new CliError('--no-worker and --no-http together leave nothing to run');
   const sshPort = opts.sshPort ?? (process.env.SLIPWAY_SSH_PORT ? portNumber('SLIPWAY_SSH_PORT')(process.env.SLIPWAY_SSH_PORT) : undefined);
   const previewDomain = opts.previewDomain === false ? undefined : (opts.previewDomain ?? DEFAULT_PREVIEW_DOMAIN).toLowerCase();
