@@ -26,7 +26,6 @@ import type { ContainerEngine } from '../../activities/sandbox/container-engine'
 import type { BubblewrapConfinement } from '../../activities/sandbox/bubblewrap';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
-import { resolveRepo } from './worktree';
 import type { DaytonaSnapshotManifest } from '../../activities/sandbox/daytona';
 
 // Loaded on use: `slipway template --help` need not load the objective loader (zod, yaml) or the sandbox code (ADR 0016, 3).
@@ -70,7 +69,7 @@ async function wanted(opts: TemplateOptions): Promise<Wanted> {
     const setup = s?.projectSetup ? { commands: s.projectSetup.commands, verify: s.projectSetup.verify, timeoutMs: s.projectSetup.timeoutSeconds * 1000, attempts: s.projectSetup.attempts } : undefined;
     return { repo: input.repository, base: input.baseBranch, setup, copyIgnored: s?.copyIgnored, confinement: confinementOf(s), explicitSetup: true };
   }
-  const repo = await resolveRepo(opts.repo);
+  const repo = await (require('./worktree') as typeof import('./worktree')).resolveRepo(opts.repo);
   const explicitSetup = (opts.setup?.length ?? 0) > 0 || (opts.verify?.length ?? 0) > 0;
   const confinement: BubblewrapConfinement | undefined =
     opts.confinement === 'bubblewrap' ? { kind: 'bubblewrap', network: opts.network !== false } : opts.confinement && opts.confinement !== 'none' ? badConfinement(opts.confinement) : undefined;
