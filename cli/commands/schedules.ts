@@ -6,7 +6,7 @@
 import type { Command } from 'commander';
 import type { ScheduleOptionsStartWorkflowAction } from '@temporalio/client';
 import type { JanitorInput } from '../../activities/sandbox/janitor';
-import { DEFAULT_TASK_QUEUE } from '../../core/ids';
+import { DEFAULT_TASK_QUEUE, JANITOR_INTERVAL_MS, JANITOR_SCHEDULE_ID, JANITOR_WORKFLOW_ID } from '../../core/ids';
 import type { janitorWorkflow } from '../../workflows/janitor';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
@@ -14,13 +14,12 @@ import { openRuntime } from '../runtime';
 
 // Loaded on use: `slipway schedules --help` need not load the Temporal SDK (ADR 0016, 3).
 const sdk = () => require('@temporalio/client') as typeof import('@temporalio/client');
-const janitor = () => require('../../activities/sandbox/janitor') as typeof import('../../activities/sandbox/janitor');
 
 /** One janitor schedule per task queue: `slipway-janitor`, or `slipway-janitor-<queue>` for other queues. */
-export const janitorScheduleId = (taskQueue: string) => (taskQueue === DEFAULT_TASK_QUEUE ? janitor().JANITOR_SCHEDULE_ID : `${janitor().JANITOR_SCHEDULE_ID}-${taskQueue}`);
+export const janitorScheduleId = (taskQueue: string) => (taskQueue === DEFAULT_TASK_QUEUE ? JANITOR_SCHEDULE_ID : `${JANITOR_SCHEDULE_ID}-${taskQueue}`);
 
 function parseInterval(value: string | undefined): number {
-  if (value === undefined) return janitor().JANITOR_INTERVAL_MS;
+  if (value === undefined) return JANITOR_INTERVAL_MS;
   const m = /^(\d+)(s|m|h)$/.exec(value.trim());
   if (!m) throw new CliError(`--every must look like 30s, 5m or 1h, got "${value}"`);
   const ms = Number(m[1]) * { s: 1_000, m: 60_000, h: 3_600_000 }[m[2] as 's' | 'm' | 'h'];
@@ -38,7 +37,7 @@ export async function schedulesInstallCommand(opts: { every?: string; json?: boo
     const action: ScheduleOptionsStartWorkflowAction<typeof janitorWorkflow> = {
       type: 'startWorkflow',
       workflowType: 'janitorWorkflow',
-      workflowId: `${janitor().JANITOR_WORKFLOW_ID}:${settings.taskQueue}`,
+      workflowId: `${JANITOR_WORKFLOW_ID}:${settings.taskQueue}`,
       taskQueue: settings.taskQueue,
       args: [{} satisfies JanitorInput],
       typedSearchAttributes: [{ key: (require('../../core/search-attributes') as typeof import('../../core/search-attributes')).SlipwayKind, value: 'janitor' }],
