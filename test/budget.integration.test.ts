@@ -149,6 +149,19 @@ describe('budget guardrail', () => {
     expect(result.usage).toMatchObject({ runs: 1, inputTokens: 1000, outputTokens: 200 });
   });
 
+  it("on_exhausted: fail with the objective's limit: the stream's next run is refused by the objective, the stream and the objective fail", async () => {
+    const run = await start(
+      'budget-objective-fail',
+      { agents: { builder: builder({ max_iterations: 3 }) }, streams: [{ id: 'greet', task: 'add greet' }], budget: { objective: { usd: 0.01 }, on_exhausted: 'fail' } },
+      { 'builder:greet': [{ files: helper('greet') }, { say: 'more' }] },
+    );
+    const result = await run.result();
+    expect(run.calls('builder:greet')).toBe(1);
+    expect(result.outcome).toBe('failed');
+    expect(result.streams[0]).toMatchObject({ phase: 'failed', failure: { kind: 'budget_exhausted', summary: 'objective budget-objective-fail spent $0.0125 of its $0.0100 budget' } });
+    expect(result.usage.costUsd).toBeCloseTo(sumOfRuns(result), 10);
+  });
+
   it("the objective's limit holds back a stream started after it was spent, until the objective's limit is raised", async () => {
     const run = await start(
       'budget-objective',
