@@ -4,6 +4,7 @@
  */
 import { Command, CommanderError } from 'commander';
 import { CliError, EXIT } from './exit-codes';
+import { wholeNumber } from './numbers';
 import { GROUP_DESCRIPTIONS } from './verbs';
 
 // Each command's module is required when that command runs, not before: the Temporal client
@@ -81,7 +82,7 @@ export function buildProgram(argv: string[] = process.argv): Command {
     .command('list')
     .description('list objectives (newest first)')
     .option('--json', 'print JSON')
-    .option('--limit <n>', 'at most this many', (v) => Number.parseInt(v, 10), 50)
+    .option('--limit <n>', 'at most this many', wholeNumber('--limit', { min: 1 }), 50)
     .action(async (opts) => setExit(await commands.list().listCommand(opts)));
 
   program

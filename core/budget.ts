@@ -24,6 +24,8 @@ export interface StreamBudget {
   hardLimit?: true;
   /** Set by the objective (in the input, then by signal) while the objective's limit is spent: why. */
   objectiveExhausted?: string;
+  /** The objective has a limit: ask it before each run (`objectiveLease`), do not only wait to be told. */
+  leased?: true;
 }
 
 /** What the objective tells a stream when its budget changes (`slipway budget raise`, the objective's limit reached). */
@@ -32,6 +34,15 @@ export interface StreamBudgetUpdate {
   limit?: BudgetLimit;
   /** `null`: the objective's limit is no longer spent. */
   objectiveExhausted?: string | null;
+  /** The answer to the stream's lease request of this number (its `objectiveExhausted` says whether it was refused). */
+  lease?: number;
+}
+
+/** A stream's question to the objective before an agent run (`leased` streams). */
+export interface LeaseRequest {
+  streamId: string;
+  /** The stream's count of its requests: the answer names it, so a late answer is not taken for a new one. */
+  seq: number;
 }
 
 /** The budget as the objective keeps it (in its status, so a raise survives continue-as-new). */
@@ -40,6 +51,10 @@ export interface ObjectiveBudget extends BudgetSpec {
   streams?: Record<string, BudgetLimit>;
   /** Why the objective's limit is spent, while it is (its running streams were told). */
   objectiveExhausted?: string;
+  /** Streams with an agent run in flight under a lease (released when the run's event arrives, or the stream blocks or ends). */
+  inFlight?: string[];
+  /** Lease requests held back until runs in flight report their cost: stream -> request number. */
+  waiting?: Record<string, number>;
 }
 
 /** What a stream is told of the budget when it starts. */
@@ -152,4 +167,25 @@ export function allowanceUsed(allowance: RunAllowance | undefined, used: { input
     return `${allowance.whose} reached its budget during this run (${formatCount(spentTokens(used))} of the ${formatCount(allowance.tokens)} tokens left); the run was stopped (hard_limit)`;
   }
   return undefined;
+}
+
+/** The objective's answer to a stream that asks to start an agent run (`objectiveLease`). */
+export type LeaseDecision = { type: 'grant' } | { type: 'exhausted'; reason: string } | { type: 'wait' };
+
+/**
+ * Whether a stream may start an agent run under the objective's limit, decided by the objective
+ * from what it knows when asked: `spent` (every finished run, the asking stream's included: it
+ * reports its runs before it asks) and the other streams' runs `inFlight`, whose cost is not known
+ * yet. Each of those is expected to cost what the objective's finished runs cost on average; a run
+ * starts only while that leaves some of the limit, else it waits for them to report (then the
+ * limit is spent, or it is not and the run starts). So two streams cannot both start a run on the
+ * last dollars: the second waits for the first's cost. Spent at or above the limit: refused. With
+ * no finished run yet nothing is known to expect: the run starts. ADR 0017, decision 3.
+ */
+export function objectiveLease(limit: BudgetLimit | undefined, whose: string, spent: TokenTotals, inFlight: number): LeaseDecision {
+  const reason = budgetExhausted(limit, spent, whose);
+  if (reason) return { type: 'exhausted', reason };
+  if (!limit || inFlight === 0 || spent.runs === 0) return { type: 'grant' };
+  const left = (cap: number | undefined, used: number) => cap === undefined || cap - used - inFlight * (used / spent.runs) > 0;
+  return left(limit.usd, spent.costUsd) && left(limit.tokens, spentTokens(spent)) ? { type: 'grant' } : { type: 'wait' };
 }

@@ -78,3 +78,8 @@ export const ownerTaskQueue = (mainTaskQueue: string, workerId: string) => `${ma
 
 /** The objective workflow's status query, by name: `slipway status` asks it over HTTP without the SDK (ADR 0024). */
 export const OBJECTIVE_STATUS_QUERY = 'objectiveStatus';
+
+/** The janitor's schedule and workflow (activities/sandbox/janitor.ts); here so the CLI names them without loading it. */
+export const JANITOR_SCHEDULE_ID = 'slipway-janitor';
+export const JANITOR_WORKFLOW_ID = 'slipway-janitor';
+export const JANITOR_INTERVAL_MS = 5 * 60_000;

@@ -223,3 +223,6 @@ export interface StreamedExecEnd {
   timedOut: boolean;
   durationMs: number;
 }
+
+/** An account id: lower-case letters, digits and '-', at most 40 (here, not in the billing records, so the CLI's help need not load them). */
+export const ACCOUNT_ID_PATTERN = /^[a-z0-9][a-z0-9-]{0,39}$/;

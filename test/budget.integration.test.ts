@@ -149,6 +149,19 @@ describe('budget guardrail', () => {
     expect(result.usage).toMatchObject({ runs: 1, inputTokens: 1000, outputTokens: 200 });
   });
 
+  it("on_exhausted: fail with the objective's limit: the stream's next run is refused by the objective, the stream and the objective fail", async () => {
+    const run = await start(
+      'budget-objective-fail',
+      { agents: { builder: builder({ max_iterations: 3 }) }, streams: [{ id: 'greet', task: 'add greet' }], budget: { objective: { usd: 0.01 }, on_exhausted: 'fail' } },
+      { 'builder:greet': [{ files: helper('greet') }, { say: 'more' }] },
+    );
+    const result = await run.result();
+    expect(run.calls('builder:greet')).toBe(1);
+    expect(result.outcome).toBe('failed');
+    expect(result.streams[0]).toMatchObject({ phase: 'failed', failure: { kind: 'budget_exhausted', summary: 'objective budget-objective-fail spent $0.0125 of its $0.0100 budget' } });
+    expect(result.usage.costUsd).toBeCloseTo(sumOfRuns(result), 10);
+  });
+
   it("the objective's limit holds back a stream started after it was spent, until the objective's limit is raised", async () => {
     const run = await start(
       'budget-objective',
@@ -179,6 +192,53 @@ describe('budget guardrail', () => {
     expect(result.usage.costUsd).toBeCloseTo(4 * RUN_COST, 10);
     expect(result.usage.costUsd).toBeCloseTo(sumOfRuns(result), 10);
   });
+
+  it("the objective's limit with two streams running: both block before their next run (the first to ask waits for the other's run in flight), a raise lets both finish", async () => {
+    const id = 'budget-two';
+    const firstRun = (name: string) => ({ turns: [{ usage: { input: 100, output: 10 } }, { usage: { input: 100, output: 10 } }], files: helper(name) });
+    const run = await start(
+      id,
+      {
+        max_parallel_streams: 2,
+        agents: { builder: builder({ max_iterations: 3 }) },
+        streams: [
+          { id: 'left', task: 'add left' },
+          { id: 'right', task: 'add right' },
+        ],
+        budget: { objective: { usd: 0.02 } },
+      },
+      { 'builder:left': [firstRun('left'), { say: 'more' }, { say: 'done' }], 'builder:right': [firstRun('right'), { say: 'more' }, { say: 'done' }] },
+    );
+    // Both first runs are going (each waits at its gate after turn 1); then both may end, in any order.
+    await waitFor(async () => ['left', 'right'].every((s) => run.events().some((e) => e.key === `builder:${s}` && e.event === 'turn' && e.n === 1)), 'both first runs in flight', 120_000);
+    writeFileSync(path.join(run.dir, 'turn-1.go'), '');
+    const reason = `objective ${id} spent $0.0250 of its $0.0200 budget`;
+    for (const s of ['left', 'right']) expect((await run.blocked(s)).blocked).toMatchObject({ kind: 'budget_exhausted', summary: reason });
+    // One run each: whichever ended first was held until the other's cost was known, so neither started a second.
+    expect([run.calls('builder:left'), run.calls('builder:right')]).toEqual([1, 1]);
+
+    const mail = JSON.parse((await slipway(['mail', '--objective', id, '--json'], cliEnv)).stdout) as Array<{ streamId: string; kind: string; summary: string }>;
+    expect(mail.map((m) => [m.streamId, m.kind, m.summary]).sort()).toEqual([
+      ['left', 'budget_exhausted', reason],
+      ['right', 'budget_exhausted', reason],
+    ]);
+    const spentSoFar = await run.status();
+    expect(spentSoFar.usage.costUsd).toBeCloseTo(2 * RUN_COST, 10);
+    expect(spentSoFar.usage.costUsd).toBeCloseTo(sumOfRuns(spentSoFar), 10);
+
+    const raised = await slipway(['budget', 'raise', id, '--usd', '1'], cliEnv);
+    expect(raised.code, raised.stderr).toBe(0);
+    const result = await run.result();
+    expect(result.outcome).toBe('completed');
+    expect([run.calls('builder:left'), run.calls('builder:right')]).toEqual([3, 3]);
+    expect(result.usage.runs).toBe(6);
+    expect(result.usage.costUsd).toBeCloseTo(6 * RUN_COST, 10);
+    expect(result.usage.costUsd).toBeCloseTo(sumOfRuns(result), 10);
+    expect(result.ledger.map((e) => [e.stream, e.kind, e.result]).sort()).toEqual([
+      ['left', 'budget_exhausted', 'blocked'],
+      ['right', 'budget_exhausted', 'blocked'],
+    ]);
+  }, 240_000);
 
   it('a provider that reports no cost gets an estimate from the price table (project override), flagged on the run, the totals and in status', async () => {
     const id = 'budget-estimate';

@@ -10,7 +10,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile, ObjectiveFileError } from '../config/objective-file';
 import { trustRepository } from '../config/trust';
-import { allowanceUsed, budgetExhausted, raisedLimit, raiseProblems, runAllowance, streamBudgetBlock, streamBudgetOf } from '../core/budget';
+import { allowanceUsed, budgetExhausted, objectiveLease, raisedLimit, raiseProblems, runAllowance, streamBudgetBlock, streamBudgetOf } from '../core/budget';
 import { emptyTotals, type TokenTotals } from '../core/types';
 import { estimateCostUsd, MODEL_PRICES, priceFor } from '../core/prices';
 import { addRunUsage, addTotals, formatUsage } from '../core/usage';
@@ -252,5 +252,29 @@ describe('model prices (core/prices.ts) and estimated costs', () => {
     );
     const { file: withPrice } = await project(lines('objective: x', 'repository: ./repo', 'agents:', '  builder: { provider: script, command: ./b.sh, price: { input: 1, output: 1 } }', 'streams:', '  - id: a', '    task: do a'));
     expect((await problems(withPrice)).join('\n')).toContain('agents.builder.price: unknown key "price"');
+  });
+});
+
+describe("the objective's answer before a stream's agent run (objectiveLease)", () => {
+  const O = 'objective o';
+  // Rows: limit, spent so far (every finished run), other streams' runs in flight, answer.
+  const rows: Array<[string, Parameters<typeof objectiveLease>[0], Partial<TokenTotals>, number, ReturnType<typeof objectiveLease>]> = [
+    ['no objective limit: always', undefined, { costUsd: 9, runs: 3 }, 2, { type: 'grant' }],
+    ['nothing run yet: nothing to expect, it starts', { usd: 1 }, {}, 3, { type: 'grant' }],
+    ['nothing else in flight and below the limit: it starts (and may overshoot, as a soft limit does)', { usd: 1 }, { costUsd: 0.99, runs: 9 }, 0, { type: 'grant' }],
+    ['at the limit: refused, whatever is in flight', { usd: 1 }, { costUsd: 1, runs: 4 }, 0, { type: 'exhausted', reason: 'objective o spent $1.00 of its $1.00 budget' }],
+    ['above it', { usd: 1 }, { costUsd: 1.2, runs: 4 }, 2, { type: 'exhausted', reason: 'objective o spent $1.20 of its $1.00 budget' }],
+    ['one run in flight at the average cost leaves some: it starts', { usd: 1 }, { costUsd: 0.5, runs: 2 }, 1, { type: 'grant' }],
+    ['one run in flight at the average cost takes the rest: it waits for that run', { usd: 1 }, { costUsd: 0.5, runs: 1 }, 1, { type: 'wait' }],
+    ['two in flight would take the rest: waits', { usd: 1 }, { costUsd: 0.66, runs: 3 }, 2, { type: 'wait' }],
+    ['one of those two in flight leaves some: starts', { usd: 1 }, { costUsd: 0.66, runs: 3 }, 1, { type: 'grant' }],
+    ['tokens: input plus output, same rule', { tokens: 12_000 }, { inputTokens: 4000, outputTokens: 1000, runs: 1 }, 1, { type: 'grant' }],
+    ['tokens: the expected run takes the rest', { tokens: 12_000 }, { inputTokens: 4000, outputTokens: 1000, runs: 1 }, 2, { type: 'wait' }],
+    ['tokens spent', { tokens: 10_000 }, { inputTokens: 9000, outputTokens: 1000, runs: 2 }, 0, { type: 'exhausted', reason: 'objective o spent 10,000 of its 10,000 tokens budget' }],
+    ['both figures: either one short makes it wait', { usd: 100, tokens: 10_000 }, { costUsd: 1, inputTokens: 5000, outputTokens: 1000, runs: 1 }, 1, { type: 'wait' }],
+    ['both figures with room: starts', { usd: 100, tokens: 100_000 }, { costUsd: 1, inputTokens: 5000, outputTokens: 1000, runs: 1 }, 1, { type: 'grant' }],
+  ];
+  it.each(rows)('%s', (_name, limit, s, inFlight, answer) => {
+    expect(objectiveLease(limit, O, spent(s), inFlight)).toEqual(answer);
   });
 });

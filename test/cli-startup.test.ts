@@ -47,6 +47,19 @@ describe('compiled CLI start-up', () => {
     },
   );
 
+  // Group verbs register their commands from their own modules; those load the SDK, the
+  // database and the objective loader only when a command runs.
+  it.each([['api'], ['mcp'], ['schedules'], ['account'], ['token'], ['project'], ['profile'], ['usage'], ['template'], ['budget'], ['codec-server']])(
+    'slipway %s --help loads no Temporal SDK, database client or HTTP server',
+    (verb) => {
+      const run = loadedModules([verb, '--help']);
+      expect(run.code).toBe(0);
+      expect(run.stdout).toContain(`Usage: slipway ${verb}`);
+      expect(run.modules.filter((m) => /[\\/](@temporalio|@electric-sql|pg|fastify)[\\/]/.test(m))).toEqual([]);
+      expect(run.modules.some((m) => m.includes(`${path.sep}commander${path.sep}`))).toBe(true);
+    },
+  );
+
   it('top-level help still lists the lazily registered groups, and a group runs its real subcommands', () => {
     const help = loadedModules(['--help']);
     for (const verb of ['worktree', 'trust', 'api', 'account', 'schedules', 'template', 'codec-server']) expect(help.stdout).toMatch(new RegExp(`^  ${verb}\\b`, 'm'));

@@ -6,7 +6,7 @@
  * and `status`, and `slipway api`. No file of the source tree is reachable from the installed package.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, realpathSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -80,6 +80,12 @@ describe('the npm package', () => {
     for (const f of ['bin/slipway.cjs', 'dist/cli/main.js', 'dist/index.js', 'dist/index.d.ts', 'dist/workflow-bundle.js', 'dist/blueprints/standard.yaml', 'package.json']) expect(files).toContain(f);
     const unwanted = files.filter((f) => /^(test|bench|examples|scripts|\.tools|\.slipway|node_modules|docs)\//.test(f) || (f.endsWith('.ts') && !f.endsWith('.d.ts')) || f.includes('tsbuildinfo') || /fixtures/.test(f));
     expect(unwanted).toEqual([]);
+    // What package.json promises is in the tarball: entry, types, exports and bin point at packed files; public; engines set.
+    const pkg = JSON.parse(readFileSync(path.join(PROJECT_ROOT, 'package.json'), 'utf8')) as { private?: boolean; engines?: { node?: string }; main: string; types: string; exports: Record<string, string | Record<string, string>>; bin: Record<string, string> };
+    expect(pkg.private).toBeUndefined();
+    expect(pkg.engines?.node).toBe('^20.19.0 || >=22.12.0');
+    const targets = [pkg.main, pkg.types, ...Object.values(pkg.exports).flatMap((e) => (typeof e === 'string' ? [e] : Object.values(e))), ...Object.values(pkg.bin)];
+    for (const target of targets) expect(files, target).toContain(path.posix.normalize(target));
     console.log(`package: ${files.length} files; npm i -g from the tarball took ${installSeconds.toFixed(1)} s`);
   });
 

@@ -53,7 +53,7 @@ export interface AgentLoopOptions {
   /** Called after every run (usage, commits, feed), before the loop decides what comes next. */
   onRun(run: AgentRunResult, record: AgentRunRecord): Promise<void>;
   /** Asked before every run: a reason the run may not start (the budget is spent), or undefined. */
-  beforeRun?: () => string | undefined;
+  beforeRun?: () => string | undefined | Promise<string | undefined>;
   /** The agent-run queue of the worker that owns the sandbox (absent: the shared one). */
   route?: ActivityRoute;
   /** That worker, checked when a run is not taken up within the grace time (./owner.ts). */
@@ -68,7 +68,7 @@ export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun
   let runs = 0;
   let last: AgentRunResult | undefined;
   while (state.agentIteration <= spec.max_iterations) {
-    const held = beforeRun?.();
+    const held = await beforeRun?.();
     if (held !== undefined) return { ok: false, summary: held, kind: 'budget_exhausted' };
     const resumed = state.outputError !== undefined ? state.retrySessionId : state.agentIteration === 1 ? input.resumeSessionId : undefined;
     const allowed = allowance?.();

@@ -57,8 +57,8 @@ import { appendFeed, applyStreamEvent, emptyFeed, feedAfter, objectiveDetails } 
 import { shouldContinueAsNew, trimCarry } from './objective-rollover';
 import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
 import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, rateLimitWait, streamsFromPlan, type ObjectiveStepFailure } from './planner-step';
-import { MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamBudgetSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
-import { budgetExhausted, formatLimit, raisedLimit, raiseProblems, streamBudgetOf, type BudgetLimit, type BudgetRaise, type StreamBudgetUpdate } from '../core/budget';
+import { budgetLeaseSignal, MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamBudgetSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
+import { budgetExhausted, formatLimit, objectiveLease, raisedLimit, raiseProblems, streamBudgetOf, type BudgetLimit, type BudgetRaise, type StreamBudgetUpdate } from '../core/budget';
 
 export const objectiveStatusQuery = defineQuery<ObjectiveStatus>(OBJECTIVE_STATUS_QUERY);
 /** Feed lines after `afterSeq` (for `slipway watch`), and whether the objective is done. */
@@ -97,6 +97,8 @@ const LAZY_MERGER = 'lazy-merger';
 const ONE_ACTIVITY_MERGE = 'one-activity-merge';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
+/** Streams under an objective's limit ask it before each agent run (`budgetLeaseSignal`; ADR 0017, 3). */
+const OBJECTIVE_BUDGET_LEASES = 'objective-budget-leases';
 
 export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): ObjectiveOutcome {
   const merged = streams.filter((s) => s.phase === 'merged').length;
@@ -175,6 +177,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     if (event.mergeRequest) mergeQueue.push(event.mergeRequest);
     if (event.ledger) status.ledger.push(event.ledger);
     if (event.agentRun) (status.agentRuns ??= []).push(event.agentRun);
+    // The run reported its cost (or the stream stopped running agents for now): no longer in flight.
+    if (event.agentRun || event.blocked || event.ledger) releaseLease(event.streamId);
     say(event.streamId, event.text, event.at);
     // A resumed run has no handle on the streams it did not start: their final event is their end.
     if (resume && running.has(v.id) && FINAL_STREAM_PHASES.includes(event.phase)) {
@@ -183,6 +187,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       if (event.phase !== 'merged' && !v.failure) v.failure = { kind: 'unknown', summary: event.text };
       if (event.phase === 'escalated') status.needsAttention.push(v.id);
       running.delete(v.id);
+      releaseLease(v.id);
       childEnded = true;
     }
   };
@@ -203,9 +208,32 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     say('objective', `budget spent: ${reason}; no new agent run starts until \`slipway budget raise ${input.id}\``);
     for (const id of running) void tellStream(id, { objectiveExhausted: reason });
   };
+  const releaseLease = (id: string) => {
+    const budget = status.budget;
+    if (budget?.inFlight?.includes(id)) budget.inFlight = budget.inFlight.filter((s) => s !== id);
+  };
+  /** Answers the streams waiting to start a run, in the order they asked, as far as it can now. */
+  const answerLeases = () => {
+    const budget = status.budget;
+    if (!budget?.waiting) return;
+    for (const [id, seq] of Object.entries(budget.waiting)) {
+      if (!running.has(id)) {
+        delete budget.waiting[id];
+        continue;
+      }
+      const inFlight = (budget.inFlight ?? []).filter((s) => s !== id).length;
+      const decision = objectiveLease(budget.objective, `objective ${input.id}`, status.usage, inFlight);
+      if (decision.type === 'wait') continue;
+      delete budget.waiting[id];
+      if (decision.type === 'grant') budget.inFlight = [...(budget.inFlight ?? []).filter((s) => s !== id), id];
+      void tellStream(id, { lease: seq, ...(decision.type === 'exhausted' ? { objectiveExhausted: decision.reason } : {}) });
+    }
+    if (Object.keys(budget.waiting).length === 0) delete budget.waiting;
+  };
   const afterEvents = () => {
     sumUsage();
     checkObjectiveBudget();
+    answerLeases();
     refreshBlocked();
     setCurrentDetails(details());
   };
@@ -243,6 +271,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         delete budget.objectiveExhausted;
         await Promise.all([...running].map((id) => tellStream(id, { objectiveExhausted: null })));
       }
+      answerLeases();
       return { objectiveId: input.id, limit };
     },
     {
@@ -260,6 +289,13 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       },
     },
   );
+  setHandler(budgetLeaseSignal, (request) => {
+    const budget = status.budget;
+    if (!budget) return;
+    releaseLease(request.streamId);
+    budget.waiting = { ...budget.waiting, [request.streamId]: request.seq };
+    answerLeases();
+  });
   setHandler(streamMergeReadySignal, (request) => {
     mergeQueue.push(request);
   });
@@ -390,7 +426,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         integrationBranch: prepared.integrationBranch,
         blueprint,
         parentWorkflowId: workflowInfo().workflowId,
-        ...(status.budget ? { budget: streamBudgetOf(status.budget, spec.id) } : {}),
+        ...(status.budget ? { budget: { ...streamBudgetOf(status.budget, spec.id), ...(status.budget.objective && patched(OBJECTIVE_BUDGET_LEASES) ? { leased: true as const } : {}) } } : {}),
       });
       const handle = await startChild(streamWorkflow, {
         workflowId: streamWorkflowId(input.id, spec.id),
@@ -415,6 +451,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
         .finally(() => {
           running.delete(spec.id);
           childEnded = true;
+          releaseLease(spec.id);
+          answerLeases();
           refreshBlocked();
         });
     };

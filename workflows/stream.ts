@@ -38,7 +38,7 @@ import { sandboxWorkflowId, streamBranch, streamSandboxId, streamSandboxWorkflow
 import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
 import type { StreamPhase } from '../core/states';
 import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
-import { runAllowance, streamBudgetBlock, type StreamBudget, type StreamBudgetUpdate } from '../core/budget';
+import { runAllowance, streamBudgetBlock, type LeaseRequest, type StreamBudget, type StreamBudgetUpdate } from '../core/budget';
 import {
   emptyTotals,
   type BlockedInfo,
@@ -126,6 +126,8 @@ export const guidanceUpdate = defineUpdate<GuidanceAck, [Guidance]>('guidance');
 export const streamStatusQuery = defineQuery<StreamStatus>('streamStatus');
 /** From the objective: the stream's limit was raised, or the objective's limit was reached or raised. */
 export const streamBudgetSignal = defineSignal<[StreamBudgetUpdate]>('streamBudget');
+/** To the objective, from a stream under the objective's limit before each agent run: may it start one? Answered by `streamBudgetSignal`. */
+export const budgetLeaseSignal = defineSignal<[LeaseRequest]>('budgetLease');
 
 export { MAX_RATE_LIMIT_WAITS } from './stream-interpreter';
 export { failureKindOf, failureMessage } from './failure-info';
@@ -166,6 +168,25 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   let budget: StreamBudget | undefined = carried ? carried.budget : input.budget;
   /** Why no new agent run may start (a spent budget), or undefined. */
   const budgetHold = () => streamBudgetBlock(budget, stream.id, status.usage);
+  let leaseAsked = 0;
+  let leaseAnswered = 0;
+  /**
+   * Before each agent run: the stream's own check, then, under the objective's limit, the
+   * objective's answer (after this stream's last run reached it: emit awaits that signal). A
+   * refusal comes as `objectiveExhausted`, which a raise clears like any other.
+   */
+  const beforeRun = async (): Promise<string | undefined> => {
+    const held = budgetHold();
+    if (held !== undefined || !budget?.leased) return held;
+    const seq = ++leaseAsked;
+    // An objective that is gone cannot answer: the stream goes on under its own limit.
+    const asked = await parent.signal(budgetLeaseSignal, { streamId: stream.id, seq }).then(
+      () => true,
+      () => false,
+    );
+    if (asked) await condition(() => leaseAnswered >= seq);
+    return budgetHold();
+  };
   /** Set once this run hands over to the next: the sandbox stays, nothing is finished. */
   let carrying = false;
   const parent = getExternalWorkflowHandle(input.parentWorkflowId);
@@ -189,6 +210,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     if (update.objectiveExhausted === null) delete next.objectiveExhausted;
     else if (update.objectiveExhausted !== undefined) next.objectiveExhausted = update.objectiveExhausted;
     budget = next;
+    if (update.lease !== undefined) leaseAnswered = Math.max(leaseAnswered, update.lease);
   });
   setHandler(
     guidanceUpdate,
@@ -413,7 +435,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           step: step.id,
           retry: retryFor(bp, step),
           state: loop,
-          ...(budgetWaived ? {} : { beforeRun: budgetHold, allowance: () => runAllowance(budget, stream.id, status.usage) }),
+          ...(budgetWaived ? {} : { beforeRun, allowance: () => runAllowance(budget, stream.id, status.usage) }),
           route: agentRoute(),
           owner: owned ? box.owner : undefined,
           onRun: async (run, record) => {

@@ -52,7 +52,7 @@ export interface Account {
   created_at: Date;
 }
 
-export const ACCOUNT_ID_PATTERN = /^[a-z0-9][a-z0-9-]{0,39}$/;
+export { ACCOUNT_ID_PATTERN } from '../../core/sandbox-service';
 
 export async function createAccount(
   db: Queryable,

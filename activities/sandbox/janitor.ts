@@ -24,9 +24,7 @@ import { forgetObjective, forgetRepository, readRegistry, registryPath, type Reg
 import { removeOldTemplates } from './template';
 import { DISKS_DIR } from './disk';
 
-export const JANITOR_SCHEDULE_ID = 'slipway-janitor';
-export const JANITOR_WORKFLOW_ID = 'slipway-janitor';
-export const JANITOR_INTERVAL_MS = 5 * 60_000;
+export { JANITOR_INTERVAL_MS, JANITOR_SCHEDULE_ID, JANITOR_WORKFLOW_ID } from '../../core/ids';
 /** Default: unmerged stream branches of an ended objective stay a day, for `slipway worktree review|merge`. */
 export const DEFAULT_KEEP_UNMERGED_MS = 24 * 3600_000;
 /** Branches the janitor removed stay in the trash refs this long (lib/git.ts `trashBranch`). */

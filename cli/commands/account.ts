@@ -3,21 +3,21 @@
  * They open the billing database directly (DATABASE_URL, else the embedded PGlite under SLIPWAY_HOME, or
  * through `slipway api`'s billing socket while that holds it).
  */
-import { parseProfileResources } from '../../core/limits';
 import path from 'node:path';
 import type { Command } from 'commander';
-import { openBillingDb, type Db } from '../../activities/billing/db';
-import * as billing from '../../activities/billing/records';
-import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS, SERVICE_PROVIDERS } from '../../core/sandbox-service';
+import type { Db } from '../../activities/billing/db';
+import type * as billingRecords from '../../activities/billing/records';
+import { ACCOUNT_ID_PATTERN, ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv, SERVICE_DEFAULTS, SERVICE_PROVIDERS } from '../../core/sandbox-service';
 import { slipwaySettings } from '../../lib/settings';
 import { CliError, EXIT } from '../exit-codes';
+import { positiveNumber, wholeNumber } from '../numbers';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 
 async function withBillingDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
   let db: Db;
   try {
     // While `slipway api` holds the embedded billing database, the verbs run through its billing socket.
-    db = await openBillingDb({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: slipwaySettings().dataDir, viaHolder: true });
+    db = await (require('../../activities/billing/db') as typeof import('../../activities/billing/db')).openBillingDb({ databaseUrl: process.env.DATABASE_URL || undefined, dataDir: slipwaySettings().dataDir, viaHolder: true });
   } catch (e) {
     throw new CliError((e as Error).message, EXIT.runFailed);
   }
@@ -28,20 +28,12 @@ async function withBillingDb<T>(fn: (db: Db) => Promise<T>): Promise<T> {
   }
 }
 
+// The billing records (and zod, through them) load on use: `slipway account --help` needs none of it (ADR 0016, 3).
+const billing = () => require('../../activities/billing/records') as typeof import('../../activities/billing/records');
 const out = (line: string): void => void process.stdout.write(`${line}\n`);
-const positive = (name: string) => (v: string) => {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) throw new CliError(`${name} must be a positive number, got "${v}"`);
-  return n;
-};
-const count = (name: string) => (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 0) throw new CliError(`${name} must be a whole number, got "${v}"`);
-  return n;
-};
 
-async function requireAccount(db: Db, id: string): Promise<billing.Account> {
-  const account = await billing.getAccount(db, id);
+async function requireAccount(db: Db, id: string): Promise<billingRecords.Account> {
+  const account = await billing().getAccount(db, id);
   if (!account) throw new CliError(`no account "${id}" (create it with \`slipway account create ${id}\`)`);
   return account;
 }
@@ -83,16 +75,16 @@ export function registerAccountCommands(program: Command): void {
   const account = program.command('account').description(GROUP_DESCRIPTIONS.account);
   account
     .command('create')
-    .argument('<id>', `account id: ${billing.ACCOUNT_ID_PATTERN.source}`)
+    .argument('<id>', `account id: ${ACCOUNT_ID_PATTERN.source}`)
     .option('--name <name>', 'display name')
-    .option('--concurrency <n>', 'live sandboxes at once (default 1)', count('--concurrency'))
-    .option('--monthly-minutes <n>', 'soft monthly cap, for dashboards', count('--monthly-minutes'))
+    .option('--concurrency <n>', 'live sandboxes at once (default 1)', wholeNumber('--concurrency'))
+    .option('--monthly-minutes <n>', 'soft monthly cap, for dashboards', wholeNumber('--monthly-minutes'))
     .option('--disabled', 'create with sandboxes turned off')
     .description('create an account')
     .action(async (id: string, opts) => {
-      if (!billing.ACCOUNT_ID_PATTERN.test(id)) throw new CliError(`account id must match ${billing.ACCOUNT_ID_PATTERN.source}`);
+      if (!ACCOUNT_ID_PATTERN.test(id)) throw new CliError(`account id must match ${ACCOUNT_ID_PATTERN.source}`);
       await withBillingDb(async (db) => {
-        const a = await billing
+        const a = await billing()
           .createAccount(db, { id, name: opts.name, concurrentLimit: opts.concurrency, monthlyMinutes: opts.monthlyMinutes, sandboxesEnabled: !opts.disabled })
           .catch(dbInputError);
         out(`account ${a.id} created (concurrency ${a.concurrent_limit}${a.sandboxes_enabled ? '' : ', sandboxes disabled'})`);
@@ -101,8 +93,8 @@ export function registerAccountCommands(program: Command): void {
   account
     .command('set')
     .argument('<id>')
-    .option('--concurrency <n>', 'live sandboxes at once', count('--concurrency'))
-    .option('--monthly-minutes <n>', 'soft monthly cap', count('--monthly-minutes'))
+    .option('--concurrency <n>', 'live sandboxes at once', wholeNumber('--concurrency'))
+    .option('--monthly-minutes <n>', 'soft monthly cap', wholeNumber('--monthly-minutes'))
     .option('--enable', 'turn sandboxes on')
     .option('--disable', 'turn sandboxes off')
     .description("change an account's limits or feature flag")
@@ -110,7 +102,7 @@ export function registerAccountCommands(program: Command): void {
       if (opts.enable && opts.disable) throw new CliError('--enable and --disable cannot be given together');
       await withBillingDb(async (db) => {
         await requireAccount(db, id);
-        const a = await billing.updateAccount(db, id, {
+        const a = await billing().updateAccount(db, id, {
           concurrentLimit: opts.concurrency,
           monthlyMinutes: opts.monthlyMinutes,
           sandboxesEnabled: opts.enable ? true : opts.disable ? false : undefined,
@@ -125,7 +117,7 @@ export function registerAccountCommands(program: Command): void {
     .description('list accounts')
     .action(async (opts) => {
       await withBillingDb(async (db) => {
-        const { rows } = await db.query<billing.Account>('SELECT * FROM accounts ORDER BY id');
+        const { rows } = await db.query<billingRecords.Account>('SELECT * FROM accounts ORDER BY id');
         if (opts.json) out(JSON.stringify(rows));
         else for (const a of rows) out(`${a.id.padEnd(24)} concurrency ${a.concurrent_limit}  ${a.sandboxes_enabled ? 'enabled' : 'disabled'}`);
       });
@@ -136,12 +128,12 @@ export function registerAccountCommands(program: Command): void {
     .command('create')
     .requiredOption('--account <id>', 'account')
     .option('--name <name>', 'what the token is for', 'default')
-    .option('--expires-days <n>', 'expire after this many days', positive('--expires-days'))
+    .option('--expires-days <n>', 'expire after this many days', positiveNumber('--expires-days'))
     .description('create a token and print it (the only time it is shown)')
     .action(async (opts) => {
       await withBillingDb(async (db) => {
         await requireAccount(db, opts.account);
-        const t = await billing.createApiToken(db, opts.account, { name: opts.name, expiresAtMs: opts.expiresDays ? Date.now() + opts.expiresDays * 86_400_000 : undefined });
+        const t = await billing().createApiToken(db, opts.account, { name: opts.name, expiresAtMs: opts.expiresDays ? Date.now() + opts.expiresDays * 86_400_000 : undefined });
         process.stderr.write(`token ${t.id} for account ${opts.account}; store it now, it is not shown again\n`);
         out(t.token);
       });
@@ -153,7 +145,7 @@ export function registerAccountCommands(program: Command): void {
     .description('revoke a token')
     .action(async (tokenId: string, opts) => {
       await withBillingDb(async (db) => {
-        if (!(await billing.revokeApiToken(db, opts.account, tokenId))) throw new CliError(`no live token ${tokenId} in account ${opts.account}`);
+        if (!(await billing().revokeApiToken(db, opts.account, tokenId))) throw new CliError(`no live token ${tokenId} in account ${opts.account}`);
         out(`token ${tokenId} revoked`);
       });
     });
@@ -168,7 +160,7 @@ export function registerAccountCommands(program: Command): void {
     .action(async (name: string, opts) => {
       await withBillingDb(async (db) => {
         await requireAccount(db, opts.account);
-        out((await billing.createProject(db, opts.account, name).catch(dbInputError)).id);
+        out((await billing().createProject(db, opts.account, name).catch(dbInputError)).id);
       });
     });
 
@@ -182,12 +174,12 @@ export function registerAccountCommands(program: Command): void {
     .option('--provider <kind>', 'local (worktrees), podman or docker (one container per sandbox, ADR 0012), daytona (one Daytona sandbox each, ADR 0019; the worker needs DAYTONA_API_KEY)', 'local')
     .option('--platform <platform>', 'linux or macos', 'linux')
     .option('--resources <json>', 'enforced under bubblewrap: {"cpu":2,"memory_mb":4096,"processes":256,"file_size_mb":1024,"disk_mb":8192} (memory_gb also accepted)', '{}')
-    .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positive('--idle-seconds'))
-    .option('--provisioning-timeout-seconds <n>', 'pending longer than this fails (default 120)', positive('--provisioning-timeout-seconds'))
-    .option('--default-deadline-minutes <n>', 'default deadline (default 60)', positive('--default-deadline-minutes'))
-    .option('--max-deadline-minutes <n>', 'largest deadline a create may ask for (default 1440)', positive('--max-deadline-minutes'))
-    .option('--cap-minutes <n>', 'absolute lifetime cap (default 10080, 7 days)', positive('--cap-minutes'))
-    .option('--warm <n>', 'warm pool size', count('--warm'))
+    .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positiveNumber('--idle-seconds'))
+    .option('--provisioning-timeout-seconds <n>', 'pending longer than this fails (default 120)', positiveNumber('--provisioning-timeout-seconds'))
+    .option('--default-deadline-minutes <n>', 'default deadline (default 60)', positiveNumber('--default-deadline-minutes'))
+    .option('--max-deadline-minutes <n>', 'largest deadline a create may ask for (default 1440)', positiveNumber('--max-deadline-minutes'))
+    .option('--cap-minutes <n>', 'absolute lifetime cap (default 10080, 7 days)', positiveNumber('--cap-minutes'))
+    .option('--warm <n>', 'warm pool size', wholeNumber('--warm'))
     .option('--confinement <kind>', 'bubblewrap, or none (runs tenants on the host: needs --allow-unconfined)', SERVICE_DEFAULTS.confinement)
     .option('--network', 'give sandboxes network access (default: none)')
     .option('--no-network', 'no network (the default)')
@@ -202,7 +194,7 @@ export function registerAccountCommands(program: Command): void {
         throw new CliError('--resources must be JSON');
       }
       try {
-        resources = parseProfileResources(resources);
+        resources = (require('../../core/limits') as typeof import('../../core/limits')).parseProfileResources(resources);
       } catch (e) {
         throw new CliError(`--resources: ${(e as Error).message}`);
       }
@@ -215,7 +207,7 @@ export function registerAccountCommands(program: Command): void {
       }
       await withBillingDb(async (db) => {
         await requireAccount(db, opts.account);
-        const p = await billing
+        const p = await billing()
           .createProfile(db, opts.account, {
             name,
             repository: path.resolve(opts.repo),
@@ -244,7 +236,7 @@ export function registerAccountCommands(program: Command): void {
     .description('list profiles')
     .action(async (opts) => {
       await withBillingDb(async (db) => {
-        const rows = await billing.listProfiles(db, opts.account);
+        const rows = await billing().listProfiles(db, opts.account);
         if (opts.json) out(JSON.stringify(rows));
         else for (const p of rows) out(`${p.account_id.padEnd(20)} ${p.name.padEnd(24)} ${p.provider}/${p.platform}  ${p.repository}`);
       });
@@ -258,13 +250,13 @@ export function registerAccountCommands(program: Command): void {
     .description(GROUP_DESCRIPTIONS.usage)
     .action(async (opts) => {
       try {
-        billing.monthRange(opts.month);
+        billing().monthRange(opts.month);
       } catch (e) {
         throw new CliError((e as Error).message);
       }
       await withBillingDb(async (db) => {
         const acct = await requireAccount(db, opts.account);
-        const lines = await billing.monthlyUsage(db, opts.account, opts.month);
+        const lines = await billing().monthlyUsage(db, opts.account, opts.month);
         const compute = lines.filter((l) => l.kind === 'compute').reduce((s, l) => s + l.minutes, 0);
         if (opts.json) {
           out(JSON.stringify({ account: opts.account, month: opts.month, lines, compute_minutes: compute, monthly_minutes_cap: acct.monthly_minutes }));

@@ -5,23 +5,15 @@
  */
 import type { Command } from 'commander';
 import path from 'node:path';
-import { BILLING_DIR, openBillingDb, type Db } from '../../activities/billing/db';
-import { billingSocketPath, serveBillingSocket } from '../../activities/billing/socket';
+import type { Db } from '../../activities/billing/db';
 import { slipwaySettings } from '../../lib/settings';
 import { resolveWorkerId, WorkerIdError } from '../../lib/worker-id';
-import { resolveTemporal } from '../../workers/temporal';
-import { installRuntimeLogging } from '../../workers/logging';
-import { slipwayDataConverter } from '../../workers/payload-codec';
 import { ALLOW_UNCONFINED_ENV, allowUnconfinedFromEnv } from '../../core/sandbox-service';
-import { probeBwrap, requireBwrap } from '../../activities/sandbox/bubblewrap';
 import { CliError, EXIT } from '../exit-codes';
+import { portNumber, wholeNumber } from '../numbers';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 import { DEFAULT_PREVIEW_DOMAIN, loadPreviewKey } from '../../activities/service/preview';
 
-const portNumber = (name: string, v: string) => {
-  if (!/^\d{1,5}$/.test(v) || Number(v) > 65535) throw new CliError(`${name} must be a port number (0 to 65535), got "${v}"`);
-  return Number(v);
-};
 
 const PREVIEW_DOMAIN = /^(?=.{1,200}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$/;
 import { apiClientFromEnv } from './sandbox';
@@ -44,8 +36,16 @@ export async function apiCommand(opts: {
   sshPublicHost?: string;
   sshMaxTokenMinutes?: number;
 }): Promise<number> {
+  // Loaded when the service starts, not when the module is: `slipway api --help` need not load
+  // the Temporal SDK and the billing database (ADR 0016, 3).
+  const { BILLING_DIR, openBillingDb } = require('../../activities/billing/db') as typeof import('../../activities/billing/db');
+  const { billingSocketPath, serveBillingSocket } = require('../../activities/billing/socket') as typeof import('../../activities/billing/socket');
+  const { resolveTemporal } = require('../../workers/temporal') as typeof import('../../workers/temporal');
+  const { installRuntimeLogging } = require('../../workers/logging') as typeof import('../../workers/logging');
+  const { slipwayDataConverter } = require('../../workers/payload-codec') as typeof import('../../workers/payload-codec');
+  const { probeBwrap, requireBwrap } = require('../../activities/sandbox/bubblewrap') as typeof import('../../activities/sandbox/bubblewrap');
   if (!opts.worker && !opts.http) throw new CliError('--no-worker and --no-http together leave nothing to run');
-  const sshPort = opts.sshPort ?? (process.env.SLIPWAY_SSH_PORT ? portNumber('SLIPWAY_SSH_PORT', process.env.SLIPWAY_SSH_PORT) : undefined);
+  const sshPort = opts.sshPort ?? (process.env.SLIPWAY_SSH_PORT ? portNumber('SLIPWAY_SSH_PORT')(process.env.SLIPWAY_SSH_PORT) : undefined);
   const previewDomain = opts.previewDomain === false ? undefined : (opts.previewDomain ?? DEFAULT_PREVIEW_DOMAIN).toLowerCase();
   if (previewDomain !== undefined && !PREVIEW_DOMAIN.test(previewDomain)) {
     throw new CliError(`--preview-domain: "${previewDomain}" is not a domain name (letters, digits, "-" and ".", e.g. preview.example.com)`);
@@ -153,30 +153,25 @@ export async function mcpStdioCommand(): Promise<number> {
 }
 
 export function registerApiCommands(program: Command, setExit: (code: number) => void): void {
-  const int = (v: string) => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 0) throw new CliError(`expected a whole number, got "${v}"`);
-    return n;
-  };
 
   program
     .command('api')
     .description(GROUP_DESCRIPTIONS.api)
     .option('--host <host>', 'listen address', process.env.SLIPWAY_API_HOST || '127.0.0.1')
-    .option('--port <port>', 'listen port', int, Number(process.env.SLIPWAY_API_PORT || 8787))
+    .option('--port <port>', 'listen port', portNumber('--port'), Number(process.env.SLIPWAY_API_PORT || 8787))
     .option('--no-worker', 'serve HTTP only; sandbox workflows run on workers elsewhere')
     .option('--no-http', 'run only the service worker, watcher and reaper (scale-out with a remote provider)')
-    .option('--reaper-seconds <n>', 'reaper schedule interval', int, 60)
-    .option('--watch-seconds <n>', 'provider watcher interval (0: off)', int, 2)
+    .option('--reaper-seconds <n>', 'reaper schedule interval', wholeNumber('--reaper-seconds', { min: 1 }), 60)
+    .option('--watch-seconds <n>', 'provider watcher interval (0: off)', wholeNumber('--watch-seconds'), 2)
     .option('--allow-unconfined', `serve profiles with confinement "none" (commands run on this host; single-tenant setups only; env ${ALLOW_UNCONFINED_ENV}=1)`, allowUnconfinedFromEnv())
-    .option('--max-file-mb <n>', 'largest file the files API accepts or returns (MiB)', int)
-    .option('--rate <n>', 'requests per second per account, bursts of twice that (0: off; default 50)', int)
+    .option('--max-file-mb <n>', 'largest file the files API accepts or returns (MiB)', wholeNumber('--max-file-mb', { min: 1 }))
+    .option('--rate <n>', 'requests per second per account, bursts of twice that (0: off; default 50)', wholeNumber('--rate'))
     .option('--preview-domain <domain>', `preview ports are served at <id>-<port>.<domain> on this listener (env SLIPWAY_PREVIEW_DOMAIN; default ${DEFAULT_PREVIEW_DOMAIN})`, process.env.SLIPWAY_PREVIEW_DOMAIN || undefined)
     .option('--no-preview-domain', 'turn preview ports off')
-    .option('--ssh-port <port>', 'serve the SSH broker on this port (env SLIPWAY_SSH_PORT; off unless set)', (v: string) => portNumber('--ssh-port', v))
+    .option('--ssh-port <port>', 'serve the SSH broker on this port (env SLIPWAY_SSH_PORT; off unless set)', portNumber('--ssh-port'))
     .option('--ssh-host <host>', 'listen address of the SSH broker (default: --host)')
     .option('--ssh-public-host <host>', 'the host name SSH clients are told to connect to (default: the API request\'s host)')
-    .option('--ssh-max-token-minutes <n>', 'longest SSH token lifetime a caller may ask for (default 1440)', int)
+    .option('--ssh-max-token-minutes <n>', 'longest SSH token lifetime a caller may ask for (default 1440)', wholeNumber('--ssh-max-token-minutes', { min: 1 }))
     .action(async (opts) => setExit(await apiCommand(opts)));
   program
     .command('mcp')

@@ -5,11 +5,9 @@
  */
 import type { Command } from 'commander';
 import { formatLimit, type BudgetRaise } from '../../core/budget';
-import { budgetRaiseUpdate } from '../../workflows/objective';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 import { describeObjective, openRuntime } from '../runtime';
-import { updateError } from './human';
 
 /** A flag's number, or a clear error naming the flag (the objective checks the rest). */
 export function parseBudgetFigure(flag: '--usd' | '--tokens', value: string | undefined): number | undefined {
@@ -26,6 +24,9 @@ export async function budgetRaiseCommand(objectiveId: string, opts: { stream?: s
     ...(opts.tokens !== undefined ? { tokens: parseBudgetFigure('--tokens', opts.tokens) } : {}),
   };
   if (raise.usd === undefined && raise.tokens === undefined) throw new CliError('budget raise needs --usd N, --tokens N or both');
+  // Loaded here: `slipway budget --help` need not load the workflows and the Temporal SDK (ADR 0016, 3).
+  const { budgetRaiseUpdate } = require('../../workflows/objective') as typeof import('../../workflows/objective');
+  const { updateError } = require('./human') as typeof import('./human');
   const runtime = await openRuntime({ startIfMissing: false });
   try {
     const { handle, description } = await describeObjective(runtime.client, objectiveId);

@@ -7,6 +7,7 @@ import { EncryptionCodec, payloadKeyringFromEnv, PAYLOAD_KEY_ENV } from '../../w
 import { slipwaySettings } from '../../lib/settings';
 import { startCodecServer } from '../../workers/codec-server';
 import { CliError, EXIT } from '../exit-codes';
+import { portNumber } from '../numbers';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
@@ -33,16 +34,11 @@ export async function codecServerCommand(opts: { host: string; port: number; ori
 }
 
 export function registerCodecServerCommand(program: Command, setExit: (code: number) => void): void {
-  const port = (v: string) => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < 0 || n > 65535) throw new CliError(`expected a port number, got "${v}"`);
-    return n;
-  };
   program
     .command('codec-server')
     .description(GROUP_DESCRIPTIONS['codec-server'])
     .option('--host <host>', 'listen address', '127.0.0.1')
-    .option('--port <port>', 'listen port', port, 8234)
+    .option('--port <port>', 'listen port', portNumber('--port'), 8234)
     .option('--origin <url...>', 'browser origins allowed to call it (default: the embedded Web UI, http://localhost:$SLIPWAY_UI_PORT)')
     .action(async (opts) => setExit(await codecServerCommand(opts)));
 }

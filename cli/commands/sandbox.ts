@@ -12,6 +12,7 @@ import type { Command } from 'commander';
 import { ApiClientError, DEFAULT_API_URL, SandboxApiClient } from '../../api/client';
 import type { SandboxView, SessionServerFrame, SshTokenView } from '../../api/schemas';
 import { CliError, EXIT } from '../exit-codes';
+import { portNumber, positiveNumber, wholeNumber } from '../numbers';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 import { exitStatus, runTerminal, terminalSize } from '../terminal';
 
@@ -138,7 +139,7 @@ export function registerSandboxCommands(program: Command): void {
   sandbox
     .command('create')
     .requiredOption('--profile <name>', 'profile')
-    .option('--deadline-minutes <n>', 'deadline (not counting suspended time)', Number)
+    .option('--deadline-minutes <n>', 'deadline (not counting suspended time)', positiveNumber('--deadline-minutes'))
     .option('--project <uuid>', 'reporting tag')
     .option('--grant <project:scopes>', 'grant, e.g. 7c4...:cache:read,registry:write (repeatable)', collect)
     .option('--wait', 'wait until ready')
@@ -190,7 +191,7 @@ export function registerSandboxCommands(program: Command): void {
     .argument('[args...]')
     .option('--cwd <dir>', 'working directory inside the sandbox')
     .option('--env <KEY=VALUE>', 'environment variable (repeatable)', collect)
-    .option('--timeout <seconds>', 'kill after this long', Number)
+    .option('--timeout <seconds>', 'kill after this long', positiveNumber('--timeout'))
     .option('-i, --stdin', 'pass this process’s standard input')
     .option('--json', 'print the result as JSON instead of replaying the output')
     .description('run a command in a sandbox; exits with its exit code (use -- before the command)')
@@ -270,7 +271,7 @@ export function registerSandboxCommands(program: Command): void {
     .command('ssh')
     .argument('<id>')
     .argument('[command...]', 'run this instead of a login shell (use -- before it)')
-    .option('--minutes <n>', 'lifetime of the fresh token (default 60)', Number)
+    .option('--minutes <n>', 'lifetime of the fresh token (default 60)', wholeNumber('--minutes', { min: 1 }))
     .option('--print', 'print the token and the ssh command instead of running ssh')
     .description('open SSH into a sandbox through the broker with a fresh short-lived token (runs `ssh`)')
     .action(async (id: string, command: string[], opts) => {
@@ -288,8 +289,8 @@ export function registerSandboxCommands(program: Command): void {
   ports
     .command('open')
     .argument('<id>')
-    .argument('<port>', 'the port inside the sandbox', Number)
-    .option('--link-seconds <n>', 'lifetime of the signed link', Number)
+    .argument('<port>', 'the port inside the sandbox', portNumber('<port>'))
+    .option('--link-seconds <n>', 'lifetime of the signed link', wholeNumber('--link-seconds', { min: 1 }))
     .option('--json', 'print JSON')
     .description('expose a port; prints its preview URL and a signed link for a browser')
     .action(async (id: string, port: number, opts) => {
@@ -310,7 +311,7 @@ export function registerSandboxCommands(program: Command): void {
   ports
     .command('close')
     .argument('<id>')
-    .argument('<port>', 'the port inside the sandbox', Number)
+    .argument('<port>', 'the port inside the sandbox', portNumber('<port>'))
     .description('close a preview port')
     .action(async (id: string, port: number) => {
       const api = apiClientFromEnv();

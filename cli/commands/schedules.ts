@@ -4,14 +4,16 @@
  * updated to the wanted spec and action instead of duplicated.
  */
 import type { Command } from 'commander';
-import { ScheduleAlreadyRunning, ScheduleNotFoundError, ScheduleOverlapPolicy, type ScheduleOptionsStartWorkflowAction } from '@temporalio/client';
-import { JANITOR_INTERVAL_MS, JANITOR_SCHEDULE_ID, JANITOR_WORKFLOW_ID, type JanitorInput } from '../../activities/sandbox/janitor';
-import { DEFAULT_TASK_QUEUE } from '../../core/ids';
-import { SlipwayKind } from '../../core/search-attributes';
+import type { ScheduleOptionsStartWorkflowAction } from '@temporalio/client';
+import type { JanitorInput } from '../../activities/sandbox/janitor';
+import { DEFAULT_TASK_QUEUE, JANITOR_INTERVAL_MS, JANITOR_SCHEDULE_ID, JANITOR_WORKFLOW_ID } from '../../core/ids';
 import type { janitorWorkflow } from '../../workflows/janitor';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
 import { openRuntime } from '../runtime';
+
+// Loaded on use: `slipway schedules --help` need not load the Temporal SDK (ADR 0016, 3).
+const sdk = () => require('@temporalio/client') as typeof import('@temporalio/client');
 
 /** One janitor schedule per task queue: `slipway-janitor`, or `slipway-janitor-<queue>` for other queues. */
 export const janitorScheduleId = (taskQueue: string) => (taskQueue === DEFAULT_TASK_QUEUE ? JANITOR_SCHEDULE_ID : `${JANITOR_SCHEDULE_ID}-${taskQueue}`);
@@ -38,7 +40,7 @@ export async function schedulesInstallCommand(opts: { every?: string; json?: boo
       workflowId: `${JANITOR_WORKFLOW_ID}:${settings.taskQueue}`,
       taskQueue: settings.taskQueue,
       args: [{} satisfies JanitorInput],
-      typedSearchAttributes: [{ key: SlipwayKind, value: 'janitor' }],
+      typedSearchAttributes: [{ key: (require('../../core/search-attributes') as typeof import('../../core/search-attributes')).SlipwayKind, value: 'janitor' }],
       staticSummary: 'Slipway janitor: remove worktrees and branches of ended objectives',
     };
     let created = false;
@@ -47,17 +49,17 @@ export async function schedulesInstallCommand(opts: { every?: string; json?: boo
         scheduleId,
         spec,
         action,
-        policies: { overlap: ScheduleOverlapPolicy.SKIP, catchupWindow: '1 minute' },
+        policies: { overlap: sdk().ScheduleOverlapPolicy.SKIP, catchupWindow: '1 minute' },
         memo: { slipway: 'janitor' },
       });
       created = true;
     } catch (e) {
-      if (!(e instanceof ScheduleAlreadyRunning)) throw e;
+      if (!(e instanceof sdk().ScheduleAlreadyRunning)) throw e;
       await client.schedule.getHandle(scheduleId).update((previous) => ({
         ...previous,
         spec,
         action,
-        policies: { ...previous.policies, overlap: ScheduleOverlapPolicy.SKIP },
+        policies: { ...previous.policies, overlap: sdk().ScheduleOverlapPolicy.SKIP },
       }));
     }
     const line = `${created ? 'installed' : 'updated'} schedule ${scheduleId}: janitorWorkflow every ${every / 1000} s on task queue "${settings.taskQueue}"`;
@@ -99,7 +101,7 @@ export async function schedulesRemoveCommand(): Promise<number> {
     try {
       await runtime.client.schedule.getHandle(scheduleId).delete();
     } catch (e) {
-      if (e instanceof ScheduleNotFoundError) throw new CliError(`no schedule ${scheduleId}`, EXIT.badInput);
+      if (e instanceof sdk().ScheduleNotFoundError) throw new CliError(`no schedule ${scheduleId}`, EXIT.badInput);
       throw e;
     }
     process.stdout.write(`removed schedule ${scheduleId}\n`);

@@ -20,16 +20,18 @@
 import type { Command } from 'commander';
 import { confinementOf } from '../../activities/sandbox/options';
 import type { ProjectSetup } from '../../activities/sandbox/provider';
-import { describeIgnoredCopy } from '../../activities/sandbox/copy-ignored';
-import { buildTemplate, checkTemplate, readTemplate, type TemplateManifest } from '../../activities/sandbox/template';
-import { buildContainerTemplate, checkContainerTemplate, readContainerTemplate, type ContainerTemplateManifest } from '../../activities/sandbox/container-template';
+import type { TemplateManifest } from '../../activities/sandbox/template';
+import type { ContainerTemplateManifest } from '../../activities/sandbox/container-template';
 import type { ContainerEngine } from '../../activities/sandbox/container-engine';
 import type { BubblewrapConfinement } from '../../activities/sandbox/bubblewrap';
-import { loadObjectiveFile, ObjectiveFileError } from '../../config/objective-file';
 import { CliError, EXIT } from '../exit-codes';
 import { GROUP_DESCRIPTIONS } from '../verbs';
-import { resolveRepo } from './worktree';
 import type { DaytonaSnapshotManifest } from '../../activities/sandbox/daytona';
+
+// Loaded on use: `slipway template --help` need not load the objective loader (zod, yaml) or the sandbox code (ADR 0016, 3).
+const objectiveFile = () => require('../../config/objective-file') as typeof import('../../config/objective-file');
+const localTemplate = () => require('../../activities/sandbox/template') as typeof import('../../activities/sandbox/template');
+const containerTemplate = () => require('../../activities/sandbox/container-template') as typeof import('../../activities/sandbox/container-template');
 
 export interface TemplateOptions {
   repo?: string;
@@ -58,16 +60,16 @@ async function wanted(opts: TemplateOptions): Promise<Wanted> {
   if (opts.objective) {
     let input;
     try {
-      input = await loadObjectiveFile(opts.objective, { repository: opts.repo, baseBranch: opts.base });
+      input = await objectiveFile().loadObjectiveFile(opts.objective, { repository: opts.repo, baseBranch: opts.base });
     } catch (e) {
-      if (e instanceof ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
+      if (e instanceof objectiveFile().ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
       throw e;
     }
     const s = input.sandbox;
     const setup = s?.projectSetup ? { commands: s.projectSetup.commands, verify: s.projectSetup.verify, timeoutMs: s.projectSetup.timeoutSeconds * 1000, attempts: s.projectSetup.attempts } : undefined;
     return { repo: input.repository, base: input.baseBranch, setup, copyIgnored: s?.copyIgnored, confinement: confinementOf(s), explicitSetup: true };
   }
-  const repo = await resolveRepo(opts.repo);
+  const repo = await (require('./worktree') as typeof import('./worktree')).resolveRepo(opts.repo);
   const explicitSetup = (opts.setup?.length ?? 0) > 0 || (opts.verify?.length ?? 0) > 0;
   const confinement: BubblewrapConfinement | undefined =
     opts.confinement === 'bubblewrap' ? { kind: 'bubblewrap', network: opts.network !== false } : opts.confinement && opts.confinement !== 'none' ? badConfinement(opts.confinement) : undefined;
@@ -100,7 +102,7 @@ function describe(m: TemplateManifest): string {
 
 async function build(w: Wanted, base: string, previous?: TemplateManifest): Promise<TemplateManifest> {
   try {
-    return await buildTemplate(w.repo, {
+    return await localTemplate().buildTemplate(w.repo, {
       base,
       setup: w.explicitSetup ? w.setup : (previous?.setup ?? w.setup),
       copyIgnored: w.copyIgnored ?? previous?.copyIgnored ?? true,
@@ -139,7 +141,7 @@ function describeImage(m: ContainerTemplateManifest): string {
 
 async function buildImage(w: Wanted, kind: ContainerEngine, base: string, network: boolean, previous?: ContainerTemplateManifest): Promise<ContainerTemplateManifest> {
   try {
-    return await buildContainerTemplate(w.repo, kind, { base, setup: w.explicitSetup ? w.setup : (previous?.setup ?? w.setup), network, onProgress: progress });
+    return await containerTemplate().buildContainerTemplate(w.repo, kind, { base, setup: w.explicitSetup ? w.setup : (previous?.setup ?? w.setup), network, onProgress: progress });
   } catch (e) {
     throw new CliError(`could not build the ${kind} template: ${(e as Error).message}`, EXIT.runFailed);
   }
@@ -148,7 +150,7 @@ async function buildImage(w: Wanted, kind: ContainerEngine, base: string, networ
 /** The same three verbs for a container template: an image instead of a worktree. */
 async function containerTemplateCommand(verb: 'create' | 'check' | 'update', kind: ContainerEngine, opts: TemplateOptions): Promise<number> {
   const w = await wanted(opts);
-  const check = await checkContainerTemplate(w.repo, kind, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
+  const check = await containerTemplate().checkContainerTemplate(w.repo, kind, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
   const network = opts.network !== false;
   if (verb === 'check') {
     const text = check.state === 'fresh' ? `fresh: ${describeImage(check.manifest!)}` : `${check.state}:\n${check.reasons.map((r) => `  - ${r}`).join('\n')}\nrun \`slipway template ${check.state === 'missing' ? 'create' : 'update'} --provider ${kind}\``;
@@ -169,7 +171,7 @@ async function containerTemplateCommand(verb: 'create' | 'check' | 'update', kin
     print(opts, { state: 'fresh', updated: false, template: check.manifest }, `already fresh: ${describeImage(check.manifest!)}`);
     return EXIT.ok;
   }
-  const previous = await readContainerTemplate(w.repo, kind);
+  const previous = await containerTemplate().readContainerTemplate(w.repo, kind);
   const manifest = await buildImage(w, kind, w.base ?? previous?.baseRef ?? 'HEAD', network, previous);
   print(opts, { state: 'fresh', updated: true, reasons: check.reasons, template: manifest }, `updated (${check.reasons.join('; ') || 'forced'}): ${describeImage(manifest)}`);
   return EXIT.ok;
@@ -219,9 +221,9 @@ export async function templateCreateCommand(opts: TemplateOptions): Promise<numb
   const other = otherTemplate('create', opts);
   if (other) return other;
   const w = await wanted(opts);
-  const existing = await readTemplate(w.repo);
+  const existing = await localTemplate().readTemplate(w.repo);
   if (existing) {
-    const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
+    const check = await localTemplate().checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
     if (check.state === 'fresh') {
       print(opts, { state: 'fresh', created: false, template: existing }, `a fresh template exists: ${describe(existing)}`);
       return EXIT.ok;
@@ -237,12 +239,12 @@ export async function templateCheckCommand(opts: TemplateOptions): Promise<numbe
   const other = otherTemplate('check', opts);
   if (other) return other;
   const w = await wanted(opts);
-  const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
+  const check = await localTemplate().checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
   const text =
     check.state === 'fresh'
       ? `fresh: ${describe(check.manifest!)}`
       : `${check.state}:\n${check.reasons.map((r) => `  - ${r}`).join('\n')}\nrun \`slipway template ${check.state === 'missing' ? 'create' : 'update'}\``;
-  const copy = await describeIgnoredCopy(w.repo);
+  const copy = await (require('../../activities/sandbox/copy-ignored') as typeof import('../../activities/sandbox/copy-ignored')).describeIgnoredCopy(w.repo);
   const copyText = [
     `ignored files a cold create copies${copy.limitedByIncludeFile ? ' (limited by .worktreeinclude)' : ''}: ${formatBytes(copy.totalBytes)} in ${copy.paths.length} path${copy.paths.length === 1 ? '' : 's'}`,
     ...[...copy.paths].sort((a, b) => b.bytes - a.bytes).map((p) => `  ${formatBytes(p.bytes).padStart(10)}  ${p.path}`),
@@ -256,8 +258,8 @@ export async function templateUpdateCommand(opts: TemplateOptions): Promise<numb
   const other = otherTemplate('update', opts);
   if (other) return other;
   const w = await wanted(opts);
-  const previous = await readTemplate(w.repo);
-  const check = await checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
+  const previous = await localTemplate().readTemplate(w.repo);
+  const check = await localTemplate().checkTemplate(w.repo, { base: w.base, setup: w.explicitSetup ? w.setup : undefined });
   if (check.state === 'fresh' && !opts.force) {
     print(opts, { state: 'fresh', updated: false, template: check.manifest }, `already fresh: ${describe(check.manifest!)}`);
     return EXIT.ok;
