@@ -26,7 +26,7 @@ import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isA
 import { killProcessGroup, runProcess, type RunResult } from '../process';
 import { deleteSandboxFile, listSandboxDir, MAX_BUFFER_BYTES, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
-import { resolveInside } from './paths';
+import { parseProviderRoot, providerSandboxRoot, resolveInside } from './paths';
 import { PortUnreachableError } from './port-relay';
 import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
 import { CONTAINER_IN, CONTAINER_WORKSPACE, defaultSandboxImage, engine, engineEnv, PODMAN_INSTALL, sandboxRunArgs, validateContainerSettings, type ContainerEngine, type ContainerSettings } from './container-engine';
@@ -83,17 +83,12 @@ export interface ContainerRecord {
 }
 
 export function containerSandboxRoot(repository: string, group: string, name: string): string {
-  return path.join(repository, CONTAINERS_DIR, group, name);
+  return providerSandboxRoot(CONTAINERS_DIR, repository, group, name);
 }
 
 /** `<repo>/.slipway/containers/<group>/<name>` -> its parts, or undefined for other paths. */
 export function parseContainerRoot(root: string): { repository: string; group: string; name: string } | undefined {
-  const name = path.basename(root);
-  const groupDir = path.dirname(root);
-  const containersDir = path.dirname(groupDir);
-  const slipwayDir = path.dirname(containersDir);
-  if (path.join(path.basename(slipwayDir), path.basename(containersDir)) !== path.normalize(CONTAINERS_DIR)) return undefined;
-  return { repository: path.dirname(slipwayDir), group: path.basename(groupDir), name };
+  return parseProviderRoot(CONTAINERS_DIR, root);
 }
 
 /** Container names are derived from the workspace path: one container per sandbox, found again after a restart. */

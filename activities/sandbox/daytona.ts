@@ -29,7 +29,7 @@ import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isA
 import type { RunResult } from '../process';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, MAX_BUFFER_BYTES, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
-import { NotAFolderError, PathEscapeError } from './paths';
+import { NotAFolderError, parseProviderRoot, PathEscapeError, providerSandboxRoot } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ProviderFailureKind, type ProjectSetup, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
 import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
@@ -119,15 +119,12 @@ export class DaytonaProviderError extends SandboxProviderError {
 }
 
 export function daytonaSandboxRoot(repository: string, group: string, name: string): string {
-  return path.join(repository, DAYTONA_DIR, group, name);
+  return providerSandboxRoot(DAYTONA_DIR, repository, group, name);
 }
 
+/** `<repo>/.slipway/daytona/<group>/<name>` -> its parts, or undefined for other paths. */
 export function parseDaytonaRoot(root: string): { repository: string; group: string; name: string } | undefined {
-  const groupDir = path.dirname(root);
-  const dir = path.dirname(groupDir);
-  const slipwayDir = path.dirname(dir);
-  if (path.join(path.basename(slipwayDir), path.basename(dir)) !== path.normalize(DAYTONA_DIR)) return undefined;
-  return { repository: path.dirname(slipwayDir), group: path.basename(groupDir), name: path.basename(root) };
+  return parseProviderRoot(DAYTONA_DIR, root);
 }
 
 /** The label that finds a repository's sandboxes (a hash: label values are short and path-free). */

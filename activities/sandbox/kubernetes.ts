@@ -37,7 +37,7 @@ import { KILL_EXEC_SCRIPT, newExecId, SIGNAL_EXEC_SCRIPT } from './container';
 import { SandboxPodWatch, type PodExit } from './kube-watch';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
-import { NotAFolderError, PathEscapeError } from './paths';
+import { NotAFolderError, parseProviderRoot, PathEscapeError, providerSandboxRoot } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ExecRequest, type ProjectSetup, type ProviderFailureKind, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
 import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
@@ -89,15 +89,12 @@ export class KubernetesProviderError extends SandboxProviderError {
 }
 
 export function kubernetesSandboxRoot(repository: string, group: string, name: string): string {
-  return path.join(repository, KUBERNETES_DIR, group, name);
+  return providerSandboxRoot(KUBERNETES_DIR, repository, group, name);
 }
 
+/** `<repo>/.slipway/kubernetes/<group>/<name>` -> its parts, or undefined for other paths. */
 export function parseKubernetesRoot(root: string): { repository: string; group: string; name: string } | undefined {
-  const groupDir = path.dirname(root);
-  const dir = path.dirname(groupDir);
-  const slipwayDir = path.dirname(dir);
-  if (path.join(path.basename(slipwayDir), path.basename(dir)) !== path.normalize(KUBERNETES_DIR)) return undefined;
-  return { repository: path.dirname(slipwayDir), group: path.basename(groupDir), name: path.basename(root) };
+  return parseProviderRoot(KUBERNETES_DIR, root);
 }
 
 /**

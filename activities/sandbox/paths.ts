@@ -102,3 +102,20 @@ export async function resolveInside(root: string, requested: string, options: Re
 
 /** Open flags that refuse to follow a symlink in the last component (guards against swaps). */
 export const NOFOLLOW = constants.O_NOFOLLOW ?? 0;
+
+/**
+ * A non-host provider's local record folder for a sandbox: `<repo>/<dir>/<group>/<name>`, where
+ * `dir` is the provider's folder under `.slipway/` (containers/, daytona/, kubernetes/).
+ */
+export function providerSandboxRoot(dir: string, repository: string, group: string, name: string): string {
+  return path.join(repository, dir, group, name);
+}
+
+/** `<repo>/<dir>/<group>/<name>` -> its parts, or undefined for a path of another provider. */
+export function parseProviderRoot(dir: string, root: string): { repository: string; group: string; name: string } | undefined {
+  const groupDir = path.dirname(root);
+  const providerDir = path.dirname(groupDir);
+  const slipwayDir = path.dirname(providerDir);
+  if (path.join(path.basename(slipwayDir), path.basename(providerDir)) !== path.normalize(dir)) return undefined;
+  return { repository: path.dirname(slipwayDir), group: path.basename(groupDir), name: path.basename(root) };
+}
