@@ -770,7 +770,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     if (r.exitCode === 91) throw new PathEscapeError(file, 'a symbolic link leads outside the sandbox');
     if (r.exitCode === 92) throw Object.assign(new Error(`ENOENT: no such file in the sandbox: ${file}`), { code: 'ENOENT' });
     if (r.exitCode === 93) throw new Error(`${file} is not a regular file in the sandbox`);
-    if (r.exitCode === 94) throw new NotAFolderError(file, 'not a folder');
+    if (r.exitCode === 94) throw Object.assign(new Error(`ENOTDIR: not a directory in the sandbox: ${file}`), { code: 'ENOTDIR' });
     if (/No such file|Not a directory/i.test(r.stderr)) throw Object.assign(new Error(`ENOENT: no such file in the sandbox: ${file}: ${r.stderr.trim()}`), { code: 'ENOENT' });
     throw new Error(`${file}: the sandbox refused the file operation (exit ${r.exitCode}): ${r.stderr.trim().slice(0, 400)}`);
   }
