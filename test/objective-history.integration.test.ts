@@ -84,7 +84,9 @@ describe('objective history at the caps', () => {
     // Batches, not one signal per line: the old per-event signal is gone, and each stream sends
     // a few batches (merge-ready and its end at once; the rest within the flush delay).
     expect(count('streamEvent')).toBe(0);
-    expect(figures.mergeReadySignals).toBe(MAX_STREAMS);
+    // The merge request rides in the stream's events batch (patch merge-request-in-events, ADR 0018):
+    // no separate merge-ready signal.
+    expect(figures.mergeReadySignals).toBe(0);
     // The feed still has every stream's lines, in the order they happened per stream.
     const { events: feed, done } = await handle.query(objectiveFeedQuery, 0);
     expect(done).toBe(true);
