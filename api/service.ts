@@ -510,6 +510,10 @@ export class SandboxService {
   /** `signal`: aborted when the caller goes away; the command is killed with it. */
   async exec(principal: Principal, id: string, body: ExecBody, signal?: AbortSignal) {
     const releaseSlot = this.claimExecSlot(principal.accountId);
+    const releaseBoth = (release: () => void) => {
+      release();
+      releaseSlot();
+    };
     try {
       const { row, provider, release, profile } = await this.admit(principal, id);
       try {
@@ -578,6 +582,10 @@ export class SandboxService {
     streamed?: { stdin?: string; timeoutMs: number },
   ): Promise<{ session: SandboxSession; row: billing.SandboxRow; release: () => void }> {
     const releaseSlot = this.claimExecSlot(principal.accountId);
+    const releaseBoth = (release: () => void) => {
+      release();
+      releaseSlot();
+    };
     try {
       const { row, provider, release, profile } = await this.admit(principal, id);
       try {
@@ -594,14 +602,7 @@ export class SandboxService {
             async (e) => remoteCallError(e, id, owner, graceSeconds, req.cwd ?? '.'),
             input,
           );
-          return {
-            session,
-            row,
-            release: () => {
-              release();
-              releaseSlot();
-            },
-          };
+          return { session, row, release: () => releaseBoth(release) };
         }
         if (provider.sessions === false) throw new ApiError(501, 'sessions_unsupported', `the ${provider.kind} provider has no interactive sessions`);
         // A host-bound sandbox is a folder here; a remote one (Daytona) checks cwd inside itself.
@@ -609,14 +610,7 @@ export class SandboxService {
         const session = await provider.openSession({ root }, { ...req, env: execEnv(row, req.env ?? {}), inheritEnv: false }).catch((e: unknown) => {
           throw this.providerCallError(e, { sandboxId: id, root, hostBound: provider.hostBound, cwd: req.cwd });
         });
-        return {
-          session,
-          row,
-          release: () => {
-            release();
-            releaseSlot();
-          },
-        };
+        return { session, row, release: () => releaseBoth(release) };
       } catch (e) {
         release();
         throw e;

@@ -22,10 +22,10 @@ import path from 'node:path';
 import { Duplex, type Readable, type Writable } from 'node:stream';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { writeJsonAtomic } from '../../lib/atomic-write';
-import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
+import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, resolveCommit } from '../../lib/git';
 import { killProcessGroup, runProcess, type RunResult } from '../process';
 import { deleteSandboxFile, listSandboxDir, MAX_BUFFER_BYTES, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
-import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
+import { BUNDLE_HEAD_SCRIPT, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { parseProviderRoot, providerSandboxRoot, resolveInside } from './paths';
 import { PortUnreachableError } from './port-relay';
 import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
@@ -554,13 +554,9 @@ export class ContainerSandboxProvider implements SandboxProvider {
     const record = await readRecord(w.recordFile);
     if (!record) throw new Error(`no record of the sandbox at ${w.root}`);
     const head = await this.head(w.root);
-    if ((await gitMaybe(w.repository, ['cat-file', '-e', `${head}^{commit}`])) !== undefined) {
-      if (!(await isAncestor(w.repository, record.startCommit, head))) throw new BundleRefusedError(`its head ${head} does not descend from the sandbox's base ${record.startCommit}`);
-      await git(w.repository, ['update-ref', '-m', 'slipway: collected from its sandbox', `refs/heads/${record.branch}`, head]);
-      return { head, imported: false };
-    }
-    const tip = await gitMaybe(w.repository, ['rev-parse', '--verify', '--quiet', `refs/heads/${record.branch}^{commit}`]);
-    const known = [...new Set([record.startCommit, tip, ...(options.known ?? [])])].filter((k): k is string => !!k && OBJECT_ID.test(k));
+    const prior = await collectKnownHead(w.repository, record, head, options.known);
+    if (prior.collected) return { head, imported: false };
+    const { known } = prior;
     const producer = {
       command: this.kind,
       args: ['exec', w.container, '/bin/sh', '-c', BUNDLE_HEAD_SCRIPT, 'collect', ...known],

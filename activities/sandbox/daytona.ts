@@ -25,9 +25,9 @@ import { Daytona, DaytonaError, type Sandbox } from '@daytonaio/sdk';
 import { quote } from 'shell-quote';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
-import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
+import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, resolveCommit } from '../../lib/git';
 import type { RunResult } from '../process';
-import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
+import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, MAX_BUFFER_BYTES, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { NotAFolderError, parseProviderRoot, PathEscapeError, providerSandboxRoot } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ProviderFailureKind, type ProjectSetup, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
@@ -851,13 +851,9 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     const w = this.where(handle.root);
     const record = await this.record(w.root);
     const head = await this.head(w.root);
-    if ((await gitMaybe(w.repository, ['cat-file', '-e', `${head}^{commit}`])) !== undefined) {
-      if (!(await isAncestor(w.repository, record.startCommit, head))) throw new BundleRefusedError(`its head ${head} does not descend from the sandbox's base ${record.startCommit}`);
-      await git(w.repository, ['update-ref', '-m', 'slipway: collected from its sandbox', `refs/heads/${record.branch}`, head]);
-      return { head, imported: false };
-    }
-    const tip = await gitMaybe(w.repository, ['rev-parse', '--verify', '--quiet', `refs/heads/${record.branch}^{commit}`]);
-    const known = [...new Set([record.startCommit, tip, ...(options.known ?? [])])].filter((k): k is string => !!k && OBJECT_ID.test(k));
+    const prior = await collectKnownHead(w.repository, record, head, options.known);
+    if (prior.collected) return { head, imported: false };
+    const { known } = prior;
     const s = await this.remote(record.daytonaId);
     const remoteBundle = path.posix.join(path.posix.dirname(record.workspace), '.slipway-out', `${randomBytes(6).toString('hex')}.bundle`);
     const made = await this.exec(handle, { command: '/bin/sh', args: ['-c', `mkdir -p "$(dirname "$1")" && out=$1 && shift && /bin/sh -c "$0" collect "$@" > "$out"`, BUNDLE_HEAD_SCRIPT, remoteBundle, ...known], timeoutMs: 10 * 60_000, signal: options.signal });

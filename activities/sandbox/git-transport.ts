@@ -20,7 +20,7 @@ import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createReadStream, createWriteStream, promises as fs } from 'node:fs';
 import path from 'node:path';
-import { git, gitEnv, gitMaybe, GIT_HARDENING, GIT_TIMEOUT_MS, rawGit } from '../../lib/git';
+import { git, gitEnv, gitMaybe, GIT_HARDENING, GIT_TIMEOUT_MS, isAncestor, rawGit } from '../../lib/git';
 import { killProcessGroup } from '../process';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
 
@@ -243,4 +243,19 @@ async function migrate(from: string, to: string): Promise<void> {
       if (e.code !== 'EEXIST') throw e;
     });
   }
+}
+
+/**
+ * A remote sandbox's collect before any bundle: a head the repository already has only moves the
+ * branch (after the descent check an import makes); otherwise the commits both sides may have,
+ * which the sandbox's bundle leaves out.
+ */
+export async function collectKnownHead(repository: string, record: { startCommit: string; branch: string }, head: string, extra: string[] = []): Promise<{ collected: true } | { collected: false; known: string[] }> {
+  if ((await gitMaybe(repository, ['cat-file', '-e', `${head}^{commit}`])) !== undefined) {
+    if (!(await isAncestor(repository, record.startCommit, head))) throw new BundleRefusedError(`its head ${head} does not descend from the sandbox's base ${record.startCommit}`);
+    await git(repository, ['update-ref', '-m', 'slipway: collected from its sandbox', `refs/heads/${record.branch}`, head]);
+    return { collected: true };
+  }
+  const tip = await gitMaybe(repository, ['rev-parse', '--verify', '--quiet', `refs/heads/${record.branch}^{commit}`]);
+  return { collected: false, known: [...new Set([record.startCommit, tip, ...extra])].filter((k): k is string => !!k && OBJECT_ID.test(k)) };
 }

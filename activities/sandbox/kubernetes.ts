@@ -31,11 +31,11 @@ import { quote } from 'shell-quote';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { classifyKubeStatus, KUBE_CONTAINER, KUBE_LABELS, KUBE_WORKSPACE, LABEL_VALUE, podEnd, podReady, sandboxClaim, sandboxPod, unschedulable, type KubeFailureKind, type KubernetesSettings } from '../../core/kubernetes';
 import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
-import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, isAncestor, resolveCommit } from '../../lib/git';
+import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, resolveCommit } from '../../lib/git';
 import type { RunResult } from '../process';
 import { KILL_EXEC_SCRIPT, newExecId, SIGNAL_EXEC_SCRIPT } from './container';
 import { SandboxPodWatch, type PodExit } from './kube-watch';
-import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
+import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { NotAFolderError, parseProviderRoot, PathEscapeError, providerSandboxRoot } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ExecRequest, type ProjectSetup, type ProviderFailureKind, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
@@ -790,6 +790,8 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   }
 
   async readFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<Buffer> {
+    // Nothing to check before the content: one exec, not a stat and a read.
+    if (opts.maxBytes === undefined && !opts.reservedNames?.length) return this.fileOp(handle, file, READ_SCRIPT, []);
     const opened = await this.openFile(handle, file, opts);
     const chunks: Buffer[] = [];
     for await (const c of opened.stream) chunks.push(c as Buffer);
@@ -860,13 +862,9 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const w = this.where(handle.root);
     const record = await this.record(w.root);
     const head = await this.head(w.root);
-    if ((await gitMaybe(w.repository, ['cat-file', '-e', `${head}^{commit}`])) !== undefined) {
-      if (!(await isAncestor(w.repository, record.startCommit, head))) throw new BundleRefusedError(`its head ${head} does not descend from the sandbox's base ${record.startCommit}`);
-      await git(w.repository, ['update-ref', '-m', 'slipway: collected from its sandbox', `refs/heads/${record.branch}`, head]);
-      return { head, imported: false };
-    }
-    const tip = await gitMaybe(w.repository, ['rev-parse', '--verify', '--quiet', `refs/heads/${record.branch}^{commit}`]);
-    const known = [...new Set([record.startCommit, tip, ...(options.known ?? [])])].filter((k): k is string => !!k && OBJECT_ID.test(k));
+    const prior = await collectKnownHead(w.repository, record, head, options.known);
+    if (prior.collected) return { head, imported: false };
+    const { known } = prior;
     const max = this.options.maxBundleBytes ?? MAX_COLLECT_PACK_BYTES;
     const local = await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-kube-'));
     try {
