@@ -6,11 +6,13 @@
  * that closes every descriptor but `keep` (stdio and the pipes Slipway passes on purpose:
  * seccomp, egress, a terminal's control pipe) and then execs it, same pid.
  *
- * bash, because dash cannot name descriptors above 9. With `-p` (privileged mode) bash reads no
- * startup file (BASH_ENV, ENV), imports no functions and ignores SHELLOPTS, BASHOPTS, CDPATH and
- * GLOBIGNORE from the environment: the command's environment is the tenant's, and this step runs
- * on the host, outside the sandbox. The script uses no word splitting and no command lookup
- * (the command is an absolute path).
+ * bash, because dash cannot name descriptors above 9. This step runs on the host, outside the
+ * sandbox: it gets Slipway's minimal environment, never the command's (exec.ts HOST_HELPER_ENV,
+ * ADR 0027). Still, `-p` (privileged mode) makes bash read no BASH_ENV or ENV, import no functions
+ * and ignore SHELLOPTS, BASHOPTS, CDPATH and GLOBIGNORE; `--norc` keeps it from sourcing the
+ * host's ~/.bashrc and /etc/bash.bashrc, which Debian's bash does for a non-interactive shell
+ * whose stdin is a socket (libuv's pipes are socketpairs) when SHLVL is below 2. The script uses
+ * no word splitting and no command lookup (the command is an absolute path).
  */
 import path from 'node:path';
 import { findExecutable } from './bubblewrap';
@@ -25,5 +27,5 @@ export function closeInheritedFds(keep: number[], command: string, args: string[
   // Looked up once on the worker's PATH (never the command's: that is the tenant's).
   bashPath ??= findExecutable('bash');
   if (!bashPath) throw new Error('bash is needed to close the worker\'s file descriptors before a sandbox command: install bash');
-  return { command: bashPath, args: ['-p', '-c', CLOSE_SCRIPT, 'slipway-close-fds', keep.join(' '), command, ...args] };
+  return { command: bashPath, args: ['--norc', '--noprofile', '-p', '-c', CLOSE_SCRIPT, 'slipway-close-fds', keep.join(' '), command, ...args] };
 }

@@ -14,7 +14,8 @@ import { limitedCommand, type SandboxLimits } from './limits';
 import { randomBytes } from 'node:crypto';
 import { spawnSync, type ChildProcess } from 'node:child_process';
 import { closeInheritedFds } from './close-fds';
-import type { ExecRequest } from './provider';
+import { SANDBOX_BASE_ENV, type ExecRequest } from './provider';
+import { childEnv } from '../process';
 import { seccompFilter } from './seccomp';
 import { trackSandboxProcess } from './port-relay';
 import type { Writable } from 'node:stream';
@@ -66,6 +67,8 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
   const confinement = target.confinement;
   if (!confinement) {
     const cwd = req.cwd ? await resolveInside(target.root, req.cwd) : await realpathOrSelf(target.root);
+    // Unconfined, the command runs on the host as the worker's user anyway: its environment in
+    // the reaper's (setpriv, unshare) gives it nothing it does not have (ADR 0027).
     const env: NodeJS.ProcessEnv = req.inheritEnv === false ? { ...req.env } : { ...process.env, ...req.env };
     // IS_SANDBOX=1 lets Claude Code bypass its permissions as root: only where Slipway confines (below), never inherited from the worker.
     if (req.env?.IS_SANDBOX === undefined) delete env.IS_SANDBOX;
@@ -75,9 +78,8 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
   }
   const cmd = await confinedCommand(target, req, { seccomp: true });
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
-  const extraPipes = cmd.seccomp ? cmd.seccomp.fd - 2 : cmd.egress ? 2 : 0;
   // Nothing the worker holds open reaches the sandbox: only stdio and the pipes above (close-fds.ts).
-  const closed = closeInheritedFds([...Array.from({ length: 3 + extraPipes }, (_, fd) => fd), ...passFds], limited.command, limited.args);
+  const closed = closeInheritedFds([...Array.from({ length: 3 + cmd.extraPipes }, (_, fd) => fd), ...passFds], limited.command, limited.args);
   // Recorded while it runs (exec and sessions alike): preview ports reach a port only in the
   // network namespace of a running command of the sandbox (port-relay.ts).
   let untrack: (() => void) | undefined;
@@ -87,14 +89,10 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
       args: closed.args,
       env: cmd.env,
       cwd: cmd.cwd,
-      pwd: cmd.pwd,
-      extraPipes,
+      extraPipes: cmd.extraPipes,
       prepare: async (child: ChildProcess) => {
         if (child.pid !== undefined) untrack = trackSandboxProcess(target.root, child.pid);
-        // bwrap reads the filter to EOF before it runs the command; it fits a pipe's buffer.
-        // A bwrap that died first closes the pipe: its exit is the error reported, not EPIPE here.
-        const pipe = cmd.seccomp ? (child.stdio[cmd.seccomp.fd] as Writable | null) : null;
-        pipe?.on('error', () => undefined).end(cmd.seccomp!.program);
+        feedPipes(child, cmd.pipes);
         await cmd.egress?.prepare(child);
       },
     },
@@ -104,6 +102,15 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
       await limited.cleanup();
     },
   };
+}
+
+/**
+ * Writes what bwrap reads on its pipes (its environment options, the seccomp filter). bwrap reads
+ * each to EOF before it runs the command; a bwrap that died first closes them: its exit is the
+ * error reported, not EPIPE here.
+ */
+export function feedPipes(child: ChildProcess, pipes: ConfinedCommand['pipes']): void {
+  for (const p of pipes) (child.stdio[p.fd] as Writable | null)?.on('error', () => undefined).end(p.data);
 }
 let execCount = 0;
 
@@ -142,6 +149,44 @@ async function configMountPoint(home: string, rel: string): Promise<string> {
 }
 
 /**
+ * The environment of Slipway's host-side helpers of a confined command: the descriptor step
+ * (bash), the limits wrapper (sh, prlimit) and bwrap run on the host before any namespace exists,
+ * so they get this and nothing of the command's (LD_PRELOAD, GCONV_PATH, BASH_ENV, ... would run
+ * code in them, unconfined). The command's own environment reaches it through bwrap (ADR 0027).
+ */
+export const HOST_HELPER_ENV: Readonly<Record<string, string>> = Object.freeze({ PATH: SANDBOX_BASE_ENV.PATH });
+
+/**
+ * bwrap options, NUL-separated for `--args FD`, that give the command exactly `env`: bwrap reads
+ * them from a pipe, so no value is in any process's argv (`/proc/PID/cmdline` is readable by the
+ * host's users) nor in the helpers' environment. A NUL would split a value into further options
+ * (a `--bind` of the host's root): refused, naming the variable.
+ */
+export function bwrapEnvOptions(env: Record<string, string>): Buffer {
+  const parts = ['--clearenv'];
+  for (const [name, value] of Object.entries(env)) {
+    if (name === '' || name.includes('=') || name.includes('\0')) throw new Error(`environment variable ${JSON.stringify(name)}: a name must be non-empty, without "=" or NUL`);
+    if (value.includes('\0')) throw new Error(`environment variable ${name}: its value contains a NUL byte`);
+    parts.push('--setenv', name, value);
+  }
+  return Buffer.from(parts.map((p) => `${p}\0`).join(''));
+}
+
+/** A confined command: bwrap's command line, the helpers' environment, and what bwrap reads on its pipes. */
+export interface ConfinedCommand {
+  command: string;
+  args: string[];
+  /** For the spawn: HOST_HELPER_ENV. The command's environment is in `pipes` (bwrap --args). */
+  env: NodeJS.ProcessEnv;
+  cwd: string;
+  egress?: ReturnType<typeof egressSetup>;
+  /** Data for the descriptors bwrap reads (its environment options, the seccomp filter); write with feedPipes. */
+  pipes: Array<{ fd: number; data: Buffer }>;
+  /** Pipes the spawn needs after stdin/stdout/stderr (fds 3, 4, ...): egress info and block, seccomp, environment. */
+  extraPipes: number;
+}
+
+/**
  * The bwrap command line for a request in a confined sandbox, with the sandbox's own git
  * directory in place of the repository's (sandbox-git.ts).
  */
@@ -149,7 +194,7 @@ export async function confinedCommand(
   target: ExecTarget,
   req: Pick<ExecRequest, 'command' | 'args' | 'shell' | 'cwd' | 'env' | 'inheritEnv' | 'agentHome' | 'agentConfig'>,
   opts: { seccomp?: boolean } = {},
-): Promise<{ command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string; pwd: string; egress?: ReturnType<typeof egressSetup>; seccomp?: { fd: number; program: Buffer } }> {
+): Promise<ConfinedCommand> {
   const confinement = target.confinement;
   if (!confinement) throw new Error('confinedCommand needs a confinement');
   if (!target.repository) throw new Error(`confined commands need the repository of ${target.root}`);
@@ -210,19 +255,28 @@ export async function confinedCommand(
   const resolver = tools ? dnsResolverFor(tools.pasta) : undefined;
   if (resolver) layout.roBinds.push({ source: sandboxResolvConf(), dest: '/etc/resolv.conf' });
   const bwrapBase = bwrapArgs(layout, confinement, inside, extra);
-  if (tools) bwrapBase.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
-  // The seccomp filter (seccomp.ts) comes in on the next free descriptor, for commands run through runProcess.
+  // Descriptors after stdio: egress's info and block pipes (fixed), then the seccomp filter and
+  // the environment, each on the next free one.
+  let nextFd = tools ? BLOCK_FD + 1 : 3;
+  const pipes: ConfinedCommand['pipes'] = [];
   const program = opts.seccomp && confinement.seccomp !== false ? seccompFilter() : undefined;
-  const seccomp = program ? { fd: tools ? BLOCK_FD + 1 : 3, program } : undefined;
-  if (seccomp) bwrapBase.unshift('--seccomp', String(seccomp.fd));
+  if (program) pipes.push({ fd: nextFd++, data: program });
+  // What the command sees: launch-location variables and payload keys dropped as for any child
+  // (process.ts childEnv), PWD its directory inside.
+  const delivered: Record<string, string> = {};
+  for (const [k, v] of Object.entries(childEnv('/', env))) if (v !== undefined) delivered[k] = v;
+  delivered.PWD = inside;
+  pipes.push({ fd: nextFd++, data: bwrapEnvOptions(delivered) });
+  const front = [...(program ? ['--seccomp', String(pipes[0]!.fd)] : []), '--args', String(pipes[pipes.length - 1]!.fd)];
+  if (tools) front.unshift('--unshare-net', '--info-fd', String(INFO_FD), '--block-fd', String(BLOCK_FD));
   return {
     command: bwrap,
-    args: [...bwrapBase, '--', ...inner],
-    env,
+    args: [...front, ...bwrapBase, '--', ...inner],
+    env: { ...HOST_HELPER_ENV },
     cwd: loc.worktree,
-    pwd: inside,
     ...(tools ? { egress: egressSetup(tools, resolver ? { resolver } : undefined) } : {}),
-    ...(seccomp ? { seccomp } : {}),
+    pipes,
+    extraPipes: nextFd - 3,
   };
 }
 

@@ -28,7 +28,7 @@ import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
 import type { Duplex } from 'node:stream';
 import { connectSandboxPort, PortUnreachableError } from './port-relay';
-import { combineConfinement, confinedCommand, execInWorktree, type ExecTarget } from './exec';
+import { combineConfinement, confinedCommand, execInWorktree, feedPipes, type ExecTarget } from './exec';
 import { openSessionInWorktree } from './session';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
 import { deleteLocalSnapshot, probeLocal, restoreLocal, SnapshotError, suspendLocal } from './local-snapshot';
@@ -516,8 +516,10 @@ export class LocalSandboxProvider implements SandboxProvider {
       const candidates = [record?.baseCommit, target.branch ? await gitMaybe(repo, ['rev-parse', '--verify', '--quiet', `refs/heads/${target.branch}^{commit}`]) : undefined, ...(options.known ?? [])];
       const known: string[] = [];
       for (const c of candidates) if (c && OBJECT_ID.test(c) && !known.includes(c) && (await gitMaybe(repo, ['cat-file', '-e', `${c}^{commit}`])) !== undefined) known.push(c);
-      const cmd = await confinedCommand(target, { command: 'sh', args: ['-c', `printf "%s\\n" "$@" | git ${GIT_HARDENING.join(' ')} pack-objects --revs --stdout --quiet`, 'pack', head, ...known.map((k) => `^${k}`)], env: SLIPWAY_GIT_ENV, inheritEnv: false });
-      await importPack(repo, cmd, { signal: options.signal });
+      // Packing needs no network: none, so no egress helper to attach and stop.
+      const packTarget = { ...target, confinement: { ...target.confinement, network: false } };
+      const cmd = await confinedCommand(packTarget, { command: 'sh', args: ['-c', `printf "%s\\n" "$@" | git ${GIT_HARDENING.join(' ')} pack-objects --revs --stdout --quiet`, 'pack', head, ...known.map((k) => `^${k}`)], env: SLIPWAY_GIT_ENV, inheritEnv: false });
+      await importPack(repo, { ...cmd, prepare: (child) => feedPipes(child, cmd.pipes) }, { signal: options.signal });
       if ((await gitMaybe(repo, ['cat-file', '-e', `${head}^{commit}`])) === undefined) throw new Error(`the sandbox's pack did not contain ${head}`);
     }
     if (target.branch) await git(repo, ['update-ref', '-m', 'slipway: collected from its sandbox', `refs/heads/${target.branch}`, head]);

@@ -26,7 +26,8 @@
  *
  * Slipway's own git never runs on the sandbox's git directory outside the sandbox.
  */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess, type ChildProcessByStdio } from 'node:child_process';
+import type { Readable } from 'node:stream';
 import { createHash, randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
@@ -280,12 +281,13 @@ export const OBJECT_ID = /^(?:[0-9a-f]{40}|[0-9a-f]{64})$/;
  */
 export function importPack(
   repository: string,
-  producer: { command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string },
+  producer: { command: string; args: string[]; env: NodeJS.ProcessEnv; cwd: string; extraPipes?: number; prepare?: (child: ChildProcess) => void },
   opts: { maxBytes?: number; timeoutMs?: number; signal?: AbortSignal } = {},
 ): Promise<void> {
   const maxBytes = opts.maxBytes ?? MAX_COLLECT_PACK_BYTES;
   return new Promise((resolve, reject) => {
-    const source = spawn(producer.command, producer.args, { cwd: producer.cwd, env: producer.env, detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+    const source = spawn(producer.command, producer.args, { cwd: producer.cwd, env: producer.env, detached: true, stdio: ['ignore', 'pipe', 'pipe', ...Array.from({ length: producer.extraPipes ?? 0 }, () => 'pipe' as const)] }) as ChildProcessByStdio<null, Readable, Readable>;
+    producer.prepare?.(source);
     const sink = spawn('git', [...GIT_HARDENING, '-C', repository, 'index-pack', '--stdin', '--strict', '--fix-thin'], {
       env: gitEnv(),
       detached: true,

@@ -5,7 +5,7 @@
  *
  * This suite never skips: without bubblewrap it fails and says how to install it.
  */
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { promises as fs } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -18,10 +18,11 @@ import { connectBillingSocket, billingSocketPath, serveBillingSocket } from '../
 import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/bubblewrap';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { DENIED_SYSCALLS } from '../../activities/sandbox/seccomp';
+import { closeInheritedFds } from '../../activities/sandbox/close-fds';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
 import { isInside } from '../../activities/sandbox/paths';
 import { sandboxAgentHome } from '../../activities/sandbox/sandbox-git';
-import { exists, gitIn, makeRepo, processesWith, sandboxRequest, sh, snapshotCheckout, tempDir, waitFor } from './helpers';
+import { exists, gitIn, hostileLibrary, makeRepo, processesHolding, processName, processesWith, sandboxRequest, sh, snapshotCheckout, tempDir, waitFor } from './helpers';
 
 const INTEGRATION = 'slipway/obj/integration';
 
@@ -141,6 +142,67 @@ describe('a hostile agent in a confined stream sandbox', () => {
     expect(r.stdout).toBe('inside\n');
     expect(await exists(marker)).toBe(false);
   });
+
+  // ADR 0027: the descriptor step, the limits wrapper and bwrap run on the host before any
+  // namespace exists; the tenant's environment must not reach them.
+  it('cannot run code on the host through the dynamic loader (LD_PRELOAD, LD_AUDIT in its environment)', async () => {
+    const marker = hostMarker();
+    const lib = hostileLibrary(parent, marker);
+    // The library works: any host process given it creates the marker (then it is removed again).
+    const control = hostMarker();
+    execFileSync('/bin/true', { env: { LD_PRELOAD: hostileLibrary(await fs.mkdtemp(path.join(parent, 'control-')), control) } });
+    expect(await exists(control)).toBe(true);
+    const limited = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false, limits: { pids: 256, fileSizeBytes: 64 * 1024 * 1024, cpuSeconds: 600 } }, backgroundFill: false });
+    for (const provider of [confined, limited]) {
+      const r = await provider.exec(h, {
+        command: 'echo "preload=$LD_PRELOAD audit=$LD_AUDIT"',
+        shell: true,
+        env: { LD_PRELOAD: lib, LD_AUDIT: lib, GCONV_PATH: parent, LOCPATH: parent, GLIBC_TUNABLES: 'glibc.malloc.check=3', MALLOC_CHECK_: '3' },
+      });
+      expect(r.exitCode, r.stderr).toBe(0);
+      // The command gets the environment it was given; the library is not in its view, so inside the loader only says so.
+      expect(r.stdout).toBe(`preload=${lib} audit=${lib}\n`);
+      expect(await exists(marker)).toBe(false);
+    }
+  });
+
+  it('the descriptor step sources no startup file of the host (~/.bashrc, read by bash for a socket stdin and SHLVL below 2)', async () => {
+    const homeDir = await fs.mkdtemp(path.join(parent, 'home-'));
+    const marker = hostMarker();
+    await fs.writeFile(path.join(homeDir, '.bashrc'), `touch ${marker}\n`);
+    const env = { HOME: homeDir, SHLVL: '0', PATH: '/usr/bin:/bin' };
+    // Node's stdio pipes are socketpairs: a plain bash -p here does source that .bashrc (the control).
+    execFileSync(findExecutable('bash')!, ['-p', '-c', 'true'], { env, stdio: 'pipe' });
+    expect(await exists(marker)).toBe(true);
+    await fs.rm(marker);
+    const step = closeInheritedFds([0, 1, 2], '/bin/true', []);
+    execFileSync(step.command, step.args, { env, stdio: 'pipe' });
+    expect(await exists(marker)).toBe(false);
+  });
+
+  it('its environment is in no process\'s argv, and in none of Slipway\'s host-side processes', async () => {
+    const secret = `TENANT-SECRET-${process.pid}-${Date.now()}`;
+    const tag = `3600.${process.pid}${counter++}`;
+    const stop = new AbortController();
+    const running = confined.exec(h, { command: 'sleep', args: [tag], env: { API_TOKEN: secret }, signal: stop.signal });
+    try {
+      // The command itself runs (the last exec of the chain), so every helper before it has started.
+      expect(await waitFor(async () => {
+        for (const pid of await processesWith(tag)) if ((await processName(pid)) === 'sleep') return true;
+        return false;
+      }, 60_000)).toBe(true);
+      expect(await processesHolding(secret, 'cmdline')).toEqual([]);
+      const holders = await processesHolding(secret, 'environ');
+      // Only the command holds it; bwrap (the descriptor step and limits wrapper exec'd into it, same pid) never had it.
+      expect(await Promise.all(holders.map(processName))).toEqual(['sleep']);
+      const helpers = [];
+      for (const pid of await processesWith(tag)) if ((await processName(pid)) === 'bwrap') helpers.push(pid);
+      expect(helpers.length).toBeGreaterThan(0);
+    } finally {
+      stop.abort();
+      await running;
+    }
+  }, 120_000);
 
   it('cannot delete or rewrite the repository\'s objects', async () => {
     const r = await run(

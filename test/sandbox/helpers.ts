@@ -5,7 +5,7 @@ import { engineEnv } from '../../activities/sandbox/container-engine';
 import type { SandboxCreateRequest } from '../../activities/sandbox/provider';
 import { execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdtempSync, promises as fs, realpathSync } from 'node:fs';
+import { mkdtempSync, promises as fs, realpathSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -141,4 +141,43 @@ export function podmanOk(...args: string[]): boolean {
   } catch {
     return false;
   }
+}
+
+/**
+ * A shared object that creates `marker` whenever the dynamic loader runs it, as a preloaded
+ * library (its constructor) or as an audit library (`la_version`): a host path the sandbox cannot
+ * see, so the marker means it ran in one of Slipway's own host-side processes. Compiled here with
+ * gcc or cc; without a compiler this throws, naming the package, never skips.
+ */
+export function hostileLibrary(dir: string, marker: string): string {
+  const compiler = ['gcc', 'cc'].map((c) => { try { return execFileSync('sh', ['-c', `command -v ${c}`], { encoding: 'utf8' }).trim(); } catch { return ''; } }).find(Boolean);
+  if (!compiler) throw new Error('this attack test needs a C compiler to build its LD_PRELOAD/LD_AUDIT library: install one with `apt-get install gcc`');
+  const source = path.join(dir, 'hostile.c');
+  const lib = path.join(dir, 'hostile.so');
+  const c = [
+    '#include <fcntl.h>',
+    '#include <unistd.h>',
+    `static void mark(void) { int fd = open(${JSON.stringify(marker)}, O_WRONLY | O_CREAT, 0644); if (fd >= 0) close(fd); }`,
+    '__attribute__((constructor)) static void preloaded(void) { mark(); }',
+    'unsigned int la_version(unsigned int v) { mark(); return v; }',
+  ].join('\n');
+  writeFileSync(source, c);
+  execFileSync(compiler, ['-shared', '-fPIC', '-o', lib, source]);
+  return lib;
+}
+
+/** The numeric pids of every process whose cmdline or environ (as `file`) holds `needle`. */
+export async function processesHolding(needle: string, file: 'cmdline' | 'environ'): Promise<number[]> {
+  const hits: number[] = [];
+  for (const pid of await fs.readdir('/proc')) {
+    if (!/^\d+$/.test(pid)) continue;
+    const text = await fs.readFile(`/proc/${pid}/${file}`).catch(() => Buffer.alloc(0));
+    if (text.includes(needle)) hits.push(Number(pid));
+  }
+  return hits;
+}
+
+/** A process's name (`/proc/PID/comm`), '' once it is gone. */
+export async function processName(pid: number): Promise<string> {
+  return (await fs.readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '')).trim();
 }
