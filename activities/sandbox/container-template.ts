@@ -29,6 +29,7 @@ import { CONTAINER_IN, CONTAINER_WORKSPACE, defaultSandboxImage, engine, engineE
 import { describeChanges, fingerprint, setupHash, trackedLockfiles, type FingerprintParts } from './fingerprint';
 import { SANDBOX_BASE_ENV, type ExecRequest, type ProjectSetup } from './provider';
 import { runProjectSetup, type SetupResult } from './setup';
+import { envHeader, envHeaderArgv } from './env-header';
 
 /**
  * Where the template image keeps what setup made: a sandbox's /workspace is its bind mount, which
@@ -143,8 +144,9 @@ function execInBuild(kind: ContainerEngine, container: string, req: ExecRequest)
   const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
   return runProcess({
     command: kind,
-    args: ['exec', '--workdir', CONTAINER_WORKSPACE, ...Object.keys(env).flatMap((k) => ['--env', k]), container, ...inner],
-    env: engineEnv(env),
+    args: ['exec', '-i', '--workdir', CONTAINER_WORKSPACE, container, ...envHeaderArgv('slipway-template-build', inner)],
+    env: engineEnv(),
+    stdin: `${envHeader(env).toString()}${req.stdin ?? ''}`,
     cwd: '/',
     timeoutMs: req.timeoutMs,
     signal: req.signal,

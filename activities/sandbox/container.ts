@@ -34,6 +34,7 @@ import { claimContainerPoolEntry, containerPoolKey, fillContainerPool, releaseCl
 import { FILL_FROM_TEMPLATE_SCRIPT, usableContainerTemplate } from './container-template';
 import { checkSize, CONTROL_FD, CONTROLLER, SessionRequestError, sessionOver, terminalCommandLine } from './session';
 import { OBJECT_ID } from './sandbox-git';
+import { envHeader, envHeaderArgv } from './env-header';
 import { runProjectSetup } from './setup';
 
 export {
@@ -368,16 +369,17 @@ export class ContainerSandboxProvider implements SandboxProvider {
 
   /**
    * The engine's argv and environment for one command in the container: exec and sessions
-   * alike. `-i` and `preserveFds` are the engine's; the command gets its own session and process
-   * group inside (setsid), with an id in the wrapping shell's argv, which is how a kill finds it.
+   * alike. `preserveFds` is the engine's; the command gets its own session and process group
+   * inside (setsid), with an id in the wrapping shell's argv, which is how a kill finds it.
+   * `head` goes first on the command's stdin (`-i` always): its environment (env-header.ts).
    */
-  private async prepare(handle: Pick<SandboxHandle, 'root'>, req: Pick<ExecRequest, 'cwd' | 'env'>, inner: string[], opts: { stdin: boolean; preserveFds?: number }) {
+  private async prepare(handle: Pick<SandboxHandle, 'root'>, req: Pick<ExecRequest, 'cwd' | 'env'>, inner: string[], opts: { preserveFds?: number } = {}) {
     const w = await this.where(handle.root);
     const real = await fs.realpath(w.root);
     const cwd = req.cwd ? await resolveInside(real, req.cwd) : real;
     const workdir = path.posix.join(CONTAINER_WORKSPACE, path.relative(real, cwd).split(path.sep).join('/'));
-    // The worker's environment never enters a container; values travel in the engine's
-    // environment (`--env NAME` takes it from there), never in argv.
+    // The worker's environment never enters a container; values travel as the first line of
+    // stdin (env-header.ts), never in argv nor in the engine's own environment (ADR 0027).
     const env: Record<string, string> = { ...SANDBOX_BASE_ENV, HOME: '/root', ...req.env };
     // A worker that died (kill -9) left its commands running in the container: the first exec
     // of this process in it ends them, so a retried agent never races the one it replaces.
@@ -386,25 +388,20 @@ export class ContainerSandboxProvider implements SandboxProvider {
       await this.killOrphans(w.container);
     }
     const id = newExecId();
-    const args = [
-      'exec', ...(opts.stdin ? ['-i'] : []), ...(opts.preserveFds ? ['--preserve-fds', String(opts.preserveFds)] : []), '--workdir', workdir,
-      ...Object.keys(env).flatMap((k) => ['--env', k]),
-      w.container,
-      ...execWrapper(id, inner),
-    ];
-    return { container: w.container, cwd: real, env: engineEnv(env), id, args };
+    const args = ['exec', '-i', ...(opts.preserveFds ? ['--preserve-fds', String(opts.preserveFds)] : []), '--workdir', workdir, w.container, ...envHeaderArgv(id, inner)];
+    return { container: w.container, cwd: real, env: engineEnv(), head: envHeader(env), id, args };
   }
 
   async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
     const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
-    const { container, cwd: real, env, id, args } = await this.prepare(handle, req, inner, { stdin: req.stdin !== undefined });
+    const { container, cwd: real, env, head, id, args } = await this.prepare(handle, req, inner);
     const w = { container };
     const result = await runProcess({
       command: this.kind,
       args,
       cwd: real,
       env,
-      stdin: req.stdin,
+      stdin: `${head.toString()}${req.stdin ?? ''}`,
       timeoutMs: req.timeoutMs,
       signal: req.signal,
       onLine: req.onLine,
@@ -447,8 +444,9 @@ export class ContainerSandboxProvider implements SandboxProvider {
     const command = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
     const inner = pty ? ['/bin/sh', '-c', `exec ${CONTROL_FD}<&3 3<&-\n${CONTROLLER}`, 'slipway-session', terminalCommandLine(command, pty)] : command;
     const env = pty ? { TERM: 'xterm-256color', ...req.env } : req.env;
-    const p = await this.prepare(handle, { cwd: req.cwd, env }, inner, { stdin: true, ...(pty ? { preserveFds: 1 } : {}) });
+    const p = await this.prepare(handle, { cwd: req.cwd, env }, inner, pty ? { preserveFds: 1 } : {});
     const child = spawn(this.kind, p.args, { cwd: p.cwd, env: p.env, detached: true, stdio: ['pipe', 'pipe', 'pipe', ...(pty ? ['pipe' as const] : [])] });
+    child.stdin!.on('error', () => undefined).write(p.head);
     const exit = new Promise<SessionExit>((resolve) => {
       child.once('exit', (exitCode, signal) => resolve({ exitCode, signal }));
       child.once('error', () => resolve({ exitCode: null, signal: null }));
@@ -481,8 +479,9 @@ export class ContainerSandboxProvider implements SandboxProvider {
    */
   async connectPort(handle: Pick<SandboxHandle, 'root'>, port: number): Promise<Duplex> {
     if (!Number.isInteger(port) || port < 1 || port > 65535) throw new PortUnreachableError(port, 'port must be an integer from 1 to 65535');
-    const p = await this.prepare(handle, {}, ['node', '-e', PORT_RELAY_SCRIPT, String(port)], { stdin: true });
+    const p = await this.prepare(handle, {}, ['node', '-e', PORT_RELAY_SCRIPT, String(port)]);
     const child = spawn(this.kind, p.args, { cwd: p.cwd, env: p.env, detached: true, stdio: ['pipe', 'pipe', 'ignore'] });
+    child.stdin!.on('error', () => undefined).write(p.head);
     const stdout = child.stdout as Readable;
     const stdin = child.stdin as Writable;
     stdin.on('error', () => undefined);

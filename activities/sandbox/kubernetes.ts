@@ -28,6 +28,7 @@ import path from 'node:path';
 import { PassThrough, Readable, Writable } from 'node:stream';
 import { CoreV1Api, Exec, KubeConfig, PatchStrategy, setHeaderOptions, type V1Pod, type V1Status } from '@kubernetes/client-node';
 import { quote } from 'shell-quote';
+import { ENV_HEADER_WRAPPER, envHeader, envHeaderArgv } from './env-header';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { classifyKubeStatus, KUBE_CONTAINER, KUBE_LABELS, KUBE_WORKSPACE, LABEL_VALUE, podEnd, podReady, sandboxClaim, sandboxPod, unschedulable, type KubeFailureKind, type KubernetesSettings } from '../../core/kubernetes';
 import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
@@ -168,11 +169,11 @@ class Capture {
 }
 
 /**
- * The wrapper every command runs under: `setsid -w /bin/sh -c WRAPPER <exec id> <command...>`.
+ * Every command runs under env-header.ts's wrapper: `setsid -w /bin/sh -c WRAPPER <exec id> <command...>`.
  * The first stdin line is a base64 header (cwd check, cd, exports) evaluated before the command;
- * the command gets the rest of stdin (sh's `read` takes no byte past the newline from a pipe).
+ * the command gets the rest of stdin.
  */
-const WRAPPER = ['IFS= read -r h || exit 125', 'eval "$(printf %s "$h" | base64 -d)" || exit 125', '"$@"; s=$?; exit $s'].join('\n');
+const WRAPPER = ENV_HEADER_WRAPPER;
 /** Exit code and stderr marker of a refused cwd (the command never started). */
 const CWD_REFUSED = 125;
 const CWD_MARK = 'slipway-cwd:';
@@ -188,11 +189,7 @@ function header(workspace: string, cwd: string | undefined, env: Record<string, 
     );
   } else lines.push(`cd -- ${q(workspace)} || exit 125`);
   lines.push('unset h w c');
-  for (const [k, v] of Object.entries(env)) {
-    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k)) throw new SessionRequestError(`env: ${JSON.stringify(k)} is not a variable name`);
-    lines.push(`export ${k}=${q(v)}`);
-  }
-  return Buffer.from(`${Buffer.from(lines.join('\n')).toString('base64')}\n`);
+  return envHeader(env, lines);
 }
 
 /** A file operation's script: $1 workspace, $2 path; refusals by exit code (never reached by the sandbox's own commands). */
@@ -597,7 +594,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const env = req.inheritEnv === false ? { ...req.env } : { ...SANDBOX_BASE_ENV, ...req.env };
     const id = newExecId();
     const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
-    const argv = ['setsid', '-w', '/bin/sh', '-c', WRAPPER, id, ...inner];
+    const argv = envHeaderArgv(id, inner);
     const input = Buffer.concat([header(KUBE_WORKSPACE, cwd === '.' ? undefined : cwd, env), req.stdinBytes ?? Buffer.from(req.stdin ?? '')]);
     const limit = req.maxCaptureBytes ?? 64 * 1024 * 1024;
     const out = { stdout: new Capture(limit), stderr: new Capture(limit) };

@@ -16,7 +16,7 @@ import { SandboxProviders } from '../../activities/sandbox/router';
 import { createActivities } from '../../activities';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
 import { describeSandboxContract } from './contract';
-import { gitIn, makeRepo, OOM_KILL_CONTAINER_SCRIPT, podman, sandboxRequest, tempDir, waitFor } from './helpers';
+import { gitIn, hostileLibrary, makeRepo, OOM_KILL_CONTAINER_SCRIPT, podman, processesHolding, processName, sandboxRequest, tempDir, waitFor } from './helpers';
 
 /** Processes whose command line holds `marker`, looked for inside every Slipway container. */
 export async function podmanProcessRunning(marker: string): Promise<boolean> {
@@ -99,6 +99,36 @@ describe('podman sandboxes: isolation and lifecycle', () => {
     expect(repoSeen.stdout.trim().split('\n').pop()).toBe('/workspace/.git');
     expect(gitIn(repo, 'worktree', 'list', '--porcelain')).not.toContain(handle.root);
   });
+
+  // ADR 0027: the engine's client runs on the host, unconfined; the command's environment must not reach it.
+  it('the command\'s environment reaches the command only: not podman\'s environment (LD_PRELOAD runs nothing on the host), not any argv', async () => {
+    const marker = path.join(parent, 'ran-in-podman');
+    const lib = hostileLibrary(parent, marker);
+    const secret = `TENANT-SECRET-${process.pid}-${Date.now()}`;
+    const value = "multi\nline 'quoted' $HOME `x`";
+    const r = await provider.exec(handle, {
+      command: 'printf "%s|%s|%s|" "$LD_PRELOAD" "$API_TOKEN" "$ODD"; cat',
+      shell: true,
+      env: { LD_PRELOAD: lib, LD_AUDIT: lib, API_TOKEN: secret, ODD: value },
+      stdin: 'the command\'s own input',
+      timeoutMs: 60_000,
+    });
+    expect(r.exitCode, r.stderr).toBe(0);
+    expect(r.stdout).toBe(`${lib}|${secret}|${value}|the command's own input`);
+    expect(existsSync(marker)).toBe(false);
+    // While a command runs: the secret is in no process's argv on the host, nor in the environment of podman or its helpers.
+    const stop = new AbortController();
+    const running = provider.exec(handle, { command: 'sleep 600; true', shell: true, env: { API_TOKEN: secret }, signal: stop.signal });
+    try {
+      expect(await waitFor(() => podmanProcessRunning('sleep 600'), 60_000)).toBe(true);
+      expect(await processesHolding(secret, 'cmdline')).toEqual([]);
+      const holders = await Promise.all((await processesHolding(secret, 'environ')).map(processName));
+      expect(holders.filter((n) => /podman|conmon|runc|slirp|setsid/.test(n))).toEqual([]);
+    } finally {
+      stop.abort();
+      await running;
+    }
+  }, 180_000);
 
   it('a preview reaches a server inside the container, never the host\'s loopback', async () => {
     // The host listens on the same port number on its loopback: a relay that reached the host
