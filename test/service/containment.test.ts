@@ -13,6 +13,7 @@ import { BWRAP_MISSING_MESSAGE, findExecutable } from '../../activities/sandbox/
 import { openSandboxFile, readSandboxFile } from '../../activities/sandbox/file-io';
 import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
 import { tempDir } from './repo';
+import { hostileLibrary, processName } from '../sandbox/helpers';
 
 // Loud, never a skip: the security claims below are about bubblewrap.
 if (!findExecutable('bwrap')) throw new Error(`the containment suite needs bubblewrap: ${BWRAP_MISSING_MESSAGE}`);
@@ -260,7 +261,12 @@ describe('exec', () => {
       return hits;
     };
     expect(await scan('cmdline')).toEqual([]);
-    expect((await scan('environ')).length).toBeGreaterThan(0); // it is there, where ps cannot show it
+    const holders = await scan('environ');
+    expect(holders.length).toBeGreaterThan(0); // it is there, where ps cannot show it
+    // ... in the tenant's own processes only: never in Slipway's host-side helpers (bwrap, and the
+    // descriptor step and limits wrapper exec'd into it), which run before confinement (ADR 0027).
+    const names = await Promise.all(holders.map((pid) => processName(Number(pid))));
+    expect(names.filter((n) => n !== '' && n !== 'sh' && n !== 'sleep')).toEqual([]);
     gone.abort();
     await pending;
     // Killed: no process carries the value any more; only then release a survivor, if there were one.
@@ -269,6 +275,16 @@ describe('exec', () => {
     const after = await a.api.exec(sa, sh('sleep 0.2; ls still-alive 2>/dev/null || echo none'));
     expect(after.stdout.trim()).toBe('none');
     await fs.rm(path.join(root, 'release'), { force: true });
+  });
+
+  it('an LD_PRELOAD or LD_AUDIT library in the environment runs nowhere on the host (ADR 0027)', async () => {
+    const dir = tempDir('preload');
+    const marker = path.join(dir, 'ran-on-the-host');
+    const lib = hostileLibrary(dir, marker);
+    const run = await a.api.exec(sa, sh('printf "%s" "$LD_PRELOAD"', { env: { LD_PRELOAD: lib, LD_AUDIT: lib, GCONV_PATH: dir, BASH_ENV: lib } }));
+    expect(run.exit_code, run.stderr).toBe(0);
+    expect(run.stdout).toBe(lib); // the command has it as given; the library is not in its view
+    expect(existsSync(marker)).toBe(false);
   });
 
   it('answers 400 naming cwd when the folder does not exist (not 500, not a bubblewrap message)', async () => {
