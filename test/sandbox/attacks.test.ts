@@ -12,6 +12,9 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createActivities } from '../../activities';
+import { MockActivityEnvironment } from '@temporalio/testing';
+import { createAgentActivities, type AgentRunInput } from '../../activities/agents/run-agent';
+import { AgentSchema } from '../../core/objective-schema';
 import { openBillingDb } from '../../activities/billing/db';
 import { createAccount, createApiToken, hashToken } from '../../activities/billing/records';
 import { connectBillingSocket, billingSocketPath, serveBillingSocket } from '../../activities/billing/socket';
@@ -201,6 +204,35 @@ describe('a hostile agent in a confined stream sandbox', () => {
     } finally {
       stop.abort();
       await running;
+    }
+  }, 120_000);
+
+  it('an objective\'s agent with LD_PRELOAD in the repository\'s .slipway/.env: it runs nowhere on the host, the agent still gets the value', async () => {
+    const marker = hostMarker();
+    const lib = hostileLibrary(await fs.mkdtemp(path.join(parent, 'agent-lib-')), marker);
+    const envFile = path.join(repo, '.slipway', '.env');
+    const saved = await fs.readFile(envFile, 'utf8');
+    await fs.writeFile(envFile, `${saved}LD_PRELOAD=${lib}\nLD_AUDIT=${lib}\n`);
+    try {
+      const input: AgentRunInput = {
+        role: 'builder',
+        spec: AgentSchema.parse({ provider: 'script', command: 'printf "%s" "$LD_PRELOAD" > agent-saw-preload.txt' }),
+        sandboxPath: h.root,
+        repository: repo,
+        objectiveDir: await fs.mkdtemp(path.join(parent, 'objective-')),
+        objective: { id: 'obj', text: 'objective' },
+        stream: { id: 'hostile', task: 'task', branch: h.branch },
+        targetBranch: INTEGRATION,
+        iteration: 1,
+      };
+      const agents = createAgentActivities({ sandboxes: confined });
+      const result = (await new MockActivityEnvironment().run(agents.runAgent, input)) as Awaited<ReturnType<typeof agents.runAgent>>;
+      expect(result.exitCode).toBe(0);
+      expect(await fs.readFile(path.join(h.root, 'agent-saw-preload.txt'), 'utf8')).toBe(lib);
+      expect(await exists(marker)).toBe(false);
+    } finally {
+      await fs.writeFile(envFile, saved);
+      await fs.rm(path.join(h.root, 'agent-saw-preload.txt'), { force: true });
     }
   }, 120_000);
 
