@@ -79,7 +79,8 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
   const cmd = await confinedCommand(target, req, { seccomp: true });
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);
   // Nothing the worker holds open reaches the sandbox: only stdio and the pipes above (close-fds.ts).
-  const closed = closeInheritedFds([...Array.from({ length: 3 + cmd.extraPipes }, (_, fd) => fd), ...passFds], limited.command, limited.args);
+  // The same step joins the limits' cgroups: one shell in front of bwrap, not two.
+  const closed = closeInheritedFds([...Array.from({ length: 3 + cmd.extraPipes }, (_, fd) => fd), ...passFds], limited.direct.command, limited.direct.args, limited.join);
   // Recorded while it runs (exec and sessions alike): preview ports reach a port only in the
   // network namespace of a running command of the sandbox (port-relay.ts).
   let untrack: (() => void) | undefined;

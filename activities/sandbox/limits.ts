@@ -42,6 +42,13 @@ export interface LimitedCommand {
   notEnforced: string[];
   /** The cgroup directories made for this command (one per v1 hierarchy, or one v2 cgroup). */
   cgroups: string[];
+  /**
+   * For a caller that has a host step of its own in front (close-fds.ts): the `cgroup.procs`
+   * files to join before exec, and the command line without the joining shell. `command`/`args`
+   * are the same thing as one self-contained command line.
+   */
+  join: string[];
+  direct: { command: string; args: string[] };
 }
 
 /** How a host may be used; `auto` detects. The other values force a weaker mode (tests, operators). */
@@ -270,7 +277,7 @@ export async function limitedCommand(
   }
   if (typeof command !== 'string' || command === '') throw new InvalidLimitsError('sandbox limits: command must be a non-empty string');
   const nothing = async () => undefined;
-  if (limits === undefined) return { command, args: [...args], cleanup: nothing, enforcedBy: 'none', notEnforced: [], cgroups: [] };
+  if (limits === undefined) return { command, args: [...args], cleanup: nothing, enforcedBy: 'none', notEnforced: [], cgroups: [], join: [], direct: { command, args: [...args] } };
   validateLimits(limits);
 
   const host = await detectHostLimits();
@@ -372,11 +379,8 @@ export async function limitedCommand(
   let inner = [command, ...args];
   if (rlimits.length > 0) inner = [prlimit!, ...rlimits, '--', ...inner];
   const enforcedBy: LimitsEnforcer = created.length > 0 ? (host.mode as 'cgroup-v1' | 'cgroup-v2') : rlimits.length > 0 ? 'prlimit' : 'none';
-  if (created.length === 0) {
-    return rlimits.length > 0
-      ? { command: inner[0], args: inner.slice(1), cleanup, enforcedBy, notEnforced, cgroups: [] }
-      : { command, args: [...args], cleanup, enforcedBy, notEnforced, cgroups: [] };
-  }
+  const direct = { command: inner[0]!, args: inner.slice(1) };
+  if (created.length === 0) return { ...direct, cleanup, enforcedBy, notEnforced, cgroups: [], join: [], direct };
   const procs = created.map((d) => path.join(d, 'cgroup.procs'));
   return {
     command: '/bin/sh',
@@ -385,6 +389,8 @@ export async function limitedCommand(
     enforcedBy,
     notEnforced,
     cgroups: [...created],
+    join: procs,
+    direct,
   };
 }
 
