@@ -6,7 +6,9 @@
  *   2. exec round trip of `true` through REST vs spawning it directly (goal: < 10 ms overhead),
  *      vs the same confined spawn without REST (bubblewrap's share), and through an API host that
  *      is not the sandbox's owner (ADR 0013: a call workflow on the API's queue, the exec activity
- *      on the owner's), side by side; the descriptor-closing step's own cost; streamed exec line
+ *      on the owner's), side by side; the descriptor-closing step's own cost, and a cgroup-limited
+ *      command's host steps (the cgroup joined by a shell of its own vs by the descriptor step,
+ *      ADR 0027); streamed exec line
  *      latency (printed -> received) on the owner and through it; a 5 MiB file written and read
  *      back on the owner and through it (ADR 0026)
  *   3. suspend and wake of a sandbox with ~10,000 files               (goal: each < 1 s)
@@ -27,6 +29,8 @@ import { runProcess } from '../activities/process';
 import { suspendLocal, restoreLocal } from '../activities/sandbox/local-snapshot';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
 import { closeInheritedFds } from '../activities/sandbox/close-fds';
+import { HOST_HELPER_ENV } from '../activities/sandbox/exec';
+import { limitedCommand } from '../activities/sandbox/limits';
 import { findExecutable } from '../activities/sandbox/bubblewrap';
 import { SandboxApiClient } from '../api/client';
 import { freePort, startDevServer } from '../workers/dev-server';
@@ -208,6 +212,9 @@ async function main() {
     const confinedSpawn: number[] = [];
     const closer: number[] = [];
     const bare: number[] = [];
+    const limitsOwnShell: number[] = [];
+    const limitsFolded: number[] = [];
+    let limitsBy = '';
     // The service's own provider settings for a default profile: bubblewrap, no network.
     const confinedProvider = new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false }, backgroundFill: false });
     const trueBin = findExecutable('true')!;
@@ -235,11 +242,26 @@ async function main() {
       confinedSpawn.push(performance.now() - t0);
       // The descriptor-closing step alone (close-fds.ts): `true` behind it vs `true` bare.
       t0 = performance.now();
-      await runProcess({ command: closing.command, args: closing.args, cwd: root });
+      await runProcess({ command: closing.command, args: closing.args, cwd: root, env: { ...HOST_HELPER_ENV } });
       closer.push(performance.now() - t0);
       t0 = performance.now();
-      await runProcess({ command: trueBin, cwd: root });
+      await runProcess({ command: trueBin, cwd: root, env: { ...HOST_HELPER_ENV } });
       bare.push(performance.now() - t0);
+      // A limited command's host steps: the cgroup joined by /bin/sh after the descriptor step (before) vs by the step itself.
+      const limited = await limitedCommand({ pids: 64 }, `bench-${process.pid}-${i}`, trueBin, []);
+      limitsBy = limited.enforcedBy;
+      try {
+        const own = closeInheritedFds([0, 1, 2], limited.command, limited.args);
+        t0 = performance.now();
+        await runProcess({ command: own.command, args: own.args, cwd: root, env: { ...HOST_HELPER_ENV } });
+        limitsOwnShell.push(performance.now() - t0);
+        const folded = closeInheritedFds([0, 1, 2], limited.direct.command, limited.direct.args, limited.join);
+        t0 = performance.now();
+        await runProcess({ command: folded.command, args: folded.args, cwd: root, env: { ...HOST_HELPER_ENV } });
+        limitsFolded.push(performance.now() - t0);
+      } finally {
+        await limited.cleanup();
+      }
     }
     results.exec = {
       restMedianMs: median(rest),
@@ -253,10 +275,14 @@ async function main() {
       confinedSpawnMedianMs: median(confinedSpawn),
       restOverConfinedSpawnMedianMs: median(rest) - median(confinedSpawn),
       closeFdsStepMedianMs: median(closer) - median(bare),
+      limitsEnforcedBy: limitsBy,
+      limitsJoinOwnShellMedianMs: median(limitsOwnShell),
+      limitsJoinInStepMedianMs: median(limitsFolded),
     };
     log(`   REST ${ms(median(rest))} (p90 ${ms(p90(rest))}), direct ${ms(median(direct))}: overhead ${ms(median(rest) - median(direct))}, ratio ${(median(rest) / median(direct)).toFixed(2)}x`);
     log(`   through the owner (API host not the owner) ${ms(median(remote))} (p90 ${ms(p90(remote))}): overhead ${ms(median(remote) - median(direct))}`);
     log(`   confined spawn without REST ${ms(median(confinedSpawn))}: REST adds ${ms(median(rest) - median(confinedSpawn))}; the descriptor-closing step ${ms(median(closer) - median(bare))}`);
+    log(`   \`true\` with a pids limit (${limitsBy}), host steps only: cgroup joined by its own shell ${ms(median(limitsOwnShell))}, by the descriptor step ${ms(median(limitsFolded))}`);
 
     // Streamed exec: each line carries the time it was printed; latency = received - printed.
     const lineLatency = async (client: SandboxApiClient, rounds: number) => {
@@ -371,7 +397,7 @@ async function main() {
 
   const r = results as {
     createReady: { coldMedianMs: number; warmMedianMs: number };
-    exec: { overheadMedianMs: number; ratio: number; restMedianMs: number; directMedianMs: number; remoteOwnerMedianMs: number; remoteOwnerOverheadMedianMs: number; confinedSpawnMedianMs: number; restOverConfinedSpawnMedianMs: number; closeFdsStepMedianMs: number };
+    exec: { overheadMedianMs: number; ratio: number; restMedianMs: number; directMedianMs: number; remoteOwnerMedianMs: number; remoteOwnerOverheadMedianMs: number; confinedSpawnMedianMs: number; restOverConfinedSpawnMedianMs: number; closeFdsStepMedianMs: number; limitsEnforcedBy: string; limitsJoinOwnShellMedianMs: number; limitsJoinInStepMedianMs: number };
     streamAndFiles: { lineLatencyLocalMedianMs: number; lineLatencyRemoteMedianMs: number; lineLatencyRemoteP90Ms: number; lineLatencyLocalP90Ms: number; file5MiBLocalMedianMs: number; file5MiBRemoteMedianMs: number };
     suspendWake: { providerSuspendMedianMs: number; providerRestoreMedianMs: number; e2eWakeExecMedianMs: number };
     memory: { sandboxesPerGiB: number; perSandboxKiB: number; heapPerSandboxKiB: number };
@@ -394,6 +420,7 @@ async function main() {
         ? [
             `  exec \`true\` via REST           median ${ms(r.exec.restMedianMs)} vs direct spawn ${ms(r.exec.directMedianMs)}: +${ms(r.exec.overheadMedianMs)}, ${r.exec.ratio.toFixed(2)}x   goal < 10 ms: ${goal(r.exec.overheadMedianMs < 10)}`,
             `    of which bubblewrap           confined spawn without REST ${ms(r.exec.confinedSpawnMedianMs)}: REST adds ${ms(r.exec.restOverConfinedSpawnMedianMs)}; closing inherited descriptors ${ms(r.exec.closeFdsStepMedianMs)}`,
+            `    limits' host step (${r.exec.limitsEnforcedBy})  cgroup joined by its own shell ${ms(r.exec.limitsJoinOwnShellMedianMs)} vs in the descriptor step ${ms(r.exec.limitsJoinInStepMedianMs)} (${(r.exec.limitsJoinOwnShellMedianMs / r.exec.limitsJoinInStepMedianMs).toFixed(2)}x)`,
             `  exec \`true\` through the owner  median ${ms(r.exec.remoteOwnerMedianMs)}: +${ms(r.exec.remoteOwnerOverheadMedianMs)} over direct spawn, ${(r.exec.remoteOwnerMedianMs / r.exec.restMedianMs).toFixed(1)}x REST on the owner (a call workflow + an activity on the owner's queue; no goal)`,
             `  streamed line latency          on the owner median ${ms(r.streamAndFiles.lineLatencyLocalMedianMs)} (p90 ${ms(r.streamAndFiles.lineLatencyLocalP90Ms)}), through the owner ${ms(r.streamAndFiles.lineLatencyRemoteMedianMs)} (p90 ${ms(r.streamAndFiles.lineLatencyRemoteP90Ms)})`,
             `  5 MiB file write + read        on the owner median ${ms(r.streamAndFiles.file5MiBLocalMedianMs)}, through the owner ${ms(r.streamAndFiles.file5MiBRemoteMedianMs)} (${(r.streamAndFiles.file5MiBRemoteMedianMs / r.streamAndFiles.file5MiBLocalMedianMs).toFixed(0)}x: one call per 256 KiB chunk)`,
