@@ -248,19 +248,18 @@ async function main() {
       await runProcess({ command: trueBin, cwd: root, env: { ...HOST_HELPER_ENV } });
       bare.push(performance.now() - t0);
       // A limited command's host steps: the cgroup joined by /bin/sh after the descriptor step (before) vs by the step itself.
-      const limited = await limitedCommand({ pids: 64 }, `bench-${process.pid}-${i}`, trueBin, []);
-      limitsBy = limited.enforcedBy;
-      try {
-        const own = closeInheritedFds([0, 1, 2], limited.command, limited.args);
-        t0 = performance.now();
-        await runProcess({ command: own.command, args: own.args, cwd: root, env: { ...HOST_HELPER_ENV } });
-        limitsOwnShell.push(performance.now() - t0);
-        const folded = closeInheritedFds([0, 1, 2], limited.direct.command, limited.direct.args, limited.join);
-        t0 = performance.now();
-        await runProcess({ command: folded.command, args: folded.args, cwd: root, env: { ...HOST_HELPER_ENV } });
-        limitsFolded.push(performance.now() - t0);
-      } finally {
-        await limited.cleanup();
+      // A fresh cgroup for each (the first process to join one pays more), in alternating order.
+      for (const folded of i % 2 === 0 ? [false, true] : [true, false]) {
+        const limited = await limitedCommand({ pids: 64 }, `bench-${process.pid}-${i}-${folded ? 'step' : 'sh'}`, trueBin, []);
+        limitsBy = limited.enforcedBy;
+        try {
+          const c = folded ? closeInheritedFds([0, 1, 2], limited.direct.command, limited.direct.args, limited.join) : closeInheritedFds([0, 1, 2], limited.command, limited.args);
+          t0 = performance.now();
+          await runProcess({ command: c.command, args: c.args, cwd: root, env: { ...HOST_HELPER_ENV } });
+          (folded ? limitsFolded : limitsOwnShell).push(performance.now() - t0);
+        } finally {
+          await limited.cleanup();
+        }
       }
     }
     results.exec = {
