@@ -185,6 +185,8 @@ export const SandboxConfigSchema = z.strictObject({
     .optional(),
   /** Ready worktrees kept per repository and base commit, claimed on create (0: off). */
   warm_pool: z.number().int().min(0).max(16).default(0),
+  /** Seconds between two probes of a stream's sandbox by its workflow (a sandbox gone outside Slipway is recreated); default 30. */
+  probe_seconds: z.number().int().min(1).max(3600).optional(),
   /** Under bubblewrap: extra paths commands may write (agent state such as ~/.claude). */
   writable: z.array(hostPath).default([]),
   /** Under bubblewrap: paths hidden behind an empty folder (~/.ssh, ~/.aws). */
