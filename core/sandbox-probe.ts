@@ -44,7 +44,7 @@ export function sandboxAction(input: {
   died?: string;
   replacementsSoFar: number;
 }): { action: 'keep' } | { action: 'recreate'; why: 'owner_gone' | 'died'; summary: string } | { action: 'give_up'; summary: string } {
-  const summary = input.died !== undefined ? `the sandbox died outside Slipway (${input.died})` : input.ownerGone !== undefined ? `the worker ${input.ownerGone} holding the sandbox is gone` : undefined;
+  const summary = input.died !== undefined ? `the sandbox died outside Slipway (${input.died})` : input.ownerGone !== undefined ? `the worker "${input.ownerGone}" holding the sandbox is gone` : undefined;
   if (summary === undefined) return { action: 'keep' };
   if (input.replacementsSoFar >= MAX_SANDBOX_REPLACEMENTS) return { action: 'give_up', summary };
   return { action: 'recreate', why: input.died !== undefined ? 'died' : 'owner_gone', summary };

@@ -400,12 +400,14 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       return liveness.alive ? undefined : deathMessage(liveness);
     };
     /** Recreates the sandbox (recorded in the ledger) when its owner is gone or it died; false when nothing was done. */
-    const recoverSandbox = async (stepId: string, ownerGone: string | undefined, died: string | undefined): Promise<boolean> => {
+    const recoverSandbox = async (stepId: string, ownerGone: string | undefined, died: string | undefined, failure?: string): Promise<boolean> => {
       const next = sandboxAction({ ownerGone, died, replacementsSoFar: replacements });
       if (next.action !== 'recreate') return false;
       const where = next.why === 'died' ? `: ${next.summary}` : ' on another worker';
+      // A gone owner's step failure says which call found it gone; a death's reason is the probe's.
+      const summary = next.why === 'owner_gone' && failure ? failure : next.summary;
       await record(
-        { step: stepId, kind: 'sandbox_failure', action: 'recreate_sandbox', attempt: replacements + 1, maxAttempts: MAX_SANDBOX_REPLACEMENTS, summary: next.summary, result: 'retrying' },
+        { step: stepId, kind: 'sandbox_failure', action: 'recreate_sandbox', attempt: replacements + 1, maxAttempts: MAX_SANDBOX_REPLACEMENTS, summary, result: 'retrying' },
         `sandbox_failure -> recreate the sandbox from ${branch}${where} (${replacements + 1}/${MAX_SANDBOX_REPLACEMENTS})`,
       );
       await replaceSandbox(next.why);
@@ -612,7 +614,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
               while (!outcome.ok) {
                 const gone = lostOwner;
                 lostOwner = undefined;
-                if (!(await recoverSandbox(d.step.id, gone, gone === undefined ? await sandboxDeath(true) : undefined))) break;
+                if (!(await recoverSandbox(d.step.id, gone, gone === undefined ? await sandboxDeath(true) : undefined, outcome.failure.summary))) break;
                 outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
               }
             }
