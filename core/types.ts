@@ -156,6 +156,8 @@ export interface SandboxInput {
   options?: SandboxOptions;
   /** The objective's owner grace time (ObjectiveInput.ownerGraceSeconds). */
   ownerGraceSeconds?: number;
+  /** Events after which the workflow continues as new (default SANDBOX_HISTORY_LIMIT; tests set it low). */
+  historyLimit?: number;
   /** Set by the sandbox workflow when it continues as new: the sandbox it already made and told its owner of. */
   carried?: { info: SandboxInfo; ownerProbeDueMs?: number };
 }
@@ -272,6 +274,8 @@ export interface StreamInput {
   budget?: StreamBudget;
   /** Tests: how often the stream's sandbox checks that the stream still runs (default hourly). */
   sandboxOwnerProbeMs?: number;
+  /** Events after which the stream's sandbox workflow continues as new (default SANDBOX_HISTORY_LIMIT; tests set it low). */
+  sandboxHistoryLimit?: number;
   /** The objective's owner grace time (ObjectiveInput.ownerGraceSeconds). */
   ownerGraceSeconds?: number;
 }

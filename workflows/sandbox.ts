@@ -176,7 +176,7 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
         return next.error;
       }
       const history = workflowInfo();
-      if (history.continueAsNewSuggested || history.historyLength > SANDBOX_HISTORY_LIMIT) {
+      if (history.continueAsNewSuggested || history.historyLength > (input.historyLimit ?? SANDBOX_HISTORY_LIMIT)) {
         await condition(allHandlersFinished);
         if (released) return undefined;
         return continueAsNew<typeof sandboxWorkflow>({ ...input, carried: { info: info!, ownerProbeDueMs: ownerProbeDue } });

@@ -310,6 +310,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     options: input.sandbox,
     ...(input.ownerGraceSeconds ? { ownerGraceSeconds: input.ownerGraceSeconds } : {}),
     ...(bounded ? { notifyOwnerOnEnd: true, ...(input.sandboxOwnerProbeMs ? { ownerProbeMs: input.sandboxOwnerProbeMs } : {}) } : {}),
+    ...(input.sandboxHistoryLimit ? { historyLimit: input.sandboxHistoryLimit } : {}),
   });
   if (!carried) {
     await enter('provisioning', `starting a sandbox for \`${branch}\``);
