@@ -157,23 +157,27 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
     let ownerProbeDue = input.carried?.ownerProbeDueMs ?? Date.now() + ownerProbeMs;
     // Two attempts at most: a probe that cannot ask says nothing, and the next one comes soon.
     const prober = onSandbox({ maximumAttempts: 2 });
+    let probeDue = Date.now() + probeMs;
     for (;;) {
-      const wait = input.notifyOwnerOnEnd ? Math.max(1, Math.min(probeMs, ownerProbeDue - Date.now())) : probeMs;
-      if (await condition(() => released, wait)) return undefined;
+      const due = input.notifyOwnerOnEnd ? Math.min(probeDue, ownerProbeDue) : probeDue;
+      if (await condition(() => released, Math.max(1, due - Date.now()))) return undefined;
       if (input.notifyOwnerOnEnd && Date.now() >= ownerProbeDue) {
         if (!(await ownerAlive())) return undefined;
         ownerProbeDue = Date.now() + ownerProbeMs;
       }
-      const outcome: ProbeOutcome = await prober.probeSandbox({ path: info!.path }).catch((e: unknown) => {
-        if (!(e instanceof TemporalFailure) || isCancellation(e)) throw e;
-        return { failed: failureMessage(e) };
-      });
-      // Released while the probe ran: the owner is done with it; a death now changes nothing.
-      if (released) return undefined;
-      const next = afterProbe(outcome);
-      if (next.action === 'end') {
-        log.warn('the sandbox died outside Slipway', { sandboxId: input.sandboxId, error: next.error });
-        return next.error;
+      if (Date.now() >= probeDue) {
+        probeDue = Date.now() + probeMs;
+        const outcome: ProbeOutcome = await prober.probeSandbox({ path: info!.path }).catch((e: unknown) => {
+          if (!(e instanceof TemporalFailure) || isCancellation(e)) throw e;
+          return { failed: failureMessage(e) };
+        });
+        // Released while the probe ran: the owner is done with it; a death now changes nothing.
+        if (released) return undefined;
+        const next = afterProbe(outcome);
+        if (next.action === 'end') {
+          log.warn('the sandbox died outside Slipway', { sandboxId: input.sandboxId, error: next.error });
+          return next.error;
+        }
       }
       const history = workflowInfo();
       if (history.continueAsNewSuggested || history.historyLength > (input.historyLimit ?? SANDBOX_HISTORY_LIMIT)) {
