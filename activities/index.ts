@@ -23,7 +23,7 @@ import { discardSandboxGit, locateWorktree, OBJECT_ID, sandboxGitDir, trustedWor
 import { promises as fs, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
-import type { SandboxProvider } from './sandbox/provider';
+import type { SandboxLiveness, SandboxProvider } from './sandbox/provider';
 import type { TemporalHome } from './sandbox/registry';
 import { SandboxProviders } from './sandbox/router';
 import { parseContainerRoot } from './sandbox/container';
@@ -124,6 +124,11 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
 
     async destroySandbox(input: { repository: string; path: string }): Promise<void> {
       await sandboxes.destroy({ repository: input.repository, root: input.path });
+    },
+
+    /** Is the stream's sandbox still there, or did it die outside Slipway (stopped, archived, deleted)? Read-only: never races a call on the sandbox. */
+    async probeSandbox(input: { path: string }): Promise<SandboxLiveness> {
+      return (await sandboxes.probe?.({ root: input.path })) ?? { alive: true };
     },
 
     /**

@@ -40,13 +40,13 @@ const IDEMPOTENCY_KEY = {
 } as const;
 const CALL_ERRORS = {
   ...SANDBOX_ERRORS,
-  '409': error('the sandbox is pending (not_ready) or ended (sandbox_ended; also when its folder or its remote sandbox is gone)'),
+  '409': error('the sandbox is pending (not_ready) or ended (sandbox_ended; also when its folder or its remote sandbox is gone), or its remote provider cannot do the call in the sandbox\'s state (provider_conflict)'),
   '422': error('the sandbox\'s profile has confinement "none", which this server refuses (unconfined_refused)'),
   '502': error('the remote sandbox provider (Daytona) refused this server\'s credentials or failed the call (provider_error)'),
   '503': { ...error('the sandbox could not be started or woken right now, or its remote provider is rate limiting, out of quota or failing (provider_unavailable); try again'), headers: RETRY_AFTER },
 };
 const FILE_ERRORS = {
-  '400': error('the path leaves the sandbox, names .git or .slipway, has a component over 255 bytes, is a hard link, a directory or not a regular file'),
+  '400': error('the path leaves the sandbox, names .git or .slipway, has a component over 255 bytes, is a hard link, a directory or not a regular file, or the remote provider refused it (provider_refused, with the provider\'s reason)'),
   '413': error('the file is larger than the server\'s file limit (file_too_large, too_large)'),
 };
 

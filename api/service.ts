@@ -985,12 +985,22 @@ const invalidCwd = (e: NotAFolderError) => new ApiError(400, 'invalid_cwd', `cwd
 
 /**
  * The HTTP answer to a remote provider's failure, by its kind: a sandbox the provider no longer
- * has is gone (409, as a local sandbox whose folder vanished); a rate limit, a quota or an outage
- * of the provider is a 503 to retry (after the provider's reset when it gave one); credentials it
- * refused, or anything else, a 502 (the upstream failed, not the request).
+ * has is gone (409, as a local sandbox whose folder vanished); a request the provider refused as
+ * given is 400 with its reason (naming `file` when the call was on one), one it cannot do in the
+ * sandbox's state 409; a rate limit, a quota or an outage of the provider is a 503 to retry (after
+ * the provider's reset when it gave one); credentials it refused, or anything else, a 502 (the
+ * upstream failed, not the request).
  */
-export function providerFailure(e: SandboxProviderError, sandboxId: string, now = Date.now()): ApiError {
+export function providerFailure(e: SandboxProviderError, sandboxId: string, now = Date.now(), file?: string): ApiError {
+  const said = e.providerMessage?.trim() || undefined;
   switch (e.kind) {
+    case 'bad_request': {
+      // The request was refused as given: the caller can fix it, so the provider's reason is passed on.
+      const message = `the sandbox provider refused the call${file !== undefined ? ` on "${file}"` : ''}: ${said ?? 'bad request'}`;
+      return new ApiError(400, 'provider_refused', message, file !== undefined ? [{ path: 'path', message }] : undefined);
+    }
+    case 'conflict':
+      return new ApiError(409, 'provider_conflict', `the sandbox provider cannot do this now${file !== undefined ? ` on "${file}"` : ''}: ${said ?? 'conflict'}`);
     case 'not_found':
       return new ApiError(409, 'sandbox_ended', `sandbox ${sandboxId} is gone (the provider no longer has it)`);
     case 'rate_limit':
@@ -1016,7 +1026,7 @@ function providerCallError(e: unknown, at: { sandboxId: string; root: string; ho
   if (at.hostBound && !existsSync(at.root)) return new ApiError(409, 'sandbox_ended', `sandbox ${at.sandboxId} is gone (its directory was removed)`);
   if (e instanceof NotAFolderError) return invalidCwd(e);
   if (e instanceof PathEscapeError && at.cwd !== undefined) return cwdRefused(e);
-  if (e instanceof SandboxProviderError) return providerFailure(e, at.sandboxId);
+  if (e instanceof SandboxProviderError) return providerFailure(e, at.sandboxId, Date.now(), at.file);
   return mapFsError(e, at.file ?? at.cwd ?? '.');
 }
 

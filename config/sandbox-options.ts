@@ -24,6 +24,7 @@ export function sandboxOptionsFromConfig(config: SandboxConfig | undefined, obje
       ? { projectSetup: { commands: setup.commands, verify: setup.verify, timeoutSeconds: setup.timeout_seconds, attempts: setup.attempts } }
       : {}),
     warmPool: config.warm_pool,
+    ...(config.probe_seconds !== undefined ? { probeSeconds: config.probe_seconds } : {}),
     ...(confined && config.writable.length > 0 ? { writable: config.writable.map(expandHome) } : {}),
     ...(confined && config.hidden.length > 0 ? { hidden: config.hidden.map(expandHome) } : {}),
     // Script agents and prompt files live beside the objective file; keep it readable even

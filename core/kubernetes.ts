@@ -167,7 +167,7 @@ export function sandboxClaim(p: { name: string; namespace: string; settings: Kub
   };
 }
 
-export type KubeFailureKind = 'quota' | 'rate_limit' | 'not_found' | 'transient' | 'unauthorized' | 'conflict' | 'gone' | 'other';
+export type KubeFailureKind = 'quota' | 'rate_limit' | 'not_found' | 'transient' | 'unauthorized' | 'bad_request' | 'conflict' | 'gone' | 'other';
 
 /**
  * What an API server answer means for Slipway: quota refusals (403 "exceeded quota"), rate

@@ -183,8 +183,10 @@ export const SandboxConfigSchema = z.strictObject({
       attempts: z.number().int().min(1).max(5).default(2),
     })
     .optional(),
-  /** Ready worktrees kept per repository and base commit, claimed on create (0: off). */
+  /** Ready sandboxes kept, claimed on create (0: off): worktrees per repository and base commit; podman/docker: running containers per image and settings; kubernetes: Ready pods. */
   warm_pool: z.number().int().min(0).max(16).default(0),
+  /** Seconds between two probes of a stream's sandbox by its workflow (a sandbox gone outside Slipway is recreated); default 30. */
+  probe_seconds: z.number().int().min(1).max(3600).optional(),
   /** Under bubblewrap: extra paths commands may write (agent state such as ~/.claude). */
   writable: z.array(hostPath).default([]),
   /** Under bubblewrap: paths hidden behind an empty folder (~/.ssh, ~/.aws). */
@@ -202,8 +204,8 @@ export const SandboxConfigSchema = z.strictObject({
   // Options of the local provider that a container cannot honour: refused, not ignored.
   const localOnly = (field: string, why: string) => ctx.addIssue({ code: 'custom', path: [field], message: `${why}; it is an option of the local provider, not of provider: ${sandbox.provider}` });
   if (sandbox.confinement !== 'none') localOnly('confinement', 'a container is its own confinement (ADR 0012)');
-  // Kubernetes keeps warm pods (ADR 0020).
-  if (sandbox.warm_pool > 0 && sandbox.provider !== 'kubernetes') localOnly('warm_pool', 'container sandboxes have no warm pool');
+  // Containers keep warm containers (ADR 0025), Kubernetes warm pods (ADR 0020); Daytona has no pool of Slipway's.
+  if (sandbox.warm_pool > 0 && sandbox.provider === 'daytona') localOnly('warm_pool', 'Daytona sandboxes have no warm pool');
   if (sandbox.writable.length > 0) localOnly('writable', 'a container writes only its workspace');
   if (sandbox.hidden.length > 0) localOnly('hidden', 'a container sees no host path it is not given');
   // Daytona sizes a sandbox by its snapshot and account (ADR 0019): limits would be ignored, so they are refused.

@@ -110,6 +110,8 @@ export interface SandboxOptions {
   readable?: string[];
   /** Under bubblewrap: enforced limits of every command. */
   limits?: SandboxLimits;
+  /** Seconds between two probes of a stream's sandbox (`sandbox.probe_seconds`; default DEFAULT_SANDBOX_PROBE_SECONDS). */
+  probeSeconds?: number;
 }
 
 export interface ProjectSetupSpec {
@@ -154,6 +156,10 @@ export interface SandboxInput {
   options?: SandboxOptions;
   /** The objective's owner grace time (ObjectiveInput.ownerGraceSeconds). */
   ownerGraceSeconds?: number;
+  /** Events after which the workflow continues as new (default SANDBOX_HISTORY_LIMIT; tests set it low). */
+  historyLimit?: number;
+  /** Set by the sandbox workflow when it continues as new: the sandbox it already made and told its owner of. */
+  carried?: { info: SandboxInfo; ownerProbeDueMs?: number };
 }
 
 export interface SandboxResult {
@@ -268,6 +274,8 @@ export interface StreamInput {
   budget?: StreamBudget;
   /** Tests: how often the stream's sandbox checks that the stream still runs (default hourly). */
   sandboxOwnerProbeMs?: number;
+  /** Events after which the stream's sandbox workflow continues as new (default SANDBOX_HISTORY_LIMIT; tests set it low). */
+  sandboxHistoryLimit?: number;
   /** The objective's owner grace time (ObjectiveInput.ownerGraceSeconds). */
   ownerGraceSeconds?: number;
 }

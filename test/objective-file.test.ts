@@ -524,8 +524,17 @@ describe('loadObjectiveFile: sandbox provider (ADR 0012)', () => {
     const file = await writeObjective(withSandbox('provider: podman', 'confinement: bubblewrap', 'warm_pool: 2', 'limits:', '  disk_mb: 100'));
     const err = await loadError(file);
     expectProblem(err, file, 18, 'sandbox.confinement', /a container is its own confinement/);
-    expectProblem(err, file, 19, 'sandbox.warm_pool', /no warm pool/);
     expectProblem(err, file, 21, 'sandbox.limits.disk_mb', /not supported by provider: podman/);
+    // Containers have a warm pool (ADR 0025): warm_pool is no refusal there.
+    expect(err.message).not.toContain('warm_pool');
+  });
+
+  it('takes warm_pool with provider: podman or docker (the container pool) and refuses it with daytona', async () => {
+    for (const provider of ['podman', 'docker']) {
+      expect((await loadObjectiveFile(await writeObjective(withSandbox(`provider: ${provider}`, 'warm_pool: 2')))).sandbox).toMatchObject({ provider, warmPool: 2 });
+    }
+    const file = await writeObjective(withSandbox('provider: daytona', 'warm_pool: 2'));
+    expectProblem(await loadError(file), file, 18, 'sandbox.warm_pool', /Daytona sandboxes have no warm pool/);
   });
 
   it('refuses an unknown provider', async () => {

@@ -15,6 +15,7 @@ import { existsSync } from 'node:fs';
 import { integrationBranch, objectiveWorkflowId, streamSandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
 import { ITERATION_CAPS } from '../core/objective-schema';
 import { objectiveWorkflow } from '../workflows/objective';
+import { sandboxStateQuery } from '../workflows/sandbox';
 import { streamStatusQuery, streamWorkflow } from '../workflows/stream';
 import { CONTINUE_AS_NEW_AFTER_EVENTS } from '../workflows/stream-interpreter';
 import { waitFor } from './helpers/cli';
@@ -180,6 +181,60 @@ describe('bounded stream history', () => {
     expect(sandbox).toMatchObject({ state: 'terminated' });
     expect(existsSync(status.sandboxPath!)).toBe(false);
     await expect(stream.result()).rejects.toThrow();
+  });
+
+  it('a blocked stream\'s sandbox, probed often, continues as new and still notices its owner terminated', async () => {
+    const repo = makeDemoRepo();
+    const id = 'probed-carried';
+    const file = writeObjective({
+      objective: 'Block after a fix iteration',
+      repository: repo,
+      base_branch: 'main',
+      max_fix_iterations: 1,
+      on_exhausted: 'ask_human',
+      gates: [{ name: 'never', command: 'false' }],
+      agents: { builder: { provider: 'script', command: 'cat >/dev/null; date +%N > work.txt' } },
+      streams: [{ id: 'stuck', task: 'Never pass' }],
+      sandbox: { probe_seconds: 1 },
+    });
+    const input = await loadObjectiveFile(file, { repository: repo, id });
+    const stream = await worker.client.workflow.start(streamWorkflow, {
+      taskQueue: worker.taskQueue,
+      workflowId: streamWorkflowId(id, 'stuck'),
+      args: [
+        {
+          objective: { id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
+          stream: input.streams[0]!,
+          base: input.baseBranch,
+          integrationBranch: integrationBranch(id),
+          gates: input.gates,
+          agents: input.agents,
+          blueprint: input.blueprint.refs['build-review']!,
+          maxFixIterations: input.maxFixIterations,
+          onExhausted: input.onExhausted,
+          parentWorkflowId: objectiveWorkflowId(id),
+          sandbox: input.sandbox,
+          sandboxOwnerProbeMs: 500,
+          sandboxHistoryLimit: 60,
+        },
+      ],
+    });
+    const status = await waitFor(async () => {
+      const s = await stream.query(streamStatusQuery).catch(() => undefined);
+      return s?.phase === 'blocked' ? s : undefined;
+    }, 'the stream to block after its fix iteration', 120_000);
+    const box = streamSandboxWorkflowId(streamSandboxId(id, 'stuck'));
+    // Probes every second: past 60 events the sandbox workflow carries on in a new run, still ready.
+    await waitFor(async () => ((await runsOf(box)).length >= 2 ? true : undefined), 'the sandbox workflow to continue as new', 120_000);
+    expect(await worker.client.workflow.getHandle(box).query(sandboxStateQuery)).toMatchObject({ state: 'ready', info: { path: status.sandboxPath } });
+    // The carried run probes too.
+    await waitFor(async () => (JSON.stringify(await worker.client.workflow.getHandle(box).fetchHistory()).includes('probeSandbox') ? true : undefined), 'a probe in the carried run', 60_000);
+    expect(existsSync(status.sandboxPath!)).toBe(true);
+
+    await worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck')).terminate('test: the owner is gone');
+    const sandbox = await worker.client.workflow.getHandle(box).result();
+    expect(sandbox).toMatchObject({ state: 'terminated' });
+    expect(existsSync(status.sandboxPath!)).toBe(false);
   });
 
   it('a stream terminated after it continued as new: its sandbox notices and releases itself', async () => {

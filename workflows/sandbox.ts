@@ -5,7 +5,9 @@
 import {
   CancellationScope,
   TemporalFailure,
+  allHandlersFinished,
   condition,
+  continueAsNew,
   defineQuery,
   defineSignal,
   getExternalWorkflowHandle,
@@ -20,7 +22,8 @@ import {
 import { SlipwayKind, SlipwayObjective, SlipwaySandboxState } from '../core/search-attributes';
 import type { SandboxState } from '../core/states';
 import type { SandboxInfo, SandboxInput, SandboxResult } from '../core/types';
-import { gitActivities, ownerRoute } from './activity-options';
+import { DEFAULT_SANDBOX_PROBE_SECONDS, SANDBOX_HISTORY_LIMIT, SANDBOX_PROBE_PATCH, afterProbe, type ProbeOutcome } from '../core/sandbox-probe';
+import { gitActivities, ownerRoute, type RetrySpec } from './activity-options';
 import { failureMessage } from './failure-info';
 import { onOwner, ownerGoneOf } from './owner';
 
@@ -66,7 +69,7 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   setHandler(releaseSandboxSignal, () => {
     released = true;
   });
-  enter('pending', `creating ${input.provider} sandbox on branch \`${input.branch}\``);
+  if (!input.carried) enter('pending', `creating ${input.provider} sandbox on branch \`${input.branch}\``);
 
   /** Tells an owner that asked for it; best effort: the owner may be gone. */
   const ended = async (ending: SandboxResult): Promise<SandboxResult> => {
@@ -77,34 +80,35 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
     return result;
   };
 
-  try {
-    info = await acts.createSandbox(input);
-  } catch (e) {
-    // Activity failures and cancellation end the sandbox as failed; a bug fails the workflow task.
-    if (!(e instanceof TemporalFailure)) throw e;
-    error = failureMessage(e);
-    enter('failed', `provisioning failed: ${error}`);
-    log.warn('sandbox provisioning failed', { sandboxId: input.sandboxId, error });
-    return ended({ sandboxId: input.sandboxId, state: 'failed', error });
+  if (input.carried) info = input.carried.info;
+  else {
+    try {
+      info = await acts.createSandbox(input);
+    } catch (e) {
+      // Activity failures and cancellation end the sandbox as failed; a bug fails the workflow task.
+      if (!(e instanceof TemporalFailure)) throw e;
+      error = failureMessage(e);
+      enter('failed', `provisioning failed: ${error}`);
+      log.warn('sandbox provisioning failed', { sandboxId: input.sandboxId, error });
+      return ended({ sandboxId: input.sandboxId, state: 'failed', error });
+    }
   }
   enter('ready', `\`${info.path}\` on branch \`${info.branch}\``);
+  // The worker that holds the sandbox runs every activity on it (docs/adr/0013).
+  const owned = () => info!.owner !== undefined && patched(OWNER_ROUTING);
+  const onSandbox = (retry?: RetrySpec) => (owned() ? gitActivities(retry, ownerRoute(info!.owner, { graceSeconds: input.ownerGraceSeconds })) : retry ? gitActivities(retry) : acts);
+  /** Set when a probe found the sandbox dead outside Slipway: the workflow ends as failed with it. */
+  let died: string | undefined;
 
   try {
     // An owner that is gone (or cancelled) by now never releases the sandbox: it is cleaned up at once.
-    await getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxReadySignal, info);
-    if (input.notifyOwnerOnEnd) {
+    if (!input.carried) await getExternalWorkflowHandle(input.ownerWorkflowId).signal(sandboxReadySignal, info);
+    if (input.carried || patched(SANDBOX_PROBE_PATCH)) {
+      died = await watch();
+    } else if (input.notifyOwnerOnEnd) {
       // An hourly probe: a few events per hour, and a terminated owner's worktree does not linger.
       while (!(await condition(() => released, input.ownerProbeMs ?? OWNER_PROBE_MS))) {
-        const alive = await getExternalWorkflowHandle(input.ownerWorkflowId)
-          .signal(ownerProbeSignal)
-          .then(
-            () => true,
-            () => false,
-          );
-        if (!alive) {
-          log.warn('the owner of the sandbox ended without releasing it; releasing it now', { sandboxId: input.sandboxId, owner: input.ownerWorkflowId });
-          break;
-        }
+        if (!(await ownerAlive())) break;
       }
     } else await condition(() => released);
   } catch (e) {
@@ -115,13 +119,72 @@ export async function sandboxWorkflow(input: SandboxInput): Promise<SandboxResul
   await CancellationScope.nonCancellable(async () => {
     enter('terminating', 'removing the worktree');
     // The worker that holds the sandbox removes it (docs/adr/0013); one gone longer than the grace time cannot.
-    const owned = info!.owner !== undefined && patched(OWNER_ROUTING);
-    const destroyer = owned ? gitActivities(undefined, ownerRoute(info!.owner, { graceSeconds: input.ownerGraceSeconds })) : acts;
-    await onOwner(owned ? info!.owner : undefined, () => destroyer.destroySandbox({ repository: input.repository, path: info!.path })).catch((e) => {
+    // A sandbox that died outside Slipway is removed too: its records go, and the provider forgets it.
+    await onOwner(owned() ? info!.owner : undefined, () => onSandbox().destroySandbox({ repository: input.repository, path: info!.path })).catch((e) => {
       if (ownerGoneOf(e) === undefined) throw e;
       log.warn('the owner of the sandbox is gone; its worktree stays on its host for the janitor', { sandboxId: input.sandboxId, owner: info!.owner });
     });
   });
+  if (died !== undefined) {
+    error = died;
+    enter('failed', `died outside Slipway: ${died}`);
+    return ended({ sandboxId: input.sandboxId, state: 'failed', error: died });
+  }
   enter('terminated', 'worktree removed; the branch is kept');
   return ended({ sandboxId: input.sandboxId, state: 'terminated' });
+
+  /** False when signalling the owner fails: it ended without releasing the sandbox. */
+  async function ownerAlive(): Promise<boolean> {
+    const alive = await getExternalWorkflowHandle(input.ownerWorkflowId)
+      .signal(ownerProbeSignal)
+      .then(
+        () => true,
+        () => false,
+      );
+    if (!alive) log.warn('the owner of the sandbox ended without releasing it; releasing it now', { sandboxId: input.sandboxId, owner: input.ownerWorkflowId });
+    return alive;
+  }
+
+  /**
+   * Until released: every `probe_seconds` one probe activity asks the provider whether the
+   * sandbox is still there (core/sandbox-probe.ts decides), and, with `notifyOwnerOnEnd`, the
+   * owner is probed as before. Returns why the sandbox died, or undefined once released (or the
+   * owner is gone). Continues as new before the history grows long.
+   */
+  async function watch(): Promise<string | undefined> {
+    const probeMs = (input.options?.probeSeconds ?? DEFAULT_SANDBOX_PROBE_SECONDS) * 1000;
+    const ownerProbeMs = input.ownerProbeMs ?? OWNER_PROBE_MS;
+    let ownerProbeDue = input.carried?.ownerProbeDueMs ?? Date.now() + ownerProbeMs;
+    // Two attempts at most: a probe that cannot ask says nothing, and the next one comes soon.
+    const prober = onSandbox({ maximumAttempts: 2 });
+    let probeDue = Date.now() + probeMs;
+    for (;;) {
+      const due = input.notifyOwnerOnEnd ? Math.min(probeDue, ownerProbeDue) : probeDue;
+      if (await condition(() => released, Math.max(1, due - Date.now()))) return undefined;
+      if (input.notifyOwnerOnEnd && Date.now() >= ownerProbeDue) {
+        if (!(await ownerAlive())) return undefined;
+        ownerProbeDue = Date.now() + ownerProbeMs;
+      }
+      if (Date.now() >= probeDue) {
+        probeDue = Date.now() + probeMs;
+        const outcome: ProbeOutcome = await prober.probeSandbox({ path: info!.path }).catch((e: unknown) => {
+          if (!(e instanceof TemporalFailure) || isCancellation(e)) throw e;
+          return { failed: failureMessage(e) };
+        });
+        // Released while the probe ran: the owner is done with it; a death now changes nothing.
+        if (released) return undefined;
+        const next = afterProbe(outcome);
+        if (next.action === 'end') {
+          log.warn('the sandbox died outside Slipway', { sandboxId: input.sandboxId, error: next.error });
+          return next.error;
+        }
+      }
+      const history = workflowInfo();
+      if (history.continueAsNewSuggested || history.historyLength > (input.historyLimit ?? SANDBOX_HISTORY_LIMIT)) {
+        await condition(allHandlersFinished);
+        if (released) return undefined;
+        return continueAsNew<typeof sandboxWorkflow>({ ...input, carried: { info: info!, ownerProbeDueMs: ownerProbeDue } });
+      }
+    }
+  }
 }

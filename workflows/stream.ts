@@ -63,6 +63,7 @@ import { retryFor } from './blueprint-walker';
 import { FEED_BATCH_LIMIT, FEED_FLUSH_DELAY_MS, flushNow } from './feed';
 import { failureKindOf, failureMessage, rootCause } from './failure-info';
 import { MAX_SANDBOX_REPLACEMENTS, afterOwnerGone } from '../core/routing';
+import { SANDBOX_PROBE_PATCH, deathMessage, sandboxAction } from '../core/sandbox-probe';
 import { onOwner, ownerGoneOf } from './owner';
 import { OWNER_ROUTING, ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
 import {
@@ -144,6 +145,8 @@ const MERGE_REQUEST_IN_EVENTS = 'merge-request-in-events';
  * `sandbox:...`, the prefix of the service's sandbox workflows.
  */
 const STREAM_SANDBOX_ID = 'stream-sandbox-workflow-id';
+/** How long a stream waits for a dead sandbox's workflow to remove its records before it makes the next one anyway. */
+const DEAD_SANDBOX_CLEANUP_MS = 15 * 60_000;
 
 function toStepFailure(err: unknown): StepFailure {
   const cause = rootCause(err);
@@ -307,6 +310,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     options: input.sandbox,
     ...(input.ownerGraceSeconds ? { ownerGraceSeconds: input.ownerGraceSeconds } : {}),
     ...(bounded ? { notifyOwnerOnEnd: true, ...(input.sandboxOwnerProbeMs ? { ownerProbeMs: input.sandboxOwnerProbeMs } : {}) } : {}),
+    ...(input.sandboxHistoryLimit ? { historyLimit: input.sandboxHistoryLimit } : {}),
   });
   if (!carried) {
     await enter('provisioning', `starting a sandbox for \`${branch}\``);
@@ -384,13 +388,42 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
         throw err;
       });
     let replacements = carried?.sandboxReplacements ?? 0;
+    // Probing the sandbox after a failed step, and recreating one that died (core/sandbox-probe.ts).
+    const probing = patched(SANDBOX_PROBE_PATCH);
+    /** Why the current sandbox is dead, when it is: its workflow ended (its own probe saw it), or a probe now says so. */
+    const sandboxDeath = async (askNow: boolean): Promise<string | undefined> => {
+      if (sandboxEnded) return sandboxEnded.error ?? `the sandbox workflow ended (${sandboxEnded.state})`;
+      if (!askNow) return undefined;
+      const liveness = await onBox(() => gitActivities({ maximumAttempts: 2 }, route()).probeSandbox({ path: box.path })).catch((err: unknown) => {
+        if (isCancellation(err) || !(err instanceof TemporalFailure)) throw err;
+        return { alive: true as const };
+      });
+      return liveness.alive ? undefined : deathMessage(liveness);
+    };
+    /** Recreates the sandbox (recorded in the ledger) when its owner is gone or it died; false when nothing was done. */
+    const recoverSandbox = async (stepId: string, ownerGone: string | undefined, died: string | undefined, failure?: string): Promise<boolean> => {
+      const next = sandboxAction({ ownerGone, died, replacementsSoFar: replacements });
+      if (next.action !== 'recreate') return false;
+      const where = next.why === 'died' ? `: ${next.summary}` : ' on another worker';
+      // A gone owner's step failure says which call found it gone; a death's reason is the probe's.
+      const summary = next.why === 'owner_gone' && failure ? failure : next.summary;
+      await record(
+        { step: stepId, kind: 'sandbox_failure', action: 'recreate_sandbox', attempt: replacements + 1, maxAttempts: MAX_SANDBOX_REPLACEMENTS, summary, result: 'retrying' },
+        `sandbox_failure -> recreate the sandbox from ${branch}${where} (${replacements + 1}/${MAX_SANDBOX_REPLACEMENTS})`,
+      );
+      await replaceSandbox(next.why);
+      return true;
+    };
     /**
      * A new sandbox for the stream on a live worker, from the branch's last commit: the old one
      * is released (its owner is gone; its sandbox workflow gives up removing it after the grace time).
      */
-    const replaceSandbox = async (gone: string) => {
+    const replaceSandbox = async (why: 'owner_gone' | 'died') => {
       const old = boxWorkflowId;
       await getExternalWorkflowHandle(old).signal(releaseSandboxSignal).catch(() => undefined);
+      // A dead sandbox's workflow removes its records first: the new one takes the same place (a
+      // remote provider's record, a worktree path). A gone owner's cannot, and is not waited for.
+      if (why === 'died') await condition(() => sandboxEnded !== undefined, DEAD_SANDBOX_CLEANUP_MS);
       replacements += 1;
       boxWorkflowId = `${streamSandboxWorkflowId(sandboxId)}.r${replacements}`;
       sandbox = undefined;
@@ -573,17 +606,27 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             break;
           case 'run_step': {
             stepsRun += 1;
+            // A sandbox that died while the stream waited (merge queue, guidance) is made again first.
+            if (probing) await recoverSandbox(d.step.id, undefined, await sandboxDeath(false));
             let outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
-            // The worker holding the sandbox is gone: the step runs again in a new sandbox on a
-            // live worker (core/routing.ts bounds how often); Temporal's retries cannot move it.
+            if (probing) {
+              // The worker holding the sandbox is gone, or the sandbox died outside Slipway: the
+              // step runs again in a new sandbox from the branch (bounded); Temporal's retries cannot.
+              while (!outcome.ok) {
+                const gone = lostOwner;
+                lostOwner = undefined;
+                if (!(await recoverSandbox(d.step.id, gone, gone === undefined ? await sandboxDeath(true) : undefined, outcome.failure.summary))) break;
+                outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
+              }
+            }
+            // Runs without the probe keep their commands.
             while (lostOwner && !outcome.ok && afterOwnerGone(replacements) === 'recreate') {
-              const gone = lostOwner;
               lostOwner = undefined;
               await record(
                 { step: d.step.id, kind: 'sandbox_failure', action: 'recreate_sandbox', attempt: replacements + 1, maxAttempts: MAX_SANDBOX_REPLACEMENTS, summary: outcome.failure.summary, result: 'retrying' },
                 `sandbox_failure -> recreate the sandbox from ${branch} on another worker (${replacements + 1}/${MAX_SANDBOX_REPLACEMENTS})`,
               );
-              await replaceSandbox(gone);
+              await replaceSandbox('owner_gone');
               outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
             }
             lostOwner = undefined;

@@ -23,7 +23,9 @@ import { createHash, randomBytes } from 'node:crypto';
 import { constants, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { ensureDir, readJson, writeJsonAtomic } from '../../lib/atomic-write';
-import { engine, sandboxRunArgs, type ContainerEngine, type ContainerSettings } from './container-engine';
+import { git } from '../../lib/git';
+import { CONTAINER_IN, CONTAINER_WORKSPACE, engine, sandboxRunArgs, type ContainerEngine, type ContainerSettings } from './container-engine';
+import { PREPARE_FROM_BUNDLE_SCRIPT } from './git-transport';
 
 export const CONTAINER_POOL_DIR = '.pool';
 
@@ -35,6 +37,8 @@ export interface ContainerPoolEntry {
   image: string;
   container: string;
   createdAt: string;
+  /** The commit its workspace holds checked out, with every branch and tag of the repository at fill time (absent: an empty workspace). */
+  base?: string;
 }
 
 export interface ContainerPoolSpec {
@@ -129,7 +133,7 @@ export async function releaseClaimedEntry(containersDir: string, id: string, e?:
  * Tops the pool of `spec` up to `size` ready entries, and retires entries of the same engine
  * made from another image. One filler per key at a time; a second returns at once.
  */
-export async function fillContainerPool(repo: string, containersDir: string, spec: ContainerPoolSpec, size: number): Promise<{ made: number; retired: number }> {
+export async function fillContainerPool(repo: string, containersDir: string, spec: ContainerPoolSpec, size: number, base?: string): Promise<{ made: number; retired: number }> {
   const dir = containerPoolDir(containersDir);
   await ensureDir(dir);
   const key = containerPoolKey(spec);
@@ -140,7 +144,7 @@ export async function fillContainerPool(repo: string, containersDir: string, spe
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === 'EEXIST' && !(await staleLock(lock))) return { made: 0, retired: 0 };
     await fs.rm(lock, { force: true });
-    return fillContainerPool(repo, containersDir, spec, size);
+    return fillContainerPool(repo, containersDir, spec, size, base);
   }
   try {
     await handle.writeFile(JSON.stringify({ pid: process.pid, startedAt: new Date().toISOString() }));
@@ -172,13 +176,31 @@ export async function fillContainerPool(repo: string, containersDir: string, spe
         await removeEntry(dir, { id, engine: spec.kind, container });
         throw e;
       }
-      const entry: ContainerPoolEntry = { version: 1, id, key, engine: spec.kind, image: spec.image, container, createdAt: new Date().toISOString() };
+      // The workspace prepared at the base: a claim then only brings what changed since (ADR 0030).
+      const prepared = base !== undefined && (await prepareEntry(repo, spec.kind, container, inDir, base));
+      const entry: ContainerPoolEntry = { version: 1, id, key, engine: spec.kind, image: spec.image, container, createdAt: new Date().toISOString(), ...(prepared ? { base } : {}) };
       await writeJsonAtomic(path.join(dir, `${id}.ready`), entry);
       made++;
     }
     return { made, retired };
   } finally {
     await fs.rm(lock, { force: true });
+  }
+}
+
+/** Fetches the repository's branches and tags into an entry's workspace and checks out `base`; false when that failed (the entry stays empty, a claim starts it cold). */
+async function prepareEntry(repo: string, kind: ContainerEngine, container: string, inDir: string, base: string): Promise<boolean> {
+  const bundle = path.join(inDir, 'prepare.bundle');
+  try {
+    await git(repo, ['bundle', 'create', '-q', bundle, '--branches', '--tags']);
+    const r = await engine(kind, ['exec', '--workdir', CONTAINER_WORKSPACE, '--env', 'HOME=/root', container, '/bin/sh', '-c', PREPARE_FROM_BUNDLE_SCRIPT, 'prepare', `${CONTAINER_IN}/prepare.bundle`, base], { allowFail: true });
+    if (r.code === 0) return true;
+    await engine(kind, ['exec', '--workdir', CONTAINER_WORKSPACE, container, '/bin/sh', '-c', 'rm -rf .git ./* ./.[!.]* 2>/dev/null; true'], { allowFail: true });
+    return false;
+  } catch {
+    return false;
+  } finally {
+    await fs.rm(bundle, { force: true });
   }
 }
 

@@ -25,7 +25,7 @@ import { writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, resolveCommit } from '../../lib/git';
 import { killProcessGroup, runProcess, type RunResult } from '../process';
 import { deleteSandboxFile, listSandboxDir, MAX_BUFFER_BYTES, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
-import { BUNDLE_HEAD_SCRIPT, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
+import { BUNDLE_HEAD_SCRIPT, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT, START_PREPARED_SCRIPT } from './git-transport';
 import { parseProviderRoot, providerSandboxRoot, resolveInside } from './paths';
 import { PortUnreachableError } from './port-relay';
 import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
@@ -239,10 +239,10 @@ export class ContainerSandboxProvider implements SandboxProvider {
   private readonly fills = new Map<string, Promise<unknown>>();
 
   /** Refills the pool in the background after a create; failures only cost the next create a cold start. */
-  private scheduleFill(repo: string, spec: ContainerPoolSpec, size: number): void {
+  private scheduleFill(repo: string, spec: ContainerPoolSpec, size: number, base?: string): void {
     const key = `${repo}\0${containerPoolKey(spec)}`;
     if (this.fills.has(key)) return;
-    const run = fillContainerPool(repo, path.join(repo, CONTAINERS_DIR), spec, size)
+    const run = fillContainerPool(repo, path.join(repo, CONTAINERS_DIR), spec, size, base)
       .catch(() => undefined)
       .finally(() => this.fills.delete(key));
     this.fills.set(key, run);
@@ -265,7 +265,7 @@ export class ContainerSandboxProvider implements SandboxProvider {
     const sandboxImage = this.imageName();
     const setup = req.setup && (req.setup.commands.length > 0 || req.setup.verify.length > 0) ? req.setup : undefined;
     const template = setup ? await usableContainerTemplate(repo, this.kind, { baseCommit: await resolveCommit(repo, req.base), baseImage: sandboxImage, setup }) : undefined;
-    return fillContainerPool(repo, path.join(repo, CONTAINERS_DIR), { kind: this.kind, image: template?.image ?? sandboxImage, settings }, req.size);
+    return fillContainerPool(repo, path.join(repo, CONTAINERS_DIR), { kind: this.kind, image: template?.image ?? sandboxImage, settings }, req.size, template ? undefined : await resolveCommit(repo, req.base));
   }
 
   private imageName(): string {
@@ -340,14 +340,18 @@ export class ContainerSandboxProvider implements SandboxProvider {
     }
     // A container just made (or never used, from the pool) has no dead worker's commands to sweep.
     this.swept.add(w.container);
-    await makeBaseBundle(repo, req.branch, path.join(w.inDir, 'base.bundle'));
-    if (template) {
-      const fill = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', FILL_FROM_TEMPLATE_SCRIPT, 'fill'], timeoutMs: 10 * 60_000, signal: req.signal });
-      if (fill.exitCode !== 0) throw new Error(`copying the template's files into the sandbox failed (exit ${fill.exitCode}): ${fill.stderr.trim()}`);
-    }
     const { name, email } = await commitIdentity(repo);
-    const start = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', START_FROM_BUNDLE_SCRIPT, 'start', `${CONTAINER_IN}/base.bundle`, req.branch, name, email], timeoutMs: 10 * 60_000, signal: req.signal });
-    if (start.exitCode !== 0) throw new Error(`starting the sandbox from its bundle failed (exit ${start.exitCode}): ${start.stderr.trim()}`);
+    // A pooled workspace prepared at a recent base only fetches what changed since (ADR 0030).
+    const prepared = claimed?.base !== undefined && !template && (await this.startPrepared(repo, w, claimed.base, req, { name, email }));
+    if (!prepared) {
+      await makeBaseBundle(repo, req.branch, path.join(w.inDir, 'base.bundle'));
+      if (template) {
+        const fill = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', FILL_FROM_TEMPLATE_SCRIPT, 'fill'], timeoutMs: 10 * 60_000, signal: req.signal });
+        if (fill.exitCode !== 0) throw new Error(`copying the template's files into the sandbox failed (exit ${fill.exitCode}): ${fill.stderr.trim()}`);
+      }
+      const start = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', START_FROM_BUNDLE_SCRIPT, 'start', `${CONTAINER_IN}/base.bundle`, req.branch, name, email], timeoutMs: 10 * 60_000, signal: req.signal });
+      if (start.exitCode !== 0) throw new Error(`starting the sandbox from its bundle failed (exit ${start.exitCode}): ${start.stderr.trim()}`);
+    }
     let setup: SandboxHandle['setup'];
     if (setupWanted) {
       // From the template, setup's output is there already: verify first, setup only if that fails.
@@ -355,8 +359,31 @@ export class ContainerSandboxProvider implements SandboxProvider {
     }
     const headCommit = await this.head(w.root);
     await writeJsonAtomic(w.recordFile, { ...base, state: 'ready', ...(claimed ? { pooledAs: claimed.id } : {}) }, { mkdir: true });
-    if (pool) this.scheduleFill(repo, pool, req.warmPool!);
+    // Entries are prepared at this sandbox's start, unless a template's files go in first.
+    if (pool) this.scheduleFill(repo, pool, req.warmPool!, template ? undefined : startCommit);
     return { sandboxId: req.sandboxId, provider: this.kind, root: w.root, branch: req.branch, baseCommit, headCommit, reused: false, origin: claimed ? 'pool' : template ? 'template' : 'cold', ...(setup ? { setup } : {}), durationMs: Date.now() - started };
+  }
+
+  /**
+   * Brings a claimed workspace prepared at `preparedAt` to the state a cold start makes: an
+   * incremental bundle of what the repository gained since (none when nothing), every branch and
+   * tag set as the repository has them, the sandbox's branch checked out. False when that could
+   * not be done; the workspace is emptied for a cold start.
+   */
+  private async startPrepared(repo: string, w: { root: string; inDir: string }, preparedAt: string, req: SandboxCreateRequest, who: { name: string; email: string }): Promise<boolean> {
+    const refs = await git(repo, ['for-each-ref', '--format=%(refname) %(objectname)', 'refs/heads', 'refs/tags']);
+    await fs.writeFile(path.join(w.inDir, 'refs.txt'), `${refs}\n`);
+    // git refuses an empty bundle: nothing new since the preparation.
+    const update = await git(repo, ['bundle', 'create', '-q', path.join(w.inDir, 'update.bundle'), '--branches', '--tags', `^${preparedAt}`]).then(
+      () => `${CONTAINER_IN}/update.bundle`,
+      () => '-',
+    );
+    const r = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', START_PREPARED_SCRIPT, 'claim', update, `${CONTAINER_IN}/refs.txt`, req.branch, who.name, who.email], timeoutMs: 10 * 60_000, signal: req.signal });
+    if (r.exitCode === 0) return true;
+    if (r.exitCode !== 3) throw new Error(`starting the sandbox in its prepared workspace failed (exit ${r.exitCode}): ${r.stderr.trim()}`);
+    const wipe = await this.exec({ root: w.root }, { command: '/bin/sh', args: ['-c', 'rm -rf .git ./* ./.[!.]* ./..?* 2>/dev/null; [ -z "$(ls -A)" ]'] });
+    if (wipe.exitCode !== 0) throw new Error(`emptying the prepared workspace failed: ${wipe.stderr.trim()}`);
+    return false;
   }
 
   /** HEAD inside the sandbox (untrusted: only ever compared or collected through a bundle). */

@@ -112,8 +112,8 @@ interface DaytonaRecord {
 
 /** Daytona refused or failed; `kind` says which (quota, rate_limit, not_found, transient, unauthorized, other). */
 export class DaytonaProviderError extends SandboxProviderError {
-  constructor(message: string, kind: ProviderFailureKind, status?: number, resetAt?: number) {
-    super(message, kind, status, resetAt);
+  constructor(message: string, kind: ProviderFailureKind, status?: number, resetAt?: number, providerMessage?: string) {
+    super(message, kind, status, resetAt, providerMessage);
     this.name = 'DaytonaProviderError';
   }
 }
@@ -135,7 +135,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /**
  * Maps an SDK error to a DaytonaProviderError: quota (403 with a quota message, or 402), rate
- * limit (429 with its reset from Retry-After or X-RateLimit-Reset), not found (404), transient (5xx).
+ * limit (429 with its reset from Retry-After or X-RateLimit-Reset), not found (404), bad request
+ * (400, 422) and conflict (409) with Daytona's message, transient (5xx).
  */
 export function classifyDaytonaError(e: unknown): DaytonaProviderError {
   if (e instanceof DaytonaProviderError) return e;
@@ -157,6 +158,9 @@ export function classifyDaytonaError(e: unknown): DaytonaProviderError {
   if (status === 402 || (status === 403 && /quota|limit|exceed/i.test(err.message ?? ''))) return new DaytonaProviderError(message, 'quota', status);
   if (status === 401 || status === 403) return new DaytonaProviderError(message, 'unauthorized', status);
   if (status === 404) return new DaytonaProviderError(message, 'not_found', status);
+  // Daytona refused the request as given (a path it will not write, a bad name): its message says why.
+  if (status === 400 || status === 422) return new DaytonaProviderError(message, 'bad_request', status, undefined, err.message);
+  if (status === 409) return new DaytonaProviderError(message, 'conflict', status, undefined, err.message);
   if (status !== undefined && status >= 500) return new DaytonaProviderError(message, 'transient', status);
   return new DaytonaProviderError(message, 'other', status);
 }

@@ -71,6 +71,38 @@ export const START_FROM_BUNDLE_SCRIPT = [
   'git reset -q --hard',
 ].join('\n');
 
+/**
+ * Prepares a pooled container's workspace ahead of any claim (ADR 0030): every branch and tag of
+ * the repository from a bundle, the base commit checked out (detached). `sh -c SCRIPT prepare <bundle> <base>`.
+ */
+export const PREPARE_FROM_BUNDLE_SCRIPT = [
+  'set -eu',
+  'bundle=$1; base=$2',
+  'git init -q',
+  'git fetch -q --no-tags "$bundle" "refs/heads/*:refs/heads/*" "refs/tags/*:refs/tags/*"',
+  'git -c advice.detachedHead=false checkout -q --detach "$base"',
+].join('\n');
+
+/**
+ * Starts a sandbox in a prepared workspace: fetches what the repository gained since the
+ * preparation (an incremental bundle, `-` when there is nothing new), sets every branch and tag to
+ * the repository's (`<refs file>`: `<refname> <oid>` lines), and checks out the sandbox's branch:
+ * the same state START_FROM_BUNDLE_SCRIPT makes. Exit 3 when the workspace cannot be brought
+ * there (the caller starts it from a full bundle instead).
+ * `sh -c SCRIPT claim <bundle|-> <refs file> <branch> <name> <email>`
+ */
+export const START_PREPARED_SCRIPT = [
+  'set -eu',
+  'bundle=$1; refs=$2; branch=$3',
+  '[ -d .git ] || exit 3',
+  'git config user.name "$4"; git config user.email "$5"',
+  '[ "$bundle" = - ] || git fetch -q --no-tags --update-head-ok "$bundle" "+refs/heads/*:refs/heads/*" "+refs/tags/*:refs/tags/*" || exit 3',
+  'git for-each-ref --format="delete %(refname)" refs/heads refs/tags | git update-ref --stdin || exit 3',
+  'sed "s/^/create /" "$refs" | git update-ref --stdin || exit 3',
+  'git symbolic-ref HEAD "refs/heads/$branch"',
+  'git reset -q --hard || exit 3',
+].join('\n');
+
 /** The script that bundles the sandbox's HEAD onto stdout, leaving out `known` commits it has: `sh -c SCRIPT collect <known...>`. */
 export const BUNDLE_HEAD_SCRIPT = [
   'set -eu',

@@ -94,8 +94,9 @@ export async function createMergerSandbox(
         branch: input.branch,
         base: input.baseCommit,
       },
-      // The merger works in the user's repository (merges, the planner): always a local worktree.
-      input.sandbox?.provider && input.sandbox.provider !== 'local' ? { ...input.sandbox, provider: 'local' } : input.sandbox,
+      // The merger works in the user's repository (merges, the planner): always a local worktree,
+      // never from a pool of worktrees when the objective's pool is of another provider's sandboxes.
+      input.sandbox?.provider && input.sandbox.provider !== 'local' ? { ...input.sandbox, provider: 'local', warmPool: 0 } : input.sandbox,
       input.bare ? BARE_MERGER : {},
     );
   } catch (e) {

@@ -227,7 +227,8 @@ export interface SandboxProvider {
 }
 
 /** What went wrong when a remote provider refused or failed a call (its API's answer, classified). */
-export type ProviderFailureKind = 'quota' | 'rate_limit' | 'not_found' | 'transient' | 'unauthorized' | 'other';
+/** `bad_request`: the provider refused the call as given (a 400, its message says why); `conflict`: the sandbox is not in a state for it (a 409). */
+export type ProviderFailureKind = 'quota' | 'rate_limit' | 'not_found' | 'transient' | 'unauthorized' | 'bad_request' | 'conflict' | 'other';
 
 /**
  * A remote provider (Daytona) refused or failed a call; `kind` says how, so callers answer by
@@ -239,6 +240,8 @@ export class SandboxProviderError extends Error {
     readonly kind: ProviderFailureKind,
     readonly status?: number,
     readonly resetAt?: number,
+    /** The provider's own message, for answers that pass it on (a refused request says why). */
+    readonly providerMessage?: string,
   ) {
     super(message);
     this.name = 'SandboxProviderError';

@@ -105,4 +105,43 @@ describe('container warm pool (podman)', () => {
     expect(h.origin).toBe('pool');
     await rebuilt.whenPoolIdle();
   });
+  it('entries hold the workspace prepared at the base; a claim after the repository moved on fetches only what is new and ends as a cold start does', async () => {
+    await provider.whenPoolIdle();
+    await drainContainerPool(containers);
+    const base = gitIn(repo, 'rev-parse', 'main');
+    expect(await provider.fillWarmPool({ repository: repo, base: 'main', size: 1 })).toMatchObject({ made: 1 });
+    const [entry] = await containerPoolEntries(containers, key);
+    expect(entry!.base).toBe(base);
+    // Checked out at the base inside the running container already, before any claim.
+    expect(podman('exec', '--workdir', '/workspace', entry!.container, 'git', 'rev-parse', 'HEAD')).toBe(base);
+
+    // The repository moves on: a new commit on main, a new branch and tag, a branch deleted.
+    gitIn(repo, 'branch', 'doomed', 'main');
+    gitIn(repo, 'commit', '-q', '--allow-empty', '-m', 'after the fill');
+    gitIn(repo, 'branch', 'fresh', 'main');
+    gitIn(repo, 'tag', 'v-after', 'main');
+    gitIn(repo, 'branch', '-D', 'doomed');
+    const pooled = await provider.create({ ...sandboxRequest(repo, 'prepared', { group: 'pool' }), warmPool: 1 });
+    made.push(pooled);
+    expect(pooled.origin).toBe('pool');
+    const inDir = `${pooled.root}.in`;
+    // Only the new commits travelled: no full bundle of the repository, an incremental one instead.
+    expect(await exists(path.join(inDir, 'base.bundle'))).toBe(false);
+    expect(gitIn(repo, 'bundle', 'list-heads', path.join(inDir, 'update.bundle'))).not.toContain('doomed');
+    expect(gitIn(repo, 'bundle', 'verify', '-q', path.join(inDir, 'update.bundle'))).toBeDefined();
+    // The same state as a cold start: every branch and tag as the repository has them, the branch checked out, clean.
+    const cold = await provider.create(sandboxRequest(repo, 'cold-twin', { group: 'pool' }));
+    made.push(cold);
+    expect(cold.origin).toBe('cold');
+    const state = async (h: SandboxHandle) =>
+      (await provider.exec(h, { command: '/bin/sh', args: ['-c', 'git for-each-ref --format="%(refname) %(objectname)" refs/heads refs/tags | grep -v "^refs/heads/slipway/"; git rev-parse HEAD; git status --porcelain; git config user.email'] })).stdout;
+    const preparedState = await state(pooled);
+    expect(preparedState).toBe(await state(cold));
+    expect(preparedState).toContain('refs/heads/fresh');
+    expect(preparedState).toContain('refs/tags/v-after');
+    expect(preparedState).not.toContain('doomed');
+    expect((await provider.exec(pooled, { command: 'git', args: ['symbolic-ref', '--short', 'HEAD'] })).stdout.trim()).toBe(pooled.branch);
+    expect(pooled.headCommit).toBe(gitIn(repo, 'rev-parse', 'main'));
+    await provider.whenPoolIdle();
+  });
 });

@@ -212,6 +212,38 @@ describe('Daytona failures on file calls are answered as on exec', () => {
     expect(Number(res.retryAfter)).toBeLessThanOrEqual(42);
   });
 
+  it("Daytona's 4xx on an upload: 400 passes its reason naming the file, 404 is no such file, 409 a conflict, 429 a 503 with its reset", async () => {
+    const upload = /\/files\/bulk-upload$/;
+    const ws = await workspace(id);
+    fake.inject({ method: 'POST', path: upload, status: 400, body: { statusCode: 400, message: `invalid destination path: ${ws}/odd name.txt`, error: 'Bad Request' } });
+    const bad = await raw('PUT', files(id, 'odd name.txt'), Buffer.from('x'));
+    expect([bad.status, bad.error?.code]).toEqual([400, 'provider_refused']);
+    expect(bad.error?.message).toContain('"odd name.txt"');
+    expect(bad.error?.message).toContain(`invalid destination path: ${ws}/odd name.txt`);
+    expect(bad.error?.issues).toEqual([{ path: 'path', message: bad.error?.message }]);
+    // Nothing was written.
+    expect(existsSync(path.join(ws, 'odd name.txt'))).toBe(false);
+
+    fake.inject({ method: 'POST', path: upload, status: 404, body: { statusCode: 404, message: 'no such file or directory', error: 'Not Found' } });
+    expect(await codeOf(a.api.writeFile(id, 'missing/parent.txt', Buffer.from('x')))).toBe('404 file_not_found');
+
+    fake.inject({ method: 'POST', path: upload, status: 409, body: { statusCode: 409, message: 'sandbox is busy', error: 'Conflict' } });
+    const busy = await raw('PUT', files(id, 'busy.txt'), Buffer.from('x'));
+    expect([busy.status, busy.error?.code]).toEqual([409, 'provider_conflict']);
+    expect(busy.error?.message).toContain('sandbox is busy');
+
+    fake.inject({ method: 'POST', path: upload, status: 429, headers: { 'retry-after': '30' } });
+    const limited = await raw('PUT', files(id, 'limited.txt'), Buffer.from('x'));
+    expect([limited.status, limited.error?.code]).toEqual([503, 'provider_unavailable']);
+    expect(Number(limited.retryAfter)).toBeGreaterThanOrEqual(28);
+    expect(Number(limited.retryAfter)).toBeLessThanOrEqual(30);
+
+    // The next upload works.
+    fake.clearFailures();
+    await a.api.writeFile(id, 'after.txt', Buffer.from('fine'));
+    expect((await a.api.readFile(id, 'after.txt')).toString()).toBe('fine');
+  });
+
   it('refused credentials are 502 provider_error', async () => {
     fake.inject({ method: 'POST', path: /\/files\/bulk-upload$/, status: 401, times: 1 });
     const res = await raw('PUT', files(id, 'cred.txt'), Buffer.from('x'));

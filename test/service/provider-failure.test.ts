@@ -22,6 +22,27 @@ describe('providerFailure', () => {
     expect(answer.message).not.toContain('internal.example');
   });
 
+  it("a refused request is 400 with the provider's reason and the file; a conflict 409", () => {
+    const refused = providerFailure(new SandboxProviderError('writing a.txt: Daytona: invalid path /w/a.txt', 'bad_request', 400, undefined, 'invalid path /w/a.txt'), 'sbx-1', now, 'a.txt');
+    expect([refused.status, refused.code, refused.message]).toEqual([400, 'provider_refused', 'the sandbox provider refused the call on "a.txt": invalid path /w/a.txt']);
+    const conflict = providerFailure(new SandboxProviderError('Daytona: busy', 'conflict', 409, undefined, 'sandbox is busy'), 'sbx-1', now);
+    expect([conflict.status, conflict.code, conflict.message]).toEqual([409, 'provider_conflict', 'the sandbox provider cannot do this now: sandbox is busy']);
+  });
+
+  it.each<[number, string]>([
+    [400, 'bad_request'],
+    [422, 'bad_request'],
+    [404, 'not_found'],
+    [409, 'conflict'],
+    [429, 'rate_limit'],
+    [402, 'quota'],
+    [401, 'unauthorized'],
+    [503, 'transient'],
+    [418, 'other'],
+  ])('Daytona %i is classified %s', (statusCode, kind) => {
+    expect(classifyDaytonaError(Object.assign(new Error('m'), { statusCode })).kind).toBe(kind);
+  });
+
   it('takes a Daytona error as classified from the SDK', () => {
     const e = classifyDaytonaError(Object.assign(new Error('Sandbox not found'), { statusCode: 404 }));
     expect(e).toBeInstanceOf(DaytonaProviderError);
