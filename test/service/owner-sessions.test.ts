@@ -4,7 +4,7 @@
  * made by a separate `slipway api --no-http` process with another worker id and SLIPWAY_HOME (as
  * in owner-calls.test.ts). The owner runs the session or the port relay and dials the API back
  * over a WebSocket tunnel; the bytes never go through Temporal. Checked: a pty session echoes
- * what is typed, a preview of an HTTP server inside the sandbox answers through the API, another
+ * what is typed, an SSH shell through the API's broker runs there, a preview of an HTTP server inside the sandbox answers through the API, another
  * account gets 404, and a tunnel id is accepted once (a replayed dial, even with the right
  * proof, is a 404).
  */
@@ -20,6 +20,9 @@ import { ownerTaskQueue } from '../../core/ids';
 import { TUNNEL_PATH, tunnelKey, tunnelProof } from '../../activities/service/tunnel';
 import type { PreviewPortView } from '../../api/schemas';
 import { BIN, waitFor } from '../helpers/cli';
+import { loadSshHostKey } from '../../api/ssh-server';
+import type { SshTokenView } from '../../api/schemas';
+import { Client as SshClient } from 'ssh2';
 import { rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
 
 const OWNER_ID = `owner-${randomBytes(3).toString('hex')}`;
@@ -57,7 +60,8 @@ function startOwner(): { child: ChildProcess; output: () => string } {
 beforeAll(async () => {
   // Calls through a remote owner need encrypted payloads; the tunnel's proof is keyed from the same key.
   process.env.SLIPWAY_PAYLOAD_KEY = PAYLOAD_KEY.toString('base64');
-  h = await startServiceHarness({ worker: false, workerId: API_ID, ownerGraceSeconds: 10, preview: { key: randomBytes(32), domain: 'localhost' } });
+  const ssh = { host: '127.0.0.1', port: 0, hostKey: await loadSshHostKey(mkdtempSync(path.join(os.tmpdir(), 'slipway-ssh-key-'))) };
+  h = await startServiceHarness({ worker: false, workerId: API_ID, ownerGraceSeconds: 10, preview: { key: randomBytes(32), domain: 'localhost' }, ssh });
   apiPort = Number(new URL(h.url).port);
   owner = startOwner();
   await waitFor(async () => owner.output().includes('sandbox service worker on task queue') || (owner.child.exitCode !== null && Promise.reject(new Error(owner.output()))), 'the owner process to poll', 120_000);
@@ -125,7 +129,8 @@ function dialTunnelStatus(tunnelId: string, proof: string): Promise<number> {
 function previewRequest(url: string, headers: Record<string, string>): Promise<{ status: number; body: string }> {
   const u = new URL(url);
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port: apiPort, method: 'GET', path: `${u.pathname}${u.search}`, headers: { host: u.host, ...headers } }, (res) => {
+    // A new connection per request (agent: false): see the report on keep-alive after a 502.
+    const req = http.request({ host: '127.0.0.1', port: apiPort, method: 'GET', path: `${u.pathname}${u.search}`, headers: { host: u.host, ...headers }, agent: false }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (c: Buffer) => chunks.push(c));
       res.on('end', () => resolve({ status: res.statusCode!, body: Buffer.concat(chunks).toString('utf8') }));
@@ -200,5 +205,39 @@ describe('sessions and previews of a sandbox held by another worker', () => {
     const other = await previewRequest(view.url, { authorization: `Bearer ${b.token}` });
     expect(other.status).toBe(404);
     expect(other.body).not.toContain('hello from the owner');
+  }, 240_000);
+
+  it('an SSH shell through the API\'s broker runs on the remote owner: typed commands answer, exit status comes back', async () => {
+    const res = await rawRequest(h.url, 'POST', `/api/v1/sandboxes/${sandboxId}/ssh_tokens`, { token: a.token, body: '{}' });
+    expect(res.status).toBe(201);
+    const t = (await res.json()) as SshTokenView;
+    const client = new SshClient();
+    await new Promise<void>((resolve, reject) => {
+      client.on('ready', () => resolve()).on('error', reject);
+      client.connect({ host: '127.0.0.1', port: h.host.sshPort!, username: t.token, hostVerifier: () => true, tryKeyboard: false });
+    });
+    try {
+      const stream = await new Promise<import('ssh2').ClientChannel>((resolve, reject) => client.shell({ rows: 24, cols: 80, term: 'xterm' }, (e, ch) => (e ? reject(e) : resolve(ch))));
+      let out = '';
+      stream.on('data', (d: Buffer) => (out += d.toString('utf8')));
+      const code = new Promise<number | null>((r) => stream.once('exit', (c: number | null) => r(c)));
+      // Typing before the login shell set its terminal up may be flushed (as on any terminal): wait for its prompt.
+      await waitFor(async () => out.length > 0, 'the shell\'s prompt over SSH', 120_000);
+      let typed = 0;
+      await waitFor(
+        async () => {
+          if (out.includes(`on-${sandboxId}-21`) && out.includes('24 80')) return true;
+          if (typed++ % 8 === 0) stream.write('echo "on-$SLIPWAY_SANDBOX_ID-$((20+1))"; stty size\n');
+          return false;
+        },
+        'the shell to answer over SSH',
+        120_000,
+      );
+      stream.write('exit 7\n');
+      expect(await code).toBe(7);
+    } finally {
+      client.end();
+    }
+    expect(tunnelsOpened().filter((x) => x.kind === 'session').length).toBeGreaterThanOrEqual(2);
   }, 240_000);
 });
