@@ -5,12 +5,12 @@
 import path from 'node:path';
 import { ANY_OWNER, BRANCH_PREFIX, integrationBranch, MERGER_SANDBOX_NAME } from '../core/ids';
 import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
-import type { SandboxOptions } from '../core/types';
+import type { RemoteRepository, SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS, rawGit, resolveCommit } from '../lib/git';
+import { branchExists, commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS, GitError, rawGit, resolveCommit } from '../lib/git';
 import { clearStaleGitLocks } from './git-locks';
-import { mirroredRemote, pushToRemote } from '../lib/remote-repository';
+import { mirroredRemote, pushToRemote, syncMirror } from '../lib/remote-repository';
 import { classifyRepositorySpec } from '../core/repository-spec';
 import { claimObjectiveId } from './objective-id';
 import { Context } from '@temporalio/activity';
@@ -73,6 +73,21 @@ export interface MergedWithGates {
   reset?: boolean;
 }
 
+/**
+ * This worker's clone of an objective's remote repository, fetched now (lib/remote-repository.ts).
+ * A remote it cannot read ends the objective before anything started: a configuration error
+ * naming the remote (as written, credential-free) and git's last words.
+ */
+async function mirrorForObjective(display: string, remote: RemoteRepository): Promise<{ repository: string; baseBranch: string }> {
+  try {
+    const { root, baseBranch } = await syncMirror(remote, remote.baseBranch);
+    return { repository: root, baseBranch };
+  } catch (e) {
+    const reason = e instanceof GitError ? e.stderr.trim().split('\n').slice(-3).join('; ') || e.message : (e as Error).message;
+    throw failure('configuration_error', `cannot fetch ${display}: ${reason}`);
+  }
+}
+
 export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   const { sandboxes } = deps;
   // Who holds what this worker creates: itself for a host-bound provider, any worker otherwise.
@@ -87,7 +102,11 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
      * `deferMerger`: only resolves the base and claims the id; `prepareMerger` makes the merger
      * later, in parallel with the streams (docs/adr/0018-orchestration-overhead.md).
      */
-    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; sandbox?: SandboxOptions; deferMerger?: boolean }) {
+    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; remote?: RemoteRepository; sandbox?: SandboxOptions; deferMerger?: boolean }) {
+      // A remote repository is cloned or fetched here, under this worker's SLIPWAY_HOME and with its
+      // git credentials: this worker holds the merger, so it holds the clone (docs/adr/0028).
+      const mirrored = input.remote ? await mirrorForObjective(input.repository, input.remote) : undefined;
+      if (mirrored) input = { ...input, repository: mirrored.repository, baseBranch: mirrored.baseBranch };
       const baseCommit = await resolveCommit(input.repository, input.baseBranch).catch(() => {
         throw failure('configuration_error', `base branch "${input.baseBranch}" does not exist in ${input.repository}`);
       });
@@ -98,11 +117,11 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       const branch = integrationBranch(input.objectiveId);
       if (input.deferMerger) {
         const mergerPath = localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME);
-        return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, ...owned };
+        return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, ...mirrored, ...owned };
       }
       const temporal = await deps.temporalHome?.().catch(() => undefined);
       const merger = await createMergerSandbox(sandboxes, { objectiveId: input.objectiveId, repository: input.repository, baseCommit, branch, sandbox: input.sandbox, temporal });
-      return { baseCommit, integrationBranch: branch, mergerPath: merger.root, integrationTip: merger.headCommit, ...owned };
+      return { baseCommit, integrationBranch: branch, mergerPath: merger.root, integrationTip: merger.headCommit, ...mirrored, ...owned };
     },
 
     /**

@@ -155,6 +155,8 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
   const routed = app.server.listeners('upgrade') as Array<(...args: unknown[]) => void>;
   app.server.removeAllListeners('upgrade');
   app.server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    // An owner on another host dialling back with a session or preview (ADR 0028): its own proof, no account token.
+    if (service.tunnels?.handleUpgrade(req, socket, head)) return;
     const target = previewTarget(service, req);
     if (target) return void handlePreviewUpgrade(service, target, req, socket, head, counters);
     for (const listener of routed) listener.call(app.server, req, socket, head);

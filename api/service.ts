@@ -15,6 +15,8 @@ import { ActivityFailure, ApplicationFailure, TimeoutFailure, TimeoutType } from
 import { ownerTaskQueue } from '../core/ids';
 import { DEFAULT_OWNER_GRACE_SECONDS, REMOTE_OWNER_PAYLOAD_LIMIT_BYTES, serviceCallRoute, type ServiceCallKind } from '../core/routing';
 import { openStreamThroughOwner, OwnerStreamSession, readThroughOwner, writeThroughOwner } from './owner-transfer';
+import { TunnelSession, tunnelStream, type TunnelBroker } from './owner-tunnel';
+import type { TunnelTarget } from '../activities/service/tunnel';
 import { writeInput } from './session-relay';
 import { sandboxServiceCallWorkflow, type SandboxServiceCall, type SandboxServiceCallResult } from '../workflows/service-call';
 import type { OwnerExecResult } from '../activities/service/calls';
@@ -604,6 +606,18 @@ export class SandboxService {
           );
           return { session, row, release: () => releaseBoth(release) };
         }
+        if (owner !== undefined) {
+          // Interactive: bytes both ways while it runs, over the owner's tunnel (ADR 0028).
+          const { ws, whyClosed } = await this.openTunnel(row, owner, billing.policyFromProfile(profile), {
+            kind: 'session',
+            command: req.command,
+            args: req.args ?? [],
+            env: execEnv(row, req.env ?? {}),
+            ...(req.cwd !== undefined ? { cwd: req.cwd } : {}),
+            ...(req.pty ? { pty: req.pty } : {}),
+          });
+          return { session: new TunnelSession(ws, req.pty !== undefined, whyClosed), row, release: () => releaseBoth(release) };
+        }
         if (provider.sessions === false) throw new ApiError(501, 'sessions_unsupported', `the ${provider.kind} provider has no interactive sessions`);
         // A host-bound sandbox is a folder here; a remote one (Daytona) checks cwd inside itself.
         if (req.cwd !== undefined && provider.hostBound) await checkCwd(root, req.cwd);
@@ -774,6 +788,62 @@ export class SandboxService {
     this.deps.ssh = settings;
   }
 
+  /** Owner tunnels (ADR 0028): sessions and previews of sandboxes held by workers on other hosts. */
+  configureTunnels(broker: TunnelBroker): void {
+    this.tunnels = broker;
+  }
+
+  tunnels?: TunnelBroker;
+
+  /**
+   * Opens a session or a port connection on a sandbox's remote owner: a call workflow runs
+   * `ownerTunnel` there, which dials this process back; its failures before that (a bad cwd, a
+   * closed port, the owner gone) answer as on the direct path.
+   */
+  private async openTunnel(row: billing.SandboxRow, owner: string, policy: ReturnType<typeof billing.policyFromProfile>, target: TunnelTarget): Promise<{ ws: import('ws').WebSocket; whyClosed: () => Promise<string> }> {
+    const broker = this.tunnels;
+    if (!broker?.url) {
+      throw new ApiError(501, 'remote_owner_stream', `the sandbox is held by worker "${owner}" on another host, and this API host has no tunnel for it to dial (it needs SLIPWAY_PAYLOAD_KEY and an HTTP listener; set slipway api --tunnel-url to where workers reach it)`);
+    }
+    const graceSeconds = this.deps.ownerGraceSeconds ?? DEFAULT_OWNER_GRACE_SECONDS;
+    const tunnelId = randomUUID();
+    // The owner dials once it opened the session: within the grace time plus the session's start.
+    const arrived = broker.expect(tunnelId, graceSeconds * 1000 + 60_000);
+    let handle;
+    try {
+      handle = await this.startOnOwner(row, owner, { op: 'tunnel', input: { root: row.root!, policy, tunnelId, apiUrl: broker.url, target } });
+    } catch (e) {
+      broker.cancel(tunnelId);
+      throw e;
+    }
+    const h = handle;
+    const failed = h.result().then(
+      () => Promise.reject(new ApiError(502, 'tunnel_failed', `the worker "${owner}" ended the call before it opened the tunnel`)),
+      (e: unknown) => Promise.reject(remoteCallError(e, row.id, owner, graceSeconds, target.kind === 'session' ? (target.cwd ?? '.') : String(target.port))),
+    );
+    failed.catch(() => undefined);
+    try {
+      const ws = await Promise.race([arrived, failed]);
+      // The id is not a secret (its proof is): logged so an operator can match both ends.
+      this.deps.logger.info({ sandboxId: row.id, owner, tunnelId, kind: target.kind, workflowId: h.workflowId }, 'owner tunnel open');
+      const whyClosed = async () => {
+        let timer: NodeJS.Timeout | undefined;
+        const told = await Promise.race([
+          h.result().then(() => 'the session ended without its exit status', (e: unknown) => ((remoteCallError(e, row.id, owner, graceSeconds, '.') as Error)?.message ?? String(e))),
+          new Promise<string>((r) => (timer = setTimeout(() => r(`the tunnel to worker "${owner}" closed`), 10_000))),
+        ]).finally(() => clearTimeout(timer));
+        return told;
+      };
+      // The client went away or the session ended: the call ends with it.
+      ws.once('close', () => void h.cancel().catch(() => undefined));
+      return { ws, whyClosed };
+    } catch (e) {
+      broker.cancel(tunnelId);
+      await h.cancel().catch(() => undefined);
+      throw e instanceof Error && !(e instanceof ApiError) && /did not open tunnel/.test(e.message) ? new ApiError(503, 'owner_unavailable', `the worker "${owner}" that holds sandbox ${row.id} did not open its tunnel: ${e.message}`, undefined, 5) : e;
+    }
+  }
+
   /** The domain preview origins live under; undefined when previews are off. */
   get previewDomain(): string | undefined {
     return this.deps.preview?.domain;
@@ -848,9 +918,13 @@ export class SandboxService {
     if (!(await billing.isPreviewPortOpen(this.deps.db, sandboxId, port))) throw new ApiError(404, 'port_not_open', `port ${port} of sandbox ${sandboxId} is not open for preview`);
     // Each request starts a relay process: previews count against the owner's request rate.
     this.rateLimit(owner.account_id);
-    const { row, provider, release } = await this.admit({ accountId: owner.account_id, tokenId: 'preview', sandboxesEnabled: true }, sandboxId);
+    const { row, provider, release, profile } = await this.admit({ accountId: owner.account_id, tokenId: 'preview', sandboxesEnabled: true }, sandboxId);
     try {
-      this.remoteOwner(row, 'stream');
+      const holder = this.remoteOwner(row, 'session');
+      if (holder !== undefined) {
+        const { ws } = await this.openTunnel(row, holder, billing.policyFromProfile(profile), { kind: 'port', port });
+        return { stream: tunnelStream(ws), release, accountId: owner.account_id };
+      }
       if (!provider.connectPort) throw new ApiError(501, 'previews_unsupported', `the ${provider.kind} provider cannot reach sandbox ports`);
       const stream = await provider.connectPort({ root: row.root! }, port);
       return { stream, release, accountId: owner.account_id };
@@ -1053,6 +1127,13 @@ function remoteCallError(e: unknown, sandboxId: string, owner: string, graceSeco
       return new ApiError(400, 'not_a_regular_file', message);
     case 'file_changed':
       return new ApiError(409, 'file_changed', message);
+    case 'PortUnreachableError':
+      return new ApiError(502, 'port_unreachable', message);
+    case 'previews_unsupported':
+      return new ApiError(501, 'previews_unsupported', message);
+    case 'tunnel_unreachable':
+    case 'tunnel_unavailable':
+      return new ApiError(503, 'owner_unavailable', `the worker "${owner}" that holds sandbox ${sandboxId} cannot open a tunnel to this API host: ${message}`, undefined, 5);
     case 'upload_incomplete':
       return new ApiError(503, 'upload_incomplete', `${message}; retry`, undefined, 1);
     default:

@@ -23,6 +23,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
 import pino from 'pino';
+import WebSocket from 'ws';
 import { openPostgres } from '../activities/billing/db';
 import { createAccount, createApiToken, createProfile } from '../activities/billing/records';
 import { runProcess } from '../activities/process';
@@ -333,6 +334,59 @@ async function main() {
     };
     log(`   streamed line latency: on the owner ${ms(median(streamLocal))} (p90 ${ms(p90(streamLocal))}), through it ${ms(median(streamRemote))} (p90 ${ms(p90(streamRemote))})`);
     log(`   5 MiB write + read: on the owner ${ms(median(fileLocal))}, through it ${ms(median(fileRemote))}`);
+
+    // Interactive session (WebSocket): open -> first output, and a typed line -> its echo, on
+    // the owner and through the owner's tunnel (ADR 0028).
+    const sessionRound = async (baseUrl: string, lines: number) => {
+      const ws = new WebSocket(`${baseUrl.replace(/^http/, 'ws')}/api/v1/sandboxes/${execBox}/exec/ws`, { headers: { authorization: `Bearer ${token}` } });
+      let text = '';
+      let wake: (() => void) | undefined;
+      ws.on('message', (d) => {
+        const f = JSON.parse(d.toString()) as { type: string; data?: string };
+        if (f.type === 'stdout') text += f.data;
+        wake?.();
+      });
+      const until = (check: () => boolean) => new Promise<void>((resolve) => (check() ? resolve() : (wake = () => check() && resolve())));
+      await new Promise((r, j) => (ws.once('open', r), ws.once('error', j)));
+      const t0 = performance.now();
+      ws.send(JSON.stringify({ type: 'start', command: 'sh', args: ['-c', 'echo ready; exec cat'] }));
+      await until(() => text.includes('ready'));
+      const open = performance.now() - t0;
+      const echo: number[] = [];
+      for (let i = 0; i < lines; i++) {
+        const mark = `k${i}x`;
+        const t1 = performance.now();
+        ws.send(Buffer.from(`${mark}\n`));
+        await until(() => text.includes(mark));
+        echo.push(performance.now() - t1);
+      }
+      ws.close();
+      return { open, echo };
+    };
+    await sessionRound(host.url!, 5);
+    await sessionRound(remoteHost.url!, 5);
+    const openLocal: number[] = [];
+    const openRemote: number[] = [];
+    const echoLocal: number[] = [];
+    const echoRemote: number[] = [];
+    for (let i = 0; i < (quick ? 4 : 10); i++) {
+      const l = await sessionRound(host.url!, 20);
+      openLocal.push(l.open);
+      echoLocal.push(...l.echo);
+      const r = await sessionRound(remoteHost.url!, 20);
+      openRemote.push(r.open);
+      echoRemote.push(...r.echo);
+    }
+    results.sessions = {
+      openLocalMedianMs: median(openLocal),
+      openRemoteMedianMs: median(openRemote),
+      echoLocalMedianMs: median(echoLocal),
+      echoLocalP90Ms: p90(echoLocal),
+      echoRemoteMedianMs: median(echoRemote),
+      echoRemoteP90Ms: p90(echoRemote),
+    };
+    log(`   session open -> first output: on the owner ${ms(median(openLocal))}, through its tunnel ${ms(median(openRemote))}`);
+    log(`   typed line -> echo: on the owner ${ms(median(echoLocal))} (p90 ${ms(p90(echoLocal))}), through its tunnel ${ms(median(echoRemote))} (p90 ${ms(p90(echoRemote))})`);
     await api.destroy(execBox);
     }
 
@@ -397,6 +451,7 @@ async function main() {
   const r = results as {
     createReady: { coldMedianMs: number; warmMedianMs: number };
     exec: { overheadMedianMs: number; ratio: number; restMedianMs: number; directMedianMs: number; remoteOwnerMedianMs: number; remoteOwnerOverheadMedianMs: number; confinedSpawnMedianMs: number; restOverConfinedSpawnMedianMs: number; closeFdsStepMedianMs: number; limitsEnforcedBy: string; limitsJoinOwnShellMedianMs: number; limitsJoinInStepMedianMs: number };
+    sessions: { openLocalMedianMs: number; openRemoteMedianMs: number; echoLocalMedianMs: number; echoLocalP90Ms: number; echoRemoteMedianMs: number; echoRemoteP90Ms: number };
     streamAndFiles: { lineLatencyLocalMedianMs: number; lineLatencyRemoteMedianMs: number; lineLatencyRemoteP90Ms: number; lineLatencyLocalP90Ms: number; file5MiBLocalMedianMs: number; file5MiBRemoteMedianMs: number };
     suspendWake: { providerSuspendMedianMs: number; providerRestoreMedianMs: number; e2eWakeExecMedianMs: number };
     memory: { sandboxesPerGiB: number; perSandboxKiB: number; heapPerSandboxKiB: number };
@@ -423,6 +478,12 @@ async function main() {
             `  exec \`true\` through the owner  median ${ms(r.exec.remoteOwnerMedianMs)}: +${ms(r.exec.remoteOwnerOverheadMedianMs)} over direct spawn, ${(r.exec.remoteOwnerMedianMs / r.exec.restMedianMs).toFixed(1)}x REST on the owner (a call workflow + an activity on the owner's queue; no goal)`,
             `  streamed line latency          on the owner median ${ms(r.streamAndFiles.lineLatencyLocalMedianMs)} (p90 ${ms(r.streamAndFiles.lineLatencyLocalP90Ms)}), through the owner ${ms(r.streamAndFiles.lineLatencyRemoteMedianMs)} (p90 ${ms(r.streamAndFiles.lineLatencyRemoteP90Ms)})`,
             `  5 MiB file write + read        on the owner median ${ms(r.streamAndFiles.file5MiBLocalMedianMs)}, through the owner ${ms(r.streamAndFiles.file5MiBRemoteMedianMs)} (${(r.streamAndFiles.file5MiBRemoteMedianMs / r.streamAndFiles.file5MiBLocalMedianMs).toFixed(0)}x: one call per 256 KiB chunk)`,
+            ...(r.sessions
+              ? [
+                  `  session open -> first output   on the owner median ${ms(r.sessions.openLocalMedianMs)}, through its tunnel ${ms(r.sessions.openRemoteMedianMs)} (${(r.sessions.openRemoteMedianMs / r.sessions.openLocalMedianMs).toFixed(1)}x)`,
+                  `  typed line -> echo (session)   on the owner median ${ms(r.sessions.echoLocalMedianMs)} (p90 ${ms(r.sessions.echoLocalP90Ms)}), through its tunnel ${ms(r.sessions.echoRemoteMedianMs)} (p90 ${ms(r.sessions.echoRemoteP90Ms)}) (${(r.sessions.echoRemoteMedianMs / r.sessions.echoLocalMedianMs).toFixed(1)}x)`,
+                ]
+              : []),
           ]
         : []),
       ...(r.suspendWake

@@ -6,8 +6,9 @@
  *
  *   path/to/objective.yaml:12:9: streams[1].depends_on[0]: unknown stream "api"
  *
- * Nothing is written to the repository: only read-only git probes run (a remote repository is
- * cloned or fetched into Slipway's own clone of it, lib/remote-repository.ts). The repository's own
+ * Nothing is written to the repository: only read-only git probes run. A remote repository (URL or
+ * bare repository) is only classified here, never contacted: the worker that prepares the
+ * objective clones it (lib/remote-repository.ts, docs/adr/0028), and its `.slipway/` is not read. The repository's own
  * `.slipway/config.yaml` and `.slipway/blueprints/` are used only when `slipway trust` recorded
  * them as they are (config/trust.ts); the objective file itself is the user's and needs no trust.
  */
@@ -17,13 +18,12 @@ import path from 'node:path';
 import { isMap, stringify as stringifyYaml } from 'yaml';
 import { ObjectiveFileSchema, TEXT_LIMITS, type ObjectiveFile } from '../core/objective-schema';
 import { ID_PATTERN, ID_RULE } from '../core/ids';
-import type { ObjectiveInput, ResolvedBlueprints } from '../core/types';
+import type { ObjectiveInput, RemoteRepository, ResolvedBlueprints } from '../core/types';
 import { resolveObjectiveBlueprint } from './resolve-blueprint';
 import { BlueprintUseError } from '../blueprints/loader';
 import { loadProjectConfig, PROJECT_CONFIG_FILE, resolveAgents, sanitizeAgents, type AgentSource } from './agent-config';
 import { checkRepositoryTrust, trustProblem } from './trust';
-import { currentBranch, GitError, gitMaybe, isGitRepository, repositoryRoot, resolveCommit } from '../lib/git';
-import { syncMirror } from '../lib/remote-repository';
+import { currentBranch, gitMaybe, isGitRepository, repositoryRoot, resolveCommit } from '../lib/git';
 import { classifyRepositorySpec, RepositorySpecError, type RepositoryUrlProtocol } from '../core/repository-spec';
 import { sandboxOptionsFromConfig } from './sandbox-options';
 import { budgetSpec } from '../core/budget';
@@ -191,18 +191,33 @@ async function loadObjectiveText(
   const repoFromOverride = overrides.repository !== undefined;
   const repoSpec = repoFromOverride ? overrides.repository : rawObject.repository;
   let repository: string | undefined;
+  let remote: RemoteRepository | undefined;
   if (repoFromOverride && (typeof repoSpec !== 'string' || repoSpec.trim() === '')) {
     problems.push(repositoryField('must not be empty', true));
   } else if (typeof repoSpec === 'string' && repoSpec !== '') {
     const wantedBranch = overrides.baseBranch ?? (typeof rawObject.base_branch === 'string' && rawObject.base_branch !== '' ? rawObject.base_branch : undefined);
-    const result = await resolveRepositorySpec(repoSpec, repoFromOverride ? process.cwd() : objectiveDir, wantedBranch);
+    const result = await resolveRepositorySpec(repoSpec, repoFromOverride ? process.cwd() : objectiveDir);
     if ('error' in result) problems.push(repositoryField(result.error, repoFromOverride));
-    else repository = result.root;
+    else if ('remote' in result) {
+      remote = { url: result.remote.url, protocol: result.remote.protocol, ...(wantedBranch !== undefined ? { baseBranch: wantedBranch } : {}) };
+      repository = result.remote.display;
+    } else repository = result.root;
   }
 
   // 5. Base branch.
   let baseBranch: string | undefined;
-  if (repository !== undefined) {
+  if (remote !== undefined) {
+    // Resolved on the owner, against the remote's tips then; only the name is checked here.
+    baseBranch = remote.baseBranch ?? '';
+    if (remote.baseBranch !== undefined && (remote.baseBranch.trim() === '' || remote.baseBranch.startsWith('-'))) {
+      const fromOverride = overrides.baseBranch !== undefined;
+      problems.push(
+        fromOverride
+          ? { file, field: 'base_branch', message: `"${remote.baseBranch}" is not a valid branch name (given on the command line)` }
+          : { file, ...locate(['base_branch']), field: 'base_branch', message: `"${remote.baseBranch}" is not a valid branch name` },
+      );
+    }
+  } else if (repository !== undefined) {
     const branchFromOverride = overrides.baseBranch !== undefined;
     const fileBranch = typeof rawObject.base_branch === 'string' && rawObject.base_branch !== '' ? rawObject.base_branch : undefined;
     const branchProblem = (message: string): ObjectiveFileProblem =>
@@ -250,11 +265,13 @@ async function loadObjectiveText(
     locateKey: yaml.locateKey,
     ...sanitizeAgents(rawObject.agents, parsed.success ? [] : parsed.error.issues, ['agents']),
   };
-  const config = repository === undefined ? { problems: [] } : await loadProjectConfig(repository);
+  // A remote's own files are on the owner's clone only: its `.slipway/config.yaml` is not read here.
+  const localRepository = remote === undefined ? repository : undefined;
+  const config = localRepository === undefined ? { problems: [] } : await loadProjectConfig(localRepository);
   const otherFiles: ObjectiveFileProblem[] = [...config.problems];
   const resolved = await resolveAgents(objectiveAgents, config.source, 'prices' in config ? config.prices : undefined);
   for (const p of resolved.problems) (p.file === file ? problems : otherFiles).push(p);
-  const configName = repository === undefined ? PROJECT_CONFIG_FILE : path.join(repository, PROJECT_CONFIG_FILE);
+  const configName = localRepository === undefined ? PROJECT_CONFIG_FILE : path.join(localRepository, PROJECT_CONFIG_FILE);
   const declared = (role: 'builder' | 'planner') =>
     objectiveAgents.agents[role] !== undefined || objectiveAgents.reported[role] !== undefined || config.source?.agents[role] !== undefined;
   if (!declared('builder') && (rawObject.agents === undefined || isMap(doc.get('agents', true)))) {
@@ -278,7 +295,7 @@ async function loadObjectiveText(
   let blueprint: ResolvedBlueprints | undefined;
   if (parsed.success && repository !== undefined) {
     try {
-      blueprint = await resolveObjectiveBlueprint(repository, parsed.data.blueprint);
+      blueprint = await resolveObjectiveBlueprint(localRepository, parsed.data.blueprint);
     } catch (e) {
       if (e instanceof BlueprintUseError) {
         const { wrongLevel } = e;
@@ -299,12 +316,12 @@ async function loadObjectiveText(
 
   // 7b. The repository's own config (agents, prompts, blueprints) runs only once the user trusted it.
   // Checked after reading it, so the fingerprint covers what was read; its other problems are still reported.
-  if (repository !== undefined) {
+  if (localRepository !== undefined) {
     try {
-      const trust = trustProblem(await checkRepositoryTrust(repository));
+      const trust = trustProblem(await checkRepositoryTrust(localRepository));
       if (trust) otherFiles.unshift({ file: trust.file, message: trust.message });
     } catch (e) {
-      otherFiles.unshift({ file: repository, message: (e as Error).message });
+      otherFiles.unshift({ file: localRepository, message: (e as Error).message });
     }
   }
 
@@ -322,6 +339,7 @@ async function loadObjectiveText(
     objective: data.objective,
     repository,
     baseBranch,
+    ...(remote ? { remote } : {}),
     objectiveDir,
     ...(sourceFile ? { sourceFile } : {}),
     maxParallelStreams: data.max_parallel_streams,
@@ -376,33 +394,29 @@ export function deriveObjectiveId(file: string, now: Date): string {
 // Repository
 
 /**
- * A local checkout resolves to its root; a URL or a bare repository to Slipway's clone of it,
- * fetched now so the base branch is checked against the remote's current tips.
+ * A local checkout resolves to its root. A URL or a bare repository is only classified (embedded
+ * credentials refused): it is not contacted here, since the worker that prepares the objective
+ * clones it with its own credentials (docs/adr/0028).
  */
-async function resolveRepositorySpec(spec: string, relativeTo: string, baseBranch: string | undefined): Promise<{ root: string } | { error: string }> {
-  let remote: { url: string; protocol: RepositoryUrlProtocol; display: string };
+async function resolveRepositorySpec(
+  spec: string,
+  relativeTo: string,
+): Promise<{ root: string } | { remote: { url: string; protocol: RepositoryUrlProtocol; display: string } } | { error: string }> {
   try {
     const classified = classifyRepositorySpec(spec);
     if (classified.kind === 'url') {
       if (classified.hasCredentials) {
         return { error: `${classified.display} embeds credentials; never put a password or token in the URL (it would be stored in the objective's history): use a git credential helper or the environment (GIT_ASKPASS, an ssh agent)` };
       }
-      remote = classified;
-    } else {
-      const dir = path.resolve(relativeTo, expandHome(spec));
-      if (!(await isBareRepository(dir))) return resolveRepository(dir);
-      const real = await fs.realpath(dir);
-      remote = { url: real, protocol: 'file', display: real };
+      return { remote: classified };
     }
+    const dir = path.resolve(relativeTo, expandHome(spec));
+    if (!(await isBareRepository(dir))) return resolveRepository(dir);
+    const real = await fs.realpath(dir);
+    return { remote: { url: real, protocol: 'file', display: real } };
   } catch (e) {
     if (e instanceof RepositorySpecError) return { error: e.message };
     throw e;
-  }
-  try {
-    return { root: (await syncMirror(remote, baseBranch)).root };
-  } catch (e) {
-    const reason = e instanceof GitError ? e.stderr.trim().split('\n').slice(-3).join('; ') : (e as Error).message;
-    return { error: `cannot fetch ${remote.display}: ${reason}` };
   }
 }
 

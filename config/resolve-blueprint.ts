@@ -5,7 +5,7 @@
 import { loadBlueprints, resolveBlueprintForUse } from '../blueprints/loader';
 import type { ResolvedBlueprints } from '../core/types';
 
-export async function resolveObjectiveBlueprint(repository: string, id: string): Promise<ResolvedBlueprints> {
+export async function resolveObjectiveBlueprint(repository: string | undefined, id: string): Promise<ResolvedBlueprints> {
   // Checked for the objective level, where the objective workflow runs it.
-  return resolveBlueprintForUse(await loadBlueprints({ projectDir: repository }), id, 'objective');
+  return resolveBlueprintForUse(await loadBlueprints(repository === undefined ? {} : { projectDir: repository }), id, 'objective');
 }

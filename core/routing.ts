@@ -74,8 +74,9 @@ export type ServiceCallRoute =
 /**
  * Where the sandbox service runs an exec, file or streamed-exec call (docs/adr/0013-worker-ownership.md,
  * "Sandbox service calls"; ADR 0026): on the API's own host when it owns the sandbox (or any host can
- * reach it), else on the owner. Interactive sessions (WebSocket, SSH, preview) cannot go through
- * history and are refused for remote owners.
+ * reach it), else on the owner. Interactive sessions (WebSocket, SSH, preview) go to the owner too,
+ * their bytes over the owner's tunnel rather than history (ADR 0028); their command and
+ * environment still travel in a call workflow, so they too need encrypted payloads.
  */
 export function serviceCallRoute(input: {
   owner: string | undefined;
@@ -86,9 +87,6 @@ export function serviceCallRoute(input: {
 }): ServiceCallRoute {
   const { owner, localWorkerId, call } = input;
   if (!owner || owner === ANY_OWNER || owner === localWorkerId) return { kind: 'direct' };
-  if (call === 'session') {
-    return { kind: 'refuse', status: 501, code: 'remote_owner_stream', message: `the sandbox is held by worker "${owner}" on another host; interactive sessions, SSH and previews run only on the owner's host` };
-  }
   // A tenant's environment, input and files must never sit in Temporal's history in the clear.
   if (!input.historyEncrypted) {
     return {

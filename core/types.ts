@@ -9,6 +9,7 @@ import type { FailureKind } from './failures';
 import type { AgentRole, LedgerResult, ObjectiveOutcome, ObjectivePhase, SandboxState, StreamPhase } from './states';
 import type { Blueprint, ExhaustionMode } from './blueprint-schema';
 import type { BudgetSpec, ObjectiveBudget, StreamBudget } from './budget';
+import type { RepositoryUrlProtocol } from './repository-spec';
 
 export type { AgentSpec, GateSpec, StreamSpec, Blueprint, ExhaustionMode };
 
@@ -20,13 +21,33 @@ export interface ResolvedBlueprints {
   refs: Record<string, Blueprint>;
 }
 
+/** A remote repository as the objective's input names it: never credentials (ADR 0012). */
+export interface RemoteRepository {
+  url: string;
+  protocol: RepositoryUrlProtocol;
+  /** `base_branch` as given; unset means the remote's default branch. */
+  baseBranch?: string;
+  commit?: string;
+}
+
 /** The resolved objective: absolute paths, defaults applied. The objective workflow's input. */
 export interface ObjectiveInput {
   id: string;
   objective: string;
-  /** Absolute path of the user's repository. */
+  /**
+   * Absolute path of the user's repository. For a remote repository (`remote`), the URL as
+   * written until the worker that prepares the objective made its clone; the workflow then
+   * carries that clone's path (docs/adr/0028).
+   */
   repository: string;
+  /** Empty for a remote repository whose base branch is its default branch, until resolved on the owner. */
   baseBranch: string;
+  /**
+   * A remote repository (URL or bare repository path): the worker that takes `prepareObjective`
+   * clones or fetches it under its own SLIPWAY_HOME, with its own git credentials (never in here).
+   * `commit` is the base commit once resolved there.
+   */
+  remote?: RemoteRepository;
   /** Folder of the objective file; script agents get it as SLIPWAY_OBJECTIVE_DIR. */
   objectiveDir: string;
   sourceFile?: string;

@@ -131,7 +131,8 @@ describe('bad input', () => {
     },
     { name: 'repository that does not exist', yaml: toYaml({ ...good, repository: '/nonexistent/repo' }), expect: /objective\.yaml:2:\d+: repository: .*does not exist/ },
     { name: 'repository URL with credentials', yaml: toYaml({ ...good, repository: 'https://me:t0ken-secret@example.com/r.git' }), expect: /objective\.yaml:2:\d+: repository: https:\/\/example\.com\/r\.git embeds credentials; .*credential helper/ },
-    { name: 'unreachable repository URL', yaml: toYaml({ ...good, repository: 'file:///nonexistent/remote.git' }), expect: /objective\.yaml:2:\d+: repository: cannot fetch file:\/\/\/nonexistent\/remote\.git: / },
+    // A remote is checked, not contacted, here: the worker that prepares the objective clones it (ADR 0028).
+    { name: 'repository URL of an unsupported scheme', yaml: toYaml({ ...good, repository: 'ftp://example.com/r.git' }), expect: /objective\.yaml:2:\d+: repository: unsupported URL scheme "ftp:\/\/"/ },
   ];
 
   for (const c of cases) {

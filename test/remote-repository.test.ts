@@ -1,6 +1,7 @@
 /**
  * `repository:` as a URL or a bare repository: the pure classification (credentials, schemes),
- * and the objective file's errors naming the field and line, with nothing left behind.
+ * the objective file's errors naming the field and line (the remote is not contacted when the file
+ * loads: the owner clones it, docs/adr/0028), and the clone itself, with nothing left behind.
  * Network URLs are classified only: no network here, so fetching is tested with file:// only.
  */
 import { execFileSync } from 'node:child_process';
@@ -74,26 +75,34 @@ describe('objective file with a remote repository', () => {
     return err as ObjectiveFileError;
   };
 
-  it('a bare repository by path or file:// URL loads onto a clone in $SLIPWAY_HOME/repositories, on the remote default branch', async () => {
-    for (const spec of [path.join(root, 'remote.git'), `file://${path.join(root, 'remote.git')}`]) {
+  const clones = () => (existsSync(path.join(home, 'repositories')) ? readdirSync(path.join(home, 'repositories')).filter((f) => !f.endsWith('.sync')) : []);
+
+  it('a bare repository by path or file:// URL loads as a remote without contacting it: no clone where the file is loaded', async () => {
+    const bare = path.join(root, 'remote.git');
+    for (const spec of [bare, `file://${bare}`]) {
       const input = await loadObjectiveFile(await objective(spec));
-      expect(path.dirname(input.repository)).toBe(path.join(home, 'repositories'));
-      expect(input.baseBranch).toBe('trunk');
-      expect(git(input.repository, 'rev-parse', 'HEAD')).toBe(git(path.join(root, 'remote.git'), 'rev-parse', 'trunk'));
+      expect(input.remote).toEqual({ url: spec, protocol: 'file' });
+      expect(input.repository).toBe(spec);
+      // The remote's default branch is resolved by the worker that clones it.
+      expect(input.baseBranch).toBe('');
     }
+    expect(clones()).toEqual([]);
   });
 
-  it('a new commit on the remote is fetched before the base is resolved', async () => {
+  it('the clone is made on the remote default branch, and a new commit on the remote is fetched before the base is resolved', async () => {
     const bare = path.join(root, 'remote.git');
-    const before = await loadObjectiveFile(await objective(bare));
+    const before = await syncMirror({ url: bare, protocol: 'file' }, undefined);
+    expect(path.dirname(before.root)).toBe(path.join(home, 'repositories'));
+    expect(before.baseBranch).toBe('trunk');
+    expect(git(before.root, 'rev-parse', 'HEAD')).toBe(git(bare, 'rev-parse', 'trunk'));
     const work = path.join(root, 'work');
     await fs.writeFile(path.join(work, 'NEW.md'), 'new\n');
     git(work, 'add', '.');
     git(work, 'commit', '-q', '-m', 'new');
     git(work, 'push', '-q', bare, 'trunk');
-    const after = await loadObjectiveFile(await objective(bare));
-    expect(after.repository).toBe(before.repository);
-    expect(git(after.repository, 'rev-parse', 'trunk')).toBe(git(bare, 'rev-parse', 'trunk'));
+    const after = await syncMirror({ url: bare, protocol: 'file' }, undefined);
+    expect(after.root).toBe(before.root);
+    expect(git(after.root, 'rev-parse', 'trunk')).toBe(git(bare, 'rev-parse', 'trunk'));
   });
 
   it('pushes a branch back, and refuses (reporting it) when the remote branch moved on: never forced', async () => {
@@ -119,12 +128,22 @@ describe('objective file with a remote repository', () => {
     expect(err.message).not.toContain('hunter2secret');
   });
 
-  it('an unreachable URL is a configuration error on the field, leaving no clone behind', async () => {
-    const before = existsSync(path.join(home, 'repositories')) ? readdirSync(path.join(home, 'repositories')) : [];
-    const file = await objective(`file://${path.join(root, 'nowhere.git')}`);
-    const err = await problemsOf(file);
-    expect(err.message).toMatch(/:2:\d+: repository: cannot fetch file:\/\/.*nowhere\.git: /);
-    const after = existsSync(path.join(home, 'repositories')) ? readdirSync(path.join(home, 'repositories')) : [];
-    expect(after.filter((f) => !f.endsWith('.sync'))).toEqual(before.filter((f) => !f.endsWith('.sync')));
+  it('an unreachable URL is not contacted when the file loads (the owner reports it), and leaves no clone behind', async () => {
+    const before = clones();
+    const url = `file://${path.join(root, 'nowhere.git')}`;
+    const input = await loadObjectiveFile(await objective(url));
+    expect(input.remote).toEqual({ url, protocol: 'file' });
+    expect(clones()).toEqual(before);
+    // A failed first clone leaves nothing either (the owner's side, lib/remote-repository.ts).
+    await expect(syncMirror({ url, protocol: 'file' }, undefined)).rejects.toThrow(/nowhere\.git/);
+    expect(clones()).toEqual(before);
+  });
+
+  it('an invalid base_branch of a remote is refused naming the field, without contacting it', async () => {
+    const file = path.join(root, 'objective-branch.yaml');
+    await fs.writeFile(file, ['objective: Try', `repository: file://${path.join(root, 'nowhere.git')}`, 'agents:', '  builder: { provider: script, command: "true" }', 'streams:', '  - { id: a, task: t }', ''].join('\n'));
+    const err = await loadObjectiveFile(file, { baseBranch: '-x' }).then(() => undefined, (e: unknown) => e);
+    expect(err).toBeInstanceOf(ObjectiveFileError);
+    expect((err as Error).message).toContain('base_branch: "-x" is not a valid branch name (given on the command line)');
   });
 });

@@ -37,7 +37,8 @@ describe('serviceCallRoute', () => {
     // Any size up to the files API's limit: bodies travel in chunks (ADR 0026).
     ['another owner: file', 'w1', 'api', 'file', 'owner'],
     ['another owner: streamed exec', 'w1', 'api', 'stream', 'owner'],
-    ['another owner: interactive session', 'w1', 'api', 'session', 501],
+    // Bytes over the owner's tunnel (ADR 0028).
+    ['another owner: interactive session, SSH or preview', 'w1', 'api', 'session', 'owner'],
   ] as const)('%s', (_name, owner, local, call, expected) => {
     const route = serviceCallRoute({ owner, localWorkerId: local, call, historyEncrypted: true });
     if (expected === 'direct') expect(route).toEqual({ kind: 'direct' });
@@ -66,6 +67,9 @@ describe('serviceCallRoute without payload encryption', () => {
   });
   it('a file call too: its contents would sit in history', () => {
     expect(serviceCallRoute({ owner: 'w1', localWorkerId: 'api', call: 'file', historyEncrypted: false })).toMatchObject({ kind: 'refuse', code: 'remote_owner_needs_payload_key' });
+  });
+  it('a session too: its command and environment sit in history, and its tunnel is keyed from the payload key', () => {
+    expect(serviceCallRoute({ owner: 'w1', localWorkerId: 'api', call: 'session', historyEncrypted: false })).toMatchObject({ kind: 'refuse', code: 'remote_owner_needs_payload_key' });
   });
 });
 

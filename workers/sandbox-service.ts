@@ -28,7 +28,9 @@ import { startSshBroker, type SshBroker } from '../api/ssh-server';
 import { sandboxReaperWorkflow } from '../workflows/service-sandbox';
 import { startSandboxWatcher, type SandboxWatcher } from './sandbox-watcher';
 import { bundleWorkflows } from './worker';
-import { slipwayDataConverter } from './payload-codec';
+import { payloadKeyringFromEnv, slipwayDataConverter } from './payload-codec';
+import { TunnelBroker } from '../api/owner-tunnel';
+import { tunnelKey } from '../activities/service/tunnel';
 
 export interface SandboxServiceHostOptions {
   db: Db;
@@ -77,6 +79,11 @@ export interface SandboxServiceHostOptions {
   workerId?: string;
   /** How long an exec or file call waits for a remote owner to take it up before a 503 (default 180). */
   ownerGraceSeconds?: number;
+  /**
+   * Where workers on other hosts reach this process's API to open sessions and previews of the
+   * sandboxes they hold (ADR 0028); default: the API's own listen URL (one host only).
+   */
+  tunnelUrl?: string;
 }
 
 export interface SandboxServiceHost {
@@ -122,6 +129,9 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
   const namespace = opts.namespace ?? 'default';
   const serviceTaskQueue = sandboxServiceTaskQueue(opts.taskQueue);
   const dataConverter = opts.dataConverter ?? slipwayDataConverter();
+  const keyring = payloadKeyringFromEnv();
+  const payloadKey = keyring?.keys.get(keyring.currentKeyId);
+  const ownerTunnelKey = payloadKey ? tunnelKey(payloadKey) : undefined;
   const connection = await Connection.connect({ address: opts.temporalAddress });
   const client = new Client({ connection, namespace, dataConverter });
   const closers: Array<() => Promise<void>> = [];
@@ -166,7 +176,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
       taskQueue: ownerTaskQueue(serviceTaskQueue, opts.workerId),
       workflowBundle,
       dataConverter,
-      activities: createSandboxCallActivities({ providerFor }),
+      activities: createSandboxCallActivities({ providerFor, ...(ownerTunnelKey ? { tunnelKey: ownerTunnelKey } : {}) }),
       maxConcurrentActivityTaskExecutions: opts.activityConcurrency ?? 16,
       shutdownGraceTime: 5_000,
       ...identity,
@@ -232,6 +242,9 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     settings.port = ssh.port;
     closers.unshift(() => ssh!.close());
   }
+  // Owner tunnels are authenticated with a key derived from the payload key both ends share.
+  const tunnels = ownerTunnelKey ? new TunnelBroker(ownerTunnelKey, opts.tunnelUrl) : undefined;
+  if (tunnels) service.configureTunnels(tunnels);
   let app: FastifyInstance | undefined;
   let url: string | undefined;
   if (opts.api !== false) {
@@ -243,6 +256,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     });
     const listen = opts.api ?? { host: '127.0.0.1', port: 8787 };
     url = await app.listen({ host: listen.host, port: listen.port });
+    if (tunnels && !tunnels.url) tunnels.url = url;
     closers.unshift(() => app!.close());
   }
 

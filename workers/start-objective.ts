@@ -18,7 +18,9 @@ export class ObjectiveStartError extends Error {
 }
 
 /** Throws when the repository already has an objective of this id (prepareObjective claims it atomically when it runs). */
-export async function assertObjectiveIdFree(input: Pick<ObjectiveInput, 'repository' | 'id'>): Promise<void> {
+export async function assertObjectiveIdFree(input: Pick<ObjectiveInput, 'repository' | 'id' | 'remote'>): Promise<void> {
+  // A remote's clone is on the worker that prepares the objective, which claims the id there.
+  if (input.remote) return;
   const inUse = await objectiveIdInUse(input.repository, input.id);
   if (inUse) throw new ObjectiveStartError(inUse);
 }
@@ -38,7 +40,7 @@ export async function startObjectiveWorkflow(client: Client, taskQueue: string, 
       ],
       staticSummary: `Objective ${input.id}: ${input.objective.slice(0, 160)}`,
       staticDetails: [
-        `Repository \`${input.repository}\`, base \`${input.baseBranch}\`.`,
+        `Repository \`${input.repository}\`, base \`${input.baseBranch || 'its default branch'}\`.`,
         '',
         ...input.streams.map((s) => `- **${s.id}**${s.depends_on.length ? ` (after ${s.depends_on.join(', ')})` : ''}: ${s.task}`),
       ].join('\n'),

@@ -90,6 +90,8 @@ const MERGER_OWNER_ROUTING = 'merger-owner-routing';
  * before them, and bare (git only: no ignored files, no project setup) when nothing else runs in it.
  */
 const LAZY_MERGER = 'lazy-merger';
+/** A remote repository is cloned by the worker that prepares the objective, which then holds it (docs/adr/0028). */
+const REMOTE_REPOSITORY_ON_OWNER = 'remote-repository-on-owner';
 /**
  * A stream's merge, post-merge gates and revert run in one activity (`mergeWithGates`) instead of
  * one each, and the next merge starts without waiting for the decision signal's round trip.
@@ -347,10 +349,16 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   };
   if (resume) prepared = resume.prepared;
   else {
-    enter('preparing', `creating the integration branch from \`${input.baseBranch}\``);
+    // Only inputs of this version name a remote; older histories never reach the marker.
+    const remote = input.remote !== undefined && patched(REMOTE_REPOSITORY_ON_OWNER) ? input.remote : undefined;
+    enter('preparing', remote ? `fetching \`${input.repository}\` and creating the integration branch` : `creating the integration branch from \`${input.baseBranch}\``);
     const deferMerger = patched(LAZY_MERGER);
     try {
-      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, sandbox: input.sandbox, ...(deferMerger ? { deferMerger } : {}) });
+      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, ...(remote ? { remote } : {}), sandbox: input.sandbox, ...(deferMerger ? { deferMerger } : {}) });
+      if (remote && prepared.repository !== undefined && prepared.baseBranch !== undefined) {
+        // From here on (and across continue-as-new) everything works on the owner's clone, at the commit resolved there.
+        input = { ...input, repository: prepared.repository, baseBranch: prepared.baseBranch, remote: { ...remote, commit: prepared.baseCommit } };
+      }
       if (deferMerger) {
         // Only git runs in the merger unless post-merge gates, objective gates or the planner need the project's files.
         const objectiveGates = input.gates.length > 0 && root.steps.some((st) => st.type === 'deterministic' && st.action === 'run_quality_gates');
@@ -367,8 +375,9 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       }
     } catch (err) {
       if (isCancellation(err) && CancellationScope.current().consideredCancelled) {
-        // Cancelled while preparing: nothing started but the merger worktree, which goes.
-        await CancellationScope.nonCancellable(() => git.finishObjective({ repository: input.repository, objectiveId: input.id }));
+        // Cancelled while preparing: nothing started but the merger worktree, which goes. (A remote's
+        // clone is on a worker not known yet: nothing to remove from here.)
+        if (!remote) await CancellationScope.nonCancellable(() => git.finishObjective({ repository: input.repository, objectiveId: input.id }));
         done = true;
         status.outcome = 'cancelled';
         upsertSearchAttributes([{ key: SlipwayOutcome, value: 'cancelled' }]);

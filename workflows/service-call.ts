@@ -10,7 +10,8 @@
 import { allHandlersFinished, condition, defineSignal, defineUpdate, proxyActivities, setHandler } from '@temporalio/workflow';
 import { REMOTE_OWNER_CHUNK_BYTES, routeFor } from '../core/routing';
 import { EXEC_OUTPUT_SIGNAL, TAKE_EXEC_OUTPUT_UPDATE, type StreamedExecEnd, type StreamedOutputChunk } from '../core/sandbox-service';
-import type { OwnerExecInput, OwnerExecResult, SandboxCallActivities } from '../activities/service/calls';
+import type { OwnerExecInput, OwnerExecResult, OwnerTunnelInput, SandboxCallActivities } from '../activities/service/calls';
+import type { TunnelEnd } from '../activities/service/tunnel';
 import type { FileEntry } from '../activities/sandbox/file-io';
 
 /** The owner's activity sends a streamed exec's output here (an empty batch: the command started). */
@@ -24,6 +25,9 @@ export const execOutputSignal = defineSignal<[StreamedOutputChunk[]]>(EXEC_OUTPU
  */
 export const takeExecOutputUpdate = defineUpdate<{ chunks: StreamedOutputChunk[]; started: boolean; end?: StreamedExecEnd }, [{ after: number; untilStarted?: boolean }]>(TAKE_EXEC_OUTPUT_UPDATE);
 
+/** The longest a session or preview connection through a remote owner stays open. */
+const TUNNEL_MAX_MS = 24 * 60 * 60 * 1000;
+
 export type SandboxServiceCall =
   | { op: 'exec'; input: OwnerExecInput }
   | { op: 'readFile'; input: Parameters<SandboxCallActivities['ownerReadFile']>[0] }
@@ -35,7 +39,9 @@ export type SandboxServiceCall =
   | { op: 'writeChunk'; input: Parameters<SandboxCallActivities['ownerWriteChunk']>[0] }
   | { op: 'commitUpload'; input: Parameters<SandboxCallActivities['ownerCommitUpload']>[0] }
   | { op: 'abortUpload'; input: Parameters<SandboxCallActivities['ownerAbortUpload']>[0] }
-  | { op: 'execStream'; input: OwnerExecInput };
+  | { op: 'execStream'; input: OwnerExecInput }
+  // An interactive session or a preview connection: bytes go over the owner's tunnel, not history (ADR 0028).
+  | { op: 'tunnel'; input: OwnerTunnelInput };
 
 export interface SandboxServiceCallInput {
   /** The service task queue; the call runs on its owner's queue `<serviceQueue>@<owner>`. */
@@ -51,12 +57,14 @@ export type SandboxServiceCallResult =
   | { done: true }
   | { chunk: { base64: string; size: number; version: string } }
   | { streamEnd: StreamedExecEnd }
-  | { entries: FileEntry[] };
+  | { entries: FileEntry[] }
+  | { tunnelEnd: TunnelEnd };
 
 export async function sandboxServiceCallWorkflow(input: SandboxServiceCallInput): Promise<SandboxServiceCallResult> {
   const route = routeFor(input.serviceQueue, input.owner, { graceSeconds: input.graceSeconds });
-  const execLike = input.call.op === 'exec' || input.call.op === 'execStream';
-  const timeoutMs = input.call.op === 'exec' || input.call.op === 'execStream' ? input.call.input.timeoutMs + 60_000 : 120_000;
+  const execLike = input.call.op === 'exec' || input.call.op === 'execStream' || input.call.op === 'tunnel';
+  // A tunnel lasts as long as its session or connection (ended by its client, or cancelled).
+  const timeoutMs = input.call.op === 'exec' || input.call.op === 'execStream' ? input.call.input.timeoutMs + 60_000 : input.call.op === 'tunnel' ? TUNNEL_MAX_MS : 120_000;
   const acts = proxyActivities<SandboxCallActivities>({
     taskQueue: route.taskQueue,
     // A dead owner takes nothing up: the call fails after the grace time instead of waiting for it.
@@ -94,6 +102,8 @@ export async function sandboxServiceCallWorkflow(input: SandboxServiceCallInput)
       return { done: true };
     case 'execStream':
       return { streamEnd: await streamedExec(acts, call.input) };
+    case 'tunnel':
+      return { tunnelEnd: await acts.ownerTunnel(call.input) };
   }
 }
 

@@ -71,7 +71,8 @@ export function checkAgent(role: AgentRole, spec: AgentSpec, env: Record<string,
 }
 
 /** Every role's problems, for `slipway run`. */
-export async function checkAgentsOnThisMachine(input: Pick<ObjectiveInput, 'agents' | 'repository'>, baseEnv: NodeJS.ProcessEnv = process.env): Promise<AgentCheckProblem[]> {
-  const env = { ...baseEnv, ...(await readProjectEnv(input.repository)) };
+export async function checkAgentsOnThisMachine(input: Pick<ObjectiveInput, 'agents' | 'repository' | 'remote'>, baseEnv: NodeJS.ProcessEnv = process.env): Promise<AgentCheckProblem[]> {
+  // A remote has no checkout here (its clone is the worker's, ADR 0028): this machine's environment only.
+  const env = { ...baseEnv, ...(input.remote ? {} : await readProjectEnv(input.repository)) };
   return Object.entries(input.agents).flatMap(([role, spec]) => (spec ? checkAgent(role as AgentRole, spec, env, input.repository) : []));
 }

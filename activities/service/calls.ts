@@ -21,6 +21,8 @@ import { deleteSandboxFile, FileTooLargeError, listSandboxDir, NotRegularFileErr
 import { PathEscapeError, resolveInside } from '../sandbox/paths';
 import { finished } from 'node:stream/promises';
 import type { ProviderFor } from './providers';
+import type WebSocket from 'ws';
+import { bridgePort, bridgeSession, dialTunnel, type TunnelEnd, type TunnelTarget } from './tunnel';
 
 const FILES_API = { reservedNames: RESERVED_NAMES };
 
@@ -97,7 +99,7 @@ async function sweepStaleUploads(): Promise<void> {
   }
 }
 
-export function createSandboxCallActivities(deps: { providerFor: ProviderFor }) {
+export function createSandboxCallActivities(deps: { providerFor: ProviderFor; /** Authenticates owner tunnels (tunnel.ts); absent: sessions through this owner are refused. */ tunnelKey?: Buffer }) {
   return {
     /** Runs one command in the sandbox; stdout and stderr are each capped at half the remote payload limit. */
     async ownerExec(input: OwnerExecInput): Promise<OwnerExecResult> {
@@ -294,7 +296,64 @@ export function createSandboxCallActivities(deps: { providerFor: ProviderFor }) 
     async ownerListFiles(input: { root: string; path: string }): Promise<FileEntry[]> {
       return listSandboxDir(input.root, input.path, FILES_API).catch(asFailure);
     },
+
+    /**
+     * An interactive session or a preview connection for an API host on another host
+     * (docs/adr/0028): opened here with the same provider code as the direct path, then bridged
+     * over a WebSocket this worker dials to that API process. Ends with the command (or the
+     * connection); a cancelled call (the client went away) kills it at the next heartbeat.
+     */
+    async ownerTunnel(input: OwnerTunnelInput): Promise<TunnelEnd> {
+      const key = deps.tunnelKey;
+      if (!key) throw ApplicationFailure.nonRetryable('this worker has no SLIPWAY_PAYLOAD_KEY, which owner tunnels are authenticated with', 'tunnel_unavailable');
+      const { target } = input;
+      await checkExecPlace({ root: input.root, cwd: target.kind === 'session' ? target.cwd : undefined });
+      return withHeartbeat(async (signal) => {
+        const provider = deps.providerFor(input.policy);
+        let close: () => void;
+        let bridge: (ws: WebSocket) => Promise<TunnelEnd>;
+        if (target.kind === 'session') {
+          const session = await provider
+            .openSession({ root: input.root }, { command: target.command, args: target.args, env: target.env, inheritEnv: false, cwd: target.cwd, ...(target.pty ? { pty: target.pty } : {}) })
+            .catch(asFailure);
+          close = () => session.kill();
+          bridge = (ws) => bridgeSession(ws, session);
+        } else {
+          if (!provider.connectPort) throw ApplicationFailure.nonRetryable(`the ${provider.kind} provider cannot reach sandbox ports`, 'previews_unsupported');
+          const stream = await provider.connectPort({ root: input.root }, target.port).catch(asFailure);
+          close = () => stream.destroy();
+          bridge = (ws) => bridgePort(ws, stream);
+        }
+        let ws: WebSocket;
+        try {
+          ws = await dialTunnel(input.apiUrl, input.tunnelId, key);
+        } catch (e) {
+          close();
+          throw ApplicationFailure.nonRetryable(`cannot reach the API host at ${input.apiUrl}: ${(e as Error).message}`, 'tunnel_unreachable');
+        }
+        const onAbort = () => {
+          close();
+          ws.terminate();
+        };
+        signal?.addEventListener('abort', onAbort, { once: true });
+        try {
+          return await bridge(ws);
+        } finally {
+          signal?.removeEventListener('abort', onAbort);
+        }
+      });
+    },
   };
+}
+
+export interface OwnerTunnelInput {
+  root: string;
+  policy: SandboxPolicy;
+  /** Names the tunnel at the API host; its proof is derived, never carried (tunnel.ts). */
+  tunnelId: string;
+  /** Where this worker reaches the API process that asked (its `--tunnel-url`). */
+  apiUrl: string;
+  target: TunnelTarget;
 }
 
 export type SandboxCallActivities = ReturnType<typeof createSandboxCallActivities>;

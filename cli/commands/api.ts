@@ -35,6 +35,7 @@ export async function apiCommand(opts: {
   sshHost?: string;
   sshPublicHost?: string;
   sshMaxTokenMinutes?: number;
+  tunnelUrl?: string;
 }): Promise<number> {
   // Loaded when the service starts, not when the module is: `slipway api --help` need not load
   // the Temporal SDK and the billing database (ADR 0016, 3).
@@ -60,6 +61,10 @@ export async function apiCommand(opts: {
     } catch (e) {
       throw new CliError(`slipway api runs every tenant under bubblewrap: ${(e as Error).message} (or pass --allow-unconfined, ${ALLOW_UNCONFINED_ENV}=1, for a single-tenant setup)`, EXIT.runFailed);
     }
+  }
+  const tunnelUrl = opts.tunnelUrl ?? (process.env.SLIPWAY_API_TUNNEL_URL || undefined);
+  if (tunnelUrl !== undefined && !/^https?:\/\/[^\s/]+(\/\S*)?$/.test(tunnelUrl)) {
+    throw new CliError(`--tunnel-url: "${tunnelUrl}" is not an http(s) URL (where workers on other hosts reach this API, e.g. http://api.internal:8787)`, EXIT.badInput);
   }
   const settings = slipwaySettings();
   const dataConverter = slipwayDataConverter(); // checked before anything starts
@@ -108,6 +113,7 @@ export async function apiCommand(opts: {
     dataConverter,
     workerId,
     ownerGraceSeconds: settings.ownerGraceSeconds,
+    ...(tunnelUrl ? { tunnelUrl } : {}),
     ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
     ...(opts.rate !== undefined ? { requestsPerSecond: opts.rate } : {}),
     ...(previewDomain !== undefined ? { preview: { key: await loadPreviewKey(settings.dataDir), domain: previewDomain } } : {}),
@@ -171,6 +177,7 @@ export function registerApiCommands(program: Command, setExit: (code: number) =>
     .option('--ssh-port <port>', 'serve the SSH broker on this port (env SLIPWAY_SSH_PORT; off unless set)', portNumber('--ssh-port'))
     .option('--ssh-host <host>', 'listen address of the SSH broker (default: --host)')
     .option('--ssh-public-host <host>', 'the host name SSH clients are told to connect to (default: the API request\'s host)')
+    .option('--tunnel-url <url>', 'where workers on other hosts reach this API to carry sessions and previews of their sandboxes (env SLIPWAY_API_TUNNEL_URL; default: the listen address)')
     .option('--ssh-max-token-minutes <n>', 'longest SSH token lifetime a caller may ask for (default 1440)', wholeNumber('--ssh-max-token-minutes', { min: 1 }))
     .action(async (opts) => setExit(await apiCommand(opts)));
   program

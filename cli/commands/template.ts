@@ -65,6 +65,8 @@ async function wanted(opts: TemplateOptions): Promise<Wanted> {
       if (e instanceof objectiveFile().ObjectiveFileError) throw new CliError(e.message, EXIT.badInput);
       throw e;
     }
+    // Templates live in a local checkout; a remote's clone is made by the worker that runs the objective (ADR 0028).
+    if (input.remote) throw new CliError(`${opts.objective}: repository: ${input.repository} is a remote; templates are made for a local checkout (pass one with --repo)`, EXIT.badInput);
     const s = input.sandbox;
     const setup = s?.projectSetup ? { commands: s.projectSetup.commands, verify: s.projectSetup.verify, timeoutMs: s.projectSetup.timeoutSeconds * 1000, attempts: s.projectSetup.attempts } : undefined;
     return { repo: input.repository, base: input.baseBranch, setup, copyIgnored: s?.copyIgnored, confinement: confinementOf(s), explicitSetup: true };
