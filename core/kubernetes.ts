@@ -199,7 +199,7 @@ export function missingPermission(message: string): string | undefined {
 }
 
 export interface PodLike {
-  metadata?: { deletionTimestamp?: Date | string };
+  metadata?: { deletionTimestamp?: Date | string; deletionGracePeriodSeconds?: number };
   status?: {
     phase?: string;
     reason?: string;
@@ -220,8 +220,19 @@ export function podEnd(pod: PodLike | undefined): { reason: 'oom_killed' | 'evic
   const ready = st.conditions?.find((c) => c.type === 'Ready');
   if (ready?.status === 'False' && ready.reason === 'NodeLost') return { reason: 'node_lost', detail: `the pod's node stopped reporting: ${ready.message ?? 'node lost'}`, finishedAt: iso(ready.lastTransitionTime) };
   if (st.phase === 'Failed' || st.phase === 'Succeeded') return { reason: 'pod_failed', detail: `the pod ended (${st.phase}${terminated?.reason ? `, ${terminated.reason}` : ''}${terminated?.exitCode !== undefined ? `, exit ${terminated.exitCode}` : ''})`, finishedAt: iso(terminated?.finishedAt) };
-  if (pod.metadata?.deletionTimestamp) return { reason: 'deleted', detail: 'the pod is being deleted outside Slipway', finishedAt: iso(pod.metadata.deletionTimestamp) };
+  if (pod.metadata?.deletionTimestamp) return { reason: 'deleted', detail: 'the pod is being deleted outside Slipway', finishedAt: podDeletedAt(pod) };
   return undefined;
+}
+
+/**
+ * When a pod's deletion was asked (ISO): the API server sets deletionTimestamp to that moment plus
+ * the grace period (when the pod must be gone), so the grace is taken off; undefined for a pod
+ * removed at once (no timestamp).
+ */
+export function podDeletedAt(pod: PodLike): string | undefined {
+  const at = pod.metadata?.deletionTimestamp;
+  if (at === undefined) return undefined;
+  return new Date(new Date(at).getTime() - (pod.metadata?.deletionGracePeriodSeconds ?? 0) * 1000).toISOString();
 }
 
 /** The scheduler's refusal of a pending pod ("0/1 nodes are available: ..."), if it gave one. */

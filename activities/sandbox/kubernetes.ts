@@ -34,7 +34,7 @@ import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, resolveCommit } from '../../lib/git';
 import type { RunResult } from '../process';
 import { KILL_EXEC_SCRIPT, newExecId, SIGNAL_EXEC_SCRIPT } from './container';
-import { SandboxPodWatch, type PodExit } from './kube-watch';
+import { PodWatchers, type PodExit, type SandboxPodWatch } from './kube-watch';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { NotAFolderError, parseProviderRoot, PathEscapeError, providerSandboxRoot } from './paths';
@@ -59,6 +59,8 @@ export interface KubernetesProviderOptions {
   /** Retries of a 429 or 5xx (default 4). */
   retries?: number;
   maxBundleBytes?: number;
+  /** The informers this provider's pods are watched by (default: the process's, PodWatchers.shared: one per namespace per worker). */
+  watchers?: PodWatchers;
 }
 
 interface KubeRecord {
@@ -220,7 +222,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   readonly hostBound = false;
   private kcCache?: KubeConfig;
   private coreCache?: CoreV1Api;
-  private podWatch?: SandboxPodWatch;
+  private unsubscribe?: () => void;
   private readonly filling = new Map<string, Promise<number>>();
 
   constructor(private readonly options: KubernetesProviderOptions = {}) {}
@@ -244,17 +246,26 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     return this.options.defaults?.namespace ?? kc.getContextObject(kc.getCurrentContext())?.namespace ?? 'default';
   }
 
+  private get watchers(): PodWatchers {
+    return this.options.watchers ?? PodWatchers.shared;
+  }
+
   /**
-   * Starts the pod watcher on the provider's namespace (once): `onExit` hears of every sandbox
-   * pod that dies outside Slipway, and probe answers from what it saw.
+   * The pod watcher on the provider's namespace (the worker's one informer there, started on
+   * first use): `onExit` hears of every sandbox pod there that dies outside Slipway, and probe
+   * answers from what it saw.
    */
-  watch(onExit: (exit: PodExit) => void = () => undefined, opts: { resourceVersion?: string } = {}): SandboxPodWatch {
-    return (this.podWatch ??= new SandboxPodWatch(this.kc(), { namespace: this.defaultNamespace(), labelSelector: `${KUBE_LABELS.managed}=true`, onExit, ...opts }));
+  watch(onExit?: (exit: PodExit) => void, opts: { resourceVersion?: string } = {}): SandboxPodWatch {
+    const namespace = this.defaultNamespace();
+    const w = this.watchers.watch(this.kc(), namespace, opts);
+    if (onExit && !this.unsubscribe) this.unsubscribe = this.watchers.onExit((e) => e.namespace === namespace && onExit(e));
+    return w;
   }
 
   async stopWatch(): Promise<void> {
-    await this.podWatch?.stop();
-    this.podWatch = undefined;
+    this.unsubscribe?.();
+    this.unsubscribe = undefined;
+    await this.watchers.stop(this.kc(), this.defaultNamespace());
   }
 
   /** Runs an API call, retrying 429 and 5xx with back-off; other errors are mapped and thrown. */
@@ -332,6 +343,8 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const pooled = warm ? await this.claimPooled(draft, repo) : undefined;
     const base: KubeRecord = pooled ? { ...draft, pod: pooled.pod, ...(pooled.claim ? { claim: pooled.claim } : {}) } : draft;
     await writeJsonAtomic(w.recordFile, base, { mkdir: true });
+    // A worker watches every namespace it makes pods in (one informer each): deaths are pushed, not polled.
+    this.watchers.ensure(this.kc(), namespace);
     if (warm) void this.fillPool(namespace, image, settings, req.warmPool!).catch(() => undefined);
     try {
       if (!pooled) {
@@ -836,7 +849,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const gone = (e: KubernetesProviderError) => {
       if (e.kind !== 'not_found') throw e;
     };
-    this.podWatch?.expectDeletion(r.pod);
+    this.watchers.ensure(this.kc(), r.namespace)?.expectDeletion(r.pod);
     await this.call(`deleting pod ${r.namespace}/${r.pod}`, () => this.core().deleteNamespacedPod({ namespace: r.namespace, name: r.pod, gracePeriodSeconds: 0 })).catch(gone);
     if (r.claim && !keepClaim) await this.call(`deleting claim ${r.namespace}/${r.claim}`, () => this.core().deleteNamespacedPersistentVolumeClaim({ namespace: r.namespace, name: r.claim! })).catch(gone);
   }
@@ -978,7 +991,8 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   async probe(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness> {
     const record = await this.record(handle.root);
     if (record.state === 'suspended') return { alive: true };
-    const seen = record.namespace === this.podWatch?.namespace ? this.podWatch.exitOf(record.pod) : undefined;
+    // The informer on the pod's namespace (started now in a worker that had none: a restart) knows how it ended.
+    const seen = this.watchers.ensure(this.kc(), record.namespace)?.exitOf(record.pod);
     if (seen) return { alive: false, reason: seen.reason, detail: `pod ${record.namespace}/${record.pod}: ${seen.detail}`, endedAtMs: seen.endedAtMs };
     const end = podEnd(await this.readPod(record.namespace, record.pod));
     return end ? { alive: false, reason: end.reason, detail: `pod ${record.namespace}/${record.pod}: ${end.detail}`, ...(end.finishedAt ? { endedAtMs: Date.parse(end.finishedAt) } : {}) } : { alive: true };

@@ -3,9 +3,11 @@
  * every provider passes (provider-suites.ts): create, exec and files, idle suspend (the pod
  * deleted, its claim kept), woken by exec on a new pod with its files, DELETE. Real Postgres,
  * real Temporal, real HTTP, a real kube-apiserver with the test node (docs/kubernetes-test-node.md).
+ * The host's probe pass is off (watchIntervalMs 0): a pod's death reaches its sandbox only through
+ * the worker's pod informer.
  */
 import { promises as fs } from 'node:fs';
-import { expect } from 'vitest';
+import { expect, it } from 'vitest';
 import { CoreV1Api } from '@kubernetes/client-node';
 import { defaultProviderFor } from '../../activities/service/providers';
 import { KUBE_LABELS } from '../../core/kubernetes';
@@ -53,4 +55,31 @@ describeProviderLifecycle('kubernetes', {
     throw new Error(`sandbox at ${root}: record ${r.state}, pod ${pod?.status?.phase ?? 'none'}, claim ${claim ? 'kept' : 'none'}`);
   },
   firstExec: { script: 'pwd; grep CapEff /proc/self/status', expected: '/workspace\nCapEff:\t0000000000000000\n' },
+  harness: { watchIntervalMs: 0 },
+  more: (harness, root) => {
+    it("a pod deleted behind Slipway's back ends its sandbox with reason deleted, compute closed at the pod's deletion time, pushed by the pod informer (no probe pass runs)", async () => {
+      const h = harness();
+      const a = await h.account();
+      await a.profile({ name: 'kube-watched', provider: 'kubernetes', idleTimeoutSeconds: 3600, resources: { memory_mb: 256 } });
+      const { id } = await a.api.create({ profile: 'kube-watched' });
+      expect(await a.api.get(id, 60)).toMatchObject({ status: 'ready' });
+      const r = (await recordOf(await root(id)))!;
+      // The API server stamps deletions to the second: delete in a later second than compute opened, so the stamp is after it.
+      const opened = new Date((await h.sessions(id)).find((s) => s.kind === 'compute')!.started_at).getTime();
+      await waitFor(async () => Date.now() > opened + 1_100, 10_000);
+      // As `kubectl delete pod` does: a graceful deletion (the pod's 5 s), stamped by the API server.
+      const deleted = await core.deleteNamespacedPod({ namespace: NS, name: r.pod });
+      const deletedAtMs = new Date(deleted.metadata!.deletionTimestamp!).getTime() - (deleted.metadata!.deletionGracePeriodSeconds ?? 0) * 1000;
+      const done = await h.waitFor(a.api, id, ['terminated'], 60_000);
+      expect(done.end_reason).toBe('deleted');
+      const sessions = await h.sessions(id);
+      const compute = sessions.filter((s) => s.kind === 'compute');
+      expect(compute).toHaveLength(1);
+      expect(compute[0].end_reason).toBe('deleted');
+      expect(new Date(compute[0].ended_at!).getTime()).toBe(deletedAtMs);
+      expect(sessions.every((s) => s.ended_at !== null)).toBe(true);
+      // The claim and record go with the sandbox, as on any end.
+      expect(await waitFor(async () => (await recordOf(await root(id))) === null, 60_000)).toBe(true);
+    });
+  },
 });
