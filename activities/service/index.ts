@@ -277,6 +277,21 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
         if (seen.has(key)) continue;
         seen.add(key);
         const provider = providerFor(billing.policyFromProfile(profile));
+        // Providers found by label (Kubernetes): objects no record names, and those of sandboxes that
+        // ended (past their deadline and closed above, say) whose pod died or outlived them.
+        if (provider.sweepOrphans) {
+          const swept = await provider
+            .sweepOrphans(profile.repository, {
+              graceMs: grace,
+              isLive: async ({ sandboxId, group, createdAt }) => {
+                if (!group.startsWith(serviceSandboxGroup(''))) return true;
+                const row = await billing.getSandboxById(db, sandboxId);
+                return row ? row.status !== 'terminated' && row.status !== 'failed' : Date.now() - Date.parse(createdAt) < grace;
+              },
+            })
+            .catch(() => [] as string[]);
+          result.removedLeftovers.push(...swept);
+        }
         const listed = await provider.list(profile.repository).catch(() => []);
         // Every provider keeps an account's sandboxes in `.slipway/<kind>/acct-<account>/<id>` (worktrees,
         // containers, daytona: a remote sandbox found by its labels), so leftovers of each are found alike.

@@ -10,6 +10,8 @@ import { promises as fs } from 'node:fs';
 import { expect, it } from 'vitest';
 import { CoreV1Api } from '@kubernetes/client-node';
 import { defaultProviderFor } from '../../activities/service/providers';
+import { createSandboxServiceActivities } from '../../activities/service';
+import { serviceSandboxWorkflowId } from '../../core/sandbox-service';
 import { KUBE_LABELS } from '../../core/kubernetes';
 import { startKubeCluster, type KubeCluster } from '../helpers/kube-cluster';
 import { startTestNode, type TestNode } from '../helpers/kube-node';
@@ -80,6 +82,28 @@ describeProviderLifecycle('kubernetes', {
       expect(sessions.every((s) => s.ended_at !== null)).toBe(true);
       // The claim and record go with the sandbox, as on any end.
       expect(await waitFor(async () => (await recordOf(await root(id))) === null, 60_000)).toBe(true);
+    });
+
+    it('the reaper closes a sandbox whose workflow is gone and deletes its dead pod and its claim (found by label), in one tick', async () => {
+      const h = harness();
+      const a = await h.account();
+      await a.profile({ name: 'kube-reaped', provider: 'kubernetes', idleTimeoutSeconds: 3600, resources: { memory_mb: 256 } });
+      const { id } = await a.api.create({ profile: 'kube-reaped' });
+      expect(await a.api.get(id, 60)).toMatchObject({ status: 'ready' });
+      const dir = await root(id);
+      const r = (await recordOf(dir))!;
+      // The workflow dies without cleaning up: the pod, the claim and the open rows stay.
+      await h.host.client.workflow.getHandle(serviceSandboxWorkflowId(id)).terminate('test: a workflow lost');
+      // And its pod died meanwhile (evicted: Failed, still there), so no listing of live sandboxes finds it.
+      await node.evict(NS, r.pod);
+      const reaper = createSandboxServiceActivities({ db: h.database.db, providerFor: defaultProviderFor({ kubernetes: { kubeConfig: cluster.config('admin'), defaults: { namespace: NS, image: 'slipway-sandbox' } } }), client: h.host.client });
+      const tick = await reaper.reapSandboxes({ orphanGraceMs: 0 });
+      expect(tick.closedOrphans).toContain(id);
+      expect(tick.removedLeftovers).toContain(dir);
+      expect(await waitFor(async () => !(await core.readNamespacedPod({ namespace: NS, name: r.pod }).catch(() => undefined)), 60_000)).toBe(true);
+      expect(await waitFor(async () => !(await core.readNamespacedPersistentVolumeClaim({ namespace: NS, name: r.claim! }).catch(() => undefined)), 60_000)).toBe(true);
+      expect(await recordOf(dir)).toBeNull();
+      expect((await h.sessions(id)).every((s) => s.ended_at !== null && s.end_reason === 'orphaned')).toBe(true);
     });
   },
 });
