@@ -218,8 +218,9 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     for (const p of await listProfiles(db)) {
       if (p.provider !== 'kubernetes') continue;
       try {
-        const provider = providerFor(policyFromProfile(p));
-        if (provider instanceof KubernetesSandboxProvider) provider.watch();
+        const policy = policyFromProfile(p);
+        const provider = providerFor(policy);
+        if (provider instanceof KubernetesSandboxProvider) provider.watch(undefined, { namespace: policy.kubernetes?.settings.namespace });
       } catch (e) {
         logger.warn({ err: e, profile: p.name }, 'cannot watch the pods of a kubernetes profile');
       }

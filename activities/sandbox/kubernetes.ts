@@ -251,13 +251,13 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   }
 
   /**
-   * The pod watcher on the provider's namespace (the worker's one informer there, started on
+   * The pod watcher on the provider's namespace, or `opts.namespace` (the worker's one informer there, started on
    * first use): `onExit` hears of every sandbox pod there that dies outside Slipway, and probe
    * answers from what it saw.
    */
-  watch(onExit?: (exit: PodExit) => void, opts: { resourceVersion?: string } = {}): SandboxPodWatch {
-    const namespace = this.defaultNamespace();
-    const w = this.watchers.watch(this.kc(), namespace, opts);
+  watch(onExit?: (exit: PodExit) => void, opts: { resourceVersion?: string; namespace?: string } = {}): SandboxPodWatch {
+    const { namespace = this.defaultNamespace(), ...rest } = opts;
+    const w = this.watchers.watch(this.kc(), namespace, rest);
     if (onExit && !this.unsubscribe) this.unsubscribe = this.watchers.onExit((e) => e.namespace === namespace && onExit(e));
     return w;
   }

@@ -72,6 +72,9 @@ export interface ReapResult {
   warmed: number;
 }
 
+/** A kubernetes profile's pod settings and warm pods, on a create request (ADR 0029); nothing for other profiles. */
+const kubernetesRequest = (policy: SandboxPolicy) => (policy.kubernetes ? { kubernetes: policy.kubernetes.settings, ...(policy.kubernetes.warmPool > 0 ? { warmPool: policy.kubernetes.warmPool } : {}) } : {});
+
 /** Where a service sandbox lives when the warm pool did not supply it. */
 export const coldRoot = (policy: SandboxPolicy, accountId: string, sandboxId: string) =>
   localSandboxRoot(policy.repository, serviceSandboxGroup(accountId), sandboxId);
@@ -116,6 +119,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
         name: id,
         branch: `slipway/warm/${id}`,
         base: policy.baseRef,
+        ...kubernetesRequest(policy),
       });
       await billing.addWarm(db, { id, profile_id: policy.profileId, repository: policy.repository, root: handle.root, branch: handle.branch });
       made++;
@@ -165,6 +169,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
               branch: serviceSandboxBranch(input.sandboxId),
               base: input.policy.baseRef,
               copyIgnored: input.policy.copyIgnored,
+              ...kubernetesRequest(input.policy),
               // A provisioning timeout or a DELETE cancels the activity; the create stops with it.
               signal,
             });

@@ -84,6 +84,37 @@ describeProviderLifecycle('kubernetes', {
       expect(await waitFor(async () => (await recordOf(await root(id))) === null, 60_000)).toBe(true);
     });
 
+    it("a profile's kubernetes section places and sizes its pods (namespace, resources, storage, labels) over the worker's defaults; a bad section is refused naming the field", async () => {
+      const h = harness();
+      const a = await h.account();
+      const other = 'service-own';
+      await core.createNamespace({ body: { metadata: { name: other } } });
+      expect(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: other, name: 'default' }).catch(() => undefined)), 60_000)).toBe(true);
+      await expect(a.profile({ name: 'kube-bad', provider: 'kubernetes', kubernetes: { namespace: 'Not_A_Namespace' } })).rejects.toThrow(/^kubernetes\.namespace: must be a DNS-1123 label/);
+      await expect(a.profile({ name: 'pod-bad', provider: 'podman', kubernetes: { image: 'x' } })).rejects.toThrow(/^kubernetes: applies to provider: kubernetes only/);
+      await a.profile({
+        name: 'kube-own',
+        provider: 'kubernetes',
+        idleTimeoutSeconds: 3600,
+        kubernetes: { namespace: other, resources: { requests: { memory: '200Mi' }, limits: { memory: '300Mi', cpu: '1' } }, storage: '2Gi', labels: { team: 'blue' } },
+      });
+      const { id } = await a.api.create({ profile: 'kube-own' });
+      expect(await a.api.get(id, 60)).toMatchObject({ status: 'ready' });
+      const r = (await recordOf(await root(id)))! as { pod: string; claim?: string; namespace?: string };
+      expect(r.namespace).toBe(other);
+      const pod = await core.readNamespacedPod({ namespace: other, name: r.pod });
+      expect(JSON.parse(JSON.stringify(pod.spec?.containers[0].resources))).toEqual({ requests: { memory: '200Mi', cpu: '1' }, limits: { memory: '300Mi', cpu: '1' } }); // a missing request defaults to its limit (the API server)
+      expect(pod.metadata?.labels?.team).toBe('blue');
+      // The worker's default image (no image in the section) made it.
+      expect(pod.spec?.containers[0].image).toBe('slipway-sandbox');
+      const claim = await core.readNamespacedPersistentVolumeClaim({ namespace: other, name: r.claim! });
+      expect(claim.spec?.resources?.requests?.storage).toBe('2Gi');
+      expect((await a.api.exec(id, { command: 'sh', args: ['-c', 'pwd'] })).stdout).toBe('/workspace\n');
+      await a.api.destroy(id);
+      await h.waitFor(a.api, id, ['terminated'], 60_000);
+      expect(await waitFor(async () => !(await core.readNamespacedPod({ namespace: other, name: r.pod }).catch(() => undefined)), 60_000)).toBe(true);
+    });
+
     it('the reaper closes a sandbox whose workflow is gone and deletes its dead pod and its claim (found by label), in one tick', async () => {
       const h = harness();
       const a = await h.account();
