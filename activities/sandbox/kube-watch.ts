@@ -44,6 +44,8 @@ export class SandboxPodWatch {
   private readonly expected = new Set<string>();
   private stopped = false;
   private abort?: AbortController;
+  /** Ends a back-off wait early (stop). */
+  private wake?: () => void;
   private resourceVersion?: string;
   private syncedResolve!: () => void;
   /** Settles after the first list (or the first watch when resuming). */
@@ -72,6 +74,7 @@ export class SandboxPodWatch {
   async stop(): Promise<void> {
     this.stopped = true;
     this.abort?.abort();
+    this.wake?.();
     await this.done;
   }
 
@@ -195,8 +198,16 @@ export class SandboxPodWatch {
         this.stats.failures++;
         this.lastError = e;
         backoff = Math.min(backoff ? backoff * 2 : 200, this.opts.maxBackoffMs ?? 5_000);
-        // Unref'd: a watcher waiting to reconnect does not keep a process alive on its own.
-        await new Promise((r) => setTimeout(r, backoff).unref());
+        // Unref'd: a watcher waiting to reconnect does not keep a process alive on its own; stop() ends the wait.
+        await new Promise<void>((r) => {
+          const t = setTimeout(r, backoff);
+          t.unref();
+          this.wake = () => {
+            clearTimeout(t);
+            r();
+          };
+        });
+        this.wake = undefined;
       }
     }
   }
