@@ -36,8 +36,8 @@ const QUANTITY = /^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$/;
 const quantity = z.string().regex(QUANTITY, 'must be a Kubernetes quantity such as "500m", "2" or "4Gi"');
 const resourceList = z.strictObject({ cpu: quantity, memory: quantity, 'ephemeral-storage': quantity }).partial();
 
-/** The `kubernetes:` section (objective file `sandbox.kubernetes`, service profile `kubernetes`). */
-export const KubernetesConfigSchema = z.strictObject({
+/** The fields of the `kubernetes:` section (objective file `sandbox.kubernetes`, service profile `kubernetes`). */
+const kubernetesFields = {
   /** Namespace the pods and claims go to (default: the kubeconfig context's, else `default`). */
   namespace: z.string().regex(DNS_LABEL, 'must be a DNS-1123 label (lower-case letters, digits and "-", at most 63)').max(63).optional(),
   /** The sandbox image: needs /bin/sh, git, coreutils (scripts/sandbox-image.sh builds one). */
@@ -66,12 +66,33 @@ export const KubernetesConfigSchema = z.strictObject({
   storage_class: z.string().optional(),
   /** Extra labels on every pod and claim. */
   labels: z.record(z.string(), z.string()).default({}),
-}).superRefine((k, ctx) => {
+};
+
+const checkLabels = (k: { labels: Record<string, string> }, ctx: z.RefinementCtx) => {
   for (const [key, value] of Object.entries(k.labels)) {
     if (!LABEL_VALUE.test(value) || value.length > 63) ctx.addIssue({ code: 'custom', path: ['labels', key], message: 'must be a label value (at most 63 letters, digits, "-", "_", "."; alphanumeric at both ends)' });
     if (key.startsWith('slipway.dev/')) ctx.addIssue({ code: 'custom', path: ['labels', key], message: 'the slipway.dev/ prefix is Slipway\'s own' });
   }
-});
+};
+
+/** The `kubernetes:` section (objective file `sandbox.kubernetes`; the warm pool is the objective's `warm_pool`). */
+export const KubernetesConfigSchema = z.strictObject(kubernetesFields).superRefine(checkLabels);
+/**
+ * A service profile's `kubernetes:` section (ADR 0029): the same fields, and `warm_pool`, the
+ * Ready pods kept per profile (ADR 0020's warm pool). Image and namespace default to the worker's
+ * SLIPWAY_KUBE_IMAGE and SLIPWAY_KUBE_NAMESPACE when the section names none.
+ */
+export const ProfileKubernetesSchema = z.strictObject({ ...kubernetesFields, warm_pool: z.number().int().min(0).max(64).default(0) }).superRefine(checkLabels);
+export type ProfileKubernetesConfig = z.output<typeof ProfileKubernetesSchema>;
+
+/** A profile's section checked, or an Error naming the field (`kubernetes.resources.limits.memory: ...`). */
+export function parseProfileKubernetes(value: unknown): ProfileKubernetesConfig {
+  const r = ProfileKubernetesSchema.safeParse(value ?? {});
+  if (r.success) return r.data;
+  const issue = r.error.issues[0]!;
+  throw new Error(`${['kubernetes', ...issue.path.map(String)].join('.')}: ${issue.message}`);
+}
+
 export type KubernetesConfig = z.input<typeof KubernetesConfigSchema>;
 
 /** The section resolved (what travels in workflow inputs: no secrets, no credentials). */
@@ -199,7 +220,7 @@ export function missingPermission(message: string): string | undefined {
 }
 
 export interface PodLike {
-  metadata?: { deletionTimestamp?: Date | string };
+  metadata?: { deletionTimestamp?: Date | string; deletionGracePeriodSeconds?: number };
   status?: {
     phase?: string;
     reason?: string;
@@ -220,8 +241,19 @@ export function podEnd(pod: PodLike | undefined): { reason: 'oom_killed' | 'evic
   const ready = st.conditions?.find((c) => c.type === 'Ready');
   if (ready?.status === 'False' && ready.reason === 'NodeLost') return { reason: 'node_lost', detail: `the pod's node stopped reporting: ${ready.message ?? 'node lost'}`, finishedAt: iso(ready.lastTransitionTime) };
   if (st.phase === 'Failed' || st.phase === 'Succeeded') return { reason: 'pod_failed', detail: `the pod ended (${st.phase}${terminated?.reason ? `, ${terminated.reason}` : ''}${terminated?.exitCode !== undefined ? `, exit ${terminated.exitCode}` : ''})`, finishedAt: iso(terminated?.finishedAt) };
-  if (pod.metadata?.deletionTimestamp) return { reason: 'deleted', detail: 'the pod is being deleted outside Slipway', finishedAt: iso(pod.metadata.deletionTimestamp) };
+  if (pod.metadata?.deletionTimestamp) return { reason: 'deleted', detail: 'the pod is being deleted outside Slipway', finishedAt: podDeletedAt(pod) };
   return undefined;
+}
+
+/**
+ * When a pod's deletion was asked (ISO): the API server sets deletionTimestamp to that moment plus
+ * the grace period (when the pod must be gone), so the grace is taken off; undefined for a pod
+ * removed at once (no timestamp).
+ */
+export function podDeletedAt(pod: PodLike): string | undefined {
+  const at = pod.metadata?.deletionTimestamp;
+  if (at === undefined) return undefined;
+  return new Date(new Date(at).getTime() - (pod.metadata?.deletionGracePeriodSeconds ?? 0) * 1000).toISOString();
 }
 
 /** The scheduler's refusal of a pending pod ("0/1 nodes are available: ..."), if it gave one. */

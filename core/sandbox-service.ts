@@ -4,6 +4,7 @@
  * the CLI import from here. Everything in this file is safe to keep in workflow history:
  * no token, no grant secret, only ids and hashes.
  */
+import type { KubernetesSettings } from './kubernetes';
 import type { SandboxState } from './states';
 
 export const SANDBOX_ID_PREFIX = 'sbx_';
@@ -113,6 +114,8 @@ export interface SandboxPolicy {
   provisioningTimeoutMs: number;
   absoluteCapMs: number;
   warmReplicas: number;
+  /** provider: kubernetes: the profile's pod settings (over the worker's SLIPWAY_KUBE_* defaults) and its warm pods (ADR 0029). */
+  kubernetes?: { settings: KubernetesSettings; warmPool: number };
 }
 
 /**

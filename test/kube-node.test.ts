@@ -240,4 +240,40 @@ describe('kube-node', () => {
       await doomed.stop();
     }
   });
+
+  it('stop() while a pod is being started leaves no podman pod or container of the node behind', async () => {
+    // The podman pod of a starting pod is held until stop() has listed the node's pods: the
+    // order in which a listing-only stop() left it behind.
+    let listed!: () => void;
+    const afterListing = new Promise<void>((r) => (listed = r));
+    let creating!: () => void;
+    const startCreating = new Promise<void>((r) => (creating = r));
+    const racing = await startTestNode(cluster, {
+      labels: { pool: 'racing' },
+      interceptPodman: async (args, run) => {
+        if (args[0] === 'pod' && args[1] === 'create') {
+          creating();
+          await afterListing;
+          return run();
+        }
+        const r = await run();
+        if (args[0] === 'pod' && args[1] === 'ps') listed();
+        return r;
+      },
+    });
+    let stopped = false;
+    try {
+      await core.createNamespacedPod({ namespace: NS, body: pod('mid-start', { command: ['sleep', 'infinity'], nodeSelector: { pool: 'racing' } }) });
+      await startCreating;
+      await racing.stop();
+      stopped = true;
+      const left = (what: string[]) => execFileSync('podman', [...what, '--filter', `label=slipway-test-node=${racing.name}`], { env: engineEnv(), encoding: 'utf8' }).trim();
+      expect(left(['pod', 'ps', '-q'])).toBe('');
+      expect(left(['ps', '-aq'])).toBe('');
+    } finally {
+      listed();
+      if (!stopped) await racing.stop();
+      await core.deleteNamespacedPod({ namespace: NS, name: 'mid-start', gracePeriodSeconds: 0 }).catch(() => undefined);
+    }
+  });
 });

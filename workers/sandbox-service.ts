@@ -14,7 +14,9 @@ import pino, { type Logger } from 'pino';
 import { REAPER_SCHEDULE_ID, reaperWorkflowId, sandboxServiceTaskQueue } from '../core/sandbox-service';
 import type { Db } from '../activities/billing/db';
 import { migrate } from '../activities/billing/migrate';
-import { listProfiles } from '../activities/billing/records';
+import { listProfiles, policyFromProfile } from '../activities/billing/records';
+import { PodWatchers } from '../activities/sandbox/kube-watch';
+import { KubernetesSandboxProvider } from '../activities/sandbox/kubernetes';
 import { createSandboxServiceActivities } from '../activities/service';
 import { createSandboxCallActivities } from '../activities/service/calls';
 import { ownerTaskQueue } from '../core/ids';
@@ -212,9 +214,27 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
   }
 
   let watcher: SandboxWatcher | undefined;
-  if (opts.worker !== false && opts.watchIntervalMs !== 0) {
-    watcher = startSandboxWatcher({ db, client, providerFor, intervalMs: opts.watchIntervalMs ?? 2_000, logger: logger.child({ component: 'watcher' }) });
-    closers.unshift(() => watcher!.stop());
+  if (opts.worker !== false) {
+    // This worker's pod informers (one per namespace it makes pods in) push Kubernetes deaths to
+    // the watcher; the probe pass every watchIntervalMs (0: none) is the fallback for the rest.
+    const podWatchers = PodWatchers.shared;
+    const release = podWatchers.hold();
+    watcher = startSandboxWatcher({ db, client, providerFor, intervalMs: opts.watchIntervalMs ?? 2_000, logger: logger.child({ component: 'watcher' }), podWatchers });
+    closers.unshift(async () => {
+      await watcher!.stop();
+      await release();
+    });
+    // Pods made before a restart are watched from the start, not from the next create.
+    for (const p of await listProfiles(db)) {
+      if (p.provider !== 'kubernetes') continue;
+      try {
+        const policy = policyFromProfile(p);
+        const provider = providerFor(policy);
+        if (provider instanceof KubernetesSandboxProvider) provider.watch(undefined, { namespace: policy.kubernetes?.settings.namespace });
+      } catch (e) {
+        logger.warn({ err: e, profile: p.name }, 'cannot watch the pods of a kubernetes profile');
+      }
+    }
   }
 
   const service = new SandboxService({

@@ -14,6 +14,7 @@ import { agentTaskQueue, ownerTaskQueue } from '../core/ids';
 import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
 import { createJanitorActivities, temporalHomeOf } from '../activities/sandbox/janitor';
 import { createOwnerActivities } from '../activities/owners';
+import { PodWatchers } from '../activities/sandbox/kube-watch';
 import { slipwayDataConverter } from './payload-codec';
 import { DEFAULT_WORKFLOW_TASK_CONCURRENCY } from '../lib/settings';
 
@@ -115,6 +116,9 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
   }
   return {
     async run() {
+      // While it runs, the Kubernetes provider watches each namespace it makes or probes pods in
+      // (one informer each, kube-watch.ts): its probe answers from what the informer saw.
+      const release = PodWatchers.shared.hold();
       const runs = workers.map((w) => w.run());
       try {
         await Promise.all(runs);
@@ -123,6 +127,8 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
         for (const w of workers) if (w.getState() === 'RUNNING') w.shutdown();
         await Promise.allSettled(runs);
         throw e;
+      } finally {
+        await release();
       }
     },
     shutdown() {

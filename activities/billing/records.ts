@@ -5,6 +5,7 @@
  * activities (state transitions and session rows, each idempotent).
  */
 import { limitsFromResources, parseProfileResources } from '../../core/limits';
+import { kubernetesSettingsOf, parseProfileKubernetes } from '../../core/kubernetes';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import {
   SERVICE_DEFAULTS,
@@ -161,6 +162,8 @@ export interface ProfileRow {
   max_deadline_minutes: number;
   absolute_cap_minutes: number;
   warm_replicas: number;
+  /** A kubernetes profile's `kubernetes:` section as given (checked on insert), or null. */
+  kubernetes: Record<string, unknown> | null;
   created_at: Date;
 }
 
@@ -180,16 +183,21 @@ export interface ProfileSpec {
   maxDeadlineMinutes?: number;
   absoluteCapMinutes?: number;
   warmReplicas?: number;
+  /** provider: kubernetes only: the pods' settings (ProfileKubernetesSchema; errors name `kubernetes.<field>`). */
+  kubernetes?: unknown;
 }
 
 export async function createProfile(db: Queryable, accountId: string, p: ProfileSpec): Promise<ProfileRow> {
   const d = SERVICE_DEFAULTS;
   const resources = parseProfileResources(p.resources ?? {});
+  if (p.kubernetes !== undefined && p.provider !== 'kubernetes') throw new Error(`kubernetes: applies to provider: kubernetes only, not provider: ${p.provider ?? 'local'}`);
+  // Checked here, stored as given: defaults are applied when the policy is read, so they can change with Slipway.
+  if (p.kubernetes !== undefined) parseProfileKubernetes(p.kubernetes);
   const { rows } = await db.query<ProfileRow>(
     `INSERT INTO sandbox_profiles (id, account_id, name, provider, platform, resources, repository, base_ref, copy_ignored,
        confinement, network, idle_timeout_seconds, provisioning_timeout_seconds, default_deadline_minutes,
-       max_deadline_minutes, absolute_cap_minutes, warm_replicas)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING *`,
+       max_deadline_minutes, absolute_cap_minutes, warm_replicas, kubernetes)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) RETURNING *`,
     [
       newId('prf'),
       accountId,
@@ -208,6 +216,7 @@ export async function createProfile(db: Queryable, accountId: string, p: Profile
       p.maxDeadlineMinutes ?? d.maxDeadlineMinutes,
       p.absoluteCapMinutes ?? d.absoluteCapMinutes,
       p.warmReplicas ?? 0,
+      p.kubernetes === undefined ? null : JSON.stringify(p.kubernetes),
     ],
   );
   return rows[0]!;
@@ -243,7 +252,14 @@ export function policyFromProfile(p: ProfileRow): SandboxPolicy {
     provisioningTimeoutMs: Math.round(p.provisioning_timeout_seconds * 1000),
     absoluteCapMs: Math.round(p.absolute_cap_minutes * 60_000),
     warmReplicas: p.warm_replicas,
+    ...(p.provider === 'kubernetes' && p.kubernetes ? { kubernetes: profileKubernetesPolicy(p.kubernetes) } : {}),
   };
+}
+
+/** A stored `kubernetes:` section as the policy carries it: the pods' settings (no secrets) and the warm pool. */
+function profileKubernetesPolicy(section: unknown): NonNullable<SandboxPolicy['kubernetes']> {
+  const { warm_pool, ...rest } = parseProfileKubernetes(section);
+  return { settings: kubernetesSettingsOf(rest)!, warmPool: warm_pool };
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import { WorkflowNotFoundError, type Client } from '@temporalio/client';
 import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId, SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
 import { expireTrash, gitMaybe, isAncestor, listWorktrees, rawGit, trashBranch } from '../../lib/git';
 import { DAYTONA_DIR, DaytonaSandboxProvider } from './daytona';
+import { KUBERNETES_DIR, KubernetesSandboxProvider } from './kubernetes';
 import { LocalSandboxProvider } from './local';
 import { sweepPool, type PoolSweepResult } from './pool';
 import { forgetObjective, forgetRepository, readRegistry, registryPath, type RegistryObjective, type TemporalHome } from './registry';
@@ -68,6 +69,8 @@ export interface RepositorySweep {
   trashRemoved: number;
   /** Trash refs (removed branches) past their keep time, deleted. */
   trashRefsExpired?: number;
+  /** Kubernetes pods and claims with Slipway's labels that no record named, deleted (`<namespace>/<resource>/<name>`). */
+  kubernetesOrphans?: string[];
   errors: string[];
 }
 
@@ -79,6 +82,10 @@ export interface JanitorActivityDeps {
   sandboxes?: LocalSandboxProvider;
   /** Removes an ended objective's Daytona sandboxes (default: one from the worker's DAYTONA_* variables, made only when an objective has some). */
   daytona?: DaytonaSandboxProvider;
+  /** Removes an ended objective's pods and orphaned pods and claims (default: one from the worker's KUBECONFIG, made only in repositories that had Kubernetes sandboxes). */
+  kubernetes?: KubernetesSandboxProvider;
+  /** How old an unrecorded pod or claim must be before it is an orphan (default 10 minutes: a create in flight records it first). */
+  kubernetesOrphanGraceMs?: number;
 }
 
 /**
@@ -132,6 +139,7 @@ async function sweepObjective(
   keepUnmergedForMs: number,
   registry: string,
   daytona: () => DaytonaSandboxProvider,
+  kubernetes: () => KubernetesSandboxProvider,
 ): Promise<ObjectiveSweep> {
   const result: ObjectiveSweep = { id, liveness: { state: 'unknown', reason: 'not asked' }, removedWorktrees: [], removedBranches: [], keptBranches: [], forgotten: false };
   if ((SERVICE_BRANCH_GROUPS as readonly string[]).includes(id)) {
@@ -181,6 +189,8 @@ async function sweepObjective(
   }
   // Its Daytona sandboxes (ADR 0019), by label, where Slipway recorded some: no call to Daytona otherwise.
   if (existsSync(path.join(repo, DAYTONA_DIR, id))) result.removedWorktrees.push(...(await daytona().sweepGroup(repo, id)));
+  // Its pods and claims (ADR 0020), by label, likewise.
+  if (existsSync(path.join(repo, KUBERNETES_DIR, id))) result.removedWorktrees.push(...(await kubernetes().sweepGroup(repo, id)));
   await fs.rm(path.join(repo, SLIPWAY_DIR, 'sandboxes', id), { recursive: true, force: true });
   await fs.rm(objectiveSessionsDir(repo, id), { recursive: true, force: true });
   // Disk images whose sandbox is gone (destroy unmounts and deletes its own; a crash between the two leaves one).
@@ -214,6 +224,8 @@ export function createJanitorActivities(deps: JanitorActivityDeps) {
   const sandboxes = deps.sandboxes ?? new LocalSandboxProvider({ copyIgnored: false });
   let daytona = deps.daytona;
   const daytonaProvider = () => (daytona ??= new DaytonaSandboxProvider());
+  let kubernetes = deps.kubernetes;
+  const kubernetesProvider = () => (kubernetes ??= new KubernetesSandboxProvider());
   const home = deps.temporalHome ?? temporalHomeOf(deps.client);
   return {
     /** The repositories to sweep: the registry's, or the ones asked for. */
@@ -247,9 +259,18 @@ export function createJanitorActivities(deps: JanitorActivityDeps) {
       for (const [id, entry] of Object.entries(objectives)) {
         heartbeat({ objective: id });
         try {
-          result.objectives.push(await sweepObjective(repo, id, entry, deps.client, mine, sandboxes, input.keepUnmergedForMs ?? DEFAULT_KEEP_UNMERGED_MS, registryFile, daytonaProvider));
+          result.objectives.push(await sweepObjective(repo, id, entry, deps.client, mine, sandboxes, input.keepUnmergedForMs ?? DEFAULT_KEEP_UNMERGED_MS, registryFile, daytonaProvider, kubernetesProvider));
         } catch (e) {
           result.errors.push(`${id}: ${(e as Error).message}`);
+        }
+      }
+      if (existsSync(path.join(repo, KUBERNETES_DIR))) {
+        // Pods and claims no record names (ADR 0029): only where Slipway made Kubernetes sandboxes, so no cluster is asked otherwise.
+        heartbeat({ kubernetes: true });
+        try {
+          result.kubernetesOrphans = await kubernetesProvider().sweepOrphans(repo, { graceMs: deps.kubernetesOrphanGraceMs ?? 10 * 60_000 });
+        } catch (e) {
+          result.errors.push(`kubernetes: ${(e as Error).message}`);
         }
       }
       heartbeat({ pool: true });

@@ -7,13 +7,16 @@
  * deleted without Slipway asking is reported once, with the reason and the pod's finish time.
  */
 import { CoreV1Api, Watch, type KubeConfig, type V1Pod } from '@kubernetes/client-node';
-import { podEnd } from '../../core/kubernetes';
+import { podDeletedAt, podEnd } from '../../core/kubernetes';
 
 export interface PodExit {
   namespace: string;
   pod: string;
   /** The exact sandbox id (annotation), when the pod carries it. */
   sandboxId?: string;
+  /** The sandbox's group and name (annotations): its root is `<repo>/.slipway/kubernetes/<group>/<name>`. */
+  group?: string;
+  name?: string;
   reason: 'oom_killed' | 'evicted' | 'deleted' | 'node_lost' | 'pod_failed';
   detail: string;
   /** When the pod ended (its container's finish time, the node's loss, its deletion), epoch ms. */
@@ -41,6 +44,8 @@ export class SandboxPodWatch {
   private readonly expected = new Set<string>();
   private stopped = false;
   private abort?: AbortController;
+  /** Ends a back-off wait early (stop). */
+  private wake?: () => void;
   private resourceVersion?: string;
   private syncedResolve!: () => void;
   /** Settles after the first list (or the first watch when resuming). */
@@ -69,6 +74,7 @@ export class SandboxPodWatch {
   async stop(): Promise<void> {
     this.stopped = true;
     this.abort?.abort();
+    this.wake?.();
     await this.done;
   }
 
@@ -79,7 +85,7 @@ export class SandboxPodWatch {
       this.pods.delete(name);
       // Gone for good: its name is free of Slipway's expectation again.
       if (this.expected.delete(name)) return;
-      this.report(pod, { reason: 'deleted', detail: 'the pod was deleted outside Slipway' });
+      this.report(pod, { reason: 'deleted', detail: 'the pod was deleted outside Slipway', finishedAt: podDeletedAt(pod) });
       return;
     }
     this.pods.set(name, pod);
@@ -91,13 +97,17 @@ export class SandboxPodWatch {
   private report(pod: V1Pod, end: { reason: PodExit['reason']; detail: string; finishedAt?: string }): void {
     const name = pod.metadata!.name!;
     if (this.exits.has(name)) return;
+    const a = pod.metadata?.annotations ?? {};
     const exit: PodExit = {
       namespace: this.opts.namespace,
       pod: name,
-      sandboxId: pod.metadata?.annotations?.['slipway.dev/sandbox-id'],
+      sandboxId: a['slipway.dev/sandbox-id'],
+      group: a['slipway.dev/group'],
+      name: a['slipway.dev/name'],
       reason: end.reason,
       detail: end.detail,
-      endedAtMs: end.finishedAt ? Date.parse(end.finishedAt) : Date.now(),
+      // Never later than now: a finish time in the future would bill time that has not passed.
+      endedAtMs: Math.min(Date.now(), end.finishedAt ? Date.parse(end.finishedAt) : Date.now()),
     };
     this.exits.set(name, exit);
     try {
@@ -188,8 +198,94 @@ export class SandboxPodWatch {
         this.stats.failures++;
         this.lastError = e;
         backoff = Math.min(backoff ? backoff * 2 : 200, this.opts.maxBackoffMs ?? 5_000);
-        await new Promise((r) => setTimeout(r, backoff));
+        // Unref'd: a watcher waiting to reconnect does not keep a process alive on its own; stop() ends the wait.
+        await new Promise<void>((r) => {
+          const t = setTimeout(r, backoff);
+          t.unref();
+          this.wake = () => {
+            clearTimeout(t);
+            r();
+          };
+        });
+        this.wake = undefined;
       }
     }
+  }
+}
+
+/**
+ * The worker's pod watchers: one informer per namespace of a cluster, shared by every Kubernetes
+ * provider of the process (the service makes one provider per profile setting), so a worker
+ * watches each namespace once. While a worker holds them (`hold()`), providers start the informer
+ * of each namespace they make or probe pods in; listeners hear every exit any of them reports.
+ * `shared` is the process's own, which providers use unless given another.
+ */
+export class PodWatchers {
+  static readonly shared = new PodWatchers();
+  private readonly watches = new Map<string, SandboxPodWatch>();
+  private readonly listeners = new Set<(exit: PodExit) => void>();
+  private holders = 0;
+
+  private static key(kc: KubeConfig, namespace: string): string {
+    return `${kc.getCurrentCluster()?.server ?? ''}|${namespace}`;
+  }
+
+  /** A worker's hold: providers start informers while one is held; the last release stops them all. */
+  hold(): () => Promise<void> {
+    this.holders++;
+    let released = false;
+    return async () => {
+      if (released) return;
+      released = true;
+      if (--this.holders === 0) await this.stop();
+    };
+  }
+
+  get held(): boolean {
+    return this.holders > 0;
+  }
+
+  /** The informer on this namespace of the kubeconfig's cluster, started on first use. */
+  watch(kc: KubeConfig, namespace: string, opts: { resourceVersion?: string } = {}): SandboxPodWatch {
+    const key = PodWatchers.key(kc, namespace);
+    let w = this.watches.get(key);
+    if (!w) {
+      w = new SandboxPodWatch(kc, { namespace, labelSelector: 'slipway.dev/managed=true', onExit: (e) => this.emit(e), ...opts });
+      this.watches.set(key, w);
+    }
+    return w;
+  }
+
+  /** The informer on this namespace: running, or started now when a worker holds the watchers; else undefined. */
+  ensure(kc: KubeConfig, namespace: string): SandboxPodWatch | undefined {
+    return this.held ? this.watch(kc, namespace) : this.watches.get(PodWatchers.key(kc, namespace));
+  }
+
+  /** Hears every pod exit; returns the unsubscribe. */
+  onExit(listener: (exit: PodExit) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  private emit(exit: PodExit): void {
+    for (const l of [...this.listeners]) {
+      try {
+        l(exit);
+      } catch {
+        /* a listener's error is its own */
+      }
+    }
+  }
+
+  /** Stops one namespace's informer (or all); a later watch() starts it again. */
+  async stop(kc?: KubeConfig, namespace?: string): Promise<void> {
+    const keys = kc && namespace !== undefined ? [PodWatchers.key(kc, namespace)] : [...this.watches.keys()];
+    await Promise.all(
+      keys.map(async (k) => {
+        const w = this.watches.get(k);
+        this.watches.delete(k);
+        await w?.stop();
+      }),
+    );
   }
 }

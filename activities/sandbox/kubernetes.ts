@@ -35,7 +35,7 @@ import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, resolveCommit } from '../../lib/git';
 import type { RunResult } from '../process';
 import { KILL_EXEC_SCRIPT, newExecId, SIGNAL_EXEC_SCRIPT } from './container';
-import { SandboxPodWatch, type PodExit } from './kube-watch';
+import { PodWatchers, type PodExit, type SandboxPodWatch } from './kube-watch';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
 import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { NotAFolderError, parseProviderRoot, PathEscapeError, providerSandboxRoot } from './paths';
@@ -60,6 +60,8 @@ export interface KubernetesProviderOptions {
   /** Retries of a 429 or 5xx (default 4). */
   retries?: number;
   maxBundleBytes?: number;
+  /** The informers this provider's pods are watched by (default: the process's, PodWatchers.shared: one per namespace per worker). */
+  watchers?: PodWatchers;
 }
 
 interface KubeRecord {
@@ -217,7 +219,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   readonly hostBound = false;
   private kcCache?: KubeConfig;
   private coreCache?: CoreV1Api;
-  private podWatch?: SandboxPodWatch;
+  private unsubscribe?: () => void;
   private readonly filling = new Map<string, Promise<number>>();
 
   constructor(private readonly options: KubernetesProviderOptions = {}) {}
@@ -241,17 +243,26 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     return this.options.defaults?.namespace ?? kc.getContextObject(kc.getCurrentContext())?.namespace ?? 'default';
   }
 
+  private get watchers(): PodWatchers {
+    return this.options.watchers ?? PodWatchers.shared;
+  }
+
   /**
-   * Starts the pod watcher on the provider's namespace (once): `onExit` hears of every sandbox
-   * pod that dies outside Slipway, and probe answers from what it saw.
+   * The pod watcher on the provider's namespace, or `opts.namespace` (the worker's one informer there, started on
+   * first use): `onExit` hears of every sandbox pod there that dies outside Slipway, and probe
+   * answers from what it saw.
    */
-  watch(onExit: (exit: PodExit) => void = () => undefined, opts: { resourceVersion?: string } = {}): SandboxPodWatch {
-    return (this.podWatch ??= new SandboxPodWatch(this.kc(), { namespace: this.defaultNamespace(), labelSelector: `${KUBE_LABELS.managed}=true`, onExit, ...opts }));
+  watch(onExit?: (exit: PodExit) => void, opts: { resourceVersion?: string; namespace?: string } = {}): SandboxPodWatch {
+    const { namespace = this.defaultNamespace(), ...rest } = opts;
+    const w = this.watchers.watch(this.kc(), namespace, rest);
+    if (onExit && !this.unsubscribe) this.unsubscribe = this.watchers.onExit((e) => e.namespace === namespace && onExit(e));
+    return w;
   }
 
   async stopWatch(): Promise<void> {
-    await this.podWatch?.stop();
-    this.podWatch = undefined;
+    this.unsubscribe?.();
+    this.unsubscribe = undefined;
+    await this.watchers.stop(this.kc(), this.defaultNamespace());
   }
 
   /** Runs an API call, retrying 429 and 5xx with back-off; other errors are mapped and thrown. */
@@ -329,6 +340,8 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const pooled = warm ? await this.claimPooled(draft, repo) : undefined;
     const base: KubeRecord = pooled ? { ...draft, pod: pooled.pod, ...(pooled.claim ? { claim: pooled.claim } : {}) } : draft;
     await writeJsonAtomic(w.recordFile, base, { mkdir: true });
+    // A worker watches every namespace it makes pods in (one informer each): deaths are pushed, not polled.
+    this.watchers.ensure(this.kc(), namespace);
     if (warm) void this.fillPool(namespace, image, settings, req.warmPool!).catch(() => undefined);
     try {
       if (!pooled) {
@@ -489,7 +502,8 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const pods = await this.call('listing the warm pool', () => this.core().listNamespacedPod({ namespace: r.namespace, labelSelector: `${KUBE_LABELS.pool}=${key},${KUBE_LABELS.claimed}=false` }));
     const ready = pods.items.filter((p) => podReady(p) && !p.metadata?.deletionTimestamp).sort(() => Math.random() - 0.5);
     const labels = { ...this.labelsOf(r, repo), [KUBE_LABELS.claimed]: 'true' };
-    const annotations = this.annotationsOf(r);
+    // The orphan sweep counts a claimed pool pod's age from its claim: its record is written just after.
+    const annotations = { ...this.annotationsOf(r), 'slipway.dev/claimed-at': new Date().toISOString() };
     const merge = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
     for (const pod of ready) {
       const name = pod.metadata!.name!;
@@ -828,14 +842,21 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     await this.fileOp(handle, file, DELETE_SCRIPT, ['split']);
   }
 
-  /** Deletes a record's pod (at once: the sandbox's processes need no grace) and claim; gone already is fine. */
-  private async deleteObjects(r: KubeRecord, keepClaim = false): Promise<void> {
+  /** Deletes a pod (at once: no grace; Slipway's own deletion, so the informer does not report it) or a claim; gone already is fine. */
+  private async deleteObject(o: { kind: 'pod' | 'claim'; namespace: string; name: string }): Promise<void> {
     const gone = (e: KubernetesProviderError) => {
       if (e.kind !== 'not_found') throw e;
     };
-    this.podWatch?.expectDeletion(r.pod);
-    await this.call(`deleting pod ${r.namespace}/${r.pod}`, () => this.core().deleteNamespacedPod({ namespace: r.namespace, name: r.pod, gracePeriodSeconds: 0 })).catch(gone);
-    if (r.claim && !keepClaim) await this.call(`deleting claim ${r.namespace}/${r.claim}`, () => this.core().deleteNamespacedPersistentVolumeClaim({ namespace: r.namespace, name: r.claim! })).catch(gone);
+    const { namespace, name } = o;
+    if (o.kind === 'claim') return void (await this.call(`deleting claim ${namespace}/${name}`, () => this.core().deleteNamespacedPersistentVolumeClaim({ namespace, name })).catch(gone));
+    this.watchers.ensure(this.kc(), namespace)?.expectDeletion(name);
+    await this.call(`deleting pod ${namespace}/${name}`, () => this.core().deleteNamespacedPod({ namespace, name, gracePeriodSeconds: 0 })).catch(gone);
+  }
+
+  /** Deletes a record's pod (at once: the sandbox's processes need no grace) and claim; gone already is fine. */
+  private async deleteObjects(r: KubeRecord, keepClaim = false): Promise<void> {
+    await this.deleteObject({ kind: 'pod', namespace: r.namespace, name: r.pod });
+    if (r.claim && !keepClaim) await this.deleteObject({ kind: 'claim', namespace: r.namespace, name: r.claim });
   }
 
   async destroy({ root }: { repository: string; root: string }): Promise<void> {
@@ -943,6 +964,90 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     return out;
   }
 
+  /** The namespaces this repository's sandboxes may be in: the provider's, and every one its records name. */
+  private async namespacesOf(repo: string): Promise<string[]> {
+    const out = new Set([this.defaultNamespace()]);
+    const dir = path.join(repo, KUBERNETES_DIR);
+    for (const group of await fs.readdir(dir).catch(() => [] as string[])) {
+      for (const file of await fs.readdir(path.join(dir, group)).catch(() => [] as string[])) {
+        if (!file.endsWith('.json') || file.endsWith('.rebuild.json')) continue;
+        const r = await readJson<KubeRecord>(path.join(dir, group, file)).catch(() => undefined);
+        if (r?.namespace) out.add(r.namespace);
+      }
+    }
+    return [...out];
+  }
+
+  /** The repository's sandbox pods and claims (labelled slipway.dev/sandbox), in every namespace it uses, optionally of one group. */
+  private async labelled(repo: string, group?: string): Promise<Array<{ kind: 'pod' | 'claim'; namespace: string; name: string; annotations: Record<string, string>; madeAtMs: number }>> {
+    const labelSelector = [`${KUBE_LABELS.managed}=true`, KUBE_LABELS.sandbox, `${KUBE_LABELS.repository}=${repositoryLabel(repo)}`, ...(group !== undefined ? [`${KUBE_LABELS.group}=${kubeLabelValue(group)}`] : [])].join(',');
+    const out: Awaited<ReturnType<KubernetesSandboxProvider['labelled']>> = [];
+    for (const namespace of await this.namespacesOf(repo)) {
+      const [pods, claims] = await Promise.all([
+        this.call('listing sandbox pods', () => this.core().listNamespacedPod({ namespace, labelSelector })),
+        this.call('listing sandbox claims', () => this.core().listNamespacedPersistentVolumeClaim({ namespace, labelSelector })),
+      ]);
+      const entry = (kind: 'pod' | 'claim', m: { name?: string; annotations?: Record<string, string>; creationTimestamp?: Date }) => {
+        const a = m.annotations ?? {};
+        // A pool pod claimed a moment ago is as young as its claim, not its creation.
+        const madeAtMs = Math.max(m.creationTimestamp ? new Date(m.creationTimestamp).getTime() : 0, a['slipway.dev/claimed-at'] ? Date.parse(a['slipway.dev/claimed-at']) : 0);
+        out.push({ kind, namespace, name: m.name!, annotations: a, madeAtMs });
+      };
+      for (const p of pods.items) entry('pod', p.metadata ?? {});
+      for (const c of claims.items) entry('claim', c.metadata ?? {});
+    }
+    return out;
+  }
+
+  /**
+   * The janitor's sweep of an ended objective's (or project's) sandboxes: every pod and claim of
+   * the group found by label, one whose record a crash lost included, and the records. Returns
+   * the roots removed.
+   */
+  async sweepGroup(repository: string, group: string): Promise<string[]> {
+    const repo = await fs.realpath(repository);
+    const removed = new Set<string>();
+    for (const o of await this.labelled(repo, group)) {
+      if (o.annotations['slipway.dev/group'] !== group) continue;
+      await this.deleteObject(o);
+      const name = o.annotations['slipway.dev/name'];
+      if (name) removed.add(kubernetesSandboxRoot(repo, group, name));
+    }
+    await fs.rm(path.join(repo, KUBERNETES_DIR, group), { recursive: true, force: true });
+    return [...removed];
+  }
+
+  /**
+   * Pods and claims with Slipway's labels that no record names (a crash between making them and
+   * recording them, a record removed by hand, the old pod of a restored sandbox), deleted once
+   * older than `graceMs`: a create writes its record before it makes its pod, and a pool claim
+   * stamps its time. With `isLive`, the recorded sandboxes it says have ended go too (pod, claim
+   * and record): the reaper's sweep of ended service sandboxes whose pod died or outlived them.
+   */
+  async sweepOrphans(repository: string, options: { graceMs: number; isLive?: (sandbox: { root: string; sandboxId: string; group: string; createdAt: string }) => Promise<boolean> }): Promise<string[]> {
+    const repo = await fs.realpath(repository);
+    const removed: string[] = [];
+    const ended = new Set<string>();
+    for (const o of await this.labelled(repo)) {
+      if (Date.now() - o.madeAtMs < options.graceMs) continue;
+      const group = o.annotations['slipway.dev/group'];
+      const name = o.annotations['slipway.dev/name'];
+      const root = group && name ? kubernetesSandboxRoot(repo, group, name) : undefined;
+      const record = root ? await readJson<KubeRecord>(`${root}.json`).catch(() => undefined) : undefined;
+      const named = record && record.namespace === o.namespace && (o.kind === 'pod' ? record.pod === o.name : record.claim === o.name);
+      if (named && root && record) {
+        if (!options.isLive || ended.has(root) || (await options.isLive({ root, sandboxId: record.sandboxId, group: record.group, createdAt: record.createdAt }))) continue;
+        ended.add(root);
+        await this.destroy({ repository: repo, root });
+        removed.push(root);
+        continue;
+      }
+      await this.deleteObject(o);
+      removed.push(`${o.namespace}/${o.kind === 'pod' ? 'pods' : 'persistentvolumeclaims'}/${o.name}`);
+    }
+    return removed;
+  }
+
   /** Deletes the pod and keeps the claim (the workspace's files); processes do not survive. */
   async suspend(handle: Pick<SandboxHandle, 'root'>): Promise<{ snapshotRef: string; bytes: number }> {
     const w = this.where(handle.root);
@@ -975,7 +1080,8 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   async probe(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness> {
     const record = await this.record(handle.root);
     if (record.state === 'suspended') return { alive: true };
-    const seen = record.namespace === this.podWatch?.namespace ? this.podWatch.exitOf(record.pod) : undefined;
+    // The informer on the pod's namespace (started now in a worker that had none: a restart) knows how it ended.
+    const seen = this.watchers.ensure(this.kc(), record.namespace)?.exitOf(record.pod);
     if (seen) return { alive: false, reason: seen.reason, detail: `pod ${record.namespace}/${record.pod}: ${seen.detail}`, endedAtMs: seen.endedAtMs };
     const end = podEnd(await this.readPod(record.namespace, record.pod));
     return end ? { alive: false, reason: end.reason, detail: `pod ${record.namespace}/${record.pod}: ${end.detail}`, ...(end.finishedAt ? { endedAtMs: Date.parse(end.finishedAt) } : {}) } : { alive: true };

@@ -216,6 +216,13 @@ export interface SandboxProvider {
    * repository's branches and tags (ADR 0012).
    */
   bringCommits?(handle: Pick<SandboxHandle, 'root'>, commits: string[]): Promise<void>;
+  /**
+   * Orphan sweep (optional; providers whose sandboxes live outside the repository, found by
+   * label): removes the repository's objects that no record of Slipway's names, once older than
+   * `graceMs` (a create in flight), and those whose sandbox `isLive` says has ended. Returns what
+   * it removed.
+   */
+  sweepOrphans?(repository: string, options: { graceMs: number; isLive?: (sandbox: { root: string; sandboxId: string; group: string; createdAt: string }) => Promise<boolean> }): Promise<string[]>;
   /** Watcher probe (optional): is the sandbox still alive, or did it die outside Slipway? */
   probe?(handle: Pick<SandboxHandle, 'root'>): Promise<SandboxLiveness>;
   /**

@@ -72,6 +72,9 @@ export interface ReapResult {
   warmed: number;
 }
 
+/** A kubernetes profile's pod settings and warm pods, on a create request (ADR 0029); nothing for other profiles. */
+const kubernetesRequest = (policy: SandboxPolicy) => (policy.kubernetes ? { kubernetes: policy.kubernetes.settings, ...(policy.kubernetes.warmPool > 0 ? { warmPool: policy.kubernetes.warmPool } : {}) } : {});
+
 /** Where a service sandbox lives when the warm pool did not supply it. */
 export const coldRoot = (policy: SandboxPolicy, accountId: string, sandboxId: string) =>
   localSandboxRoot(policy.repository, serviceSandboxGroup(accountId), sandboxId);
@@ -116,6 +119,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
         name: id,
         branch: `slipway/warm/${id}`,
         base: policy.baseRef,
+        ...kubernetesRequest(policy),
       });
       await billing.addWarm(db, { id, profile_id: policy.profileId, repository: policy.repository, root: handle.root, branch: handle.branch });
       made++;
@@ -165,6 +169,7 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
               branch: serviceSandboxBranch(input.sandboxId),
               base: input.policy.baseRef,
               copyIgnored: input.policy.copyIgnored,
+              ...kubernetesRequest(input.policy),
               // A provisioning timeout or a DELETE cancels the activity; the create stops with it.
               signal,
             });
@@ -277,6 +282,21 @@ export function createSandboxServiceActivities(deps: SandboxServiceActivityDeps)
         if (seen.has(key)) continue;
         seen.add(key);
         const provider = providerFor(billing.policyFromProfile(profile));
+        // Providers found by label (Kubernetes): objects no record names, and those of sandboxes that
+        // ended (past their deadline and closed above, say) whose pod died or outlived them.
+        if (provider.sweepOrphans) {
+          const swept = await provider
+            .sweepOrphans(profile.repository, {
+              graceMs: grace,
+              isLive: async ({ sandboxId, group, createdAt }) => {
+                if (!group.startsWith(serviceSandboxGroup(''))) return true;
+                const row = await billing.getSandboxById(db, sandboxId);
+                return row ? row.status !== 'terminated' && row.status !== 'failed' : Date.now() - Date.parse(createdAt) < grace;
+              },
+            })
+            .catch(() => [] as string[]);
+          result.removedLeftovers.push(...swept);
+        }
         const listed = await provider.list(profile.repository).catch(() => []);
         // Every provider keeps an account's sandboxes in `.slipway/<kind>/acct-<account>/<id>` (worktrees,
         // containers, daytona: a remote sandbox found by its labels), so leftovers of each are found alike.

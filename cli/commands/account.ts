@@ -171,7 +171,8 @@ export function registerAccountCommands(program: Command): void {
     .requiredOption('--account <id>', 'account')
     .requiredOption('--repo <path>', 'repository each sandbox is a worktree of (local provider)')
     .option('--base <ref>', 'branch or commit sandboxes start from', 'HEAD')
-    .option('--provider <kind>', 'local (worktrees), podman or docker (one container per sandbox, ADR 0012), daytona (one Daytona sandbox each, ADR 0019; the worker needs DAYTONA_API_KEY)', 'local')
+    .option('--provider <kind>', 'local (worktrees), podman or docker (one container per sandbox, ADR 0012), daytona (one Daytona sandbox each, ADR 0019; the worker needs DAYTONA_API_KEY), kubernetes (one pod each, ADR 0020; the worker needs KUBECONFIG)', 'local')
+    .option('--kubernetes <json>', 'with --provider kubernetes: the pods\' settings {"image":"ghcr.io/acme/sandbox:1","namespace":"sandboxes","node_selector":{},"tolerations":[],"resources":{"limits":{"cpu":"2","memory":"4Gi"}},"service_account":"...","storage":"10Gi","storage_class":"...","warm_pool":2} (ADR 0029; image and namespace default to the worker\'s SLIPWAY_KUBE_IMAGE and SLIPWAY_KUBE_NAMESPACE)')
     .option('--platform <platform>', 'linux or macos', 'linux')
     .option('--resources <json>', 'enforced under bubblewrap: {"cpu":2,"memory_mb":4096,"processes":256,"file_size_mb":1024,"disk_mb":8192} (memory_gb also accepted)', '{}')
     .option('--idle-seconds <n>', 'idle threshold before suspend (default 300)', positiveNumber('--idle-seconds'))
@@ -199,7 +200,21 @@ export function registerAccountCommands(program: Command): void {
         throw new CliError(`--resources: ${(e as Error).message}`);
       }
       if (!(SERVICE_PROVIDERS as readonly string[]).includes(opts.provider)) throw new CliError(`--provider must be one of ${SERVICE_PROVIDERS.join(', ')}`);
-      if (opts.provider !== 'local' && opts.warm) throw new CliError('--warm: container and daytona profiles have no warm pool');
+      if (opts.provider !== 'local' && opts.warm) throw new CliError(`--warm: ${opts.provider} profiles have no worktree warm pool${opts.provider === 'kubernetes' ? ' (warm pods: "warm_pool" in --kubernetes)' : ''}`);
+      let kubernetes: unknown;
+      if (opts.kubernetes !== undefined) {
+        if (opts.provider !== 'kubernetes') throw new CliError(`--kubernetes applies to --provider kubernetes only, not ${opts.provider}`);
+        try {
+          kubernetes = JSON.parse(opts.kubernetes);
+        } catch {
+          throw new CliError('--kubernetes must be JSON');
+        }
+        try {
+          (require('../../core/kubernetes') as typeof import('../../core/kubernetes')).parseProfileKubernetes(kubernetes);
+        } catch (e) {
+          throw new CliError(`--kubernetes: ${(e as Error).message}`);
+        }
+      }
       if (!['linux', 'macos'].includes(opts.platform)) throw new CliError('--platform must be linux or macos');
       if (!['none', 'bubblewrap'].includes(opts.confinement)) throw new CliError('--confinement must be none or bubblewrap');
       if (opts.provider === 'local' && opts.confinement === 'none' && !opts.allowUnconfined) {
@@ -224,6 +239,7 @@ export function registerAccountCommands(program: Command): void {
             confinement: opts.confinement,
             network: opts.network,
             copyIgnored: opts.copyIgnored,
+            ...(kubernetes !== undefined ? { kubernetes } : {}),
           })
           .catch(dbInputError);
         out(`profile ${p.name} (${p.id}) for ${opts.account}: ${p.provider}/${p.platform}, ${p.confinement}, network ${p.network ? 'on' : 'off'}, idle ${p.idle_timeout_seconds} s, warm ${p.warm_replicas}`);

@@ -66,6 +66,8 @@ export interface TestNodeOptions {
   podPidsLimit?: number;
   /** Allocatable cpu and memory; default 4 and 8Gi. */
   allocatable?: { cpu: string; memory: string };
+  /** Every podman command the node runs goes through this (tests: to hold one until another has run). */
+  interceptPodman?: (args: string[], run: () => Promise<RunResult>) => Promise<RunResult>;
 }
 
 const NODE_LABEL = 'slipway-test-node';
@@ -73,7 +75,7 @@ const now = () => new Date();
 const code = (e: unknown) => (e as { code?: number }).code;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-interface RunResult {
+export interface RunResult {
   code: number;
   stdout: string;
   stderr: string;
@@ -403,12 +405,13 @@ interface PodState {
 }
 
 export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions = {}): Promise<TestNode> {
+  const nodePodman = (args: string[], env: Record<string, string> = {}) => (opts.interceptPodman ? opts.interceptPodman(args, () => podman(args, env)) : podman(args, env));
   const name = opts.name ?? `node-${randomBytes(3).toString('hex')}`;
   const kc = cluster.config('admin');
   const core = kc.makeApiClient(CoreV1Api);
   const sandboxImage = defaultSandboxImage();
   if (!opts.images && !sandboxImage) throw new Error('kube-node: no sandbox image (.tools/containers/image); run bash scripts/setup.sh (needs podman)');
-  const check = await podman(['version', '--format', '{{.Client.Version}}']);
+  const check = await nodePodman(['version', '--format', '{{.Client.Version}}']);
   if (check.code !== 0) throw new Error(`kube-node: podman is missing or broken: ${check.stderr.trim() || check.stdout.trim()}`);
   const nodeDir = path.join(cluster.dir, 'nodes', name);
   await fs.mkdir(nodeDir, { recursive: true });
@@ -654,7 +657,7 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
     Image?: string;
   }
   const inspect = async (container: string): Promise<Inspect | undefined> => {
-    const r = await podman(['inspect', '--type', 'container', container]);
+    const r = await nodePodman(['inspect', '--type', 'container', container]);
     if (r.code !== 0) return undefined;
     return (JSON.parse(r.stdout) as Inspect[])[0];
   };
@@ -749,12 +752,12 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
     // The pod sandbox: a podman pod whose infra container holds the network namespace (and the
     // pod's IP) the containers share, as a real pod's pause container does.
     const sandbox = `k8s_POD_${pod.metadata!.name}_${pod.metadata!.namespace}_${pod.metadata!.uid!.slice(0, 8)}`;
-    const created = await podman(['pod', 'create', '--name', sandbox, '--network', 'bridge', '--hostname', pod.metadata!.name!, '--label', `${NODE_LABEL}=${name}`, '--label', `io.kubernetes.pod.uid=${pod.metadata!.uid}`]);
+    const created = await nodePodman(['pod', 'create', '--name', sandbox, '--network', 'bridge', '--hostname', pod.metadata!.name!, '--label', `${NODE_LABEL}=${name}`, '--label', `io.kubernetes.pod.uid=${pod.metadata!.uid}`]);
     if (created.code !== 0) return failPod(state, 'FailedCreatePodSandBox', created.stderr.trim(), true, pod);
     state.sandbox = sandbox;
-    const started = await podman(['pod', 'start', sandbox]);
+    const started = await nodePodman(['pod', 'start', sandbox]);
     if (started.code !== 0) return failPod(state, 'FailedCreatePodSandBox', started.stderr.trim(), true, pod);
-    const infra = await podman(['pod', 'inspect', sandbox, '--format', '{{.InfraContainerID}}']);
+    const infra = await nodePodman(['pod', 'inspect', sandbox, '--format', '{{.InfraContainerID}}']);
     state.podIP = (await inspect(infra.stdout.trim()))?.NetworkSettings?.IPAddress || undefined;
     const all: Array<{ c: V1Container; init: boolean }> = [...(pod.spec?.initContainers ?? []).map((c) => ({ c, init: true })), ...(pod.spec?.containers ?? []).map((c) => ({ c, init: false }))];
     for (const { c, init } of all) {
@@ -770,11 +773,11 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
       } catch (e) {
         return failPod(state, 'CreateContainerConfigError', (e as Error).message, true, pod);
       }
-      const r = await podman(args, env);
+      const r = await nodePodman(args, env);
       if (r.code !== 0) return failPod(state, 'RunContainerError', r.stderr.trim(), false, pod);
       if (init) {
-        const w = await podman(['wait', container]);
-        await podman(['rm', '-f', container]);
+        const w = await nodePodman(['wait', container]);
+        await nodePodman(['rm', '-f', container]);
         if (w.stdout.trim() !== '0') {
           state.done = true;
           return failPod(state, 'Init:Error', `init container "${c.name}" exited with ${w.stdout.trim()}`, false, pod);
@@ -792,7 +795,7 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
       if (probe) {
         void (async () => {
           while (!state.done && !stopped && !lost) {
-            const r = await podman(['exec', container, ...probe]);
+            const r = await nodePodman(['exec', container, ...probe]);
             if (r.code === 0) {
               readiness.set(c.name, true);
               await state.chain;
@@ -805,13 +808,13 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
       }
       void (async () => {
         for (;;) {
-          await podman(['wait', container]);
+          await nodePodman(['wait', container]);
           if (state.done || stopped || lost) return;
           const info = await inspect(container);
           const policy = pod.spec?.restartPolicy ?? 'Always';
           if (info && (policy === 'Always' || (policy === 'OnFailure' && info.State.ExitCode !== 0))) {
             state.restarts.set(c.name, (state.restarts.get(c.name) ?? 0) + 1);
-            await podman(['start', container]);
+            await nodePodman(['start', container]);
             continue;
           }
           state.chain = state.chain.then(() => (state.done ? undefined : report(pod, state, readiness))).catch(() => undefined);
@@ -822,8 +825,8 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
   };
 
   const killContainers = async (state: PodState, grace: number) => {
-    await Promise.all([...state.containers.values()].map((c) => podman(['rm', '-f', '-t', String(grace), c])));
-    if (state.sandbox) await podman(['pod', 'rm', '-f', '-t', '0', state.sandbox]);
+    await Promise.all([...state.containers.values()].map((c) => nodePodman(['rm', '-f', '-t', String(grace), c])));
+    if (state.sandbox) await nodePodman(['pod', 'rm', '-f', '-t', '0', state.sandbox]);
   };
 
   const syncPod = async (pod: V1Pod) => {
@@ -842,7 +845,7 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
       pods.delete(uid);
       return;
     }
-    if (state || terminal(pod)) return;
+    if (state || terminal(pod) || stopped || lost) return;
     state = { uid, namespace: pod.metadata!.namespace!, name: pod.metadata!.name!, containers: new Map(), dir: path.join(nodeDir, 'pods', uid), done: false, chain: Promise.resolve(), restarts: new Map() };
     pods.set(uid, state);
     await startPod(pod, state);
@@ -939,9 +942,18 @@ export async function startTestNode(cluster: KubeCluster, opts: TestNodeOptions 
       kubelet.stop();
       await stopExec();
       for (const s of pods.values()) s.done = true;
-      const ours = await podman(['pod', 'ps', '-q', '--filter', `label=${NODE_LABEL}=${name}`]);
-      const ids = ours.stdout.split('\n').filter(Boolean);
-      if (ids.length) await podman(['pod', 'rm', '-f', '-t', '0', ...ids]);
+      const sweep = async () => {
+        const ours = await nodePodman(['pod', 'ps', '-q', '--filter', `label=${NODE_LABEL}=${name}`]);
+        const ids = ours.stdout.split('\n').filter(Boolean);
+        if (ids.length) await nodePodman(['pod', 'rm', '-f', '-t', '0', ...ids]);
+        const loose = (await nodePodman(['ps', '-aq', '--filter', `label=${NODE_LABEL}=${name}`])).stdout.split('\n').filter(Boolean);
+        if (loose.length) await nodePodman(['rm', '-f', '-t', '0', ...loose]);
+      };
+      await sweep();
+      // A pod being started meanwhile may make its podman pod or container after that listing:
+      // once every sync has settled (each stops at its next step, its state done), sweep again.
+      await Promise.allSettled([...queues.values()]);
+      await sweep();
       await core.deleteNode({ name }).catch(() => undefined);
       if (--controllers.refs === 0) {
         controllers.stop();

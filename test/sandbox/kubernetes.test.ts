@@ -14,7 +14,7 @@ import { CoreV1Api, KubernetesObjectApi, PatchStrategy, type KubeConfig } from '
 import { parseAllDocuments } from 'yaml';
 import { defaultSandboxImage, engineEnv } from '../../activities/sandbox/container';
 import { classifyKubeError, KubernetesProviderError, KubernetesSandboxProvider, kubernetesSandboxRoot } from '../../activities/sandbox/kubernetes';
-import { SandboxPodWatch, type PodExit } from '../../activities/sandbox/kube-watch';
+import { PodWatchers, SandboxPodWatch, type PodExit } from '../../activities/sandbox/kube-watch';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { createStreamSandbox } from '../../activities/sandbox/objective-sandboxes';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
@@ -382,6 +382,36 @@ describe('kubernetes: the pod watcher (list+watch, 410 re-list, reconnect) repor
       await stale.stop();
     }
     await p.destroy({ repository: repo, root: h.root });
+  });
+
+  it('one informer per namespace per worker: providers share it, it starts only while a worker holds the watchers, and its exits reach every listener', async () => {
+    const watchers = new PodWatchers();
+    const a = provider({ watchers });
+    const b = provider({ watchers });
+    const h = await a.create(sandboxRequest(repo, 'shared-informer', { group: 'watch' }));
+    // No worker holds them: a create starts nothing.
+    expect(watchers.ensure(admin, NS)).toBeUndefined();
+    const release = watchers.hold();
+    try {
+      expect(await b.probe(h)).toEqual({ alive: true });
+      const w = watchers.ensure(admin, NS)!;
+      expect(w).toBeDefined();
+      expect(a.watch()).toBe(w);
+      expect(b.watch()).toBe(w);
+      await w.synced;
+      const seen: PodExit[] = [];
+      const off = watchers.onExit((e) => seen.push(e));
+      const pod = await podOf(h);
+      await core.deleteNamespacedPod({ namespace: NS, name: pod });
+      expect(await waitFor(async () => seen.some((e) => e.pod === pod), 60_000)).toBe(true);
+      expect(seen.filter((e) => e.pod === pod)).toMatchObject([{ reason: 'deleted', group: 'watch', name: 'shared-informer' }]);
+      off();
+      expect(w.stats.lists).toBe(1);
+    } finally {
+      await release();
+    }
+    expect(watchers.ensure(admin, NS)).toBeUndefined();
+    await a.destroy({ repository: repo, root: h.root });
   });
 
   it('a lost node is reported as node_lost for its pods', async () => {

@@ -134,6 +134,8 @@ export interface ProviderLifecycleOptions {
   firstExec?: { script: string; expected: string };
   /** A secret (an API key) no command in the sandbox may see. */
   secret?: () => string;
+  /** Host settings for the suite's harness (watchIntervalMs: 0 turns the probe pass off). */
+  harness?: Parameters<typeof startServiceHarness>[0];
   /** More tests in the same suite, with the same harness. */
   more?: (harness: () => ServiceHarness, root: (id: string) => Promise<string>) => void;
 }
@@ -148,7 +150,7 @@ export function describeProviderLifecycle(name: string, opts: ProviderLifecycleO
     let h: ServiceHarness;
     beforeAll(async () => {
       await opts.before?.();
-      h = await startServiceHarness({ providerFor: opts.providerFor() });
+      h = await startServiceHarness({ ...opts.harness, providerFor: opts.providerFor() });
     });
     afterAll(async () => {
       await h?.stop();

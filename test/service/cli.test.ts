@@ -64,6 +64,21 @@ describe('slipway account, token, project, profile', () => {
 });
 
 describe('unconfined tenants need the operator to opt in', () => {
+  it('takes a kubernetes profile\'s --kubernetes section, refusing a bad one naming the field (exit 2, nothing stored)', async () => {
+    expect((await slipway(['account', 'create', 'cli-kube'], dbEnv)).code).toBe(0);
+    const base = ['profile', 'create', 'k8s', '--account', 'cli-kube', '--repo', h.repo, '--provider', 'kubernetes'];
+    const bad = await slipway([...base, '--kubernetes', JSON.stringify({ namespace: 'sandboxes', resources: { limits: { memory: 'lots' } } })], dbEnv);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--kubernetes: kubernetes.resources.limits.memory: must be a Kubernetes quantity');
+    const elsewhere = await slipway(['profile', 'create', 'pm', '--account', 'cli-kube', '--repo', h.repo, '--provider', 'podman', '--kubernetes', '{}'], dbEnv);
+    expect(elsewhere.code).toBe(2);
+    expect(elsewhere.stderr).toContain('--kubernetes applies to --provider kubernetes only');
+    expect(JSON.parse((await slipway(['profile', 'list', '--account', 'cli-kube', '--json'], dbEnv)).stdout)).toEqual([]);
+    const ok = await slipway([...base, '--kubernetes', JSON.stringify({ image: 'ghcr.io/acme/sandbox:1', namespace: 'sandboxes', warm_pool: 1 })], dbEnv);
+    expect(ok).toMatchObject({ code: 0 });
+    expect(JSON.parse((await slipway(['profile', 'list', '--account', 'cli-kube', '--json'], dbEnv)).stdout)).toMatchObject([{ name: 'k8s', provider: 'kubernetes', kubernetes: { image: 'ghcr.io/acme/sandbox:1', namespace: 'sandboxes', warm_pool: 1 } }]);
+  });
+
   it('refuses a profile with --confinement none unless --allow-unconfined is given, naming the option', async () => {
     await slipway(['account', 'create', 'cli-open'], dbEnv);
     const refused = await slipway(['profile', 'create', 'open', '--account', 'cli-open', '--repo', h.repo, '--confinement', 'none'], dbEnv);
