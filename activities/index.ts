@@ -73,6 +73,13 @@ export interface MergedWithGates {
   reset?: boolean;
 }
 
+/** What `mergeBatch` did: each stream's merge in order, the post-merge gates on all of them, and whether the batch was reverted. */
+export interface MergedBatch {
+  merges: MergeOutcome[];
+  gates?: { passed: boolean; failureReport: string };
+  reset?: boolean;
+}
+
 export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   const { sandboxes } = deps;
   // Who holds what this worker creates: itself for a host-bound provider, any worker otherwise.
@@ -237,6 +244,35 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       return { merge, gates: report, reset: true };
     },
 
+    /**
+     * Several streams' merges in one activity (docs/adr/0031-batch-merges.md): each stream is
+     * merged on top of the one before (`mergeStream`), the post-merge gates run once on the
+     * result, and when they fail the integration branch goes back to `expectedTip` (the caller
+     * bisects). Idempotent: merges a killed attempt made on top of `expectedTip` (a first-parent
+     * line of merge commits of this batch's heads, never reported) are undone first and made
+     * again, so the result is one undisturbed run's and no stream is merged twice; any other
+     * tip is refused as in `mergeStream`.
+     */
+    async mergeBatch(input: { mergerPath: string; expectedTip?: string; items: Array<{ branch: string; headCommit: string; message: string }>; gates: GateSpec[] }): Promise<MergedBatch> {
+      if (input.expectedTip && (await unreportedBatch(input.mergerPath, input.expectedTip, new Set(input.items.map((i) => i.headCommit))))) {
+        await activities.resetIntegration({ mergerPath: input.mergerPath, commit: input.expectedTip });
+      }
+      const merges: MergeOutcome[] = [];
+      let tip = input.expectedTip;
+      for (const item of input.items) {
+        const merge = await activities.mergeStream({ mergerPath: input.mergerPath, ...item, ...(tip ? { expectedTip: tip } : {}) });
+        merges.push(merge);
+        if (merge.status === 'merged') tip = merge.commit;
+      }
+      const start = input.expectedTip;
+      if (!merges.some((m) => m.status === 'merged' && !m.alreadyMerged) || input.gates.length === 0) return { merges };
+      const gates = await activities.runGates({ path: input.mergerPath, gates: input.gates });
+      const report = { passed: gates.passed, failureReport: gates.failureReport };
+      if (gates.passed || !start) return { merges, gates: report };
+      await activities.resetIntegration({ mergerPath: input.mergerPath, commit: start });
+      return { merges, gates: report, reset: true };
+    },
+
     /** Moves the integration branch back to `commit` (undoing a merge whose post-merge gates failed). */
     async resetIntegration(input: { mergerPath: string; commit: string }): Promise<void> {
       const m = await mergerGit(input.mergerPath);
@@ -302,6 +338,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     commitWork: heartbeating(activities.commitWork),
     mergeStream: heartbeating(activities.mergeStream),
     mergeWithGates: heartbeating(activities.mergeWithGates),
+    mergeBatch: heartbeating(activities.mergeBatch),
     resetIntegration: heartbeating(activities.resetIntegration),
     resetOntoIntegration: heartbeating(activities.resetOntoIntegration),
     finishObjective: heartbeating(activities.finishObjective),
@@ -387,6 +424,19 @@ async function mergerGit(mergerPath: string) {
     cleanup: () => Promise.all(files.map((f) => fs.rm(f, { force: true }))).then(() => undefined),
     freshSandboxGit: () => discardSandboxGit(loc.repository, loc.worktree),
   };
+}
+
+/**
+ * A batch attempt killed after some merges leaves them on the integration branch unreported: when
+ * the merger's HEAD is `expectedTip` followed, on its first-parent line, only by merge commits of
+ * `heads`, they are that attempt's and go (true). Anything else is left for `mergeStream` to judge.
+ */
+async function unreportedBatch(mergerPath: string, expectedTip: string, heads: Set<string>): Promise<boolean> {
+  const m = await mergerGit(mergerPath);
+  const head = await m.git(['rev-parse', 'HEAD']);
+  if (head === expectedTip || !(await m.ok(['merge-base', '--is-ancestor', expectedTip, head]))) return false;
+  const line = (await m.git(['rev-list', '--first-parent', '--parents', `${expectedTip}..${head}`])).split('\n').map((l) => l.split(' '));
+  return line.every(([, first, second, ...more], i) => second !== undefined && more.length === 0 && heads.has(second) && first === (line[i + 1]?.[0] ?? expectedTip));
 }
 
 /** Agent runs live in agents/run-agent.ts; the workers build them from the same deps. */
