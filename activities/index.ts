@@ -183,48 +183,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
      * outside the queue, and nothing is merged on top of it.
      */
     async mergeStream(input: { mergerPath: string; branch: string; headCommit: string; message: string; expectedTip?: string }): Promise<MergeOutcome> {
-      const m = await mergerGit(input.mergerPath);
-      const head = await m.git(['rev-parse', 'HEAD']);
-      if (input.expectedTip && head !== input.expectedTip && !(await m.ok(['merge-base', '--is-ancestor', input.headCommit, head]))) {
-        throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
-      }
-      if (await m.ok(['merge-base', '--is-ancestor', input.headCommit, head])) {
-        // Merged before (a retried activity) only if a merge commit of the integration branch
-        // brought it in; a head on the integration branch's own line (a rebuild that changed
-        // nothing) brought nothing.
-        const firstParents = (await m.git(['rev-list', '--first-parent', head])).split('\n');
-        if (firstParents.includes(input.headCommit)) {
-          return { status: 'no_changes', summary: `the stream's head ${input.headCommit.slice(0, 10)} brings no change over the integration branch` };
-        }
-        const previous = (await m.maybe(['rev-parse', 'HEAD^1'])) ?? head;
-        const isMergeOfStream = (await m.maybe(['rev-parse', 'HEAD^2'])) === input.headCommit;
-        return { status: 'merged', commit: head, previous: isMergeOfStream ? previous : head, alreadyMerged: true };
-      }
-      // A previous attempt may have died mid-merge.
-      await m.maybe(['merge', '--abort']);
-      await m.git(['reset', '--hard', '-q', head]);
-      try {
-        await m.git(['merge', '--no-ff', '--no-edit', '-F', m.messageFile(input.message), input.headCommit], true);
-      } catch (e) {
-        const files = (await m.maybe(['diff', '--name-only', '--diff-filter=U']))?.split('\n').filter(Boolean) ?? [];
-        await m.maybe(['merge', '--abort']);
-        await m.git(['reset', '--hard', '-q', head]);
-        if (files.length === 0) {
-          // Not a conflict (git failed for another reason): say what happened.
-          throw failure('sandbox_failure', `merging ${input.headCommit} failed: ${tail((e as Error).message, 2000)}`);
-        }
-        return { status: 'conflict', files, details: tail((e as Error).message, OUTPUT_TAIL_CHARS) };
-      } finally {
-        await m.cleanup();
-      }
-      if (await m.ok(['diff', '--quiet', 'HEAD^1', 'HEAD'])) {
-        // A merge commit whose tree is the integration branch's: the stream's intent is not in it.
-        await m.git(['reset', '--hard', '-q', head]);
-        return { status: 'no_changes', summary: `merging ${input.headCommit.slice(0, 10)} changes nothing on the integration branch` };
-      }
-      // Post-merge gates see the new integration state, from a fresh private git directory.
-      await m.freshSandboxGit();
-      return { status: 'merged', commit: await m.git(['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
+      return mergeInto(await mergerGit(input.mergerPath), input);
     },
 
     /**
@@ -259,11 +218,13 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       }
       const merges: MergeOutcome[] = [];
       let tip = input.expectedTip;
+      const m = await mergerGit(input.mergerPath);
       for (const item of input.items) {
-        const merge = await activities.mergeStream({ mergerPath: input.mergerPath, ...item, ...(tip ? { expectedTip: tip } : {}) });
+        const merge = await mergeInto(m, { ...item, ...(tip ? { expectedTip: tip } : {}) }, false);
         merges.push(merge);
         if (merge.status === 'merged') tip = merge.commit;
       }
+      if (merges.some((x) => x.status === 'merged' && !x.alreadyMerged)) await m.freshSandboxGit();
       const start = input.expectedTip;
       if (!merges.some((m) => m.status === 'merged' && !m.alreadyMerged) || input.gates.length === 0) return { merges };
       const gates = await activities.runGates({ path: input.mergerPath, gates: input.gates });
@@ -427,6 +388,54 @@ async function mergerGit(mergerPath: string) {
 }
 
 /**
+ * `mergeStream` in a merger whose git is already opened (a batch opens it once). `fresh`: make the
+ * merger's private git directory anew after a merge (a batch does it once, before its gates).
+ */
+async function mergeInto(m: MergerGit, input: { branch: string; headCommit: string; message: string; expectedTip?: string }, fresh = true): Promise<MergeOutcome> {
+  const head = await m.git(['rev-parse', 'HEAD']);
+  if (input.expectedTip && head !== input.expectedTip && !(await m.ok(['merge-base', '--is-ancestor', input.headCommit, head]))) {
+    throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
+  }
+  if (await m.ok(['merge-base', '--is-ancestor', input.headCommit, head])) {
+    // Merged before (a retried activity) only if a merge commit of the integration branch
+    // brought it in; a head on the integration branch's own line (a rebuild that changed
+    // nothing) brought nothing.
+    const firstParents = (await m.git(['rev-list', '--first-parent', head])).split('\n');
+    if (firstParents.includes(input.headCommit)) {
+      return { status: 'no_changes', summary: `the stream's head ${input.headCommit.slice(0, 10)} brings no change over the integration branch` };
+    }
+    const previous = (await m.maybe(['rev-parse', 'HEAD^1'])) ?? head;
+    const isMergeOfStream = (await m.maybe(['rev-parse', 'HEAD^2'])) === input.headCommit;
+    return { status: 'merged', commit: head, previous: isMergeOfStream ? previous : head, alreadyMerged: true };
+  }
+  // A previous attempt may have died mid-merge.
+  await m.maybe(['merge', '--abort']);
+  await m.git(['reset', '--hard', '-q', head]);
+  try {
+    await m.git(['merge', '--no-ff', '--no-edit', '-F', m.messageFile(input.message), input.headCommit], true);
+  } catch (e) {
+    const files = (await m.maybe(['diff', '--name-only', '--diff-filter=U']))?.split('\n').filter(Boolean) ?? [];
+    await m.maybe(['merge', '--abort']);
+    await m.git(['reset', '--hard', '-q', head]);
+    if (files.length === 0) {
+      // Not a conflict (git failed for another reason): say what happened.
+      throw failure('sandbox_failure', `merging ${input.headCommit} failed: ${tail((e as Error).message, 2000)}`);
+    }
+    return { status: 'conflict', files, details: tail((e as Error).message, OUTPUT_TAIL_CHARS) };
+  } finally {
+    await m.cleanup();
+  }
+  if (await m.ok(['diff', '--quiet', 'HEAD^1', 'HEAD'])) {
+    // A merge commit whose tree is the integration branch's: the stream's intent is not in it.
+    await m.git(['reset', '--hard', '-q', head]);
+    return { status: 'no_changes', summary: `merging ${input.headCommit.slice(0, 10)} changes nothing on the integration branch` };
+  }
+  // Post-merge gates see the new integration state, from a fresh private git directory.
+  if (fresh) await m.freshSandboxGit();
+  return { status: 'merged', commit: await m.git(['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
+}
+
+/**
  * A batch attempt killed after some merges leaves them on the integration branch unreported: when
  * the merger's HEAD is `expectedTip` followed, on its first-parent line, only by merge commits of
  * `heads`, they are that attempt's and go (true). Anything else is left for `mergeStream` to judge.
@@ -438,6 +447,8 @@ async function unreportedBatch(mergerPath: string, expectedTip: string, heads: S
   const line = (await m.git(['rev-list', '--first-parent', '--parents', `${expectedTip}..${head}`])).split('\n').map((l) => l.split(' '));
   return line.every(([, first, second, ...more], i) => second !== undefined && more.length === 0 && heads.has(second) && first === (line[i + 1]?.[0] ?? expectedTip));
 }
+
+type MergerGit = Awaited<ReturnType<typeof mergerGit>>;
 
 /** Agent runs live in agents/run-agent.ts; the workers build them from the same deps. */
 export function createAgentActivities(deps: ActivityDeps = defaultActivityDeps()) {

@@ -1,7 +1,8 @@
 /**
  * Batch merges (docs/adr/0031-batch-merges.md) on the real Temporal test server, real git and
- * script agents. The first merge's post-merge gate waits until the test has seen the other
- * streams queued (a condition, not a time), so they are merged as one batch:
+ * script agents. The streams but the first wait in their quality gate until the first one's merge
+ * has begun, and its post-merge gate waits until the test has seen the others queued behind it
+ * (conditions, not times), so they are merged as one batch:
  * - a post-merge gate that fails only for two streams together: the batch is bisected, the
  *   culprit takes the normal post-merge-gate-failure path, every other stream lands;
  * - the worker killed with SIGKILL in the middle of a batch's gate: the retry undoes the
@@ -35,34 +36,42 @@ afterEach(() => {
 });
 
 const builder = { provider: 'script', command: `node ${PLAN_BUILDER}` };
-const file = (id: string, content = `module.exports = '${id}';\n`) => ({ [`src/${id}.js`]: content });
+const file = (id: string, content = `module.exports = '${id}';\n`) => ({ [`out/${id}.js`]: content });
 /** Stream ids of the integration branch's merge commits, oldest first. */
 const mergesOn = (repo: string, id: string) =>
   [...gitIn(repo, 'log', '--first-parent', '--reverse', '--merges', '--format=%s', integrationBranch(id)).matchAll(/merge stream (\S+) into/g)].map((m) => m[1]);
 
-/** Waits until `count` streams have asked to merge while the first merge's gate is held, then lets the gate go on. */
-async function releaseWhenQueued(query: () => Promise<ObjectiveStatus>, count: number, release: string) {
-  await waitFor(async () => (await query()).streams.filter((s) => s.phase === 'merge_ready').length >= count, `${count} streams queued behind the first merge`, 240_000);
-  writeFileSync(release, '');
+/**
+ * The held start: `first` merges alone (the others' quality gate waits for `sync/queue`), its
+ * post-merge gate waits for `sync/release` (see `holdFirst`) until all others are queued behind it.
+ */
+async function mergeTheRestAsOneBatch(query: () => Promise<ObjectiveStatus>, first: string, sync: string) {
+  await waitFor(async () => (await query()).streams.find((s) => s.id === first)?.phase === 'merging', `${first} to merge first`, 240_000);
+  writeFileSync(path.join(sync, 'queue'), '');
+  await waitFor(async () => (await query()).streams.every((s) => s.id === first || s.phase === 'merge_ready'), 'the other streams queued behind the first merge', 240_000);
+  writeFileSync(path.join(sync, 'release'), '');
 }
+/** The quality gate of every stream but `first`: it waits until the test lets them queue. */
+const queueGate = (first: string, sync: string) => ({ name: 'queue', command: `[ -f out/${first}.js ] || while [ ! -f ${sync}/queue ]; do sleep 0.1; done` });
+/** Shell for a post-merge gate: waits for the release (a no-op once given). */
+const holdFirst = (sync: string) => `while [ ! -f ${sync}/release ]; do sleep 0.1; done`;
 
 describe('batch merges', () => {
   it('bisects a batch whose post-merge gate fails only for two streams together: the culprit goes round its fix loop, the others land', async () => {
     const sync = tempDir('slipway-batch-');
-    const release = path.join(sync, 'release');
     const id = 'batch-bisect';
     const repo = makeDemoRepo();
     const before = pictureCheckout(repo);
     const ids = ['a', 'b', 'c', 'd', 'e'];
     // b and d are each fine alone; together (both still "bad") they break the integration branch.
-    const gate = `while [ ! -f ${release} ]; do sleep 0.1; done; ! (grep -qs bad src/b.js && grep -qs bad src/d.js)`;
+    const gate = `${holdFirst(sync)}; ! (grep -qs bad out/b.js && grep -qs bad out/d.js)`;
     const plan: Plan = Object.fromEntries(ids.map((s) => [s, [{ files: file(s, s === 'b' || s === 'd' ? `module.exports = 'bad ${s}';\n` : undefined) }, { files: file(s, `module.exports = 'good ${s}';\n`) }]]));
     const objective = writeObjective(
-      { objective: 'five files', repository: repo, max_parallel_streams: 5, post_merge_gates: [{ name: 'pair', command: gate }], agents: { builder }, streams: ids.map((s) => ({ id: s, task: `file ${s}` })) },
+      { objective: 'five files', repository: repo, max_parallel_streams: 5, gates: [queueGate('a', sync)], post_merge_gates: [{ name: 'pair', command: gate }], agents: { builder }, streams: ids.map((s) => ({ id: s, task: `file ${s}` })) },
       plan,
     );
     const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [await loadObjectiveFile(objective, { id })] });
-    await releaseWhenQueued(() => handle.query(objectiveStatusQuery), 4, release);
+    await mergeTheRestAsOneBatch(() => handle.query(objectiveStatusQuery), 'a', sync);
     const result = (await handle.result()) as ObjectiveResult;
 
     expect(result.outcome).toBe('completed');
@@ -77,8 +86,9 @@ describe('batch merges', () => {
     const merges = mergesOn(repo, id);
     expect([...merges].sort()).toEqual(ids);
     expect(merges.at(-1)).toBe(culprit);
-    expect(gitIn(repo, 'show', `${integrationBranch(id)}:src/${culprit}.js`)).toContain('good');
-    // The batch was tried whole, failed, and was bisected.
+    expect(gitIn(repo, 'show', `${integrationBranch(id)}:out/${culprit}.js`)).toContain('good');
+    expect(merges[0]).toBe('a');
+    // The batch b-e was tried whole, failed, and was bisected.
     const feed = (await handle.query(objectiveFeedQuery, 0)).events.map((e) => e.text);
     expect(feed.some((t) => /failed its post-merge gates and was reverted: bisecting into/.test(t))).toBe(true);
     const scheduled = ((await handle.fetchHistory()).events ?? []).flatMap((e) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? []);
@@ -87,17 +97,16 @@ describe('batch merges', () => {
 
   it('a worker killed in the middle of a batch\'s post-merge gate: no stream merged twice, and the tree is an undisturbed run\'s', async () => {
     const sync = tempDir('slipway-batch-kill-');
-    const release = path.join(sync, 'release');
     const runs = path.join(sync, 'runs');
-    // Run 1 (the first merge, alone) waits for the queue; run 2 (the batch) hangs until the worker is killed under it.
-    const hold = `echo run >> ${runs}; n=$(wc -l < ${runs}); if [ "$n" = 1 ]; then while [ ! -f ${release} ]; do sleep 0.1; done; fi; if [ "$n" = 2 ]; then touch ${sync}/held; sleep 600; fi`;
+    // Run 1 (alpha, alone) waits for the queue; run 2 (the batch of beta and gamma) hangs until the worker is killed under it.
+    const hold = `echo run >> ${runs}; ${holdFirst(sync)}; if [ "$(wc -l < ${runs})" = 2 ]; then touch ${sync}/held; sleep 600; fi`;
     const ids = ['alpha', 'beta', 'gamma'];
-    const run = async (id: string, gate: string, disturb?: (c: Client, worker: WorkerProcess) => Promise<void>) => {
+    const run = async (id: string, gate: string, streamGates: Array<{ name: string; command: string }>, disturb?: (c: Client, worker: WorkerProcess) => Promise<void>) => {
       const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `${id}-${randomUUID().slice(0, 8)}` };
       const repo = makeDemoRepo();
       const before = pictureCheckout(repo);
       const objective = writeObjective(
-        { objective: 'three files', repository: repo, max_parallel_streams: 3, post_merge_gates: [{ name: 'post', command: gate }], agents: { builder }, streams: ids.map((s) => ({ id: s, task: `file ${s}` })) },
+        { objective: 'three files', repository: repo, max_parallel_streams: 3, gates: streamGates, post_merge_gates: [{ name: 'post', command: gate }], agents: { builder }, streams: ids.map((s) => ({ id: s, task: `file ${s}` })) },
         Object.fromEntries(ids.map((s) => [s, [{ files: file(s) }]])),
       );
       const c = new Client({ connection: await Connection.connect({ address: inject('temporalAddress') }) });
@@ -114,9 +123,9 @@ describe('batch merges', () => {
       return { repo, result, scheduled };
     };
     const [calm, crashed] = await Promise.all([
-      run('batch-calm', 'true'),
-      run('batch-crash', hold, async (c, w) => {
-        await releaseWhenQueued(() => c.workflow.getHandle(objectiveWorkflowId('batch-crash')).query(objectiveStatusQuery), 2, release);
+      run('batch-calm', 'true', []),
+      run('batch-crash', hold, [queueGate('alpha', sync)], async (c, w) => {
+        await mergeTheRestAsOneBatch(() => c.workflow.getHandle(objectiveWorkflowId('batch-crash')).query(objectiveStatusQuery), 'alpha', sync);
         await waitFor(async () => existsSync(path.join(sync, 'held')), "the batch's post-merge gate to run", 240_000);
         w.crash();
       }),
@@ -126,6 +135,7 @@ describe('batch merges', () => {
     expect(crashed.result.outcome).toBe('completed');
     expect(crashed.scheduled).toContain('mergeBatch');
     const merges = mergesOn(crashed.repo, 'batch-crash');
+    expect(merges[0]).toBe('alpha');
     expect([...merges].sort()).toEqual(ids);
     const tree = (repo: string, id: string) => gitIn(repo, 'rev-parse', `${integrationBranch(id)}^{tree}`);
     expect(tree(crashed.repo, 'batch-crash')).toBe(tree(calm.repo, 'batch-calm'));
