@@ -219,8 +219,9 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       const merges: MergeOutcome[] = [];
       let tip = input.expectedTip;
       const m = await mergerGit(input.mergerPath);
-      for (const item of input.items) {
-        const merge = await mergeInto(m, { ...item, ...(tip ? { expectedTip: tip } : {}) }, false);
+      for (const [i, item] of input.items.entries()) {
+        // After the first, each merge starts where the one before left the merger: clean, at `tip`.
+        const merge = await mergeInto(m, { ...item, ...(tip ? { expectedTip: tip } : {}) }, { fresh: false, clean: i > 0 });
         merges.push(merge);
         if (merge.status === 'merged') tip = merge.commit;
       }
@@ -390,9 +391,12 @@ async function mergerGit(mergerPath: string) {
 /**
  * `mergeStream` in a merger whose git is already opened (a batch opens it once). `fresh`: make the
  * merger's private git directory anew after a merge (a batch does it once, before its gates).
+ * `clean`: the merger is known clean at `expectedTip` (a batch after its first merge left it so),
+ * which saves the git calls that find out.
  */
-async function mergeInto(m: MergerGit, input: { branch: string; headCommit: string; message: string; expectedTip?: string }, fresh = true): Promise<MergeOutcome> {
-  const head = await m.git(['rev-parse', 'HEAD']);
+async function mergeInto(m: MergerGit, input: { branch: string; headCommit: string; message: string; expectedTip?: string }, opts: { fresh: boolean; clean?: boolean } = { fresh: true }): Promise<MergeOutcome> {
+  const clean = opts.clean && input.expectedTip !== undefined;
+  const head = clean ? input.expectedTip! : await m.git(['rev-parse', 'HEAD']);
   if (input.expectedTip && head !== input.expectedTip && !(await m.ok(['merge-base', '--is-ancestor', input.headCommit, head]))) {
     throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
   }
@@ -408,9 +412,11 @@ async function mergeInto(m: MergerGit, input: { branch: string; headCommit: stri
     const isMergeOfStream = (await m.maybe(['rev-parse', 'HEAD^2'])) === input.headCommit;
     return { status: 'merged', commit: head, previous: isMergeOfStream ? previous : head, alreadyMerged: true };
   }
-  // A previous attempt may have died mid-merge.
-  await m.maybe(['merge', '--abort']);
-  await m.git(['reset', '--hard', '-q', head]);
+  if (!clean) {
+    // A previous attempt may have died mid-merge.
+    await m.maybe(['merge', '--abort']);
+    await m.git(['reset', '--hard', '-q', head]);
+  }
   try {
     await m.git(['merge', '--no-ff', '--no-edit', '-F', m.messageFile(input.message), input.headCommit], true);
   } catch (e) {
@@ -431,7 +437,7 @@ async function mergeInto(m: MergerGit, input: { branch: string; headCommit: stri
     return { status: 'no_changes', summary: `merging ${input.headCommit.slice(0, 10)} changes nothing on the integration branch` };
   }
   // Post-merge gates see the new integration state, from a fresh private git directory.
-  if (fresh) await m.freshSandboxGit();
+  if (opts.fresh) await m.freshSandboxGit();
   return { status: 'merged', commit: await m.git(['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
 }
 

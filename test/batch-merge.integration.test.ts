@@ -24,8 +24,10 @@ import { startTestWorker, type TestWorker } from './helpers/temporal';
 import { startWorkerProcess, type WorkerProcess } from './helpers/worker-process';
 
 let worker: TestWorker;
+// The streams held in their quality gate take an activity slot each: room for the first stream's work too.
+const ACTIVITY_SLOTS = 8;
 beforeAll(async () => {
-  worker = await startTestWorker();
+  worker = await startTestWorker({ activityConcurrency: ACTIVITY_SLOTS });
 });
 afterAll(async () => {
   await worker?.stop();
@@ -102,7 +104,7 @@ describe('batch merges', () => {
     const hold = `echo run >> ${runs}; ${holdFirst(sync)}; if [ "$(wc -l < ${runs})" = 2 ]; then touch ${sync}/held; sleep 600; fi`;
     const ids = ['alpha', 'beta', 'gamma'];
     const run = async (id: string, gate: string, streamGates: Array<{ name: string; command: string }>, disturb?: (c: Client, worker: WorkerProcess) => Promise<void>) => {
-      const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `${id}-${randomUUID().slice(0, 8)}` };
+      const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `${id}-${randomUUID().slice(0, 8)}`, SLIPWAY_ACTIVITY_CONCURRENCY: String(ACTIVITY_SLOTS) };
       const repo = makeDemoRepo();
       const before = pictureCheckout(repo);
       const objective = writeObjective(
