@@ -2,14 +2,15 @@
  * Objective workflow: interprets the objective's blueprint (`standard` by default): plan (or
  * take the streams from the file), optional human approval, one child stream workflow per work
  * item (bounded parallelism, dependencies respected), and the merge queue, which integrates
- * ready streams one at a time into `slipway/<objective>/integration` with post-merge gates.
+ * ready streams one at a time, or several waiting ones as a batch, into
+ * `slipway/<objective>/integration` with post-merge gates.
  * It also gathers its streams' events into the live feed and recovery ledger.
  *
  * A thin shell: the decisions are pure modules, each table-tested without a server:
  * `./dispatch` (which streams start, from which commit), `./planner-step` (planning, approval,
  * the plan as streams, failed steps), `./feed` (the feed and stream events), `./merge-queue`
- * (one stream's merge), `./objective-rollover` (when a run continues as new). This file
- * carries them out with Temporal.
+ * (one stream's merge), `./merge-batch` (batches and their bisection), `./objective-rollover`
+ * (when a run continues as new). This file carries them out with Temporal.
  */
 import {
   CancellationScope,
