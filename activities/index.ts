@@ -88,6 +88,13 @@ async function mirrorForObjective(display: string, remote: RemoteRepository): Pr
   }
 }
 
+/** What `mergeBatch` did: each stream's merge in order, the post-merge gates on all of them, and whether the batch was reverted. */
+export interface MergedBatch {
+  merges: MergeOutcome[];
+  gates?: { passed: boolean; failureReport: string };
+  reset?: boolean;
+}
+
 export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   const { sandboxes } = deps;
   // Who holds what this worker creates: itself for a host-bound provider, any worker otherwise.
@@ -200,48 +207,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
      * outside the queue, and nothing is merged on top of it.
      */
     async mergeStream(input: { mergerPath: string; branch: string; headCommit: string; message: string; expectedTip?: string }): Promise<MergeOutcome> {
-      const m = await mergerGit(input.mergerPath);
-      const head = await m.git(['rev-parse', 'HEAD']);
-      if (input.expectedTip && head !== input.expectedTip && !(await m.ok(['merge-base', '--is-ancestor', input.headCommit, head]))) {
-        throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
-      }
-      if (await m.ok(['merge-base', '--is-ancestor', input.headCommit, head])) {
-        // Merged before (a retried activity) only if a merge commit of the integration branch
-        // brought it in; a head on the integration branch's own line (a rebuild that changed
-        // nothing) brought nothing.
-        const firstParents = (await m.git(['rev-list', '--first-parent', head])).split('\n');
-        if (firstParents.includes(input.headCommit)) {
-          return { status: 'no_changes', summary: `the stream's head ${input.headCommit.slice(0, 10)} brings no change over the integration branch` };
-        }
-        const previous = (await m.maybe(['rev-parse', 'HEAD^1'])) ?? head;
-        const isMergeOfStream = (await m.maybe(['rev-parse', 'HEAD^2'])) === input.headCommit;
-        return { status: 'merged', commit: head, previous: isMergeOfStream ? previous : head, alreadyMerged: true };
-      }
-      // A previous attempt may have died mid-merge.
-      await m.maybe(['merge', '--abort']);
-      await m.git(['reset', '--hard', '-q', head]);
-      try {
-        await m.git(['merge', '--no-ff', '--no-edit', '-F', m.messageFile(input.message), input.headCommit], true);
-      } catch (e) {
-        const files = (await m.maybe(['diff', '--name-only', '--diff-filter=U']))?.split('\n').filter(Boolean) ?? [];
-        await m.maybe(['merge', '--abort']);
-        await m.git(['reset', '--hard', '-q', head]);
-        if (files.length === 0) {
-          // Not a conflict (git failed for another reason): say what happened.
-          throw failure('sandbox_failure', `merging ${input.headCommit} failed: ${tail((e as Error).message, 2000)}`);
-        }
-        return { status: 'conflict', files, details: tail((e as Error).message, OUTPUT_TAIL_CHARS) };
-      } finally {
-        await m.cleanup();
-      }
-      if (await m.ok(['diff', '--quiet', 'HEAD^1', 'HEAD'])) {
-        // A merge commit whose tree is the integration branch's: the stream's intent is not in it.
-        await m.git(['reset', '--hard', '-q', head]);
-        return { status: 'no_changes', summary: `merging ${input.headCommit.slice(0, 10)} changes nothing on the integration branch` };
-      }
-      // Post-merge gates see the new integration state, from a fresh private git directory.
-      await m.freshSandboxGit();
-      return { status: 'merged', commit: await m.git(['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
+      return mergeInto(await mergerGit(input.mergerPath), input);
     },
 
     /**
@@ -259,6 +225,38 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       if (gates.passed) return { merge, gates: report };
       await activities.resetIntegration({ mergerPath: input.mergerPath, commit: merge.previous });
       return { merge, gates: report, reset: true };
+    },
+
+    /**
+     * Several streams' merges in one activity (docs/adr/0031-batch-merges.md): each stream is
+     * merged on top of the one before (`mergeStream`), the post-merge gates run once on the
+     * result, and when they fail the integration branch goes back to `expectedTip` (the caller
+     * bisects). Idempotent: merges a killed attempt made on top of `expectedTip` (a first-parent
+     * line of merge commits of this batch's heads, never reported) are undone first and made
+     * again, so the result is one undisturbed run's and no stream is merged twice; any other
+     * tip is refused as in `mergeStream`.
+     */
+    async mergeBatch(input: { mergerPath: string; expectedTip?: string; items: Array<{ branch: string; headCommit: string; message: string }>; gates: GateSpec[] }): Promise<MergedBatch> {
+      if (input.expectedTip && (await unreportedBatch(input.mergerPath, input.expectedTip, new Set(input.items.map((i) => i.headCommit))))) {
+        await activities.resetIntegration({ mergerPath: input.mergerPath, commit: input.expectedTip });
+      }
+      const merges: MergeOutcome[] = [];
+      let tip = input.expectedTip;
+      const m = await mergerGit(input.mergerPath);
+      for (const [i, item] of input.items.entries()) {
+        // After the first, each merge starts where the one before left the merger: clean, at `tip`.
+        const merge = await mergeInto(m, { ...item, ...(tip ? { expectedTip: tip } : {}) }, { fresh: false, clean: i > 0 });
+        merges.push(merge);
+        if (merge.status === 'merged') tip = merge.commit;
+      }
+      if (merges.some((x) => x.status === 'merged' && !x.alreadyMerged)) await m.freshSandboxGit();
+      const start = input.expectedTip;
+      if (!merges.some((m) => m.status === 'merged' && !m.alreadyMerged) || input.gates.length === 0) return { merges };
+      const gates = await activities.runGates({ path: input.mergerPath, gates: input.gates });
+      const report = { passed: gates.passed, failureReport: gates.failureReport };
+      if (gates.passed || !start) return { merges, gates: report };
+      await activities.resetIntegration({ mergerPath: input.mergerPath, commit: start });
+      return { merges, gates: report, reset: true };
     },
 
     /** Moves the integration branch back to `commit` (undoing a merge whose post-merge gates failed). */
@@ -326,6 +324,7 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     commitWork: heartbeating(activities.commitWork),
     mergeStream: heartbeating(activities.mergeStream),
     mergeWithGates: heartbeating(activities.mergeWithGates),
+    mergeBatch: heartbeating(activities.mergeBatch),
     resetIntegration: heartbeating(activities.resetIntegration),
     resetOntoIntegration: heartbeating(activities.resetOntoIntegration),
     finishObjective: heartbeating(activities.finishObjective),
@@ -412,6 +411,74 @@ async function mergerGit(mergerPath: string) {
     freshSandboxGit: () => discardSandboxGit(loc.repository, loc.worktree),
   };
 }
+
+/**
+ * `mergeStream` in a merger whose git is already opened (a batch opens it once). `fresh`: make the
+ * merger's private git directory anew after a merge (a batch does it once, before its gates).
+ * `clean`: the merger is known clean at `expectedTip` (a batch after its first merge left it so),
+ * which saves the git calls that find out.
+ */
+async function mergeInto(m: MergerGit, input: { branch: string; headCommit: string; message: string; expectedTip?: string }, opts: { fresh: boolean; clean?: boolean } = { fresh: true }): Promise<MergeOutcome> {
+  const clean = opts.clean && input.expectedTip !== undefined;
+  const head = clean ? input.expectedTip! : await m.git(['rev-parse', 'HEAD']);
+  if (input.expectedTip && head !== input.expectedTip && !(await m.ok(['merge-base', '--is-ancestor', input.headCommit, head]))) {
+    throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
+  }
+  if (await m.ok(['merge-base', '--is-ancestor', input.headCommit, head])) {
+    // Merged before (a retried activity) only if a merge commit of the integration branch
+    // brought it in; a head on the integration branch's own line (a rebuild that changed
+    // nothing) brought nothing.
+    const firstParents = (await m.git(['rev-list', '--first-parent', head])).split('\n');
+    if (firstParents.includes(input.headCommit)) {
+      return { status: 'no_changes', summary: `the stream's head ${input.headCommit.slice(0, 10)} brings no change over the integration branch` };
+    }
+    const previous = (await m.maybe(['rev-parse', 'HEAD^1'])) ?? head;
+    const isMergeOfStream = (await m.maybe(['rev-parse', 'HEAD^2'])) === input.headCommit;
+    return { status: 'merged', commit: head, previous: isMergeOfStream ? previous : head, alreadyMerged: true };
+  }
+  if (!clean) {
+    // A previous attempt may have died mid-merge.
+    await m.maybe(['merge', '--abort']);
+    await m.git(['reset', '--hard', '-q', head]);
+  }
+  try {
+    await m.git(['merge', '--no-ff', '--no-edit', '-F', m.messageFile(input.message), input.headCommit], true);
+  } catch (e) {
+    const files = (await m.maybe(['diff', '--name-only', '--diff-filter=U']))?.split('\n').filter(Boolean) ?? [];
+    await m.maybe(['merge', '--abort']);
+    await m.git(['reset', '--hard', '-q', head]);
+    if (files.length === 0) {
+      // Not a conflict (git failed for another reason): say what happened.
+      throw failure('sandbox_failure', `merging ${input.headCommit} failed: ${tail((e as Error).message, 2000)}`);
+    }
+    return { status: 'conflict', files, details: tail((e as Error).message, OUTPUT_TAIL_CHARS) };
+  } finally {
+    await m.cleanup();
+  }
+  if (await m.ok(['diff', '--quiet', 'HEAD^1', 'HEAD'])) {
+    // A merge commit whose tree is the integration branch's: the stream's intent is not in it.
+    await m.git(['reset', '--hard', '-q', head]);
+    return { status: 'no_changes', summary: `merging ${input.headCommit.slice(0, 10)} changes nothing on the integration branch` };
+  }
+  // Post-merge gates see the new integration state, from a fresh private git directory.
+  if (opts.fresh) await m.freshSandboxGit();
+  return { status: 'merged', commit: await m.git(['rev-parse', 'HEAD']), previous: head, alreadyMerged: false };
+}
+
+/**
+ * A batch attempt killed after some merges leaves them on the integration branch unreported: when
+ * the merger's HEAD is `expectedTip` followed, on its first-parent line, only by merge commits of
+ * `heads`, they are that attempt's and go (true). Anything else is left for `mergeStream` to judge.
+ */
+async function unreportedBatch(mergerPath: string, expectedTip: string, heads: Set<string>): Promise<boolean> {
+  const m = await mergerGit(mergerPath);
+  const head = await m.git(['rev-parse', 'HEAD']);
+  if (head === expectedTip || !(await m.ok(['merge-base', '--is-ancestor', expectedTip, head]))) return false;
+  const line = (await m.git(['rev-list', '--first-parent', '--parents', `${expectedTip}..${head}`])).split('\n').map((l) => l.split(' '));
+  return line.every(([, first, second, ...more], i) => second !== undefined && more.length === 0 && heads.has(second) && first === (line[i + 1]?.[0] ?? expectedTip));
+}
+
+type MergerGit = Awaited<ReturnType<typeof mergerGit>>;
 
 /** Agent runs live in agents/run-agent.ts; the workers build them from the same deps. */
 export function createAgentActivities(deps: ActivityDeps = defaultActivityDeps()) {

@@ -27,9 +27,12 @@
  * `merge-to-head` strategy fails likewise on concurrent merges into the checkout). Its global
  * git config writes go to a temporary file (GIT_CONFIG_GLOBAL), never the user's.
  *
- * Usage: npx tsx bench/orchestration.ts [--quick] [--json] [--rounds N] [--streams 1,4,16,64] [--no-sandcastle]
+ * Usage: npx tsx bench/orchestration.ts [--quick] [--json] [--rounds N] [--streams 1,4,16,64] [--no-sandcastle] [--against DIR]
  *   --quick    streams 1, 4, 16 and one round
  *   --rounds   rounds per case; the median is printed (default 3, 1 with --quick)
+ *   --against  another built checkout (its bin/slipway.cjs and dist/): a second worker of that
+ *              code on its own task queue runs every case right before this checkout's, on the
+ *              same server, and the ratios this/that are printed (A/B under the same load)
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -62,6 +65,7 @@ const option = (name: string) => {
 const ROUNDS = Number(option('--rounds') ?? (quick ? 1 : 3));
 const STREAMS = (option('--streams') ?? (quick ? '1,4,16' : '1,4,16,64')).split(',').map(Number);
 const SANDCASTLE = !argv.includes('--no-sandcastle');
+const AGAINST = option('--against');
 const SANDCASTLE_VERSION = '0.12.0';
 const SANDCASTLE_PARALLEL = 3;
 const BIN = path.join(__dirname, '..', 'bin', 'slipway.cjs');
@@ -195,7 +199,7 @@ interface Run {
 
 const ms = (e: HistoryEvent) => tsToMs(e.eventTime!);
 /** The activity a merge starts with: merge, gates and revert in one (patch one-activity-merge), or the merge alone. */
-const MERGE_ACTIVITIES = ['mergeWithGates', 'mergeStream'];
+const MERGE_ACTIVITIES = ['mergeBatch', 'mergeWithGates', 'mergeStream'];
 
 /** Every run of a workflow (continued-as-new chains followed back), and of its children, recursively. */
 async function historiesOf(client: Client, workflowId: string, seen = new Set<string>()): Promise<Run[]> {
@@ -225,7 +229,10 @@ interface Breakdown {
   signals: Record<string, number>;
   /** Per stream: its merge-ready signal to the merge decision it heard. */
   mergeReadyToMergedMs: number[];
-  /** Per merge in the objective: its merge activity scheduled to the decision sent (the queue's service time). */
+  /**
+   * Per merge in the objective: its merge activity scheduled to the decision sent (the queue's
+   * service time); the decisions of one batch (patch batch-merge) share its time.
+   */
   mergeServiceMs: number[];
   historyEvents: number;
 }
@@ -252,6 +259,15 @@ function breakdown(runs: Run[]): Breakdown {
     /** The stream's last events batch: with patch merge-request-in-events the merge request rides in it. */
     let lastBatchAt: number | undefined;
     let mergeScheduledAt: number | undefined;
+    /** Decision signals sent since the last merge activity was scheduled (a batch sends several). */
+    let decisions: number[] = [];
+    const closeMerge = () => {
+      if (mergeScheduledAt !== undefined && decisions.length > 0) {
+        const each = (decisions.at(-1)! - mergeScheduledAt) / decisions.length;
+        for (const _ of decisions) b.mergeServiceMs.push(each);
+      }
+      decisions = [];
+    };
     for (const e of run.events) {
       const at = ms(e);
       if (e.workflowTaskStartedEventAttributes) {
@@ -271,7 +287,11 @@ function breakdown(runs: Run[]): Breakdown {
         const a = (b.activities[name] ??= { count: 0, runMs: 0, scheduleToStartMs: 0 });
         a.scheduleToStartMs += at - ms(scheduled);
       } else if (MERGE_ACTIVITIES.includes(e.activityTaskScheduledEventAttributes?.activityType?.name ?? '')) {
-        mergeScheduledAt = at;
+        // A bisected batch schedules several tries: the decisions count from its first.
+        if (decisions.length > 0 || mergeScheduledAt === undefined) {
+          closeMerge();
+          mergeScheduledAt = at;
+        }
       } else if (e.activityTaskCompletedEventAttributes || e.activityTaskFailedEventAttributes || e.activityTaskTimedOutEventAttributes) {
         const attrs = e.activityTaskCompletedEventAttributes ?? e.activityTaskFailedEventAttributes ?? e.activityTaskTimedOutEventAttributes!;
         const scheduled = byId.get(Number(attrs.scheduledEventId))!;
@@ -295,12 +315,10 @@ function breakdown(runs: Run[]): Breakdown {
         const name = e.signalExternalWorkflowExecutionInitiatedEventAttributes.signalName;
         if (name === streamMergeReadySignal.name) mergeReadyAt = at;
         if (name === streamEventsSignal.name) lastBatchAt = at;
-        if (name === mergeDecisionSignal.name && mergeScheduledAt !== undefined) {
-          b.mergeServiceMs.push(at - mergeScheduledAt);
-          mergeScheduledAt = undefined;
-        }
+        if (name === mergeDecisionSignal.name && mergeScheduledAt !== undefined) decisions.push(at);
       }
     }
+    closeMerge();
   }
   return b;
 }
@@ -324,22 +342,29 @@ async function main() {
   try {
     log(`starting the Temporal dev server and a worker (in ${dir})`);
     server = await startDevServer({ dataDir: path.join(dir, 'temporal'), port: await freePort(), headless: true, startTimeoutMs: 120_000 });
-    const taskQueue = `bench-${randomBytes(3).toString('hex')}`;
-    const worker = spawn(process.execPath, [BIN, 'worker'], {
-      env: { ...process.env, TEMPORAL_ADDRESS: server.address, SLIPWAY_TASK_QUEUE: taskQueue, SLIPWAY_HOME: path.join(dir, 'home') },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    children.push(worker);
-    let output = '';
-    worker.stdout!.on('data', (c) => (output += c));
-    worker.stderr!.on('data', (c) => (output += c));
-    await new Promise<void>((resolve, reject) => {
-      const check = () => (output.includes('worker polling') ? resolve() : worker.exitCode !== null ? reject(new Error(`the worker exited:\n${output}`)) : setTimeout(check, 100));
-      check();
-    });
-    const client = new Client({ connection: await Connection.connect({ address: server.address }), dataConverter: slipwayDataConverter() });
+    const address = server.address;
+    /** A worker of one checkout's build on its own task queue and SLIPWAY_HOME. */
+    const startWorker = async (label: string, bin: string) => {
+      const taskQueue = `bench-${label}-${randomBytes(3).toString('hex')}`;
+      const worker = spawn(process.execPath, [bin, 'worker'], {
+        env: { ...process.env, TEMPORAL_ADDRESS: address, SLIPWAY_TASK_QUEUE: taskQueue, SLIPWAY_HOME: path.join(dir, `home-${label}`) },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      children.push(worker);
+      const w = { label, taskQueue, pid: worker.pid!, output: '' };
+      worker.stdout!.on('data', (c) => (w.output += c));
+      worker.stderr!.on('data', (c) => (w.output += c));
+      await new Promise<void>((resolve, reject) => {
+        const check = () => (w.output.includes('worker polling') ? resolve() : worker.exitCode !== null ? reject(new Error(`the worker exited:\n${w.output}`)) : setTimeout(check, 100));
+        check();
+      });
+      return w;
+    };
+    type Worker = Awaited<ReturnType<typeof startWorker>>;
+    // With --against, that checkout's worker runs each case first ("A"), this one's second ("B").
+    const workers: Worker[] = [...(AGAINST ? [await startWorker('A', path.join(path.resolve(AGAINST), 'bin', 'slipway.cjs'))] : []), await startWorker(AGAINST ? 'B' : 'this', BIN)];
+    const client = new Client({ connection: await Connection.connect({ address }), dataConverter: slipwayDataConverter() });
     const serverPid = server.process.pid!;
-    const workerPid = worker.pid!;
 
     let sandcastle: Sandcastle | undefined;
     let sandcastleNote = 'left out (--no-sandcastle)';
@@ -357,7 +382,8 @@ async function main() {
     }
 
     let n = 0;
-    const runObjective = async (streams: number, gates: boolean): Promise<Sample> => {
+    const runObjective = async (streams: number, gates: boolean, worker: Worker): Promise<Sample> => {
+      const { taskQueue, pid: workerPid, output } = worker;
       const repo = makeRepo(dir);
       const id = `bench-${streams}-${++n}`;
       const input = await loadObjectiveFile(objectiveFile(dir, repo, streams, gates), { repository: repo, id });
@@ -396,23 +422,25 @@ async function main() {
       };
     };
 
-    log('warm-up (untimed): one objective of 2 streams');
-    await runObjective(2, true);
+    log('warm-up (untimed): one objective of 2 streams per worker');
+    for (const w of workers) await runObjective(2, true, w);
 
     const cases = STREAMS.map((streams) => ({ streams, gates: streams > 1 }));
-    const samples = new Map<number, Sample[]>(cases.map((c) => [c.streams, []]));
+    const samples = new Map<string, Sample[]>(workers.flatMap((w) => cases.map((c) => [`${w.label}:${c.streams}`, []])));
     for (let round = 0; round < ROUNDS; round++) {
       // Each round in another order, so drift hits all cases alike.
       const order = cases.map((_, i) => cases[(i + round) % cases.length]);
       for (const c of order) {
-        const s = await runObjective(c.streams, c.gates);
-        samples.get(c.streams)!.push(s);
-        log(`round ${round + 1}: ${c.streams} stream${c.streams > 1 ? 's' : ''}: ${(s.wallMs / 1000).toFixed(2)} s (floor ${(s.floorMs / 1000).toFixed(2)} s${s.sandcastleMs === undefined ? '' : `, Sandcastle ${(s.sandcastleMs / 1000).toFixed(2)} s`})`);
+        for (const w of workers) {
+          const s = await runObjective(c.streams, c.gates, w);
+          samples.get(`${w.label}:${c.streams}`)!.push(s);
+          log(`round ${round + 1}${workers.length > 1 ? ` ${w.label}` : ''}: ${c.streams} stream${c.streams > 1 ? 's' : ''}: ${(s.wallMs / 1000).toFixed(2)} s (floor ${(s.floorMs / 1000).toFixed(2)} s${s.sandcastleMs === undefined ? '' : `, Sandcastle ${(s.sandcastleMs / 1000).toFixed(2)} s`})`);
+        }
       }
     }
 
-    const report = cases.map((c) => {
-      const xs = samples.get(c.streams)!;
+    const reportOf = (w: Worker) => cases.map((c) => {
+      const xs = samples.get(`${w.label}:${c.streams}`)!;
       const b = xs[Math.floor(xs.length / 2)].breakdown;
       return {
         streams: c.streams,
@@ -428,50 +456,76 @@ async function main() {
         breakdown: b,
       };
     });
-    const one = report.find((r) => r.streams === 1);
-    const many = report.filter((r) => r.streams > 1);
-    const perAdded = many.map((r) => {
-      const base = one ?? report[0];
-      const added = r.streams - base.streams;
-      return {
-        streams: r.streams,
-        wallS: (r.wallS - base.wallS) / added,
-        cpuS: (r.serverCpuS + r.workerCpuS - base.serverCpuS - base.workerCpuS) / added,
-        floorS: (r.floorS - base.floorS) / added,
-      };
-    });
+    const summarize = (report: ReturnType<typeof reportOf>) => {
+      const one = report.find((r) => r.streams === 1);
+      const many = report.filter((r) => r.streams > 1);
+      const perAdded = many.map((r) => {
+        const base = one ?? report[0];
+        const added = r.streams - base.streams;
+        return {
+          streams: r.streams,
+          wallS: (r.wallS - base.wallS) / added,
+          cpuS: (r.serverCpuS + r.workerCpuS - base.serverCpuS - base.workerCpuS) / added,
+          floorS: (r.floorS - base.floorS) / added,
+        };
+      });
+      return { report, perAdded };
+    };
+    const printReport = (label: string, { report, perAdded }: ReturnType<typeof summarize>) => {
+      if (label) console.log(`\n=== ${label}`);
+      console.log('streams  gates  wall s   floor s  Sandcastle s  server CPU-s  worker CPU-s  agents+gates+git CPU-s  merge-ready->merged ms (median/max)  merge service ms');
+      for (const r of report) {
+        console.log(
+          `${String(r.streams).padStart(7)}  ${r.gates.padEnd(5)}  ${r.wallS.toFixed(2).padStart(6)}   ${r.floorS.toFixed(2).padStart(6)}   ${(r.sandcastleS?.toFixed(2) ?? '-').padStart(11)}   ${r.serverCpuS.toFixed(2).padStart(11)}   ${r.workerCpuS.toFixed(2).padStart(11)}   ${r.childrenCpuS.toFixed(2).padStart(21)}   ${`${r.mergeReadyToMergedMs.median.toFixed(0)} / ${r.mergeReadyToMergedMs.max.toFixed(0)}`.padStart(34)}   ${r.mergeServiceMs.toFixed(0).padStart(15)}`,
+        );
+      }
+      console.log('\nper added stream (against 1 stream): wall s, server+worker CPU-s, floor s');
+      for (const p of perAdded) console.log(`  ${String(p.streams).padStart(3)} streams: ${p.wallS.toFixed(3)} s wall, ${p.cpuS.toFixed(3)} CPU-s, floor ${p.floorS.toFixed(3)} s`);
+      const service = median(report.flatMap((r) => (r.streams > 1 ? [r.mergeServiceMs] : [])));
+      if (!Number.isNaN(service)) console.log(`merge queue: ${service.toFixed(0)} ms per merge when queued, ${(1000 / service).toFixed(1)} merges/s`);
+      console.log('\nbreakdown from the histories (median round; times summed over all workflows of the objective)');
+      for (const r of report) {
+        const b = r.breakdown;
+        const acts = Object.entries(b.activities)
+          .sort((x, y) => y[1].runMs - x[1].runMs)
+          .map(([name, a]) => `${name} ${a.count}x run ${a.runMs.toFixed(0)} ms wait ${a.scheduleToStartMs.toFixed(0)} ms`)
+          .join('; ');
+        console.log(`  ${r.streams} streams: ${Object.entries(b.workflows).map(([t, c]) => `${c} ${t}`).join(', ')}; ${b.historyEvents} events`);
+        console.log(`    workflow tasks: ${b.workflowTasks.count}, run ${b.workflowTasks.runMs.toFixed(0)} ms, waited ${b.workflowTasks.scheduleToStartMs.toFixed(0)} ms (scheduled -> started)`);
+        for (const [type, t] of Object.entries(b.workflowTasksByType)) {
+          console.log(`      ${type}: ${t.count}, run ${t.runMs.toFixed(0)} ms (longest ${t.maxRunMs.toFixed(0)} ms), waited ${t.scheduleToStartMs.toFixed(0)} ms`);
+        }
+        console.log(`    child starts: ${b.childStarts.count}, ${b.childStarts.totalMs.toFixed(0)} ms initiated -> started in all, last stream started ${b.childStarts.lastStartedAfterMs.toFixed(0)} ms after the objective`);
+        console.log(`    signals: ${Object.entries(b.signals).map(([name, c]) => `${name} ${c}`).join(', ')}`);
+        console.log(`    activities (wait = schedule-to-start, waiting for a worker slot): ${acts}`);
+      }
+    };
+    const results = workers.map((w) => ({ label: w.label, ...summarize(reportOf(w)) }));
+    /** B's figure over A's per case (below 1: B is faster), when a checkout to compare with was given. */
+    const ratios = results.length === 2
+      ? results[1].report.map((b, i) => {
+          const a = results[0].report[i];
+          return {
+            streams: b.streams,
+            wall: b.wallS / a.wallS,
+            cpu: (b.serverCpuS + b.workerCpuS) / (a.serverCpuS + a.workerCpuS),
+            mergeReadyToMerged: b.mergeReadyToMergedMs.median / a.mergeReadyToMergedMs.median,
+            mergeService: b.mergeServiceMs / a.mergeServiceMs,
+            workflowTasks: b.breakdown.workflowTasks.count / a.breakdown.workflowTasks.count,
+          };
+        })
+      : undefined;
     if (asJson) {
-      console.log(JSON.stringify({ rounds: ROUNDS, sandcastle: sandcastleNote, cores: os.cpus().length, report, perAdded }, null, 2));
+      console.log(JSON.stringify({ rounds: ROUNDS, sandcastle: sandcastleNote, cores: os.cpus().length, loadAverage: os.loadavg()[0], against: AGAINST, results, ratios }, null, 2));
       return;
     }
-    const w = slipwaySettings();
-    console.log(`\norchestration, ${ROUNDS} round${ROUNDS > 1 ? 's' : ''} (medians), ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}; worker: ${w.workflowTaskConcurrency} workflow tasks, ${w.activityConcurrency} activities, ${w.agentConcurrency} agent runs at once`);
+    const settings = slipwaySettings();
+    console.log(`\norchestration, ${ROUNDS} round${ROUNDS > 1 ? 's' : ''} (medians), ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}; worker: ${settings.workflowTaskConcurrency} workflow tasks, ${settings.activityConcurrency} activities, ${settings.agentConcurrency} agent runs at once`);
     console.log(`Sandcastle: ${sandcastleNote}`);
-    console.log('streams  gates  wall s   floor s  Sandcastle s  server CPU-s  worker CPU-s  agents+gates+git CPU-s  merge-ready->merged ms (median/max)  merge service ms');
-    for (const r of report) {
-      console.log(
-        `${String(r.streams).padStart(7)}  ${r.gates.padEnd(5)}  ${r.wallS.toFixed(2).padStart(6)}   ${r.floorS.toFixed(2).padStart(6)}   ${(r.sandcastleS?.toFixed(2) ?? '-').padStart(11)}   ${r.serverCpuS.toFixed(2).padStart(11)}   ${r.workerCpuS.toFixed(2).padStart(11)}   ${r.childrenCpuS.toFixed(2).padStart(21)}   ${`${r.mergeReadyToMergedMs.median.toFixed(0)} / ${r.mergeReadyToMergedMs.max.toFixed(0)}`.padStart(34)}   ${r.mergeServiceMs.toFixed(0).padStart(15)}`,
-      );
-    }
-    console.log('\nper added stream (against 1 stream): wall s, server+worker CPU-s, floor s');
-    for (const p of perAdded) console.log(`  ${String(p.streams).padStart(3)} streams: ${p.wallS.toFixed(3)} s wall, ${p.cpuS.toFixed(3)} CPU-s, floor ${p.floorS.toFixed(3)} s`);
-    const service = median(report.flatMap((r) => (r.streams > 1 ? [r.mergeServiceMs] : [])));
-    if (!Number.isNaN(service)) console.log(`merge queue: ${service.toFixed(0)} ms per merge when queued, ${(1000 / service).toFixed(1)} merges/s`);
-    console.log('\nbreakdown from the histories (median round; times summed over all workflows of the objective)');
-    for (const r of report) {
-      const b = r.breakdown;
-      const acts = Object.entries(b.activities)
-        .sort((x, y) => y[1].runMs - x[1].runMs)
-        .map(([name, a]) => `${name} ${a.count}x run ${a.runMs.toFixed(0)} ms wait ${a.scheduleToStartMs.toFixed(0)} ms`)
-        .join('; ');
-      console.log(`  ${r.streams} streams: ${Object.entries(b.workflows).map(([t, c]) => `${c} ${t}`).join(', ')}; ${b.historyEvents} events`);
-      console.log(`    workflow tasks: ${b.workflowTasks.count}, run ${b.workflowTasks.runMs.toFixed(0)} ms, waited ${b.workflowTasks.scheduleToStartMs.toFixed(0)} ms (scheduled -> started)`);
-      for (const [type, t] of Object.entries(b.workflowTasksByType)) {
-        console.log(`      ${type}: ${t.count}, run ${t.runMs.toFixed(0)} ms (longest ${t.maxRunMs.toFixed(0)} ms), waited ${t.scheduleToStartMs.toFixed(0)} ms`);
-      }
-      console.log(`    child starts: ${b.childStarts.count}, ${b.childStarts.totalMs.toFixed(0)} ms initiated -> started in all, last stream started ${b.childStarts.lastStartedAfterMs.toFixed(0)} ms after the objective`);
-      console.log(`    signals: ${Object.entries(b.signals).map(([name, c]) => `${name} ${c}`).join(', ')}`);
-      console.log(`    activities (wait = schedule-to-start, waiting for a worker slot): ${acts}`);
+    for (const r of results) printReport(results.length > 1 ? `${r.label}: ${r.label === 'A' ? path.resolve(AGAINST!) : 'this checkout'}` : '', r);
+    if (ratios) {
+      console.log('\nB / A, case by case (below 1: this checkout is faster): wall, server+worker CPU, merge-ready->merged (median), merge service, workflow tasks');
+      for (const r of ratios) console.log(`  ${String(r.streams).padStart(3)} streams: wall ${r.wall.toFixed(2)}, CPU ${r.cpu.toFixed(2)}, merge-ready->merged ${r.mergeReadyToMerged.toFixed(2)}, merge service ${r.mergeService.toFixed(2)}, workflow tasks ${r.workflowTasks.toFixed(2)}`);
     }
   } finally {
     for (const c of children) if (c.exitCode === null) c.kill('SIGTERM');

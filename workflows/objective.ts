@@ -2,14 +2,15 @@
  * Objective workflow: interprets the objective's blueprint (`standard` by default): plan (or
  * take the streams from the file), optional human approval, one child stream workflow per work
  * item (bounded parallelism, dependencies respected), and the merge queue, which integrates
- * ready streams one at a time into `slipway/<objective>/integration` with post-merge gates.
+ * ready streams one at a time, or several waiting ones as a batch, into
+ * `slipway/<objective>/integration` with post-merge gates.
  * It also gathers its streams' events into the live feed and recovery ledger.
  *
  * A thin shell: the decisions are pure modules, each table-tested without a server:
  * `./dispatch` (which streams start, from which commit), `./planner-step` (planning, approval,
  * the plan as streams, failed steps), `./feed` (the feed and stream events), `./merge-queue`
- * (one stream's merge), `./objective-rollover` (when a run continues as new). This file
- * carries them out with Temporal.
+ * (one stream's merge), `./merge-batch` (batches and their bisection), `./objective-rollover`
+ * (when a run continues as new). This file carries them out with Temporal.
  */
 import {
   CancellationScope,
@@ -38,6 +39,7 @@ import type { ObjectiveOutcome, ObjectivePhase } from '../core/states';
 import {
   emptyTotals,
   type FeedEvent,
+  type MergeDecision,
   type MergeRequest,
   type ObjectiveInput,
   type ObjectiveResult,
@@ -56,6 +58,7 @@ import { failureKindOf, failureMessage } from './failure-info';
 import { appendFeed, applyStreamEvent, emptyFeed, feedAfter, objectiveDetails } from './feed';
 import { shouldContinueAsNew, trimCarry } from './objective-rollover';
 import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
+import { batchSize, batchStep, startBatch } from './merge-batch';
 import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, rateLimitWait, streamsFromPlan, type ObjectiveStepFailure } from './planner-step';
 import { budgetLeaseSignal, MAX_RATE_LIMIT_WAITS, mergeDecisionSignal, streamBudgetSignal, streamEventSignal, streamEventsSignal, streamMergeReadySignal, streamWorkflow } from './stream';
 import { budgetExhausted, formatLimit, objectiveLease, raisedLimit, raiseProblems, streamBudgetOf, type BudgetLimit, type BudgetRaise, type StreamBudgetUpdate } from '../core/budget';
@@ -97,6 +100,11 @@ const REMOTE_REPOSITORY_ON_OWNER = 'remote-repository-on-owner';
  * one each, and the next merge starts without waiting for the decision signal's round trip.
  */
 const ONE_ACTIVITY_MERGE = 'one-activity-merge';
+/**
+ * Two or more streams waiting in the merge queue are merged and gated as one batch, bisected when
+ * its post-merge gates fail (./merge-batch, docs/adr/0031-batch-merges.md).
+ */
+const BATCH_MERGE = 'batch-merge';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 /** Streams under an objective's limit ask it before each agent run (`budgetLeaseSignal`; ADR 0017, 3). */
@@ -523,19 +531,59 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
           if (action.decision.status === 'merged') view(request.streamId)!.mergeCommit = action.decision.commit;
         }
         say('merge-queue', action.feed);
-        const told = getExternalWorkflowHandle(streamWorkflowId(input.id, request.streamId))
-          .signal(mergeDecisionSignal, action.decision)
-          .catch((err) => {
-            // The stream ended meanwhile (cancelled or terminated by hand): its result says how; the
-            // decision has no one to tell, and the other streams go on.
-            if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
-            say('merge-queue', `stream ${request.streamId} ended before it heard the decision: ${failureMessage(err)}`);
-          });
+        const told = tell(request.streamId, action.decision);
         if (!inOne) return told;
         // The next merge may start in this workflow task; the stream hears its decision meanwhile.
         decisionsSent.add(told);
         void told.finally(() => decisionsSent.delete(told));
         return;
+      }
+    }
+  };
+  /** Sends a stream its merge decision. */
+  const tell = (streamId: string, decision: MergeDecision) =>
+    getExternalWorkflowHandle(streamWorkflowId(input.id, streamId))
+      .signal(mergeDecisionSignal, decision)
+      .catch((err) => {
+        // The stream ended meanwhile (cancelled or terminated by hand): its result says how; the
+        // decision has no one to tell, and the other streams go on.
+        if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
+        say('merge-queue', `stream ${streamId} ended before it heard the decision: ${failureMessage(err)}`);
+      });
+  /**
+   * Several waiting streams merged and gated as one activity (BATCH_MERGE); a batch failing its
+   * post-merge gates is bisected by ./merge-batch until the culprit is alone and the rest landed.
+   */
+  const mergeBatch = async (requests: MergeRequest[]) => {
+    await mergerReady();
+    enter('merging', `merging streams ${requests.map((r) => r.streamId).join(', ')} as one batch`);
+    for (const r of requests) view(r.streamId)!.phase = 'merging';
+    const byId = new Map(requests.map((r) => [r.streamId, r]));
+    const gatesTimeout = input.postMergeGates.reduce((sum, g) => sum + g.timeout_seconds, 0);
+    let batch = startBatch(requests.map((r) => r.streamId), integrationTip);
+    while (batch.groups.length > 0) {
+      const group = batch.groups[0].map((id) => byId.get(id)!);
+      const tried = await gateActivities(gatesTimeout, retryFor(root, root.steps[0]), mergerRoute()).mergeBatch({
+        mergerPath: prepared.mergerPath,
+        // Only the queue moves the integration branch: a tip it did not leave there is refused.
+        expectedTip: integrationTip,
+        items: group.map((r) => ({ branch: r.branch, headCommit: r.headCommit, message: mergeMessage(r.streamId, prepared.integrationBranch, input.id, input.objective) })),
+        gates: input.postMergeGates,
+      });
+      if (tried.gates && !tried.gates.passed && !tried.reset && tried.merges.some((m) => m.status === 'merged')) throw new Error(`mergeBatch did not revert the failed batch ${batch.groups[0].join(', ')}`);
+      const step = batchStep(batch, tried, { postMergeGates: input.postMergeGates.length > 0 });
+      batch = step.state;
+      integrationTip = batch.tip;
+      for (const line of step.feed) say('merge-queue', line);
+      for (const d of step.decisions) {
+        if (d.landed) {
+          status.mergeOrder.push(d.streamId);
+          if (d.decision.status === 'merged') view(d.streamId)!.mergeCommit = d.decision.commit;
+        }
+        say('merge-queue', d.feed);
+        const told = tell(d.streamId, d.decision);
+        decisionsSent.add(told);
+        void told.finally(() => decisionsSent.delete(told));
       }
     }
   };
@@ -579,7 +627,11 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
       // Stream events alone can grow the history while nothing merges: wake for that too.
       await condition(() => mergeQueue.length > 0 || childEnded || historyFull());
       childEnded = false;
-      while (mergeQueue.length > 0) await mergeOne(mergeQueue.shift()!);
+      while (mergeQueue.length > 0) {
+        const batch = batchSize(mergeQueue.length);
+        if (batch > 0 && patched(BATCH_MERGE)) await mergeBatch(mergeQueue.splice(0, batch));
+        else await mergeOne(mergeQueue.shift()!);
+      }
       if (status.phase === 'merging') enter('running', 'streams in progress');
     }
   };

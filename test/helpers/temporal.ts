@@ -16,7 +16,7 @@ export interface TestWorker {
 }
 
 /** On the shared test server, or on the server at `address` (a test that needs one of its own). */
-export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurrency?: number; address?: string } = {}): Promise<TestWorker> {
+export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurrency?: number; activityConcurrency?: number; address?: string } = {}): Promise<TestWorker> {
   installRuntimeLogging();
   const address = opts.address ?? inject('temporalAddress');
   const taskQueue = `test-${randomUUID().slice(0, 8)}`;
@@ -26,6 +26,7 @@ export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurre
     taskQueue,
     workflowBundle: { codePath: inject('workflowBundlePath') },
     agentConcurrency: opts.agentConcurrency ?? 2,
+    ...(opts.activityConcurrency ? { activityConcurrency: opts.activityConcurrency } : {}),
     shutdownGraceMs: 2_000,
     deps: opts.deps,
   });
