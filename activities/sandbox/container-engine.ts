@@ -4,8 +4,9 @@
  * (container.ts) and their prepared template (container-template.ts).
  */
 import { spawn } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
+import { slipwayHome } from '../../lib/settings';
 import type { SandboxLimits } from './limits';
 import { SANDBOX_BASE_ENV } from './provider';
 
@@ -37,6 +38,17 @@ export function engineEnv(extra: Record<string, string> = {}): NodeJS.ProcessEnv
   return { ...env, ...extra };
 }
 
+/**
+ * The folder every engine process starts in. The engine's monitor (conmon) inherits it and, on
+ * an OOM kill, drops `oom`/`oomKilled` marker files into its working folder: left to inherit the
+ * worker's, they landed in whatever folder the worker was started from (a user's checkout).
+ */
+export function engineCwd(): string {
+  const dir = path.join(slipwayHome(), 'engine');
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  return dir;
+}
+
 /** The sandbox image: SLIPWAY_SANDBOX_IMAGE, else the one scripts/setup.sh built (undefined: none). */
 export function defaultSandboxImage(): string | undefined {
   if (process.env.SLIPWAY_SANDBOX_IMAGE) return process.env.SLIPWAY_SANDBOX_IMAGE;
@@ -50,7 +62,7 @@ export function defaultSandboxImage(): string | undefined {
 /** Runs the engine with trusted arguments; rejects with its stderr on a non-zero exit. */
 export function engine(bin: ContainerEngine, args: string[], opts: { env?: Record<string, string>; allowFail?: boolean; timeoutMs?: number } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(bin, args, { env: engineEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(bin, args, { cwd: engineCwd(), env: engineEnv(opts.env), stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
     const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 120_000);

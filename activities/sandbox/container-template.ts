@@ -25,7 +25,7 @@ import { SLIPWAY_DIR } from '../../core/ids';
 import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { ensureSlipwayExcluded, git, resolveCommit } from '../../lib/git';
 import { runProcess, type RunResult } from '../process';
-import { CONTAINER_IN, CONTAINER_WORKSPACE, defaultSandboxImage, engine, engineEnv, runArgs, type ContainerEngine } from './container-engine';
+import { CONTAINER_IN, CONTAINER_WORKSPACE, defaultSandboxImage, engine, engineCwd, engineEnv, runArgs, type ContainerEngine } from './container-engine';
 import { describeChanges, fingerprint, setupHash, trackedLockfiles, type FingerprintParts } from './fingerprint';
 import { SANDBOX_BASE_ENV, type ExecRequest, type ProjectSetup } from './provider';
 import { runProjectSetup, type SetupResult } from './setup';
@@ -147,7 +147,7 @@ function execInBuild(kind: ContainerEngine, container: string, req: ExecRequest)
     args: ['exec', '-i', '--workdir', CONTAINER_WORKSPACE, container, ...envHeaderArgv('slipway-template-build', inner)],
     env: engineEnv(),
     stdin: `${envHeader(env).toString()}${req.stdin ?? ''}`,
-    cwd: '/',
+    cwd: engineCwd(),
     timeoutMs: req.timeoutMs,
     signal: req.signal,
     onLine: req.onLine,

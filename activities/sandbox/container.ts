@@ -29,7 +29,7 @@ import { BUNDLE_HEAD_SCRIPT, collectKnownHead, importBundle, makeBaseBundle, STA
 import { parseProviderRoot, providerSandboxRoot, resolveInside } from './paths';
 import { PortUnreachableError } from './port-relay';
 import { SANDBOX_BASE_ENV, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
-import { CONTAINER_IN, CONTAINER_WORKSPACE, defaultSandboxImage, engine, engineEnv, PODMAN_INSTALL, sandboxRunArgs, validateContainerSettings, type ContainerEngine, type ContainerSettings } from './container-engine';
+import { CONTAINER_IN, CONTAINER_WORKSPACE, defaultSandboxImage, engine, engineCwd, engineEnv, PODMAN_INSTALL, sandboxRunArgs, validateContainerSettings, type ContainerEngine, type ContainerSettings } from './container-engine';
 import { claimContainerPoolEntry, containerPoolKey, fillContainerPool, releaseClaimedEntry, type ContainerPoolSpec } from './container-pool';
 import { FILL_FROM_TEMPLATE_SCRIPT, usableContainerTemplate } from './container-template';
 import { checkSize, CONTROL_FD, CONTROLLER, SessionRequestError, sessionOver, terminalCommandLine } from './session';
@@ -416,17 +416,17 @@ export class ContainerSandboxProvider implements SandboxProvider {
     }
     const id = newExecId();
     const args = ['exec', '-i', ...(opts.preserveFds ? ['--preserve-fds', String(opts.preserveFds)] : []), '--workdir', workdir, w.container, ...envHeaderArgv(id, inner)];
-    return { container: w.container, cwd: real, env: engineEnv(), head: envHeader(env), id, args };
+    return { container: w.container, cwd: engineCwd(), env: engineEnv(), head: envHeader(env), id, args };
   }
 
   async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
     const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
-    const { container, cwd: real, env, head, id, args } = await this.prepare(handle, req, inner);
+    const { container, cwd, env, head, id, args } = await this.prepare(handle, req, inner);
     const w = { container };
     const result = await runProcess({
       command: this.kind,
       args,
-      cwd: real,
+      cwd,
       env,
       stdin: `${head.toString()}${req.stdin ?? ''}`,
       timeoutMs: req.timeoutMs,
@@ -587,7 +587,7 @@ export class ContainerSandboxProvider implements SandboxProvider {
       command: this.kind,
       args: ['exec', w.container, '/bin/sh', '-c', BUNDLE_HEAD_SCRIPT, 'collect', ...known],
       env: engineEnv(),
-      cwd: w.root,
+      cwd: engineCwd(),
     };
     const imported = await importBundle(w.repository, producer, { branch: record.branch, baseCommit: record.startCommit, maxBytes: this.maxBundleBytes, signal: options.signal });
     return { head: imported.head, imported: true };

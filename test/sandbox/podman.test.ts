@@ -268,6 +268,9 @@ describe('podman sandboxes: isolation and lifecycle', () => {
       const seen = await small.probe!(box);
       expect(seen).toMatchObject({ alive: false, reason: 'oom_killed' });
       expect(seen.alive === false && seen.detail).toMatch(/oom-kill:.*oom_memcg=/);
+      // The engine's monitor drops OOM marker files into its working folder: never the worker's
+      // own (a user's checkout) nor the workspace, only the engine folder under SLIPWAY_HOME.
+      for (const dir of [process.cwd(), box.root]) for (const marker of ['oom', 'oomKilled']) expect(existsSync(path.join(dir, marker)), path.join(dir, marker)).toBe(false);
     } finally {
       await small.destroy({ repository: repo, root: box.root });
     }
