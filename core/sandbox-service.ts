@@ -14,7 +14,14 @@ export const SANDBOX_ID_PATTERN = /^sbx_[a-z2-7]{20}$/;
 /** The service's task queue: only service workers (which hold the billing database) poll it. */
 export const sandboxServiceTaskQueue = (mainTaskQueue: string) => `${mainTaskQueue}-sandboxes`;
 export const serviceSandboxWorkflowId = (sandboxId: string) => `sandbox:${sandboxId}`;
-export const REAPER_SCHEDULE_ID = 'slipway-sandbox-reaper';
+/** The id one release used for every deployment's reaper schedule: replaced, on start, by the queue's own. */
+export const LEGACY_REAPER_SCHEDULE_ID = 'slipway-sandbox-reaper';
+/**
+ * The reaper's schedule, one per service task queue: deployments sharing a Temporal namespace
+ * (different SLIPWAY_TASK_QUEUE) each keep their own instead of overwriting one another's target
+ * queue and, with different payload keys, failing to read each other's schedule at start.
+ */
+export const reaperScheduleId = (serviceTaskQueue: string) => `slipway-sandbox-reaper:${serviceTaskQueue}`;
 export const reaperWorkflowId = 'sandbox-reaper';
 
 /** Group (folder) under `.slipway/worktrees/` that holds an account's local sandboxes. */

@@ -11,7 +11,7 @@ import type { DataConverter } from '@temporalio/common';
 import { NativeConnection, Worker, type WorkflowBundleWithSourceMap } from '@temporalio/worker';
 import type { FastifyInstance } from 'fastify';
 import pino, { type Logger } from 'pino';
-import { REAPER_SCHEDULE_ID, reaperWorkflowId, sandboxServiceTaskQueue } from '../core/sandbox-service';
+import { LEGACY_REAPER_SCHEDULE_ID, reaperScheduleId, reaperWorkflowId, sandboxServiceTaskQueue } from '../core/sandbox-service';
 import type { Db } from '../activities/billing/db';
 import { migrate } from '../activities/billing/migrate';
 import { listProfiles, policyFromProfile } from '../activities/billing/records';
@@ -115,6 +115,17 @@ export function serviceLogger(level = process.env.SLIPWAY_LOG_LEVEL?.toLowerCase
   );
 }
 
+/**
+ * Removes the one-for-all reaper schedule an earlier release made, when it targets this queue
+ * (the queue's own schedule replaces it). A schedule another deployment made, or one this
+ * process cannot read (another payload key), is left alone.
+ */
+async function dropLegacyReaperSchedule(client: Client, serviceTaskQueue: string): Promise<void> {
+  const handle = client.schedule.getHandle(LEGACY_REAPER_SCHEDULE_ID);
+  const legacy = await handle.describe().catch(() => undefined);
+  if (legacy?.action.type === 'startWorkflow' && legacy.action.taskQueue === serviceTaskQueue) await handle.delete().catch(() => undefined);
+}
+
 export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): Promise<SandboxServiceHost> {
   const logger = opts.logger ?? serviceLogger();
   const { db } = opts;
@@ -196,7 +207,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
   }
 
   if (opts.reaper) {
-    const scheduleId = opts.reaper.scheduleId ?? REAPER_SCHEDULE_ID;
+    const scheduleId = opts.reaper.scheduleId ?? reaperScheduleId(serviceTaskQueue);
     const spec = { intervals: [{ every: opts.reaper.intervalMs }] };
     const action = {
       type: 'startWorkflow' as const,
@@ -211,6 +222,7 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
       if (!(e instanceof ScheduleAlreadyRunning)) throw e;
       await client.schedule.getHandle(scheduleId).update((prev) => ({ ...prev, spec, action }));
     }
+    if (!opts.reaper.scheduleId) await dropLegacyReaperSchedule(client, serviceTaskQueue);
   }
 
   let watcher: SandboxWatcher | undefined;

@@ -6,48 +6,27 @@
  * limit 413; streamed exec output while the command runs; the owner killed => a 503 naming it,
  * not a hang. Interactive sessions and previews through the owner: owner-sessions.test.ts.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { createHash, randomBytes } from 'node:crypto';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { getSandboxById } from '../../activities/billing/records';
 import { ownerTaskQueue } from '../../core/ids';
 import { REMOTE_OWNER_CHUNK_BYTES, REMOTE_OWNER_PAYLOAD_LIMIT_BYTES, REMOTE_OWNER_STREAM_LIMIT_BYTES } from '../../core/routing';
 import { DEFAULT_FILE_LIMIT_BYTES } from '../../api/service';
-import { BIN, waitFor } from '../helpers/cli';
+import { waitFor } from '../helpers/cli';
 import { codeOf, rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
+import { startOwnerProcess, type OwnerProcess } from './remote-owner';
 
 const OWNER_ID = `owner-${randomBytes(3).toString('hex')}`;
 const API_ID = `api-${randomBytes(3).toString('hex')}`;
 let h: ServiceHarness;
 let a: TestAccount;
-let owner: { child: ChildProcess; output: () => string };
+let owner: OwnerProcess;
 let sandboxId: string;
 /** The owner process's TMPDIR: where it stages chunked uploads. */
 const ownerTmp = mkdtempSync(path.join(os.tmpdir(), 'slipway-owner-tmp-'));
-
-function startOwner(): { child: ChildProcess; output: () => string } {
-  let output = '';
-  const base = { ...process.env };
-  delete base.SLIPWAY_WORKER_ID;
-  const child = spawn(process.execPath, [BIN, 'api', '--no-http', '--reaper-seconds', '3600', '--watch-seconds', '0'], {
-    env: {
-      ...base,
-      DATABASE_URL: h.database.url,
-      TEMPORAL_ADDRESS: inject('temporalAddress'),
-      SLIPWAY_TASK_QUEUE: h.taskQueue,
-      SLIPWAY_WORKER_ID: OWNER_ID,
-      SLIPWAY_HOME: mkdtempSync(path.join(os.tmpdir(), 'slipway-owner-home-')),
-      TMPDIR: ownerTmp,
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  child.stdout!.on('data', (c) => (output += c));
-  child.stderr!.on('data', (c) => (output += c));
-  return { child, output: () => output };
-}
 
 beforeAll(async () => {
   // Calls through a remote owner carry tenant data through history: only with encrypted payloads
@@ -55,8 +34,7 @@ beforeAll(async () => {
   process.env.SLIPWAY_PAYLOAD_KEY = randomBytes(32).toString('base64');
   // The API host: HTTP and its own queue only; every sandbox workflow runs on the owner process.
   h = await startServiceHarness({ worker: false, workerId: API_ID, ownerGraceSeconds: 5 });
-  owner = startOwner();
-  await waitFor(async () => owner.output().includes('sandbox service worker on task queue') || (owner.child.exitCode !== null && Promise.reject(new Error(owner.output()))), 'the owner process to poll', 120_000);
+  owner = await startOwnerProcess(h, OWNER_ID, { TMPDIR: ownerTmp });
   a = await h.account({ limit: 2 });
   await a.profile({ name: 'linux' });
   sandboxId = (await a.api.create({ profile: 'linux' })).id;

@@ -9,21 +9,21 @@
  * proof, is a 404).
  */
 import http from 'node:http';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes, randomUUID } from 'node:crypto';
 import WebSocket from 'ws';
-import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ownerTaskQueue } from '../../core/ids';
 import { TUNNEL_PATH, tunnelKey, tunnelProof } from '../../activities/service/tunnel';
 import type { PreviewPortView } from '../../api/schemas';
-import { BIN, waitFor } from '../helpers/cli';
+import { waitFor } from '../helpers/cli';
 import { loadSshHostKey } from '../../api/ssh-server';
 import type { SshTokenView } from '../../api/schemas';
 import { Client as SshClient } from 'ssh2';
 import { rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
+import { openExecSocket, startOwnerProcess, type OwnerProcess } from './remote-owner';
 
 const OWNER_ID = `owner-${randomBytes(3).toString('hex')}`;
 const API_ID = `api-${randomBytes(3).toString('hex')}`;
@@ -32,30 +32,10 @@ const APP_PORT = 8000;
 let h: ServiceHarness;
 let a: TestAccount;
 let b: TestAccount;
-let owner: { child: ChildProcess; output: () => string };
+let owner: OwnerProcess;
 let sandboxId: string;
 let apiPort: number;
 const apps: AbortController[] = [];
-
-function startOwner(): { child: ChildProcess; output: () => string } {
-  let output = '';
-  const base = { ...process.env };
-  delete base.SLIPWAY_WORKER_ID;
-  const child = spawn(process.execPath, [BIN, 'api', '--no-http', '--reaper-seconds', '3600', '--watch-seconds', '0'], {
-    env: {
-      ...base,
-      DATABASE_URL: h.database.url,
-      TEMPORAL_ADDRESS: inject('temporalAddress'),
-      SLIPWAY_TASK_QUEUE: h.taskQueue,
-      SLIPWAY_WORKER_ID: OWNER_ID,
-      SLIPWAY_HOME: mkdtempSync(path.join(os.tmpdir(), 'slipway-owner-home-')),
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  child.stdout!.on('data', (c) => (output += c));
-  child.stderr!.on('data', (c) => (output += c));
-  return { child, output: () => output };
-}
 
 beforeAll(async () => {
   // Calls through a remote owner need encrypted payloads; the tunnel's proof is keyed from the same key.
@@ -63,8 +43,7 @@ beforeAll(async () => {
   const ssh = { host: '127.0.0.1', port: 0, hostKey: await loadSshHostKey(mkdtempSync(path.join(os.tmpdir(), 'slipway-ssh-key-'))) };
   h = await startServiceHarness({ worker: false, workerId: API_ID, ownerGraceSeconds: 10, preview: { key: randomBytes(32), domain: 'localhost' }, ssh });
   apiPort = Number(new URL(h.url).port);
-  owner = startOwner();
-  await waitFor(async () => owner.output().includes('sandbox service worker on task queue') || (owner.child.exitCode !== null && Promise.reject(new Error(owner.output()))), 'the owner process to poll', 120_000);
+  owner = await startOwnerProcess(h, OWNER_ID);
   a = await h.account({ limit: 2 });
   b = await h.account({ limit: 2 });
   await a.profile({ name: 'linux' });
@@ -78,29 +57,6 @@ afterAll(async () => {
   await h?.stop();
 });
 
-interface Frame {
-  type: string;
-  data?: string;
-  exit_code?: number | null;
-}
-
-async function openSocket(token: string, id: string): Promise<{ ws: WebSocket; got: Frame[]; closed: Promise<number>; text: () => string }> {
-  const ws = new WebSocket(`${h.url.replace(/^http/, 'ws')}/api/v1/sandboxes/${id}/exec/ws`, { headers: { authorization: `Bearer ${token}` } });
-  const got: Frame[] = [];
-  ws.on('message', (d) => got.push(JSON.parse(d.toString()) as Frame));
-  const closed = new Promise<number>((resolve) => ws.on('close', (code) => resolve(code)));
-  await new Promise<void>((resolve, reject) => {
-    ws.once('open', resolve);
-    ws.once('unexpected-response', (_req, res) => reject(new Error(`HTTP ${res.statusCode}`)));
-    ws.once('error', reject);
-  });
-  const text = () =>
-    got
-      .filter((f) => f.type === 'stdout' || f.type === 'stderr')
-      .map((f) => f.data)
-      .join('');
-  return { ws, got, closed, text };
-}
 
 /** The tunnels the API logged as open for this sandbox. */
 function tunnelsOpened(): Array<{ tunnelId: string; kind: string; workflowId: string }> {
@@ -142,7 +98,7 @@ function previewRequest(url: string, headers: Record<string, string>): Promise<{
 
 describe('sessions and previews of a sandbox held by another worker', () => {
   it('a terminal session (pty) through the remote owner echoes typed input, resizes, and ends with its exit code', async () => {
-    const s = await openSocket(a.token, sandboxId);
+    const s = await openExecSocket(h.url, a.token, sandboxId);
     s.ws.send(JSON.stringify({ type: 'start', command: 'sh', args: ['-c', 'test -t 0 && echo tty; while read l; do echo "line:$l"; stty size; done; exit 3'], pty: { cols: 80, rows: 24 } }));
     // Typed bytes (binary frames, as a terminal client sends them): the terminal echoes them, the loop answers.
     await waitFor(async () => s.text().includes('tty'), 'the session to start on the owner', 120_000);
@@ -177,7 +133,7 @@ describe('sessions and previews of a sandbox held by another worker', () => {
 
   it("another account's token on the session gets 404, before anything reaches the owner", async () => {
     const before = tunnelsOpened().length;
-    await expect(openSocket(b.token, sandboxId)).rejects.toThrow('HTTP 404');
+    await expect(openExecSocket(h.url, b.token, sandboxId)).rejects.toThrow('HTTP 404');
     expect(tunnelsOpened().length).toBe(before);
   });
 

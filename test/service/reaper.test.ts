@@ -3,11 +3,13 @@
  * sandboxes past their deadline within one tick, and closes the books of sandboxes whose
  * workflow is gone.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { existsSync } from 'node:fs';
 import { newSandboxId, recordTransition } from '../../activities/billing/records';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
-import { serviceSandboxBranch, serviceSandboxGroup } from '../../core/sandbox-service';
+import { randomBytes } from 'node:crypto';
+import { LEGACY_REAPER_SCHEDULE_ID, reaperScheduleId, sandboxServiceTaskQueue, serviceSandboxBranch, serviceSandboxGroup } from '../../core/sandbox-service';
+import { startSandboxServiceHost } from '../../workers/sandbox-service';
 import { startServiceHarness, type ServiceHarness } from './harness';
 
 const TICK_MS = 1_000;
@@ -42,6 +44,38 @@ describe('sandbox reaper on a schedule', () => {
     const schedule = await h.host.client.schedule.getHandle(`reaper-${h.host.serviceTaskQueue.replace(/-sandboxes$/, '')}`).describe();
     expect(schedule.spec.intervals?.[0]?.every).toBe(TICK_MS);
     expect(schedule.action).toMatchObject({ type: 'startWorkflow', workflowType: 'sandboxReaperWorkflow', taskQueue: h.host.serviceTaskQueue });
+  });
+
+  it("keeps one schedule per service task queue, and a start replaces only its own queue's schedule of the shared-id release", async () => {
+    // Deployments sharing a namespace used to overwrite one id's target queue (and, with different
+    // payload keys, could not even read it at start).
+    const client = h.host.client;
+    const queue = `svc-${randomBytes(4).toString('hex')}`;
+    const legacy = (taskQueue: string) =>
+      client.schedule.create({
+        scheduleId: LEGACY_REAPER_SCHEDULE_ID,
+        spec: { intervals: [{ every: 3_600_000 }] },
+        action: { type: 'startWorkflow', workflowType: 'sandboxReaperWorkflow', workflowId: `legacy-${queue}`, taskQueue, args: [{}] },
+        state: { paused: true },
+      });
+    const start = () =>
+      startSandboxServiceHost({ db: h.database.db, temporalAddress: inject('temporalAddress'), taskQueue: queue, workflowBundle: { codePath: inject('workflowBundlePath') }, api: false, worker: false, reaper: { intervalMs: 3_600_000 } });
+    await client.schedule.getHandle(LEGACY_REAPER_SCHEDULE_ID).delete().catch(() => undefined);
+    try {
+      await legacy('another-deployment-sandboxes');
+      await (await start()).close();
+      // Another deployment's schedule stays; this queue has its own.
+      expect((await client.schedule.getHandle(LEGACY_REAPER_SCHEDULE_ID).describe()).action).toMatchObject({ taskQueue: 'another-deployment-sandboxes' });
+      const own = await client.schedule.getHandle(reaperScheduleId(sandboxServiceTaskQueue(queue))).describe();
+      expect(own.action).toMatchObject({ type: 'startWorkflow', taskQueue: sandboxServiceTaskQueue(queue) });
+      await client.schedule.getHandle(LEGACY_REAPER_SCHEDULE_ID).delete();
+      await legacy(sandboxServiceTaskQueue(queue));
+      await (await start()).close();
+      await expect(client.schedule.getHandle(LEGACY_REAPER_SCHEDULE_ID).describe()).rejects.toThrow(/not found/i);
+    } finally {
+      await client.schedule.getHandle(LEGACY_REAPER_SCHEDULE_ID).delete().catch(() => undefined);
+      await client.schedule.getHandle(reaperScheduleId(sandboxServiceTaskQueue(queue))).delete().catch(() => undefined);
+    }
   });
 
   it('terminates a sandbox past its deadline within one tick even when its timer has not fired', async () => {

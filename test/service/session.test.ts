@@ -13,6 +13,7 @@ import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/
 import WebSocket from 'ws';
 import { processesWith, waitFor } from '../sandbox/helpers';
 import { rawRequest, startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
+import { openExecSocket, type ExecFrame } from './remote-owner';
 
 let h: ServiceHarness;
 let a: TestAccount;
@@ -33,7 +34,7 @@ afterAll(async () => {
   await h?.stop();
 });
 
-type Frame = { type: string; data?: string; exit_code?: number | null; timed_out?: boolean; code?: string; message?: string; issues?: Array<{ path: string }> };
+type Frame = ExecFrame;
 
 const streamExec = async (token: string, id: string, body: Record<string, unknown>) =>
   rawRequest(h.url, 'POST', `/api/v1/sandboxes/${id}/exec`, { token, body: JSON.stringify({ stream: true, ...body }) });
@@ -53,24 +54,6 @@ const metric = async (name: string): Promise<number> => {
     .reduce((sum, l) => sum + Number(l.split(' ').pop()), 0);
 };
 
-/** A WebSocket to the exec endpoint, with every frame it got. */
-async function openSocket(token: string, id: string): Promise<{ ws: WebSocket; got: Frame[]; closed: Promise<number>; text: () => string }> {
-  const ws = new WebSocket(`${h.url.replace(/^http/, 'ws')}/api/v1/sandboxes/${id}/exec/ws`, { headers: { authorization: `Bearer ${token}` } });
-  const got: Frame[] = [];
-  ws.on('message', (d) => got.push(JSON.parse(d.toString()) as Frame));
-  const closed = new Promise<number>((resolve) => ws.on('close', (code) => resolve(code)));
-  await new Promise<void>((resolve, reject) => {
-    ws.once('open', resolve);
-    ws.once('unexpected-response', (_req, res) => reject(new Error(`HTTP ${res.statusCode}`)));
-    ws.once('error', reject);
-  });
-  const text = () =>
-    got
-      .filter((f) => f.type === 'stdout' || f.type === 'stderr')
-      .map((f) => f.data)
-      .join('');
-  return { ws, got, closed, text };
-}
 
 describe('streaming exec (NDJSON)', () => {
   it('streams stdout and stderr frames, feeds stdin, and ends with the exit frame', async () => {
@@ -155,7 +138,7 @@ describe('streaming exec (NDJSON)', () => {
 
 describe('exec WebSocket', () => {
   it('runs a terminal: stdin, resize, ^C, exit code', async () => {
-    const s = await openSocket(a.token, sandboxId);
+    const s = await openExecSocket(h.url, a.token, sandboxId);
     s.ws.send(JSON.stringify({ type: 'start', command: 'sh', args: ['-c', 'stty size; trap "echo got-int" INT; while read l; do echo "line:$l"; stty size; done; exit 3'], pty: { cols: 80, rows: 24 } }));
     expect(await waitFor(async () => s.text().includes('24 80'), 30_000), s.text()).toBe(true);
     s.ws.send(JSON.stringify({ type: 'resize', cols: 120, rows: 40 }));
@@ -171,12 +154,12 @@ describe('exec WebSocket', () => {
   });
 
   it('answers a bad frame with an error naming the field; a bad start closes with 4400', async () => {
-    const s = await openSocket(a.token, sandboxId);
+    const s = await openExecSocket(h.url, a.token, sandboxId);
     s.ws.send(JSON.stringify({ type: 'start', command: 'cat', pty: { cols: 'wide', rows: 24 } }));
     expect(await s.closed).toBe(4400);
     expect(s.got[0]).toMatchObject({ type: 'error', code: 'invalid_start' });
     expect(s.got[0].issues!.map((i) => i.path)).toContain('pty.cols');
-    const t = await openSocket(a.token, sandboxId);
+    const t = await openExecSocket(h.url, a.token, sandboxId);
     t.ws.send(JSON.stringify({ type: 'start', command: 'cat' }));
     t.ws.send(JSON.stringify({ type: 'resize', cols: 10, rows: 10 })); // no pty: refused, the session goes on
     t.ws.send(JSON.stringify({ type: 'stdin', data: Buffer.from('still here\n').toString('base64') }));
@@ -188,7 +171,7 @@ describe('exec WebSocket', () => {
 
   it('kills the session when the client goes away', async () => {
     const marker = `${Date.now() % 100000}.${process.pid}`;
-    const s = await openSocket(a.token, sandboxId);
+    const s = await openExecSocket(h.url, a.token, sandboxId);
     s.ws.send(JSON.stringify({ type: 'start', command: 'sh', args: ['-c', `echo started; exec sleep ${marker}`] }));
     expect(await waitFor(async () => s.text().includes('started'), 30_000)).toBe(true);
     s.ws.terminate();
@@ -265,8 +248,8 @@ describe('account scoping', () => {
   it("answers 404 for another account's sandbox on every new endpoint", async () => {
     const res = await streamExec(b.token, sandboxId, { command: 'true' });
     expect(res.status).toBe(404);
-    await expect(openSocket(b.token, sandboxId)).rejects.toThrow('HTTP 404');
-    await expect(openSocket('not-a-token', sandboxId)).rejects.toThrow('HTTP 401');
+    await expect(openExecSocket(h.url, b.token, sandboxId)).rejects.toThrow('HTTP 404');
+    await expect(openExecSocket(h.url, 'not-a-token', sandboxId)).rejects.toThrow('HTTP 401');
     const none = await streamExec(a.token, 'sbx_00000000000000000000', { command: 'true' });
     expect(none.status).toBe(404);
     const plain = await rawRequest(h.url, 'GET', `/api/v1/sandboxes/${sandboxId}/exec/ws`, { token: a.token });
@@ -286,7 +269,7 @@ describe('metrics and activity', () => {
   it('an open session counts as activity: the sandbox is not suspended under it', async () => {
     const { id } = await a.api.create({ profile: 'idle' });
     await h.waitFor(a.api, id, ['ready']);
-    const s = await openSocket(a.token, id);
+    const s = await openExecSocket(h.url, a.token, id);
     s.ws.send(JSON.stringify({ type: 'start', command: 'cat' }));
     const stamp = async () => (await h.database.db.query<{ t: Date }>('SELECT last_activity_at AS t FROM sandboxes WHERE id = $1', [id])).rows[0].t.getTime();
     const opened = await stamp();
