@@ -109,6 +109,7 @@ export async function handlePreviewRequest(service: SandboxService, t: Target, r
     const conn = await service.connectPreview(t.sandboxId, t.port);
     release = conn.release;
     const stream = socketLike(conn.stream);
+    const countIn = (d: Buffer) => counters?.bytes('in', d.length);
     await new Promise<void>((resolve, reject) => {
       const upstream = http.request({
         method: req.method,
@@ -130,10 +131,17 @@ export async function handlePreviewRequest(service: SandboxService, t: Target, r
         stream.destroy();
         resolve();
       });
-      req.on('data', (d: Buffer) => counters?.bytes('in', d.length));
+      req.on('data', countIn);
       req.pipe(upstream);
     });
     counters?.request('http', 'proxied');
+    // The app may answer before it has read the whole body (and close, or stop reading). The
+    // rest must still be read off this client connection: piped into a stream that no longer
+    // drains, it would hold the socket paused and the next keep-alive request would hang.
+    req.unpipe();
+    req.off('data', countIn);
+    stream.destroy();
+    if (!req.complete) req.resume();
   } catch (e) {
     const err = asApiError(e);
     counters?.request('http', err.code);

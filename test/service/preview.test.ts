@@ -37,6 +37,8 @@ const http = require('http');
 const port = Number(process.argv[2]);
 const s = http.createServer((req, res) => {
   if (req.url === '/headers') { res.setHeader('content-type', 'application/json'); return res.end(JSON.stringify(req.headers)); }
+  if (req.url === '/early') { res.writeHead(200, { 'content-length': '5' }); return res.end('early', () => req.socket.destroy()); }
+  if (req.url === '/cut') { res.writeHead(200, { 'content-length': '1000' }); res.write('partial'); return setTimeout(() => req.socket.destroy(), 50); }
   if (req.url === '/redirect') { res.writeHead(302, { location: 'http://127.0.0.1:' + process.argv[3] + '/' }); return res.end(); }
   res.setHeader('content-type', 'text/html');
   res.end('<html><head><title>preview</title></head><body><h1 id="msg">Hello from ' + process.env.SLIPWAY_SANDBOX_ID + ' port ' + port + '</h1></body></html>');
@@ -316,6 +318,97 @@ describe('MCP and metrics', () => {
     expect(m).toMatch(/slipway_preview_requests_total\{kind="http",outcome="invalid_link"\} [1-9]/);
     expect(m).toMatch(/slipway_preview_requests_total\{kind="upgrade",outcome="proxied"\} [1-9]/);
     expect(m).toMatch(/slipway_interactive_bytes_total\{surface="preview",direction="out"\} [1-9]/);
+  });
+});
+
+/**
+ * Keep-alive: one client connection (an agent with a single socket, as a browser's) carries
+ * request after request whatever the previous answer was: a 502, a proxied page, or an upstream
+ * that closed mid-body. A connection left half-owned after a hijacked reply hangs the next
+ * request until Node's headers timeout (408 after ~90 s); each answer here must come well before.
+ */
+describe('preview requests on a reused keep-alive connection', () => {
+  const LATE_PORT = 8002;
+  const ANSWER_MS = 20_000;
+  let agent: http.Agent;
+  const auth = () => ({ authorization: `Bearer ${a.token}` });
+
+  /** One request on the agent; fails loudly when no answer comes in ANSWER_MS. Reports the client socket's local port. */
+  function onAgent(url: string, path = '/', body?: Buffer): Promise<{ status: number; body: string; localPort: number | undefined; error?: string }> {
+    const u = new URL(url);
+    return new Promise((resolve, reject) => {
+      let localPort: number | undefined;
+      const req = http.request({ agent, host: '127.0.0.1', port: apiPort, path, method: body ? 'POST' : 'GET', headers: { host: u.host, ...auth() } }, (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode!, body: Buffer.concat(chunks).toString('utf8'), localPort }));
+        res.on('error', (e) => resolve({ status: res.statusCode!, body: Buffer.concat(chunks).toString('utf8'), localPort, error: e.message }));
+        res.on('aborted', () => resolve({ status: res.statusCode!, body: Buffer.concat(chunks).toString('utf8'), localPort, error: 'aborted' }));
+      });
+      req.on('socket', (s) => {
+        if (s.localPort !== undefined) localPort = s.localPort;
+        else s.once('connect', () => (localPort = s.localPort));
+      });
+      req.setTimeout(ANSWER_MS, () => req.destroy(new Error(`no answer to GET ${path} on the reused connection within ${ANSWER_MS} ms`)));
+      req.on('error', reject);
+      req.end(body);
+    });
+  }
+
+  beforeAll(() => {
+    agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  });
+  afterAll(() => agent.destroy());
+
+  it('after a 502 (nothing listening yet), the next request on the same connection is answered once the app listens', async () => {
+    const view = await openPort(a.token, sa, LATE_PORT);
+    const first = await onAgent(view.url);
+    expect(first.status).toBe(502);
+    await startApp(a.token, sa, LATE_PORT);
+    // Each try must be answered (502 while the app starts, then 200), never left hanging.
+    let last = first;
+    const end = Date.now() + 60_000;
+    while (last.status !== 200) {
+      if (Date.now() > end) throw new Error(`the app never answered: last ${last.status} ${last.body}`);
+      await new Promise((r) => setTimeout(r, 100));
+      last = await onAgent(view.url);
+    }
+    expect(last.body).toContain(`Hello from ${sa} port ${LATE_PORT}`);
+    // The 502 left the connection usable: the same socket carried the answer.
+    expect(last.localPort).toBe(first.localPort);
+  });
+
+  it('after a proxied page, the next request on the same connection is answered on it', async () => {
+    const url = `http://${previewHost(sa, APP_PORT, 'localhost')}:${apiPort}/`;
+    const one = await onAgent(url);
+    expect(one.status).toBe(200);
+    const two = await onAgent(url, '/headers');
+    expect(two.status).toBe(200);
+    expect(JSON.parse(two.body)).toHaveProperty('host');
+    expect(two.localPort).toBe(one.localPort);
+  });
+
+  it('after an app that answers before reading a large body and closes, the next request on the same connection is answered on it', async () => {
+    const url = `http://${previewHost(sa, APP_PORT, 'localhost')}:${apiPort}/`;
+    // Far more than the socket buffers hold: most of the body is still unread when the app answers.
+    const early = await onAgent(url, '/early', Buffer.alloc(8 << 20, 'y'));
+    // The app resets a connection with unread data: its answer may be lost on the way (502).
+    expect([200, 502]).toContain(early.status);
+    const next = await onAgent(url);
+    expect(next.status).toBe(200);
+    expect(next.body).toContain(`Hello from ${sa} port ${APP_PORT}`);
+    expect(next.localPort).toBe(early.localPort);
+  });
+
+  it('after an upstream that closes mid-body, the client sees the cut and its next request is answered', async () => {
+    const url = `http://${previewHost(sa, APP_PORT, 'localhost')}:${apiPort}/`;
+    const cut = await onAgent(url, '/cut').catch((e: Error) => ({ status: 0, body: '', localPort: undefined, error: e.message }));
+    // Never a complete-looking answer: the 1000 bytes promised did not all come.
+    expect(cut.error).toBeDefined();
+    expect(cut.body.length).toBeLessThan(1000);
+    const next = await onAgent(url);
+    expect(next.status).toBe(200);
+    expect(next.body).toContain(`Hello from ${sa} port ${APP_PORT}`);
   });
 });
 
