@@ -48,7 +48,7 @@ export const LIFECYCLE_OWNERS = {
   timer: "the workflow's timers",
   idle_detector: 'the idle check (claimIdleSandbox local activity)',
   suspender: 'suspendSandbox activity',
-  watcher: 'the provider watcher (workers/sandbox-watcher.ts)',
+  watcher: 'the provider watcher (workers/sandbox-watcher.ts): Kubernetes pod deaths pushed by the worker\'s pod informers the moment they are seen; a probe pass every `watchIntervalMs` (default 2 s; 0: none) for the rest (ADR 0029)',
   terminator: 'destroyServiceSandbox activity',
 } as const;
 export type LifecycleOwner = keyof typeof LIFECYCLE_OWNERS;
