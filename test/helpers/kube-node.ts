@@ -42,6 +42,7 @@ import {
   type V1Volume,
 } from '@kubernetes/client-node';
 import { engineEnv, defaultSandboxImage } from '../../activities/sandbox/container';
+import { engineCwd } from '../../activities/sandbox/container-engine';
 import { informer, type Informer, type KubeCluster } from './kube-cluster';
 import { startKubeletExec } from './kubelet-exec';
 
@@ -84,7 +85,7 @@ export interface RunResult {
 /** podman with the project's containers.conf; `env` reaches podman only (for `--env NAME`, values never in argv). */
 function podman(args: string[], env: Record<string, string> = {}): Promise<RunResult> {
   return new Promise((resolve) => {
-    const child = spawn('podman', args, { env: engineEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn('podman', args, { cwd: engineCwd(), env: engineEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));
