@@ -392,7 +392,9 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
   );
 
   it('codex whose own command sandbox cannot run (workspace-write, CODEX_HOME under the temp folder): its failed tool call, only in the session file, fails the run that changed nothing, with that reason, not retried', async () => {
-    const { endpoint, result } = await runObjective('toolfail-codex', 'codex', { builder: { permission_mode: 'workspace-write' }, objective: { on_exhausted: 'fail' } });
+    // The failed call is read from codex's session file after it ends: a generous completion grace
+    // lets it finish writing that file on a busy machine instead of being killed 2 s after its answer.
+    const { endpoint, result } = await runObjective('toolfail-codex', 'codex', { builder: { permission_mode: 'workspace-write', completion_grace_seconds: 30 }, objective: { on_exhausted: 'fail' } });
     expect(result.outcome).toBe('failed');
     expect(result.streams[0].failure).toMatchObject({
       kind: 'configuration_error',

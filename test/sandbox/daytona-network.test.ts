@@ -94,7 +94,9 @@ describe('daytona: errors mapped to failure kinds', () => {
     ['404', new DaytonaError('Sandbox not found', 404), 'not_found'],
     ['500', new DaytonaError('Internal error', 500), 'transient'],
     ['503', new DaytonaError('Unavailable', 503), 'transient'],
-    ['400', new DaytonaError('Bad request', 400), 'other'],
+    ['400', new DaytonaError('Bad request', 400), 'bad_request'],
+    ['422', new DaytonaError('Unprocessable', 422), 'bad_request'],
+    ['409', new DaytonaError('Conflict', 409), 'conflict'],
     ['no status (a network error)', new Error('socket hang up'), 'other'],
   ] as const)('%s', (_name, error, kind) => {
     expect(classifyDaytonaError(error).kind).toBe(kind);
