@@ -198,6 +198,20 @@ export function describeProviderLifecycle(name: string, opts: ProviderLifecycleO
       expect((await h.sessions(id)).every((s) => s.end_reason !== null)).toBe(true);
     });
 
+    it("terminates at the deadline: the provider's sandbox is removed and the compute row closed with reason deadline", async () => {
+      const a = await h.account();
+      await a.profile({ name: `${opts.provider}-short`, provider: opts.provider, ...(opts.resources ? { resources: opts.resources } : {}) });
+      // Long enough for the slowest provider's cold create on a busy machine to be ready first.
+      const { id } = await a.api.create({ profile: `${opts.provider}-short`, deadline_minutes: 0.5 });
+      expect(await a.api.get(id, 60)).toMatchObject({ status: 'ready' });
+      const dir = await root(id);
+      expect(await opts.state(dir)).toBe('running');
+      const done = await h.waitFor(a.api, id, ['terminated'], 120_000);
+      expect(done.end_reason).toBe('deadline');
+      expect(await opts.state(dir)).toBe('gone');
+      expect((await h.sessions(id)).map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'deadline']]);
+    });
+
     opts.more?.(() => h, root);
   });
 }

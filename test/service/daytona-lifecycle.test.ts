@@ -36,18 +36,4 @@ describeProviderLifecycle('daytona (fake)', {
     expect(fake.sandboxes.get(await daytonaId(root))!.labels).toMatchObject({ 'slipway.sandbox': expect.any(String) });
   },
   secret: () => fake.apiKey,
-  more: (h, root) => {
-    it('terminates at the deadline: the Daytona sandbox is deleted and the compute row closed with reason deadline', async () => {
-      const a = await h().account();
-      await a.profile({ name: 'daytona-short', provider: 'daytona' });
-      const { id } = await a.api.create({ profile: 'daytona-short', deadline_minutes: 0.05 });
-      await a.api.get(id, 60);
-      const remote = await daytonaId(await root(id));
-      expect(stateOf(remote)).toBe('started');
-      const done = await h().waitFor(a.api, id, ['terminated'], 30_000);
-      expect(done.end_reason).toBe('deadline');
-      expect(stateOf(remote)).toBe('gone');
-      expect((await h().sessions(id)).map((s) => [s.kind, s.end_reason])).toEqual([['compute', 'deadline']]);
-    });
-  },
 });
