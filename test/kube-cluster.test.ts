@@ -40,6 +40,8 @@ describe('kube-cluster', () => {
     const core = cluster.config('admin').makeApiClient(CoreV1Api);
     await core.createNamespace({ body: { metadata: { name: 'kc-sa' } } });
     expect(await waitFor(async () => !!(await core.readNamespacedServiceAccount({ namespace: 'kc-sa', name: 'default' }).catch(() => undefined)), 30_000)).toBe(true);
+    // The harness's controller makes the ConfigMap just after the ServiceAccount: wait for it too.
+    expect(await waitFor(async () => !!(await core.readNamespacedConfigMap({ namespace: 'kc-sa', name: 'kube-root-ca.crt' }).catch(() => undefined)), 30_000)).toBe(true);
     const ca = await core.readNamespacedConfigMap({ namespace: 'kc-sa', name: 'kube-root-ca.crt' });
     expect(ca.data?.['ca.crt']).toBe(Buffer.from(cluster.caData, 'base64').toString('utf8'));
     // The ServiceAccount admission plugin is real: a pod naming a missing account is refused.
