@@ -24,7 +24,7 @@ import { SLIPWAY_DIR } from '../../core/ids';
 import { writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, resolveCommit } from '../../lib/git';
 import { killProcessGroup, runProcess, type RunResult } from '../process';
-import { deleteSandboxFile, listSandboxDir, MAX_BUFFER_BYTES, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
+import { deleteSandboxFile, listSandboxDir, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { BUNDLE_HEAD_SCRIPT, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT, START_PREPARED_SCRIPT } from './git-transport';
 import { parseProviderRoot, providerSandboxRoot, resolveInside } from './paths';
 import { PortUnreachableError } from './port-relay';
@@ -535,7 +535,7 @@ export class ContainerSandboxProvider implements SandboxProvider {
   }
 
   async readFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<Buffer> {
-    return readSandboxFile(handle.root, file, { ...opts, maxBytes: Math.min(opts.maxBytes ?? MAX_BUFFER_BYTES, MAX_BUFFER_BYTES) });
+    return readSandboxFile(handle.root, file, opts);
   }
 
   async openFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<OpenedFile> {

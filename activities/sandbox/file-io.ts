@@ -323,8 +323,13 @@ export async function listSandboxDir(root: string, requested: string, opts: File
 }
 
 /** Reads a whole regular file (within the cap) into memory. */
+/** `opts` with its size cap lowered to what one Buffer can hold: a clear error, not a crash, for a huge file read whole. */
+export function bufferCapped(opts: FileIoOptions): FileIoOptions {
+  return { ...opts, maxBytes: Math.min(opts.maxBytes ?? MAX_BUFFER_BYTES, MAX_BUFFER_BYTES) };
+}
+
 export async function readSandboxFile(root: string, requested: string, opts: FileIoOptions = {}): Promise<Buffer> {
-  const { stream } = await openSandboxFile(root, requested, opts);
+  const { stream } = await openSandboxFile(root, requested, bufferCapped(opts));
   const chunks: Buffer[] = [];
   for await (const chunk of stream) chunks.push(chunk as Buffer);
   return Buffer.concat(chunks);

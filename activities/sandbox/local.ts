@@ -33,7 +33,7 @@ import { openSessionInWorktree } from './session';
 import { fingerprint, setupHash, trackedLockfiles } from './fingerprint';
 import { deleteLocalSnapshot, probeLocal, restoreLocal, SnapshotError, suspendLocal } from './local-snapshot';
 import { NOFOLLOW, PathEscapeError, resolveInside } from './paths';
-import { deleteSandboxFile, listSandboxDir, MAX_BUFFER_BYTES, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
+import { deleteSandboxFile, listSandboxDir, openSandboxFile, readSandboxFile, writeSandboxFile, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { claimPoolEntry, fillPool, poolKey, type PoolSpec } from './pool';
 import { populateWorktree } from './populate';
 import { SANDBOX_BASE_ENV, type ExecRequest, type ProjectSetup, type SandboxCreateRequest, type SandboxHandle, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
@@ -418,8 +418,7 @@ export class LocalSandboxProvider implements SandboxProvider {
 
   // Race-free (descriptor-relative) file I/O: see file-io.ts.
   async readFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<Buffer> {
-    // Capped at what a Buffer can hold: a clear error, not a crash, for a huge file.
-    return readSandboxFile(handle.root, file, { ...opts, maxBytes: Math.min(opts.maxBytes ?? MAX_BUFFER_BYTES, MAX_BUFFER_BYTES) });
+    return readSandboxFile(handle.root, file, opts);
   }
 
   async openFile(handle: Pick<SandboxHandle, 'root'>, file: string, opts: FileIoOptions = {}): Promise<OpenedFile> {
