@@ -16,7 +16,11 @@
  * histories: its merge-ready signal to the decision it hears), and a breakdown from the
  * histories of the objective and all its children: workflow tasks (count, time from scheduled
  * to started and from started to completed), activities per type (count, run time, and
- * schedule-to-start: the time they waited for a worker slot), child starts.
+ * schedule-to-start: the time they waited for a worker slot), child starts. Per case also: the
+ * server's CPU per history event and the worker's per workflow task (activities included), the
+ * worker's resident memory (each fork of it costs in proportion), the workflow tasks that came
+ * on the sticky queue and those that missed the worker's cache (normal queue: a full replay),
+ * and the histories' bytes with the payload bytes per event type.
  *
  * The reference: Sandcastle (npm @ai-hero/sandcastle 0.12.0, installed on first use into the
  * git-ignored bench/.reference/; `--no-sandcastle` leaves it out) runs the same agent with
@@ -27,12 +31,14 @@
  * `merge-to-head` strategy fails likewise on concurrent merges into the checkout). Its global
  * git config writes go to a temporary file (GIT_CONFIG_GLOBAL), never the user's.
  *
- * Usage: npx tsx bench/orchestration.ts [--quick] [--json] [--rounds N] [--streams 1,4,16,64] [--no-sandcastle] [--against DIR]
+ * Usage: npx tsx bench/orchestration.ts [--quick] [--json] [--rounds N] [--streams 1,4,16,64] [--no-sandcastle] [--against DIR] [--cpu-prof DIR]
  *   --quick    streams 1, 4, 16 and one round
  *   --rounds   rounds per case; the median is printed (default 3, 1 with --quick)
  *   --against  another built checkout (its bin/slipway.cjs and dist/): a second worker of that
  *              code on its own task queue runs every case right before this checkout's, on the
  *              same server, and the ratios this/that are printed (A/B under the same load)
+ *   --cpu-prof this checkout's worker runs with `node --cpu-prof` and writes its profile into DIR
+ *              when it stops (open it in Chrome DevTools or read it with bench/cpu-profile.ts)
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -42,7 +48,7 @@ import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Client, Connection } from '@temporalio/client';
 import { tsToMs } from '@temporalio/common/lib/time';
-import type { temporal } from '@temporalio/proto';
+import { temporal } from '@temporalio/proto';
 import { stringify } from 'yaml';
 import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
@@ -66,6 +72,8 @@ const ROUNDS = Number(option('--rounds') ?? (quick ? 1 : 3));
 const STREAMS = (option('--streams') ?? (quick ? '1,4,16' : '1,4,16,64')).split(',').map(Number);
 const SANDCASTLE = !argv.includes('--no-sandcastle');
 const AGAINST = option('--against');
+/** A folder for V8 CPU profiles of this checkout's worker (node --cpu-prof, written when it exits). */
+const CPU_PROF = option('--cpu-prof');
 const SANDCASTLE_VERSION = '0.12.0';
 const SANDCASTLE_PARALLEL = 3;
 const BIN = path.join(__dirname, '..', 'bin', 'slipway.cjs');
@@ -89,6 +97,16 @@ function cpuOf(pid: number): { self: number; children: number } {
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   const [utime, stime, cutime, cstime] = fields.slice(11, 15).map(Number);
   return { self: (utime + stime) / CLK_TCK, children: (cutime + cstime) / CLK_TCK };
+}
+
+/**
+ * A process's resident memory in MB (/proc/<pid>/status VmRSS). The worker's matters beyond
+ * memory: every process it spawns (git, gates, agents) forks it, and a fork costs the worker's
+ * main thread time in proportion to its resident pages (ADR 0035).
+ */
+function rssMbOf(pid: number): number {
+  const kb = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1];
+  return kb ? Number(kb) / 1024 : NaN;
 }
 
 function makeRepo(parent: string): string {
@@ -235,6 +253,25 @@ interface Breakdown {
    */
   mergeServiceMs: number[];
   historyEvents: number;
+  /**
+   * Workflow tasks after a run's first, by the queue they were scheduled on: the worker's sticky
+   * queue (its cache held the workflow) or the normal queue (a cache miss: the task carries the
+   * whole history and the worker replays it).
+   */
+  stickyTasks: { hits: number; misses: number };
+  /** The histories' size: every event encoded, and the payloads' bytes among them, per event type. */
+  historyBytes: number;
+  payloadBytes: Record<string, number>;
+}
+
+/** Bytes of every Payload (its data and metadata) inside an event, found by walking it. */
+function payloadBytesIn(value: unknown): number {
+  if (!value || typeof value !== 'object' || value instanceof Uint8Array) return 0;
+  const o = value as Record<string, unknown>;
+  if (o.data instanceof Uint8Array && o.metadata && typeof o.metadata === 'object') {
+    return o.data.length + sum(Object.entries(o.metadata as Record<string, Uint8Array>).map(([k, v]) => k.length + (v?.length ?? 0)));
+  }
+  return sum(Object.values(o).map(payloadBytesIn));
 }
 
 function breakdown(runs: Run[]): Breakdown {
@@ -248,12 +285,16 @@ function breakdown(runs: Run[]): Breakdown {
     mergeReadyToMergedMs: [],
     mergeServiceMs: [],
     historyEvents: 0,
+    stickyTasks: { hits: 0, misses: 0 },
+    historyBytes: 0,
+    payloadBytes: {},
   };
   const objectiveStart = ms(runs[0].events[0]);
   for (const run of runs) {
     b.workflows[run.type] = (b.workflows[run.type] ?? 0) + 1;
     const byType = (b.workflowTasksByType[run.type] ??= { count: 0, scheduleToStartMs: 0, runMs: 0, maxRunMs: 0 });
     b.historyEvents += run.events.length;
+    let firstTask = true;
     const byId = new Map(run.events.map((e) => [Number(e.eventId), e]));
     let mergeReadyAt: number | undefined;
     /** The stream's last events batch: with patch merge-request-in-events the merge request rides in it. */
@@ -270,7 +311,19 @@ function breakdown(runs: Run[]): Breakdown {
     };
     for (const e of run.events) {
       const at = ms(e);
-      if (e.workflowTaskStartedEventAttributes) {
+      b.historyBytes += temporal.api.history.v1.HistoryEvent.encode(e).finish().length;
+      const payload = payloadBytesIn(e);
+      if (payload > 0) {
+        const type = temporal.api.enums.v1.EventType[e.eventType as number]?.replace(/^EVENT_TYPE_/, '') ?? String(e.eventType);
+        b.payloadBytes[type] = (b.payloadBytes[type] ?? 0) + payload;
+      }
+      if (e.workflowTaskScheduledEventAttributes) {
+        if (!firstTask) {
+          if (e.workflowTaskScheduledEventAttributes.taskQueue?.kind === temporal.api.enums.v1.TaskQueueKind.TASK_QUEUE_KIND_STICKY) b.stickyTasks.hits += 1;
+          else b.stickyTasks.misses += 1;
+        }
+        firstTask = false;
+      } else if (e.workflowTaskStartedEventAttributes) {
         const waited = at - ms(byId.get(Number(e.workflowTaskStartedEventAttributes.scheduledEventId))!);
         b.workflowTasks.scheduleToStartMs += waited;
         byType.scheduleToStartMs += waited;
@@ -330,6 +383,8 @@ interface Sample {
   serverCpu: number;
   workerCpu: number;
   childrenCpu: number;
+  /** The worker's resident memory when the objective ended. */
+  workerRssMb: number;
   floorMs: number;
   sandcastleMs?: number;
   breakdown: Breakdown;
@@ -344,9 +399,9 @@ async function main() {
     server = await startDevServer({ dataDir: path.join(dir, 'temporal'), port: await freePort(), headless: true, startTimeoutMs: 120_000 });
     const address = server.address;
     /** A worker of one checkout's build on its own task queue and SLIPWAY_HOME. */
-    const startWorker = async (label: string, bin: string) => {
+    const startWorker = async (label: string, bin: string, profile = false) => {
       const taskQueue = `bench-${label}-${randomBytes(3).toString('hex')}`;
-      const worker = spawn(process.execPath, [bin, 'worker'], {
+      const worker = spawn(process.execPath, [...(profile && CPU_PROF ? ['--cpu-prof', '--cpu-prof-dir', path.resolve(CPU_PROF)] : []), bin, 'worker'], {
         env: { ...process.env, TEMPORAL_ADDRESS: address, SLIPWAY_TASK_QUEUE: taskQueue, SLIPWAY_HOME: path.join(dir, `home-${label}`) },
         stdio: ['ignore', 'pipe', 'pipe'],
       });
@@ -362,7 +417,7 @@ async function main() {
     };
     type Worker = Awaited<ReturnType<typeof startWorker>>;
     // With --against, that checkout's worker runs each case first ("A"), this one's second ("B").
-    const workers: Worker[] = [...(AGAINST ? [await startWorker('A', path.join(path.resolve(AGAINST), 'bin', 'slipway.cjs'))] : []), await startWorker(AGAINST ? 'B' : 'this', BIN)];
+    const workers: Worker[] = [...(AGAINST ? [await startWorker('A', path.join(path.resolve(AGAINST), 'bin', 'slipway.cjs'))] : []), await startWorker(AGAINST ? 'B' : 'this', BIN, true)];
     const client = new Client({ connection: await Connection.connect({ address }), dataConverter: slipwayDataConverter() });
     const serverPid = server.process.pid!;
 
@@ -416,6 +471,7 @@ async function main() {
         serverCpu: s1.self - s0.self,
         workerCpu: w1.self - w0.self,
         childrenCpu: w1.children - w0.children,
+        workerRssMb: rssMbOf(workerPid),
         floorMs,
         sandcastleMs,
         breakdown: breakdown(await historiesOf(client, objectiveWorkflowId(id))),
@@ -451,6 +507,7 @@ async function main() {
         serverCpuS: median(xs.map((x) => x.serverCpu)),
         workerCpuS: median(xs.map((x) => x.workerCpu)),
         childrenCpuS: median(xs.map((x) => x.childrenCpu)),
+        workerRssMb: median(xs.map((x) => x.workerRssMb)),
         mergeReadyToMergedMs: { median: median(xs.flatMap((x) => x.breakdown.mergeReadyToMergedMs)), max: Math.max(...xs.flatMap((x) => x.breakdown.mergeReadyToMergedMs)) },
         mergeServiceMs: median(xs.flatMap((x) => x.breakdown.mergeServiceMs)),
         breakdown: b,
@@ -466,6 +523,8 @@ async function main() {
           streams: r.streams,
           wallS: (r.wallS - base.wallS) / added,
           cpuS: (r.serverCpuS + r.workerCpuS - base.serverCpuS - base.workerCpuS) / added,
+          serverCpuS: (r.serverCpuS - base.serverCpuS) / added,
+          workerCpuS: (r.workerCpuS - base.workerCpuS) / added,
           floorS: (r.floorS - base.floorS) / added,
         };
       });
@@ -479,8 +538,8 @@ async function main() {
           `${String(r.streams).padStart(7)}  ${r.gates.padEnd(5)}  ${r.wallS.toFixed(2).padStart(6)}   ${r.floorS.toFixed(2).padStart(6)}   ${(r.sandcastleS?.toFixed(2) ?? '-').padStart(11)}   ${r.serverCpuS.toFixed(2).padStart(11)}   ${r.workerCpuS.toFixed(2).padStart(11)}   ${r.childrenCpuS.toFixed(2).padStart(21)}   ${`${r.mergeReadyToMergedMs.median.toFixed(0)} / ${r.mergeReadyToMergedMs.max.toFixed(0)}`.padStart(34)}   ${r.mergeServiceMs.toFixed(0).padStart(15)}`,
         );
       }
-      console.log('\nper added stream (against 1 stream): wall s, server+worker CPU-s, floor s');
-      for (const p of perAdded) console.log(`  ${String(p.streams).padStart(3)} streams: ${p.wallS.toFixed(3)} s wall, ${p.cpuS.toFixed(3)} CPU-s, floor ${p.floorS.toFixed(3)} s`);
+      console.log('\nper added stream (against 1 stream): wall s, server+worker CPU-s (server, worker), floor s');
+      for (const p of perAdded) console.log(`  ${String(p.streams).padStart(3)} streams: ${p.wallS.toFixed(3)} s wall, ${p.cpuS.toFixed(3)} CPU-s (server ${p.serverCpuS.toFixed(3)}, worker ${p.workerCpuS.toFixed(3)}), floor ${p.floorS.toFixed(3)} s`);
       const service = median(report.flatMap((r) => (r.streams > 1 ? [r.mergeServiceMs] : [])));
       if (!Number.isNaN(service)) console.log(`merge queue: ${service.toFixed(0)} ms per merge when queued, ${(1000 / service).toFixed(1)} merges/s`);
       console.log('\nbreakdown from the histories (median round; times summed over all workflows of the objective)');
@@ -490,8 +549,12 @@ async function main() {
           .sort((x, y) => y[1].runMs - x[1].runMs)
           .map(([name, a]) => `${name} ${a.count}x run ${a.runMs.toFixed(0)} ms wait ${a.scheduleToStartMs.toFixed(0)} ms`)
           .join('; ');
-        console.log(`  ${r.streams} streams: ${Object.entries(b.workflows).map(([t, c]) => `${c} ${t}`).join(', ')}; ${b.historyEvents} events`);
-        console.log(`    workflow tasks: ${b.workflowTasks.count}, run ${b.workflowTasks.runMs.toFixed(0)} ms, waited ${b.workflowTasks.scheduleToStartMs.toFixed(0)} ms (scheduled -> started)`);
+        const kb = (bytes: number) => `${(bytes / 1024).toFixed(0)} KB`;
+        const payloads = Object.entries(b.payloadBytes).sort((x, y) => y[1] - x[1]);
+        console.log(`  ${r.streams} streams: ${Object.entries(b.workflows).map(([t, c]) => `${c} ${t}`).join(', ')}; ${b.historyEvents} events, ${kb(b.historyBytes)}`);
+        console.log(`    server ${((1000 * r.serverCpuS) / b.historyEvents).toFixed(2)} CPU-ms per history event; worker ${((1000 * r.workerCpuS) / b.workflowTasks.count).toFixed(1)} CPU-ms per workflow task (activities included), resident ${r.workerRssMb.toFixed(0)} MB`);
+        console.log(`    payloads ${kb(sum(payloads.map(([, v]) => v)))}: ${payloads.slice(0, 4).map(([t, v]) => `${t} ${kb(v)}`).join(', ')}`);
+        console.log(`    workflow tasks: ${b.workflowTasks.count}, run ${b.workflowTasks.runMs.toFixed(0)} ms, waited ${b.workflowTasks.scheduleToStartMs.toFixed(0)} ms (scheduled -> started); after a run's first: ${b.stickyTasks.hits} on the sticky queue, ${b.stickyTasks.misses} on the normal queue (cache misses, full replays)`);
         for (const [type, t] of Object.entries(b.workflowTasksByType)) {
           console.log(`      ${type}: ${t.count}, run ${t.runMs.toFixed(0)} ms (longest ${t.maxRunMs.toFixed(0)} ms), waited ${t.scheduleToStartMs.toFixed(0)} ms`);
         }
@@ -509,6 +572,8 @@ async function main() {
             streams: b.streams,
             wall: b.wallS / a.wallS,
             cpu: (b.serverCpuS + b.workerCpuS) / (a.serverCpuS + a.workerCpuS),
+            serverCpu: b.serverCpuS / a.serverCpuS,
+            workerCpu: b.workerCpuS / a.workerCpuS,
             mergeReadyToMerged: b.mergeReadyToMergedMs.median / a.mergeReadyToMergedMs.median,
             mergeService: b.mergeServiceMs / a.mergeServiceMs,
             workflowTasks: b.breakdown.workflowTasks.count / a.breakdown.workflowTasks.count,
@@ -524,8 +589,8 @@ async function main() {
     console.log(`Sandcastle: ${sandcastleNote}`);
     for (const r of results) printReport(results.length > 1 ? `${r.label}: ${r.label === 'A' ? path.resolve(AGAINST!) : 'this checkout'}` : '', r);
     if (ratios) {
-      console.log('\nB / A, case by case (below 1: this checkout is faster): wall, server+worker CPU, merge-ready->merged (median), merge service, workflow tasks');
-      for (const r of ratios) console.log(`  ${String(r.streams).padStart(3)} streams: wall ${r.wall.toFixed(2)}, CPU ${r.cpu.toFixed(2)}, merge-ready->merged ${r.mergeReadyToMerged.toFixed(2)}, merge service ${r.mergeService.toFixed(2)}, workflow tasks ${r.workflowTasks.toFixed(2)}`);
+      console.log('\nB / A, case by case (below 1: this checkout is faster): wall, server+worker CPU (server, worker), merge-ready->merged (median), merge service, workflow tasks');
+      for (const r of ratios) console.log(`  ${String(r.streams).padStart(3)} streams: wall ${r.wall.toFixed(2)}, CPU ${r.cpu.toFixed(2)} (server ${r.serverCpu.toFixed(2)}, worker ${r.workerCpu.toFixed(2)}), merge-ready->merged ${r.mergeReadyToMerged.toFixed(2)}, merge service ${r.mergeService.toFixed(2)}, workflow tasks ${r.workflowTasks.toFixed(2)}`);
     }
   } finally {
     for (const c of children) if (c.exitCode === null) c.kill('SIGTERM');

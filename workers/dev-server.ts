@@ -34,6 +34,16 @@ export interface DevServer {
   stop(): Promise<void>;
 }
 
+/**
+ * SQLite in write-ahead-log mode with `synchronous=normal` (ADR 0035): a commit appends to the
+ * WAL without an fsync (the default rollback journal with `full` fsyncs the journal and the
+ * database on every commit). A commit is in the WAL once the server's write returns, so a killed
+ * server (kill -9) loses nothing; a power loss or kernel crash can lose the commits since the last
+ * checkpoint, never corrupt the database.
+ */
+export const SQLITE_PRAGMAS: readonly string[] = ['journal_mode=wal', 'synchronous=normal'];
+const SQLITE_PRAGMA_FLAGS = SQLITE_PRAGMAS.flatMap((p) => ['--sqlite-pragma', p]);
+
 export function searchAttributeFlags(): string[] {
   return SLIPWAY_SEARCH_ATTRIBUTES.flatMap((key) => ['--search-attribute', `${key.name}=${SEARCH_ATTRIBUTE_CLI_TYPE[key.type]}`]);
 }
@@ -118,6 +128,7 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     '--db-filename', path.join(opts.dataDir, 'temporal.sqlite'),
     '--namespace', opts.namespace ?? 'default',
     '--log-level', 'warn',
+    ...SQLITE_PRAGMA_FLAGS,
     '--http-port', String(httpPort),
     ...searchAttributeFlags(),
     ...(opts.headless ? ['--headless'] : ['--ui-port', String(opts.uiPort ?? 8233)]),
