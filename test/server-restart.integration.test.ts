@@ -1,8 +1,11 @@
 /**
  * The embedded Temporal server stopped and started again (same SQLite file, same port) in the
- * middle of a run: the worker reconnects, in-flight work resumes, the objective completes.
+ * middle of a run, or killed (SIGKILL): the worker reconnects, in-flight work resumes, the
+ * objective completes with one merge per stream.
  */
 import { randomUUID } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { Client, Connection } from '@temporalio/client';
 import { loadObjectiveFile } from '../config/objective-file';
@@ -23,7 +26,11 @@ afterAll(async () => {
 });
 
 describe('embedded server restart', () => {
-  it('resumes in-flight work after the server comes back with the same database', async () => {
+  /**
+   * Two streams whose builders take 3 s; while one builds, the server goes down (`stop`: SIGTERM;
+   * `kill`: SIGKILL, nothing flushed) and comes back on the same SQLite file and port.
+   */
+  const runThroughRestart = async (id: string, down: (s: DevServer, dataDir: string) => Promise<void>) => {
     const dataDir = tempDir('slipway-restart-server-');
     const port = await freePort();
     server = await startDevServer({ dataDir, port, headless: true, startTimeoutMs: 120_000 });
@@ -42,7 +49,6 @@ describe('embedded server restart', () => {
       },
       Object.fromEntries(streams.map((id) => [id, [{ files: helperFiles(id), sleep_ms: 3000 }]])),
     );
-    const id = 'server-restart';
     const connect = async () => new Client({ connection: await Connection.connect({ address: server!.address }) });
     let client = await connect();
     await client.workflow.start(objectiveWorkflow, { taskQueue: env.SLIPWAY_TASK_QUEUE, workflowId: objectiveWorkflowId(id), args: [await loadObjectiveFile(file, { id })] });
@@ -51,13 +57,30 @@ describe('embedded server restart', () => {
       return s.streams.some((x) => x.phase === 'building');
     }, 'a builder to run');
 
-    await server.stop();
+    await down(server, dataDir);
     server = await startDevServer({ dataDir, port, headless: true, startTimeoutMs: 120_000 });
     client = await connect();
 
     const result = (await client.workflow.getHandle(objectiveWorkflowId(id)).result()) as ObjectiveResult;
     expect(result.outcome).toBe('completed');
     expect([...result.mergeOrder].sort()).toEqual(streams);
+    // One merge per stream: nothing the server had acknowledged was lost and done again.
     expect(gitIn(repo, 'log', '--first-parent', '--merges', '--format=%s', integrationBranch(id)).split('\n')).toHaveLength(2);
+    worker.crash();
+    await server.stop();
+  };
+
+  it('resumes in-flight work after the server comes back with the same database', async () => {
+    await runThroughRestart('server-restart', (s) => s.stop());
+  }, 300_000);
+
+  it('loses nothing when the server is killed (SIGKILL) in the middle of a run, with SQLite in WAL mode (ADR 0035)', async () => {
+    await runThroughRestart('server-kill', async (s, dataDir) => {
+      const exited = new Promise((resolve) => s.process.once('exit', resolve));
+      s.process.kill('SIGKILL');
+      await exited;
+      // Commits of the killed server are in the write-ahead log, not yet in the database file.
+      expect(existsSync(path.join(dataDir, 'temporal.sqlite-wal'))).toBe(true);
+    });
   }, 300_000);
 });
