@@ -116,6 +116,31 @@ function makeRepo(parent: string): string {
   return repo;
 }
 
+/**
+ * The server's work from its Prometheus metrics: counters summed per metric and operation, e.g.
+ * `persistence_requests GetWorkflowExecution`. Diffed around a case, they say what the server
+ * spent its CPU on (SQLite writes and reads per operation, tasks matched to a waiting poll or
+ * written to the database first).
+ */
+async function serverCounters(metricsUrl: string): Promise<Map<string, number>> {
+  const counters = new Map<string, number>();
+  const text = await (await fetch(metricsUrl)).text();
+  for (const line of text.split('\n')) {
+    const m = /^(persistence_requests|persistence_latency_sum|visibility_persistence_requests|visibility_persistence_latency_sum|\w*match\w*_count|service_requests)\{([^}]*)\} ([\d.e+-]+)$/.exec(line);
+    if (!m) continue;
+    const operation = /operation="([^"]*)"/.exec(m[2])?.[1] ?? '';
+    const key = `${m[1]} ${operation}`;
+    counters.set(key, (counters.get(key) ?? 0) + Number(m[3]));
+  }
+  return counters;
+}
+
+function diffCounters(before: Map<string, number>, after: Map<string, number>): Record<string, number> {
+  const d: Record<string, number> = {};
+  for (const [k, v] of after) if (v - (before.get(k) ?? 0) > 0) d[k] = v - (before.get(k) ?? 0);
+  return d;
+}
+
 /** The zero-work agent: writes and commits one file. */
 const AGENT = 'cat > /dev/null; echo "$SLIPWAY_STREAM" > "out-$SLIPWAY_STREAM.txt"; git add -A; git commit -qm "$SLIPWAY_STREAM"';
 
@@ -383,6 +408,8 @@ interface Sample {
   serverCpu: number;
   workerCpu: number;
   childrenCpu: number;
+  /** The server's counters over the case (serverCounters). */
+  serverWork: Record<string, number>;
   /** The worker's resident memory when the objective ended. */
   workerRssMb: number;
   floorMs: number;
@@ -396,7 +423,9 @@ async function main() {
   let server: Awaited<ReturnType<typeof startDevServer>> | undefined;
   try {
     log(`starting the Temporal dev server and a worker (in ${dir})`);
-    server = await startDevServer({ dataDir: path.join(dir, 'temporal'), port: await freePort(), headless: true, startTimeoutMs: 120_000 });
+    const metricsPort = await freePort();
+    server = await startDevServer({ dataDir: path.join(dir, 'temporal'), port: await freePort(), metricsPort, headless: true, startTimeoutMs: 120_000 });
+    const metricsUrl = `http://127.0.0.1:${metricsPort}/metrics`;
     const address = server.address;
     /** A worker of one checkout's build on its own task queue and SLIPWAY_HOME. */
     const startWorker = async (label: string, bin: string, profile = false) => {
@@ -442,6 +471,7 @@ async function main() {
       const repo = makeRepo(dir);
       const id = `bench-${streams}-${++n}`;
       const input = await loadObjectiveFile(objectiveFile(dir, repo, streams, gates), { repository: repo, id });
+      const m0 = await serverCounters(metricsUrl);
       const s0 = cpuOf(serverPid);
       const w0 = cpuOf(workerPid);
       const t0 = performance.now();
@@ -449,6 +479,7 @@ async function main() {
       const wallMs = performance.now() - t0;
       const s1 = cpuOf(serverPid);
       const w1 = cpuOf(workerPid);
+      const serverWork = diffCounters(m0, await serverCounters(metricsUrl));
       if (result.outcome !== 'completed' || result.mergeOrder.length !== streams) {
         throw new Error(`objective ${id} ended ${result.outcome} with ${result.mergeOrder.length}/${streams} merged: ${result.error ?? ''}\n${output.slice(-4000)}`);
       }
@@ -471,6 +502,7 @@ async function main() {
         serverCpu: s1.self - s0.self,
         workerCpu: w1.self - w0.self,
         childrenCpu: w1.children - w0.children,
+        serverWork,
         workerRssMb: rssMbOf(workerPid),
         floorMs,
         sandcastleMs,
@@ -510,6 +542,7 @@ async function main() {
         workerRssMb: median(xs.map((x) => x.workerRssMb)),
         mergeReadyToMergedMs: { median: median(xs.flatMap((x) => x.breakdown.mergeReadyToMergedMs)), max: Math.max(...xs.flatMap((x) => x.breakdown.mergeReadyToMergedMs)) },
         mergeServiceMs: median(xs.flatMap((x) => x.breakdown.mergeServiceMs)),
+        serverWork: xs[Math.floor(xs.length / 2)].serverWork,
         breakdown: b,
       };
     });
@@ -553,6 +586,13 @@ async function main() {
         const payloads = Object.entries(b.payloadBytes).sort((x, y) => y[1] - x[1]);
         console.log(`  ${r.streams} streams: ${Object.entries(b.workflows).map(([t, c]) => `${c} ${t}`).join(', ')}; ${b.historyEvents} events, ${kb(b.historyBytes)}`);
         console.log(`    server ${((1000 * r.serverCpuS) / b.historyEvents).toFixed(2)} CPU-ms per history event; worker ${((1000 * r.workerCpuS) / b.workflowTasks.count).toFixed(1)} CPU-ms per workflow task (activities included), resident ${r.workerRssMb.toFixed(0)} MB`);
+        const work = r.serverWork;
+        const persistence = Object.keys(work)
+          .filter((k) => k.startsWith('persistence_requests ') || k.startsWith('visibility_persistence_requests '))
+          .map((k) => ({ op: k.split(' ')[1] + (k.startsWith('visibility') ? ' (visibility)' : ''), count: work[k], ms: 1000 * (work[k.replace('_requests', '_latency_sum')] ?? 0) }))
+          .sort((x, y) => y.ms - x.ms);
+        const matches = Object.entries(work).filter(([k]) => /match/.test(k)).map(([k, v]) => `${k.replace(/_count/, '').trim()} ${v}`);
+        console.log(`    server: ${sum(persistence.map((p) => p.count))} SQLite operations, ${sum(persistence.map((p) => p.ms)).toFixed(0)} ms in them; most time: ${persistence.slice(0, 5).map((p) => `${p.op} ${p.count}x ${p.ms.toFixed(0)} ms`).join(', ')}${matches.length ? `; ${matches.join(', ')}` : ''}`);
         console.log(`    payloads ${kb(sum(payloads.map(([, v]) => v)))}: ${payloads.slice(0, 4).map(([t, v]) => `${t} ${kb(v)}`).join(', ')}`);
         console.log(`    workflow tasks: ${b.workflowTasks.count}, run ${b.workflowTasks.runMs.toFixed(0)} ms, waited ${b.workflowTasks.scheduleToStartMs.toFixed(0)} ms (scheduled -> started); after a run's first: ${b.stickyTasks.hits} on the sticky queue, ${b.stickyTasks.misses} on the normal queue (cache misses, full replays)`);
         for (const [type, t] of Object.entries(b.workflowTasksByType)) {

@@ -22,6 +22,8 @@ export interface DevServerOptions {
   /** How long to wait for the server to accept connections. */
   startTimeoutMs?: number;
   binary?: string;
+  /** Port of the server's Prometheus `/metrics` (default: a free one the CLI picks); the bench reads its persistence figures there. */
+  metricsPort?: number;
 }
 
 export interface DevServer {
@@ -130,6 +132,7 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     '--log-level', 'warn',
     ...SQLITE_PRAGMA_FLAGS,
     '--http-port', String(httpPort),
+    ...(opts.metricsPort ? ['--metrics-port', String(opts.metricsPort)] : []),
     ...searchAttributeFlags(),
     ...(opts.headless ? ['--headless'] : ['--ui-port', String(opts.uiPort ?? 8233)]),
   ];
