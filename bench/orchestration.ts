@@ -38,7 +38,7 @@
  *              code on its own task queue runs every case right before this checkout's, on the
  *              same server, and the ratios this/that are printed (A/B under the same load)
  *   --cpu-prof this checkout's worker runs with `node --cpu-prof` and writes its profile into DIR
- *              when it stops (open it in Chrome DevTools or read it with bench/cpu-profile.ts)
+ *              when it stops (open it in Chrome DevTools or read it with bench/tools/cpu-profile.ts)
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';

@@ -3,7 +3,8 @@
  * `bench/orchestration.ts --cpu-prof DIR`): self time per function and per package or file, so a
  * regression in the worker's CPU can be named without opening DevTools.
  *
- * Usage: npx tsx bench/cpu-profile.ts FILE.cpuprofile [--top N]
+ * Usage: npx tsx bench/tools/cpu-profile.ts FILE.cpuprofile [--top N]
+ * (In bench/tools/, not bench/: `npm run bench` runs every bench/*.ts.)
  */
 import { readFileSync } from 'node:fs';
 
@@ -60,7 +61,7 @@ if (require.main === module) {
   const topArg = process.argv.indexOf('--top');
   const top = topArg >= 0 ? Number(process.argv[topArg + 1]) : 25;
   if (!file) {
-    console.error('usage: npx tsx bench/cpu-profile.ts FILE.cpuprofile [--top N]');
+    console.error('usage: npx tsx bench/tools/cpu-profile.ts FILE.cpuprofile [--top N]');
     process.exit(2);
   }
   const { totalMs, byFunction, byWhere } = hotSpots(JSON.parse(readFileSync(file, 'utf8')) as Profile);
