@@ -22,7 +22,7 @@ export interface DevServerOptions {
   /** How long to wait for the server to accept connections. */
   startTimeoutMs?: number;
   binary?: string;
-  /** Port of the server's Prometheus `/metrics` (default: a free one the CLI picks); the bench reads its persistence figures there. */
+  /** Port of the server's Prometheus `/metrics` (default: a free one the CLI picks); the bench reads the server's work there. */
   metricsPort?: number;
 }
 
@@ -161,7 +161,8 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     await stop();
     const written = readFileSync(logFile, 'utf8').slice(logStart);
     const taken = /failed listening for (HTTP API|metrics)[^\n]*address already in use/.exec(written);
-    if (taken && !written.includes(`127.0.0.1:${opts.port}: bind: address already in use`)) throw new AuxiliaryPortTaken(taken[0]);
+    // A metrics port the caller chose is taken again on a retry: only the CLI's own picks are retried.
+    if (taken && !(taken[1] === 'metrics' && opts.metricsPort) && !written.includes(`127.0.0.1:${opts.port}: bind: address already in use`)) throw new AuxiliaryPortTaken(taken[0]);
     throw new Error(`${(e as Error).message}\nServer log: ${logFile}`);
   }
   await writeJsonAtomic(endpointsFile, { address, httpAddress });
