@@ -20,7 +20,8 @@
  * server's CPU per history event and the worker's per workflow task (activities included), the
  * worker's resident memory (each fork of it costs in proportion), the workflow tasks that came
  * on the sticky queue and those that missed the worker's cache (normal queue: a full replay),
- * and the histories' bytes with the payload bytes per event type.
+ * the histories' bytes with the payload bytes per event type, and the server's work from its
+ * Prometheus metrics (SQLite operations and their time per operation, sync and async matches).
  *
  * The reference: Sandcastle (npm @ai-hero/sandcastle 0.12.0, installed on first use into the
  * git-ignored bench/.reference/; `--no-sandcastle` leaves it out) runs the same agent with
