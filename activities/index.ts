@@ -565,7 +565,9 @@ async function integrationGit(mergerPath: string) {
   }
   // A worker killed mid-merge leaves git's locks behind; without this every retry fails.
   await clearStaleGitLocks({ top: loc ? [loc.adminDir] : [], tree: [path.join(commonDir, 'refs', 'heads', BRANCH_PREFIX, parsed.group)] });
-  const identity = await commitIdentityVariables(parsed.repository);
+  // Read while the merge runs; only a merge commit needs it.
+  const identity = commitIdentityVariables(parsed.repository);
+  identity.catch(() => undefined);
   // The git directory named explicitly (also under safe.bareRepository=explicit); no worktree is read.
   const pre = [`--git-dir=${commonDir}`];
   const run = async (args: string[], env?: Record<string, string>) => (await rawGit(commonDir, [...pre, ...args], env)).trim();
@@ -583,7 +585,7 @@ async function integrationGit(mergerPath: string) {
       const file = path.join(os.tmpdir(), `slipway-merge-msg-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`);
       await fs.writeFile(file, stripspace(message), { mode: 0o600 });
       try {
-        return await run(['commit-tree', tree, ...parents.flatMap((p) => ['-p', p]), '-F', file], identity);
+        return await run(['commit-tree', tree, ...parents.flatMap((p) => ['-p', p]), '-F', file], await identity);
       } finally {
         await fs.rm(file, { force: true });
       }
