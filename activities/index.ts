@@ -148,8 +148,10 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
         const mergerPath = localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME);
         if (input.withoutMerger && (await plumbing())) {
           const temporal = await deps.temporalHome?.().catch(() => undefined);
-          await registerMergerObjective({ objectiveId: input.objectiveId, repository: input.repository, baseCommit, temporal });
-          await createIntegrationBranch(input.repository, branch, baseCommit);
+          await Promise.all([
+            registerMergerObjective({ objectiveId: input.objectiveId, repository: input.repository, baseCommit, temporal }),
+            createIntegrationBranch(input.repository, branch, baseCommit),
+          ]);
           return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, withoutMerger: true as const, ...mirrored, ...owned };
         }
         return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, ...mirrored, ...owned };
@@ -268,17 +270,15 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
      * tip is refused as in `mergeStream`.
      */
     async mergeBatch(input: { mergerPath: string; expectedTip?: string; items: Array<{ branch: string; headCommit: string; message: string }>; gates: GateSpec[] }): Promise<MergedBatch> {
-      const byPlumbing = await plumbing();
-      const heads = new Set(input.items.map((i) => i.headCommit));
+      const g = (await plumbing()) ? await integrationGit(input.mergerPath) : undefined;
       if (input.expectedTip) {
-        const g = byPlumbing ? await integrationGit(input.mergerPath) : await mergerGit(input.mergerPath);
-        const head = byPlumbing ? (await (g as IntegrationGit).tip()).commit : await g.git(['rev-parse', 'HEAD']);
-        if (await unreportedBatch(g.git, head, input.expectedTip, heads)) await activities.resetIntegration({ mergerPath: input.mergerPath, commit: input.expectedTip });
+        const heads = new Set(input.items.map((i) => i.headCommit));
+        const found = g ? { git: g.git, head: (await g.tip()).commit } : await mergerGit(input.mergerPath).then(async (m) => ({ git: m.git, head: await m.git(['rev-parse', 'HEAD']) }));
+        if (await unreportedBatch(found.git, found.head, input.expectedTip, heads)) await activities.resetIntegration({ mergerPath: input.mergerPath, commit: input.expectedTip });
       }
       const merges: MergeOutcome[] = [];
       let tip = input.expectedTip;
-      if (byPlumbing) {
-        const g = await integrationGit(input.mergerPath);
+      if (g) {
         let known: IntegrationTip | undefined;
         for (const item of input.items) {
           // The worktree, where there is one, is brought to the result once, after the last merge.
@@ -625,18 +625,20 @@ async function mergeAndTip(
   input: { branch: string; headCommit: string; message: string; expectedTip?: string },
   opts: { follow: boolean; known?: IntegrationTip },
 ): Promise<[MergeOutcome, IntegrationTip | undefined]> {
+  const treeMerge = (ours: string) =>
+    g.mergeTrees(ours, input.headCommit).catch((e: Error) => {
+      // Not a conflict (git failed for another reason): say what happened.
+      throw failure('sandbox_failure', `merging ${input.headCommit} failed: ${tail(e.message, 2000)}`);
+    });
+  // The merge onto the tip the queue expects runs while the tip is read; used only if it is the tip.
+  const early = !opts.known && input.expectedTip ? treeMerge(input.expectedTip) : undefined;
+  early?.catch(() => undefined);
   const tip = opts.known ?? (await g.tip());
   const head = tip.commit;
   if (input.expectedTip && head !== input.expectedTip && !(await g.ok(['merge-base', '--is-ancestor', input.headCommit, head]))) {
     throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
   }
-  let merged;
-  try {
-    merged = await g.mergeTrees(head, input.headCommit);
-  } catch (e) {
-    // Not a conflict (git failed for another reason): say what happened.
-    throw failure('sandbox_failure', `merging ${input.headCommit} failed: ${tail((e as Error).message, 2000)}`);
-  }
+  const merged = await (early && head === input.expectedTip ? early : treeMerge(head));
   if (!merged.clean) return [{ status: 'conflict', files: merged.files, details: tail(merged.details, OUTPUT_TAIL_CHARS) }, tip];
   if (merged.tree === tip.tree) {
     if (await g.ok(['merge-base', '--is-ancestor', input.headCommit, head])) {
@@ -665,7 +667,6 @@ async function mergeAndTip(
 
 /** The integration branch at the base commit, made once (a retried prepare finds it). */
 async function createIntegrationBranch(repository: string, branch: string, baseCommit: string): Promise<void> {
-  if (await branchExists(repository, branch)) return;
   await rawGit(repository, ['update-ref', '-m', 'slipway: integration branch', `refs/heads/${branch}`, baseCommit, '']).catch(async (e) => {
     if (!(await branchExists(repository, branch))) throw e;
   });
