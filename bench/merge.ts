@@ -3,7 +3,8 @@
  * plumbing with no merger worktree, by plumbing with a merger worktree that follows the result
  * (post-merge gates), and by `git merge` in the merger worktree (git < 2.38, and every merge
  * before ADR 0033); then making the merger: `prepareMerger` (bare worktree) against the
- * integration branch alone (`prepareObjective` with `withoutMerger`). Each stream head is merged
+ * integration branch alone (`prepareObjective` with `withoutMerger`); and a batch of 8 merges
+ * (`mergeBatch`) into a merger worktree, by plumbing and by git merge. Each stream head is merged
  * by every variant in turn, in a rotating order, so drift in the machine's speed hits all alike;
  * medians of wall time.
  *   npx tsx bench/merge.ts [--quick] [--files N] [--json]
@@ -67,6 +68,31 @@ const ms = async (work: () => Promise<unknown>) => {
         tips.set(v.name, outcome.commit);
       }
     }
+    // A batch of 8 (ADR 0031) into a merger worktree the gates would run in: plumbing (the worktree
+    // follows once, after the last merge) against git merge in the worktree.
+    const batch = { plumbing: [] as number[], porcelain: [] as number[] };
+    for (let r = 0; r < Math.ceil(rounds / 4); r++) {
+      const items: Array<{ branch: string; headCommit: string; message: string }> = [];
+      for (let i = 0; i < 8; i++) {
+        git(repo, 'checkout', '-q', '-b', `b${r}-${i}`, 'main');
+        writeFileSync(path.join(repo, `batch${r}-${i}.txt`), `${i}\n`);
+        git(repo, 'add', '-A');
+        git(repo, 'commit', '-q', '-m', `b${r}-${i}`);
+        items.push({ branch: `b${r}-${i}`, headCommit: git(repo, 'rev-parse', 'HEAD'), message: `merge b${r}-${i}` });
+        git(repo, 'checkout', '-q', 'main');
+      }
+      const runs = [
+        { into: variants[1]!, times: batch.plumbing },
+        { into: variants[2]!, times: batch.porcelain },
+      ];
+      for (const run of r % 2 ? runs.reverse() : runs) {
+        let done: Awaited<ReturnType<typeof plumbing.mergeBatch>> | undefined;
+        run.times.push(await ms(async () => (done = await run.into.activities.mergeBatch({ mergerPath: run.into.mergerPath, expectedTip: tips.get(run.into.name), items, gates: [] }))));
+        const last = done!.merges.at(-1);
+        if (done!.merges.some((m) => m.status !== 'merged') || last?.status !== 'merged') throw new Error(`${run.into.name}: ${JSON.stringify(done)}`);
+        tips.set(run.into.name, last.commit);
+      }
+    }
     // Making the merger of an objective with only git to do: a bare worktree, or the branch alone.
     const prepare = { worktree: [] as number[], alone: [] as number[] };
     for (let r = 0; r < Math.ceil(rounds / 2); r++) {
@@ -87,6 +113,7 @@ const ms = async (work: () => Promise<unknown>) => {
       files,
       rounds,
       mergeMs: Object.fromEntries(variants.map((v) => [v.name, Number(median(v.times).toFixed(1))])),
+      batchOf8Ms: { 'plumbing, worktree follows once': Number(median(batch.plumbing).toFixed(1)), 'git merge in the worktree': Number(median(batch.porcelain).toFixed(1)) },
       prepareMs: {
         'prepareMerger (bare worktree)': Number(median(prepare.worktree).toFixed(1)),
         'prepareObjective withoutMerger': Number(median(prepare.alone).toFixed(1)),
@@ -98,6 +125,8 @@ const ms = async (work: () => Promise<unknown>) => {
       console.log(`one merge into a repository of ${files} files, median of ${rounds} (ms):`);
       const porc = result.mergeMs['git merge in the worktree']!;
       for (const [name, v] of Object.entries(result.mergeMs)) console.log(`  ${name.padEnd(34)} ${String(v).padStart(8)}  (${(v / porc).toFixed(2)}x git merge)`);
+      console.log(`a batch of 8 merges into a merger worktree, median of ${Math.ceil(rounds / 4)} (ms):`);
+      for (const [name, v] of Object.entries(result.batchOf8Ms)) console.log(`  ${name.padEnd(34)} ${String(v).padStart(8)}`);
       console.log(`making the merger of an objective with only git to do, median of ${Math.ceil(rounds / 2)} (ms):`);
       for (const [name, v] of Object.entries(result.prepareMs)) console.log(`  ${name.padEnd(42)} ${String(v).padStart(8)}`);
     }
