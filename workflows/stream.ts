@@ -1,6 +1,6 @@
 /**
- * Stream workflow: one parallel slice of an objective. It acquires a sandbox (child sandbox
- * workflow), then interprets its stream blueprint (`build-review` by default): agent steps,
+ * Stream workflow: one parallel slice of an objective. It makes its sandbox (itself since ADR
+ * 0032; older runs through a child sandbox workflow), then interprets its stream blueprint (`build-review` by default): agent steps,
  * gates, hand-off to the merge queue, fix loops through `on_fail`, and recovery when a loop or
  * the retries are exhausted (ask a human, escalate, or fail). Every failure goes into the
  * append-only recovery ledger.
