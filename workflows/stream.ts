@@ -1,9 +1,9 @@
 /**
  * Stream workflow: one parallel slice of an objective. It makes its sandbox (itself since ADR
- * 0032; older runs through a child sandbox workflow), then interprets its stream blueprint (`build-review` by default): agent steps,
- * gates, hand-off to the merge queue, fix loops through `on_fail`, and recovery when a loop or
- * the retries are exhausted (ask a human, escalate, or fail). Every failure goes into the
- * append-only recovery ledger.
+ * 0032; older runs through a child sandbox workflow), then interprets its stream blueprint
+ * (`build-review` by default): agent steps, gates, hand-off to the merge queue, fix loops through
+ * `on_fail`, and recovery when a loop or the retries are exhausted (ask a human, escalate, or
+ * fail). Every failure goes into the append-only recovery ledger.
  *
  * The interpreter itself is pure (`./stream-interpreter`): this workflow is its shell. It feeds it
  * Temporal events (step outcomes, merge decisions, ends of rate-limit waits, guidance) and carries
@@ -476,8 +476,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     /**
      * Waits until `done` (or `forMs` passed: false). The owned sandbox is probed only while the
      * stream waits like this, first after probe_seconds and then less and less often
-     * (idleProbeDelayMs), so a wait shorter than probe_seconds costs no timer and a long one a
-     * bounded history; a sandbox that dies while a step runs fails the step, which probes it.
+     * (idleProbeDelayMs): a wait shorter than probe_seconds costs no workflow task, a long one a
+     * bounded history. A sandbox that dies while a step runs fails the step, which probes it.
      */
     const idle = async (done: () => boolean, forMs?: number): Promise<boolean> => {
       const until = forMs === undefined ? undefined : Date.now() + forMs;

@@ -88,7 +88,7 @@ describe('rediscovery after a worker is killed', () => {
     expect(pictureCheckout(repo)).toEqual(before);
   });
 
-  it('a new process finds live sandboxes through git worktree list, and each matches its stream's sandbox', async () => {
+  it('a new process finds live sandboxes through git worktree list, and each matches the sandbox its stream holds', async () => {
     const repo = makeDemoRepo();
     const home = tempDir('slipway-home-');
     cleanup.push(home);
