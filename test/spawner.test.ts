@@ -2,7 +2,7 @@
  * The worker's process spawner (ADR 0036), with real processes: each case runs through the
  * spawner and, where the outcome must match, directly through execFile, and compares.
  */
-import { execFile, type ExecFileException } from 'node:child_process';
+import { execFile, spawn, type ExecFileException } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -139,6 +139,26 @@ describe('process spawner', () => {
     expect(next).toEqual({ error: null, stdout: 'again\n', stderr: '' });
     expect(spawnerPid()).toBeGreaterThan(0);
     expect(spawnerPid()).not.toBe(first);
+  });
+
+  it('the spawner exits when its worker is killed with SIGKILL', async () => {
+    const worker = spawn(process.execPath, ['--import', 'tsx', '-e', `
+      const { startSpawner, spawnerPid } = require(${JSON.stringify(path.resolve(__dirname, '../lib/spawner.ts'))});
+      startSpawner();
+      console.log('spawner ' + spawnerPid());
+      setInterval(() => {}, 1000);
+    `], { stdio: ['ignore', 'pipe', 'inherit'] });
+    let out = '';
+    worker.stdout!.on('data', (c) => (out += c));
+    try {
+      await waitFor(() => /spawner \d+/.test(out), 'the worker to start its spawner', 60_000);
+      const pid = Number(/spawner (\d+)/.exec(out)![1]);
+      expect(alive(pid)).toBe(true);
+      worker.kill('SIGKILL');
+      await waitFor(() => !alive(pid), 'the orphaned spawner to exit');
+    } finally {
+      worker.kill('SIGKILL');
+    }
   });
 
   it('runs directly once the last holder releases it, and stops the spawner', async () => {
