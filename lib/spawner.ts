@@ -96,6 +96,8 @@ interface Pending {
 
 let spawner: ChildProcess | undefined;
 let holders = 0;
+/** Spawners in a row that died before answering any call: after 3, calls run directly. */
+let deadOnArrival = 0;
 let nextId = 1;
 const pending = new Map<number, Pending>();
 
@@ -123,11 +125,15 @@ export function spawnerPid(): number | undefined {
 }
 
 function ensureSpawner(): ChildProcess | undefined {
-  if (holders === 0) return undefined;
+  if (holders === 0 || deadOnArrival >= 3) return undefined;
   if (spawner?.connected) return spawner;
   try {
     const child = spawn(process.execPath, ['-e', SPAWNER_SOURCE], { env: {}, stdio: ['ignore', 'ignore', 'inherit', 'ipc'], serialization: 'json' });
+    let answered = false;
+    let ended = false;
     const gone = (): void => {
+      if (!ended && !answered && holders > 0) deadOnArrival++;
+      ended = true;
       if (spawner === child) spawner = undefined;
       for (const [id, p] of pending) {
         if (p.via !== child) continue;
@@ -140,6 +146,8 @@ function ensureSpawner(): ChildProcess | undefined {
     child.on('exit', gone);
     child.on('disconnect', gone);
     child.on('message', (m: Done) => {
+      answered = true;
+      deadOnArrival = 0;
       const p = pending.get(m.id);
       if (!p) return;
       pending.delete(m.id);
