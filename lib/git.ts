@@ -6,7 +6,7 @@ import { writeFileAtomic } from './atomic-write';
 import { Context } from '@temporalio/activity';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
-import { execFile } from 'node:child_process';
+import { spawnFile } from './spawner';
 import { SLIPWAY_DIR, SLIPWAY_STATE } from '../core/ids';
 
 /** Identity for commits Slipway makes when the repository has none configured. */
@@ -71,7 +71,8 @@ export function gitEnv(extra: Record<string, string | undefined> = {}): NodeJS.P
  */
 export function rawGit(dir: string, args: string[], env?: Record<string, string | undefined>, signal: AbortSignal | undefined = currentActivitySignal()): Promise<string> {
   return new Promise((resolve, reject) => {
-    execFile(
+    // Through the worker's spawner when it runs (ADR 0036): a fork of the big worker per git call is what costs.
+    spawnFile(
       'git',
       [...GIT_HARDENING, '-C', dir, ...args],
       { env: gitEnv(env), maxBuffer: 64 * 1024 * 1024, timeout: GIT_TIMEOUT_MS, killSignal: 'SIGKILL', ...(signal ? { signal } : {}) },

@@ -17,6 +17,7 @@ import { createOwnerActivities } from '../activities/owners';
 import { PodWatchers } from '../activities/sandbox/kube-watch';
 import { slipwayDataConverter } from './payload-codec';
 import { DEFAULT_WORKFLOW_TASK_CONCURRENCY } from '../lib/settings';
+import { startSpawner } from '../lib/spawner';
 
 // '.ts' when run from source, '.js' from the compiled package (dist/).
 const SOURCE_EXT = path.extname(__filename);
@@ -119,6 +120,8 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
       // While it runs, the Kubernetes provider watches each namespace it makes or probes pods in
       // (one informer each, kube-watch.ts): its probe answers from what the informer saw.
       const release = PodWatchers.shared.hold();
+      // Git runs through a small spawner process: forking this big one per call is what costs (ADR 0036).
+      const releaseSpawner = startSpawner();
       const runs = workers.map((w) => w.run());
       try {
         await Promise.all(runs);
@@ -128,6 +131,7 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
         await Promise.allSettled(runs);
         throw e;
       } finally {
+        releaseSpawner();
         await release();
       }
     },

@@ -21,7 +21,7 @@ import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { PassThrough, Readable, Writable } from 'node:stream';
-import { Daytona, DaytonaError, type Sandbox } from '@daytonaio/sdk';
+import type { Daytona, DaytonaError, Sandbox } from '@daytonaio/sdk';
 import { quote } from 'shell-quote';
 import { SLIPWAY_DIR } from '../../core/ids';
 import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
@@ -223,7 +223,10 @@ export class DaytonaSandboxProvider implements SandboxProvider {
     if (this.client) return this.client;
     const apiKey = this.options.apiKey ?? process.env.DAYTONA_API_KEY;
     if (!apiKey) throw new DaytonaProviderError('DAYTONA_API_KEY is not set in the worker\'s environment: the daytona provider needs it', 'unauthorized');
-    this.client = new Daytona({ apiKey, apiUrl: this.options.apiUrl ?? process.env.DAYTONA_API_URL, target: this.options.target ?? process.env.DAYTONA_TARGET });
+    // The SDK (31 MB) is loaded on first use (ADR 0036): a worker without Daytona sandboxes forks less memory per process it starts.
+    // eslint-disable-next-line @typescript-eslint/no-require-imports
+    const { Daytona: DaytonaClient } = require('@daytonaio/sdk') as typeof import('@daytonaio/sdk');
+    this.client = new DaytonaClient({ apiKey, apiUrl: this.options.apiUrl ?? process.env.DAYTONA_API_URL, target: this.options.target ?? process.env.DAYTONA_TARGET });
     return this.client;
   }
 

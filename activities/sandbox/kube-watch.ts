@@ -6,7 +6,19 @@
  * with back-off. A pod that ends (evicted, OOM-killed, failed), whose node is lost, or that is
  * deleted without Slipway asking is reported once, with the reason and the pod's finish time.
  */
-import { CoreV1Api, Watch, type KubeConfig, type V1Pod } from '@kubernetes/client-node';
+import type { KubeConfig, V1Pod } from '@kubernetes/client-node';
+
+type KubernetesSdk = typeof import('@kubernetes/client-node');
+let sdk: KubernetesSdk | undefined;
+/**
+ * @kubernetes/client-node, loaded on first use (ADR 0036): it is 58 MB of the worker's memory, and
+ * every process the worker starts forks that memory, so a worker that never makes a Kubernetes
+ * sandbox does not carry it. Types stay static (`import type`).
+ */
+export function kubernetesSdk(): KubernetesSdk {
+  // eslint-disable-next-line @typescript-eslint/no-require-imports
+  return (sdk ??= require('@kubernetes/client-node') as KubernetesSdk);
+}
 import { podDeletedAt, podEnd } from '../../core/kubernetes';
 
 export interface PodExit {
@@ -118,7 +130,7 @@ export class SandboxPodWatch {
   }
 
   private async list(): Promise<void> {
-    const core = this.kc.makeApiClient(CoreV1Api);
+    const core = this.kc.makeApiClient(kubernetesSdk().CoreV1Api);
     const list = await core.listNamespacedPod({ namespace: this.opts.namespace, labelSelector: this.opts.labelSelector });
     this.stats.lists++;
     const names = new Set<string>();
@@ -137,7 +149,7 @@ export class SandboxPodWatch {
       let gone = false;
       let ended = false;
       this.stats.watches++;
-      new Watch(this.kc)
+      new (kubernetesSdk().Watch)(this.kc)
         .watch(
           `/api/v1/namespaces/${this.opts.namespace}/pods`,
           { labelSelector: this.opts.labelSelector, resourceVersion: this.resourceVersion, allowWatchBookmarks: true },

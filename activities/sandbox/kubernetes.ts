@@ -26,7 +26,8 @@ import { createWriteStream, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { PassThrough, Readable, Writable } from 'node:stream';
-import { CoreV1Api, Exec, KubeConfig, PatchStrategy, setHeaderOptions, type V1Pod, type V1Status } from '@kubernetes/client-node';
+import type { CoreV1Api, Exec, KubeConfig, V1Pod, V1Status } from '@kubernetes/client-node';
+import { kubernetesSdk } from './kube-watch';
 import { quote } from 'shell-quote';
 import { ENV_HEADER_WRAPPER, envHeader, envHeaderArgv } from './env-header';
 import { SLIPWAY_DIR } from '../../core/ids';
@@ -227,14 +228,14 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   private kc(): KubeConfig {
     if (this.kcCache) return this.kcCache;
     if (this.options.kubeConfig) return (this.kcCache = this.options.kubeConfig);
-    const kc = new KubeConfig();
+    const kc = new (kubernetesSdk().KubeConfig)();
     kc.loadFromDefault();
     if (!kc.getCurrentCluster()) throw new KubernetesProviderError('Kubernetes: no cluster configured: set KUBECONFIG (or run the worker in a cluster with a service account)', 'unauthorized');
     return (this.kcCache = kc);
   }
 
   private core(): CoreV1Api {
-    return (this.coreCache ??= this.kc().makeApiClient(CoreV1Api));
+    return (this.coreCache ??= this.kc().makeApiClient(kubernetesSdk().CoreV1Api));
   }
 
   /** The namespace sandboxes go to when their settings name none: the kubeconfig context's, else `default`. */
@@ -504,6 +505,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const labels = { ...this.labelsOf(r, repo), [KUBE_LABELS.claimed]: 'true' };
     // The orphan sweep counts a claimed pool pod's age from its claim: its record is written just after.
     const annotations = { ...this.annotationsOf(r), 'slipway.dev/claimed-at': new Date().toISOString() };
+    const { setHeaderOptions, PatchStrategy } = kubernetesSdk();
     const merge = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
     for (const pod of ready) {
       const name = pod.metadata!.name!;
@@ -563,7 +565,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
       let status: V1Status | undefined;
       let ws: Awaited<ReturnType<Exec['exec']>>;
       try {
-        ws = await new Exec(this.kc()).exec(r.namespace, r.pod, KUBE_CONTAINER, argv, sink('stdout'), sink('stderr'), stdin, false, (s) => (status = s));
+        ws = await new (kubernetesSdk().Exec)(this.kc()).exec(r.namespace, r.pod, KUBE_CONTAINER, argv, sink('stdout'), sink('stderr'), stdin, false, (s) => (status = s));
       } catch (e) {
         const err = classifyKubeError(e, `exec in pod ${r.namespace}/${r.pod}`);
         if (err.status === 403) throw new KubernetesProviderError(`Kubernetes: missing RBAC permission: get pods/exec in namespace ${r.namespace} (the API server refused the exec with 403; an API server that authorizes the WebSocket upgrade as create needs create pods/exec too)`, 'unauthorized', 403);
@@ -712,7 +714,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     });
     const input = new PassThrough();
     let status: V1Status | undefined;
-    const ws = await new Exec(this.kc()).exec(record.namespace, record.pod, KUBE_CONTAINER, [...(size ? [] : ['setsid', '-w']), '/bin/sh', '-c', wrapper, id, ...inner], sink, size ? null : errSink, input, !!size, (s) => (status = s)).catch((e: unknown) => {
+    const ws = await new (kubernetesSdk().Exec)(this.kc()).exec(record.namespace, record.pod, KUBE_CONTAINER, [...(size ? [] : ['setsid', '-w']), '/bin/sh', '-c', wrapper, id, ...inner], sink, size ? null : errSink, input, !!size, (s) => (status = s)).catch((e: unknown) => {
       throw classifyKubeError(e, `opening a session in pod ${record.namespace}/${record.pod}`);
     });
     if (!size) input.write(head);
