@@ -123,7 +123,8 @@ async function expectOwnerRouting(c: Client, objectiveId: string, taskQueue: str
     const owner = create.startedBy!.split('/').at(-1)!;
     owners[stream] = owner;
     const later = [...box.filter((a) => a !== create), ...(await activitiesOf(c, streamWorkflowId(objectiveId, stream)))];
-    expect(later.map((a) => a.type)).toEqual(expect.arrayContaining(['runAgent', 'runGates', 'commitWork', 'destroySandbox']));
+    // The work is committed by the agent run and the passing gates themselves (ADR 0034): no commitWork.
+    expect(later.map((a) => a.type)).toEqual(expect.arrayContaining(['runAgent', 'runGates', 'destroySandbox']));
     for (const a of later) {
       const expected = a.type === 'runAgent' ? agentTaskQueue(ownerTaskQueue(taskQueue, owner)) : ownerTaskQueue(taskQueue, owner);
       expect(a.queue, `${a.type} of ${stream}`).toBe(expected);
