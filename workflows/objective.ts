@@ -50,7 +50,7 @@ import {
   type StreamSpec,
 } from '../core/types';
 import { addRunUsage, addTotals, formatUsage } from '../core/usage';
-import { gateActivities, gitActivities, ownerRoute } from './activity-options';
+import { gateActivities, gitActivities, localGitActivities, ownerRoute } from './activity-options';
 import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
 import { dispatch, streamStart, type DispatchDecision } from './dispatch';
@@ -105,6 +105,13 @@ const ONE_ACTIVITY_MERGE = 'one-activity-merge';
  * its post-merge gates fail (./merge-batch, docs/adr/0031-batch-merges.md).
  */
 const BATCH_MERGE = 'batch-merge';
+/**
+ * `prepareObjective` (resolve the base, claim the id: git on the user's repository, ~50 ms) is a
+ * local activity on the worker running the objective, which then holds the merger as before
+ * (ADR 0013): no activity task and no workflow task of its own (ADR 0034). A remote repository's
+ * fetch stays an activity.
+ */
+const PREPARE_LOCALLY = 'prepare-objective-local';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 /** Streams under an objective's limit ask it before each agent run (`budgetLeaseSignal`; ADR 0017, 3). */
@@ -362,7 +369,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     enter('preparing', remote ? `fetching \`${input.repository}\` and creating the integration branch` : `creating the integration branch from \`${input.baseBranch}\``);
     const deferMerger = patched(LAZY_MERGER);
     try {
-      prepared = await git.prepareObjective({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, ...(remote ? { remote } : {}), sandbox: input.sandbox, ...(deferMerger ? { deferMerger } : {}) });
+      const prepare = deferMerger && !remote && patched(PREPARE_LOCALLY) ? localGitActivities(retryFor(root, root.steps[0])).prepareObjective : git.prepareObjective;
+      prepared = await prepare({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, ...(remote ? { remote } : {}), sandbox: input.sandbox, ...(deferMerger ? { deferMerger } : {}) });
       if (remote && prepared.repository !== undefined && prepared.baseBranch !== undefined) {
         // From here on (and across continue-as-new) everything works on the owner's clone, at the commit resolved there.
         input = { ...input, repository: prepared.repository, baseBranch: prepared.baseBranch, remote: { ...remote, commit: prepared.baseCommit } };
