@@ -8,7 +8,7 @@ import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { RemoteRepository, SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, commitIdentityVariables, GitError, rawGit, resolveCommit } from '../lib/git';
+import { branchExists, commitIdentityVariables, GitError, gitHasMergeTree, mergeTrees, rawGit, resolveCommit, stripspace } from '../lib/git';
 import { clearStaleGitLocks } from './git-locks';
 import { mirroredRemote, pushToRemote, syncMirror } from '../lib/remote-repository';
 import { classifyRepositorySpec } from '../core/repository-spec';
@@ -19,10 +19,10 @@ import { tail } from './process';
 import { redactorFor } from './redact';
 import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, sandboxRecordPath } from './sandbox/local';
 import { readJson, writeJsonAtomic } from '../lib/atomic-write';
-import { discardSandboxGit, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox/sandbox-git';
+import { commonDirOf, discardSandboxGit, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox/sandbox-git';
 import { promises as fs, writeFileSync } from 'node:fs';
 import os from 'node:os';
-import { createMergerSandbox, createStreamSandbox } from './sandbox/objective-sandboxes';
+import { createMergerSandbox, createStreamSandbox, registerMergerObjective } from './sandbox/objective-sandboxes';
 import { commitSandboxWork, sandboxGit, type CommittedWork } from './sandbox/commit-work';
 import type { SandboxLiveness, SandboxProvider } from './sandbox/provider';
 import type { TemporalHome } from './sandbox/registry';
@@ -38,6 +38,11 @@ export interface ActivityDeps {
   temporalHome?: () => Promise<TemporalHome>;
   /** This worker's id (workers/worker.ts): the owner of what it creates on a host-bound provider. */
   workerId?: string;
+  /**
+   * Merge with git's plumbing, without a worktree (docs/adr/0033): by default when this host's git
+   * has `merge-tree --write-tree` (2.38); false merges in the merger worktree as on an older git.
+   */
+  mergeTree?: boolean;
 }
 
 export function defaultActivityDeps(): ActivityDeps {
@@ -91,6 +96,19 @@ async function mirrorForObjective(display: string, remote: RemoteRepository): Pr
   }
 }
 
+/** What `prepareObjective` made; `repository` and `baseBranch` are the owner's clone's, for a remote repository. */
+export interface PreparedObjective {
+  baseCommit: string;
+  integrationBranch: string;
+  mergerPath: string;
+  integrationTip: string;
+  /** Only the integration branch was made: the merger has no worktree, and none is to be made (docs/adr/0033). */
+  withoutMerger?: true;
+  repository?: string;
+  baseBranch?: string;
+  owner?: string;
+}
+
 /** What `mergeBatch` did: each stream's merge in order, the post-merge gates on all of them, and whether the batch was reverted. */
 export interface MergedBatch {
   merges: MergeOutcome[];
@@ -106,13 +124,17 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     return owner ? { owner } : {};
   };
   const owned = ownedOn(sandboxes instanceof SandboxProviders ? sandboxes.local : sandboxes);
+  const plumbing = async () => deps.mergeTree ?? (await gitHasMergeTree());
   const activities = {
     /**
      * Creates the integration branch at the base commit and the merger worktree. Idempotent.
      * `deferMerger`: only resolves the base and claims the id; `prepareMerger` makes the merger
      * later, in parallel with the streams (docs/adr/0018-orchestration-overhead.md).
+     * `withoutMerger` (with `deferMerger`): nothing but merges would run in the merger, so when
+     * this host's git merges without a worktree only the integration branch is made, and the
+     * result says so (`withoutMerger: true`: no `prepareMerger` follows; docs/adr/0033).
      */
-    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; remote?: RemoteRepository; sandbox?: SandboxOptions; deferMerger?: boolean }) {
+    async prepareObjective(input: { objectiveId: string; repository: string; baseBranch: string; remote?: RemoteRepository; sandbox?: SandboxOptions; deferMerger?: boolean; withoutMerger?: boolean }): Promise<PreparedObjective> {
       // A remote repository is cloned or fetched here, under this worker's SLIPWAY_HOME and with its
       // git credentials: this worker holds the merger, so it holds the clone (docs/adr/0028).
       const mirrored = input.remote ? await mirrorForObjective(input.repository, input.remote) : undefined;
@@ -127,6 +149,14 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       const branch = integrationBranch(input.objectiveId);
       if (input.deferMerger) {
         const mergerPath = localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME);
+        if (input.withoutMerger && (await plumbing())) {
+          const temporal = await deps.temporalHome?.().catch(() => undefined);
+          await Promise.all([
+            registerMergerObjective({ objectiveId: input.objectiveId, repository: input.repository, baseCommit, temporal }),
+            createIntegrationBranch(input.repository, branch, baseCommit),
+          ]);
+          return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, withoutMerger: true as const, ...mirrored, ...owned };
+        }
         return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, ...mirrored, ...owned };
       }
       const temporal = await deps.temporalHome?.().catch(() => undefined);
@@ -199,13 +229,16 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     },
 
     /**
-     * Merges a stream branch into the integration branch checked out in the merger worktree.
-     * Idempotent: a stream head already contained in the integration branch is reported as merged.
+     * Merges a stream branch into the integration branch: with git's plumbing in the repository's
+     * git directory, the merger worktree (where there is one) brought to the result afterwards
+     * (docs/adr/0033); on a git without `merge-tree --write-tree`, with `git merge` in the merger
+     * worktree. Idempotent: a stream head already contained in the integration branch is reported as merged.
      * A conflict is aborted and reported, never resolved by taking one side. `expectedTip`: the
      * integration commit the merge queue last recorded; anything else means the branch was moved
      * outside the queue, and nothing is merged on top of it.
      */
     async mergeStream(input: { mergerPath: string; branch: string; headCommit: string; message: string; expectedTip?: string }): Promise<MergeOutcome> {
+      if (await plumbing()) return mergeByPlumbing(await integrationGit(input.mergerPath), input, { follow: true });
       return mergeInto(await mergerGit(input.mergerPath), input);
     },
 
@@ -236,19 +269,34 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
      * tip is refused as in `mergeStream`.
      */
     async mergeBatch(input: { mergerPath: string; expectedTip?: string; items: Array<{ branch: string; headCommit: string; message: string }>; gates: GateSpec[] }): Promise<MergedBatch> {
-      if (input.expectedTip && (await unreportedBatch(input.mergerPath, input.expectedTip, new Set(input.items.map((i) => i.headCommit))))) {
-        await activities.resetIntegration({ mergerPath: input.mergerPath, commit: input.expectedTip });
+      const g = (await plumbing()) ? await integrationGit(input.mergerPath) : undefined;
+      if (input.expectedTip) {
+        const heads = new Set(input.items.map((i) => i.headCommit));
+        const found = g ? { git: g.git, head: (await g.tip()).commit } : await mergerGit(input.mergerPath).then(async (m) => ({ git: m.git, head: await m.git(['rev-parse', 'HEAD']) }));
+        if (await unreportedBatch(found.git, found.head, input.expectedTip, heads)) await activities.resetIntegration({ mergerPath: input.mergerPath, commit: input.expectedTip });
       }
       const merges: MergeOutcome[] = [];
       let tip = input.expectedTip;
-      const m = await mergerGit(input.mergerPath);
-      for (const [i, item] of input.items.entries()) {
-        // After the first, each merge starts where the one before left the merger: clean, at `tip`.
-        const merge = await mergeInto(m, { ...item, ...(tip ? { expectedTip: tip } : {}) }, { fresh: false, clean: i > 0 });
-        merges.push(merge);
-        if (merge.status === 'merged') tip = merge.commit;
+      if (g) {
+        let known: IntegrationTip | undefined;
+        for (const item of input.items) {
+          // The worktree, where there is one, is brought to the result once, after the last merge.
+          const [merge, after] = await mergeAndTip(g, { ...item, ...(tip ? { expectedTip: tip } : {}) }, { follow: false, known });
+          merges.push(merge);
+          if (merge.status === 'merged') tip = merge.commit;
+          known = after;
+        }
+        if (merges.some((x) => x.status === 'merged')) await g.follow(tip!, merges.some((x) => x.status === 'merged' && !x.alreadyMerged));
+      } else {
+        const m = await mergerGit(input.mergerPath);
+        for (const [i, item] of input.items.entries()) {
+          // After the first, each merge starts where the one before left the merger: clean, at `tip`.
+          const merge = await mergeInto(m, { ...item, ...(tip ? { expectedTip: tip } : {}) }, { fresh: false, clean: i > 0 });
+          merges.push(merge);
+          if (merge.status === 'merged') tip = merge.commit;
+        }
+        if (merges.some((x) => x.status === 'merged' && !x.alreadyMerged)) await m.freshSandboxGit();
       }
-      if (merges.some((x) => x.status === 'merged' && !x.alreadyMerged)) await m.freshSandboxGit();
       const start = input.expectedTip;
       if (!merges.some((m) => m.status === 'merged' && !m.alreadyMerged) || input.gates.length === 0) return { merges };
       const gates = await activities.runGates({ path: input.mergerPath, gates: input.gates });
@@ -260,6 +308,13 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
 
     /** Moves the integration branch back to `commit` (undoing a merge whose post-merge gates failed). */
     async resetIntegration(input: { mergerPath: string; commit: string }): Promise<void> {
+      if (await plumbing()) {
+        const g = await integrationGit(input.mergerPath);
+        const { commit: current } = await g.tip();
+        if (current !== input.commit) await g.git(['update-ref', '-m', 'slipway: revert to before the merge', g.ref, input.commit, current]);
+        await g.follow(input.commit, true, true);
+        return;
+      }
       const m = await mergerGit(input.mergerPath);
       await m.maybe(['merge', '--abort']);
       await m.git(['reset', '--hard', '-q', input.commit]);
@@ -426,18 +481,155 @@ async function mergeInto(m: MergerGit, input: { branch: string; headCommit: stri
 
 /**
  * A batch attempt killed after some merges leaves them on the integration branch unreported: when
- * the merger's HEAD is `expectedTip` followed, on its first-parent line, only by merge commits of
- * `heads`, they are that attempt's and go (true). Anything else is left for `mergeStream` to judge.
+ * the integration branch (at `head`) is `expectedTip` followed, on its first-parent line, only by
+ * merge commits of `heads`, they are that attempt's and go (true). Anything else is left for
+ * `mergeStream` to judge.
  */
-async function unreportedBatch(mergerPath: string, expectedTip: string, heads: Set<string>): Promise<boolean> {
-  const m = await mergerGit(mergerPath);
-  const head = await m.git(['rev-parse', 'HEAD']);
-  if (head === expectedTip || !(await m.ok(['merge-base', '--is-ancestor', expectedTip, head]))) return false;
-  const line = (await m.git(['rev-list', '--first-parent', '--parents', `${expectedTip}..${head}`])).split('\n').map((l) => l.split(' '));
+async function unreportedBatch(git: (args: string[]) => Promise<string>, head: string, expectedTip: string, heads: Set<string>): Promise<boolean> {
+  if (head === expectedTip || !(await git(['merge-base', '--is-ancestor', expectedTip, head]).then(() => true, () => false))) return false;
+  const line = (await git(['rev-list', '--first-parent', '--parents', `${expectedTip}..${head}`])).split('\n').map((l) => l.split(' '));
   return line.every(([, first, second, ...more], i) => second !== undefined && more.length === 0 && heads.has(second) && first === (line[i + 1]?.[0] ?? expectedTip));
 }
 
 type MergerGit = Awaited<ReturnType<typeof mergerGit>>;
+
+/** The integration branch's commit and that commit's tree. */
+interface IntegrationTip {
+  commit: string;
+  tree: string;
+}
+
+/**
+ * The integration branch an objective's merges move, worked on with git's plumbing in the
+ * repository's git directory (docs/adr/0033): nothing is checked out for a merge, so no stream's
+ * `.gitattributes` (or any file it brought) is seen by the host's git, and an objective whose
+ * merger has only git to do has no merger worktree at all. The ref is the merger worktree's branch
+ * where there is one, else the objective's integration branch; that worktree follows the ref
+ * (`follow`) for the post-merge gates, objective gates and planner that run in it.
+ */
+async function integrationGit(mergerPath: string) {
+  const parsed = parseSandboxRoot(path.resolve(mergerPath));
+  if (!parsed) throw failure('sandbox_failure', `${mergerPath} is not a Slipway merger worktree`);
+  const loc = await locateWorktree(parsed.repository, mergerPath).catch(async (e: Error) => {
+    // A folder there that the repository has no record of is refused, as before; no folder is no worktree.
+    if (await fs.stat(mergerPath).then(() => true, () => false)) throw e;
+    return undefined;
+  });
+  const commonDir = loc?.commonDir ?? (await commonDirOf(await fs.realpath(parsed.repository)));
+  let ref = `refs/heads/${integrationBranch(parsed.group)}`;
+  if (loc) {
+    const head = (await fs.readFile(path.join(loc.adminDir, 'HEAD'), 'utf8')).trim();
+    if (!head.startsWith('ref: refs/heads/')) throw failure('sandbox_failure', `the merger worktree ${mergerPath} is not on a branch`);
+    ref = head.slice('ref: '.length);
+  }
+  // A worker killed mid-merge leaves git's locks behind; without this every retry fails.
+  await clearStaleGitLocks({ top: loc ? [loc.adminDir] : [], tree: [path.join(commonDir, 'refs', 'heads', BRANCH_PREFIX, parsed.group)] });
+  // Read while the merge runs; only a merge commit needs it.
+  const identity = commitIdentityVariables(parsed.repository);
+  identity.catch(() => undefined);
+  // The git directory named explicitly (also under safe.bareRepository=explicit); no worktree is read.
+  const pre = [`--git-dir=${commonDir}`];
+  const run = async (args: string[], env?: Record<string, string>) => (await rawGit(commonDir, [...pre, ...args], env)).trim();
+  return {
+    ref,
+    git: (args: string[]) => run(args),
+    ok: (args: string[]) => run(args).then(() => true, () => false),
+    async tip(): Promise<IntegrationTip> {
+      const [commit, tree] = (await run(['rev-parse', ref, `${ref}^{tree}`])).split('\n');
+      return { commit: commit!, tree: tree! };
+    },
+    mergeTrees: (ours: string, theirs: string) => mergeTrees(commonDir, pre, ours, theirs),
+    /** The merge commit of `tree`, the message as `git merge -F` leaves it; long texts travel in a file, never in argv. */
+    async commitTree(tree: string, parents: string[], message: string): Promise<string> {
+      const file = path.join(os.tmpdir(), `slipway-merge-msg-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`);
+      await fs.writeFile(file, stripspace(message), { mode: 0o600 });
+      try {
+        return await run(['commit-tree', tree, ...parents.flatMap((p) => ['-p', p]), '-F', file], await identity);
+      } finally {
+        await fs.rm(file, { force: true });
+      }
+    },
+    /**
+     * The merger worktree, where there is one, brought to `commit` (the ref's commit): only the
+     * files that differ are written. `fresh`: its private git directory made anew for the gates;
+     * `clean`: untracked files (the gates' leftovers) go too.
+     */
+    async follow(commit: string, fresh = true, clean = false): Promise<void> {
+      if (!loc) return;
+      const wt = (args: string[]) => rawGit(loc.worktree, [...trustedWorktreeArgs(loc), ...args]);
+      await wt(['reset', '--hard', '-q', commit]);
+      if (clean) await wt(['clean', '-fdq']);
+      if (fresh) await discardSandboxGit(loc.repository, loc.worktree);
+    },
+  };
+}
+
+type IntegrationGit = Awaited<ReturnType<typeof integrationGit>>;
+
+/** `mergeAndTip` for one merge. */
+async function mergeByPlumbing(g: IntegrationGit, input: { branch: string; headCommit: string; message: string; expectedTip?: string }, opts: { follow: boolean }): Promise<MergeOutcome> {
+  return (await mergeAndTip(g, input, opts))[0];
+}
+
+/**
+ * `mergeStream` by plumbing (docs/adr/0033): `merge-tree --write-tree` of the integration tip and
+ * the stream's head, `commit-tree` with the tip as first parent and the head as second, then a
+ * compare-and-swap `update-ref` from the tip it merged onto. Outcomes as `mergeInto`'s: a conflict
+ * lists its files (nothing to abort: nothing was written), a merge whose tree is the tip's is no
+ * merge, one found again (a retried attempt) is `alreadyMerged`. `known`: the tip as the merge
+ * before left it (a batch), saving the read. Returns the tip after it when it is known.
+ */
+async function mergeAndTip(
+  g: IntegrationGit,
+  input: { branch: string; headCommit: string; message: string; expectedTip?: string },
+  opts: { follow: boolean; known?: IntegrationTip },
+): Promise<[MergeOutcome, IntegrationTip | undefined]> {
+  const treeMerge = (ours: string) =>
+    g.mergeTrees(ours, input.headCommit).catch((e: Error) => {
+      // Not a conflict (git failed for another reason): say what happened.
+      throw failure('sandbox_failure', `merging ${input.headCommit} failed: ${tail(e.message, 2000)}`);
+    });
+  // The merge onto the tip the queue expects runs while the tip is read; used only if it is the tip.
+  const early = !opts.known && input.expectedTip ? treeMerge(input.expectedTip) : undefined;
+  early?.catch(() => undefined);
+  const tip = opts.known ?? (await g.tip());
+  const head = tip.commit;
+  if (input.expectedTip && head !== input.expectedTip && !(await g.ok(['merge-base', '--is-ancestor', input.headCommit, head]))) {
+    throw failure('sandbox_failure', `the integration branch is at ${head}, not at ${input.expectedTip} where the merge queue left it: refusing to merge on top of it`);
+  }
+  const merged = await (early && head === input.expectedTip ? early : treeMerge(head));
+  if (!merged.clean) return [{ status: 'conflict', files: merged.files, details: tail(merged.details, OUTPUT_TAIL_CHARS) }, tip];
+  if (merged.tree === tip.tree) {
+    if (await g.ok(['merge-base', '--is-ancestor', input.headCommit, head])) {
+      // Merged before (a retried activity) only if a merge commit of the integration branch
+      // brought it in; a head on the integration branch's own line (a rebuild that changed
+      // nothing) brought nothing.
+      const firstParents = (await g.git(['rev-list', '--first-parent', head])).split('\n');
+      if (firstParents.includes(input.headCommit)) {
+        return [{ status: 'no_changes', summary: `the stream's head ${input.headCommit.slice(0, 10)} brings no change over the integration branch` }, tip];
+      }
+      const [previous, second] = (await g.git(['rev-list', '--no-walk', '--parents', head])).split(' ').slice(1);
+      // The killed attempt may have moved the ref but not the worktree.
+      if (opts.follow) await g.follow(head);
+      return [{ status: 'merged', commit: head, previous: second === input.headCommit ? previous! : head, alreadyMerged: true }, tip];
+    }
+    // A merge commit whose tree is the integration branch's: the stream's intent is not in it.
+    return [{ status: 'no_changes', summary: `merging ${input.headCommit.slice(0, 10)} changes nothing on the integration branch` }, tip];
+  }
+  const commit = await g.commitTree(merged.tree, [head, input.headCommit], input.message);
+  // Only from the tip merged onto: a branch moved meanwhile fails this, and nothing is lost.
+  await g.git(['update-ref', '-m', `slipway: merge ${input.branch}`, g.ref, commit, head]);
+  // Post-merge gates see the new integration state, from a fresh private git directory.
+  if (opts.follow) await g.follow(commit);
+  return [{ status: 'merged', commit, previous: head, alreadyMerged: false }, { commit, tree: merged.tree }];
+}
+
+/** The integration branch at the base commit, made once (a retried prepare finds it). */
+async function createIntegrationBranch(repository: string, branch: string, baseCommit: string): Promise<void> {
+  await rawGit(repository, ['update-ref', '-m', 'slipway: integration branch', `refs/heads/${branch}`, baseCommit, '']).catch(async (e) => {
+    if (!(await branchExists(repository, branch))) throw e;
+  });
+}
 
 /** Agent runs live in agents/run-agent.ts; the workers build them from the same deps. */
 export function createAgentActivities(deps: ActivityDeps = defaultActivityDeps()) {

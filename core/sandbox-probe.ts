@@ -14,6 +14,20 @@ export const DEFAULT_SANDBOX_PROBE_SECONDS = 30;
 /** A sandbox workflow continues as new past this many history events (a probe costs about 11). */
 export const SANDBOX_HISTORY_LIMIT = 4_000;
 
+/** The longest pause between two probes of a sandbox whose stream waits (a human's guidance may take days). */
+export const IDLE_PROBE_MAX_MS = 60 * 60_000;
+
+/**
+ * How long a stream that owns its sandbox waits before its next probe while it is idle (merge
+ * queue, guidance, rate limit; ADR 0032): probe_seconds first, then twice as long after each
+ * probe that found it alive, at most IDLE_PROBE_MAX_MS, so a long wait adds a bounded history
+ * (the stream cannot continue as new in the middle of a wait, as the sandbox workflow did).
+ */
+export function idleProbeDelayMs(probeMs: number, probesSoFar: number): number {
+  // A probe_seconds above the cap is taken as given.
+  return Math.min(Math.max(IDLE_PROBE_MAX_MS, probeMs), probeMs * 2 ** Math.min(probesSoFar, 20));
+}
+
 /** What a probe answered: the provider's liveness, or the probe itself failed (an outage, a rate limit). */
 export type ProbeOutcome = { alive: true } | { alive: false; reason: string; detail: string } | { failed: string };
 

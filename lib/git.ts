@@ -13,7 +13,7 @@ import { SLIPWAY_DIR, SLIPWAY_STATE } from '../core/ids';
 export const SLIPWAY_GIT_IDENTITY = { name: 'Slipway', email: 'slipway@localhost' };
 
 export class GitError extends Error {
-  constructor(readonly args: string[], readonly exitCode: number | null, readonly stderr: string) {
+  constructor(readonly args: string[], readonly exitCode: number | null, readonly stderr: string, readonly stdout?: string) {
     super(`git ${args.join(' ')} failed (exit ${exitCode}): ${stderr.trim()}`);
     this.name = 'GitError';
   }
@@ -76,7 +76,7 @@ export function rawGit(dir: string, args: string[], env?: Record<string, string 
       [...GIT_HARDENING, '-C', dir, ...args],
       { env: gitEnv(env), maxBuffer: 64 * 1024 * 1024, timeout: GIT_TIMEOUT_MS, killSignal: 'SIGKILL', ...(signal ? { signal } : {}) },
       (error, stdout, stderr) => {
-        if (error) reject(new GitError(args, typeof error.code === 'number' ? error.code : null, stderr || error.message));
+        if (error) reject(new GitError(args, typeof error.code === 'number' ? error.code : null, stderr || error.message, stdout));
         else resolve(stdout);
       },
     );
@@ -279,4 +279,86 @@ export async function expireTrash(repository: string, olderThanMs: number, now =
     removed.push(ref);
   }
   return removed;
+}
+
+/** The oldest git whose `merge-tree --write-tree` merges without a worktree (docs/adr/0033). */
+export const MERGE_TREE_GIT = [2, 38] as const;
+
+let mergeTreeProbe: Promise<boolean> | undefined;
+/** Whether this host's git has `merge-tree --write-tree` (asked once per process). */
+export function gitHasMergeTree(): Promise<boolean> {
+  mergeTreeProbe ??= rawGit(path.parse(process.cwd()).root, ['version']).then(
+    (out) => {
+      const m = /(\d+)\.(\d+)/.exec(out);
+      const [major, minor] = m ? [Number(m[1]), Number(m[2])] : [0, 0];
+      return major > MERGE_TREE_GIT[0] || (major === MERGE_TREE_GIT[0] && minor >= MERGE_TREE_GIT[1]);
+    },
+    (e) => {
+      // Not an answer (a cancelled activity killed it): asked again next time.
+      mergeTreeProbe = undefined;
+      throw e;
+    },
+  );
+  return mergeTreeProbe;
+}
+
+/**
+ * A commit message as `git merge -F` (and `git commit`) leave it without an editor: trailing
+ * whitespace of each line, leading and trailing blank lines and runs of blank lines go (git's
+ * `stripspace`, whitespace mode). `commit-tree` takes its message verbatim, so merges made with
+ * it call this to keep the merge commit byte for byte what porcelain made.
+ */
+export function stripspace(message: string): string {
+  const out: string[] = [];
+  let gap = false;
+  for (const raw of message.split('\n')) {
+    const line = raw.replace(/[ \t\v\f\r]+$/, '');
+    if (line === '') {
+      gap = out.length > 0;
+      continue;
+    }
+    if (gap) out.push('');
+    gap = false;
+    out.push(line);
+  }
+  return out.length > 0 ? `${out.join('\n')}\n` : '';
+}
+
+export type TreeMerge = { clean: true; tree: string } | { clean: false; files: string[]; details: string };
+
+/**
+ * Merges `theirs` into `ours` in git's object store only (`git merge-tree --write-tree`, the
+ * merge `git merge` makes, ort strategy): nothing is checked out, no index or worktree is touched,
+ * no hook runs. `pre`: the options that pick the git directory. A conflict gives the conflicted
+ * paths and git's messages; anything else (a missing commit) throws.
+ */
+export async function mergeTrees(dir: string, pre: string[], ours: string, theirs: string): Promise<TreeMerge> {
+  const args = [...pre, 'merge-tree', '--write-tree', '--name-only', '-z', ours, theirs];
+  let out: string;
+  let conflicted = false;
+  try {
+    out = await rawGit(dir, args);
+  } catch (e) {
+    // Exit 1 is a conflict only when git printed the merged tree; it is also "not something we can merge".
+    if (!(e instanceof GitError) || e.exitCode !== 1 || !/^[0-9a-f]{40,64}\0/.test(e.stdout ?? '')) throw e;
+    out = e.stdout!;
+    conflicted = true;
+  }
+  const fields = out.split('\0');
+  const tree = fields[0]!;
+  if (!conflicted) return { clean: true, tree };
+  // -z: the tree, each conflicted path, an empty field, then messages as <n>, n paths, type, text.
+  let i = 1;
+  const files: string[] = [];
+  for (; i < fields.length && fields[i] !== ''; i++) if (!files.includes(fields[i]!)) files.push(fields[i]!);
+  const messages: string[] = [];
+  for (i++; i < fields.length; ) {
+    const n = Number(fields[i]);
+    if (!Number.isInteger(n) || n < 0) break;
+    const text = fields[i + n + 2];
+    if (text === undefined) break;
+    messages.push(text.trimEnd());
+    i += n + 3;
+  }
+  return { clean: false, files, details: messages.join('\n') };
 }

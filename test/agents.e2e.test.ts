@@ -14,7 +14,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
 import { trustRepository } from '../config/trust';
-import { integrationBranch, objectiveWorkflowId, streamSandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
 import type { AgentProviderKind } from '../core/objective-schema';
 import type { ObjectiveResult, ObjectiveStatus } from '../core/types';
 import { objectiveStatusQuery, objectiveWorkflow, planDecisionUpdate } from '../workflows/objective';
@@ -562,8 +562,8 @@ describe('usage and secrets', () => {
     expect(started.length).toBeGreaterThanOrEqual(10);
     const ids = started.flatMap(({ id, streams }) => [
       objectiveWorkflowId(id),
+      // Each stream runs its sandbox's activities itself (ADR 0032).
       ...streams.map((s) => streamWorkflowId(id, s)),
-      ...streams.map((s) => streamSandboxWorkflowId(streamSandboxId(id, s))),
     ]);
     let redactedSeen = 0;
     for (const workflowId of ids) {

@@ -1,6 +1,6 @@
 /**
- * A stream's Daytona sandbox deleted outside Slipway while its agent runs (issue 14): the stream
- * sandbox's probe notices, the sandbox ends as failed with the reason, and the stream recreates it
+ * A stream's Daytona sandbox deleted outside Slipway while its agent runs (issue 14): the step
+ * fails, the stream's probe after it says the sandbox was deleted, and the stream recreates it
  * from its branch and runs the step again; the objective completes. Against the fake Daytona, real
  * SDK, real Temporal, real git.
  */
@@ -9,14 +9,32 @@ import { existsSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
-import { integrationBranch, objectiveWorkflowId, streamSandboxId, streamSandboxWorkflowId } from '../core/ids';
+import type { WorkflowHandle } from '@temporalio/client';
+import type { temporal } from '@temporalio/proto';
+import { integrationBranch, objectiveWorkflowId, streamSandboxId, streamSandboxWorkflowId, streamWorkflowId } from '../core/ids';
 import type { ObjectiveResult } from '../core/types';
 import { objectiveWorkflow } from '../workflows/objective';
+import { sandboxStateQuery } from '../workflows/sandbox';
 import { waitFor } from './helpers/cli';
 import { FakeDaytona } from './helpers/fake-daytona';
 import { gitIn, makeDemoRepo } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
 import { demoObjectiveFile } from './sandbox/provider-suites';
+
+/** The activity types a workflow scheduled, in every run of its id (it may have continued as new), latest run first. */
+async function activityTypes(handle: WorkflowHandle): Promise<string[]> {
+  const types: string[] = [];
+  let runId: string | undefined = (await handle.describe()).runId;
+  while (runId) {
+    const events: temporal.api.history.v1.IHistoryEvent[] = (await handle.client.getHandle(handle.workflowId, runId).fetchHistory()).events ?? [];
+    for (const e of events) {
+      const name = e.activityTaskScheduledEventAttributes?.activityType?.name;
+      if (name) types.push(name);
+    }
+    runId = events[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId || undefined;
+  }
+  return types;
+}
 
 describe('a stream sandbox deleted in Daytona mid-run', () => {
   const fake = new FakeDaytona();
@@ -71,14 +89,16 @@ describe('a stream sandbox deleted in Daytona mid-run', () => {
     expect(fake.sandboxes.has(daytonaId!)).toBe(false);
     expect([...fake.sandboxes.values()].filter((s) => s.labels['slipway.group'] === id)).toEqual([]);
 
-    // The first sandbox's workflow probed and ended failed with the reason; the stream recorded the recreate.
-    const first = streamSandboxWorkflowId(streamSandboxId(id, 'greet'));
-    const sandboxHistory = JSON.stringify(await worker.client.workflow.getHandle(first).fetchHistory());
-    expect(sandboxHistory).toContain('probeSandbox');
+    // The stream probed its sandbox after the failed step and recorded the recreate (ADR 0032: no sandbox workflow).
+    await expect(worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'greet'))).describe()).rejects.toThrow();
+    const stream = worker.client.workflow.getHandle(streamWorkflowId(id, 'greet'));
+    const activities = await activityTypes(stream);
+    expect(activities).toContain('probeSandbox');
+    expect(activities.filter((t) => t === 'createSandbox')).toHaveLength(2);
+    expect(activities.filter((t) => t === 'destroySandbox')).toHaveLength(2);
     const recreate = result.ledger.find((e) => e.stream === 'greet' && e.action === 'recreate_sandbox');
     expect(recreate).toMatchObject({ kind: 'sandbox_failure', result: 'retrying' });
     expect(recreate!.summary).toContain('sandbox_deleted');
-    // The replacement ran (and was released) as the stream's next sandbox workflow.
-    expect((await worker.client.workflow.getHandle(`${first}.r1`).describe()).status.name).toBe('COMPLETED');
+    expect(await stream.query(sandboxStateQuery)).toMatchObject({ state: 'terminated' });
   }, 300_000);
 });

@@ -11,7 +11,7 @@ import path from 'node:path';
 import { afterEach, describe, expect, inject, it } from 'vitest';
 import { Client, Connection } from '@temporalio/client';
 import { loadObjectiveFile } from '../config/objective-file';
-import { agentTaskQueue, integrationBranch, objectiveWorkflowId, ownerTaskQueue, streamSandboxId, streamSandboxWorkflowId, streamWorkflowId } from '../core/ids';
+import { agentTaskQueue, integrationBranch, objectiveWorkflowId, ownerTaskQueue, streamWorkflowId } from '../core/ids';
 import type { ObjectiveResult } from '../core/types';
 import { WORKER_ID_FILE } from '../lib/worker-id';
 import { objectiveWorkflow } from '../workflows/objective';
@@ -118,13 +118,14 @@ async function expectOwnerRouting(c: Client, objectiveId: string, taskQueue: str
 
   const owners: Record<string, string> = {};
   for (const stream of STREAMS) {
-    const box = await activitiesOf(c, streamSandboxWorkflowId(streamSandboxId(objectiveId, stream)));
-    const create = box.find((a) => a.type === 'createSandbox')!;
+    // The stream creates, uses and destroys its sandbox itself (ADR 0032).
+    const all = await activitiesOf(c, streamWorkflowId(objectiveId, stream));
+    const create = all.find((a) => a.type === 'createSandbox')!;
     // Creation goes to any worker: the one that takes it holds the sandbox from then on.
     expect(create.queue).toBe(taskQueue);
     const owner = create.startedBy!.split('/').at(-1)!;
     owners[stream] = owner;
-    const later = [...box.filter((a) => a !== create), ...(await activitiesOf(c, streamWorkflowId(objectiveId, stream)))];
+    const later = all.filter((a) => a !== create);
     // The work is committed by the agent run and the passing gates themselves (ADR 0034): no commitWork.
     expect(later.map((a) => a.type)).toEqual(expect.arrayContaining(['runAgent', 'runGates', 'destroySandbox']));
     for (const a of later) {
@@ -177,7 +178,7 @@ describe('sandboxes owned by workers', () => {
       const owners: Record<string, string> = {};
       for (const s of STREAMS) {
         const st = await c.workflow
-          .getHandle(streamSandboxWorkflowId(streamSandboxId(id, s)))
+          .getHandle(streamWorkflowId(id, s))
           .query(sandboxStateQuery)
           .catch(() => undefined);
         if (st?.state !== 'ready' || !st.info?.owner) return undefined;
@@ -199,19 +200,20 @@ describe('sandboxes owned by workers', () => {
     expect(merges).toHaveLength(STREAMS.length);
 
     for (const s of STREAMS) {
-      const replaced = await c.workflow
-        .getHandle(`${streamSandboxWorkflowId(streamSandboxId(id, s))}.r1`)
-        .query(sandboxStateQuery)
-        .catch(() => undefined);
+      const stream = await activitiesOf(c, streamWorkflowId(id, s));
+      const creates = stream.filter((a) => a.type === 'createSandbox');
+      const last = await c.workflow.getHandle(streamWorkflowId(id, s)).query(sandboxStateQuery);
       if (!victimStreams.includes(s)) {
-        expect(replaced, `${s} kept its sandbox`).toBeUndefined();
+        expect(creates, `${s} kept its sandbox`).toHaveLength(1);
+        expect(last.info?.owner).toBe(placed.owners[s]);
         continue;
       }
       // Recreated on the survivor, which ran everything after; the ledger says why.
-      expect(replaced?.info?.owner).toBe(survivor);
-      const stream = await activitiesOf(c, streamWorkflowId(id, s));
+      expect(creates).toHaveLength(2);
+      expect(last.info?.owner).toBe(survivor);
       for (const a of stream) {
-        if (a.type === 'ownerAlive') expect(a.queue).toBe(taskQueue);
+        // Owner checks and creates go to the shared queue (a create is taken by whichever worker lives).
+        if (a.type === 'ownerAlive' || a.type === 'createSandbox') expect(a.queue).toBe(taskQueue);
         else if (!a.startedBy) expect(a.queue.startsWith(ownerTaskQueue(taskQueue, victim)), `${a.type} of ${s} never started, on ${a.queue}`).toBe(true);
         else expect(a.queue.startsWith(ownerTaskQueue(taskQueue, a.startedBy.split('/').at(-1)!)), `${a.type} of ${s} on ${a.queue} by ${a.startedBy}`).toBe(true);
       }
@@ -222,9 +224,8 @@ describe('sandboxes owned by workers', () => {
       const view = result.streams.find((v) => v.id === s)!;
       expect(result.ledger.some((e) => e.stream === s && e.kind === 'sandbox_failure' && e.summary.includes(`"${victim}"`)), `ledger of ${s}`).toBe(true);
       expect(view.phase).toBe('merged');
-      // The given-up sandbox workflow ends too: its destroy, routed to the gone owner, is given up.
-      const old = c.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, s)));
-      await waitFor(async () => ((await old.describe()).status.name === 'COMPLETED' ? true : undefined), `the replaced sandbox of ${s} to end`);
+      // The gone owner's sandbox is not destroyed through it (nobody would take the task): only the replacement's destroy, on the survivor.
+      expect(stream.filter((a) => a.type === 'destroySandbox').map((a) => a.startedBy?.split('/').at(-1))).toEqual([survivor]);
     }
     // Nothing is left behind: the replacements reused and then removed the worktrees.
     await waitFor(async () => (gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)?.length === 1 ? true : undefined), 'every worktree to be removed');

@@ -11,9 +11,10 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { engineEnv } from '../activities/sandbox/container';
 import { loadObjectiveFile } from '../config/objective-file';
-import { integrationBranch, objectiveWorkflowId, streamSandboxId, streamSandboxWorkflowId } from '../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamSandboxId, streamSandboxWorkflowId, streamWorkflowId } from '../core/ids';
 import type { ObjectiveResult } from '../core/types';
 import { objectiveWorkflow } from '../workflows/objective';
+import { sandboxStateQuery } from '../workflows/sandbox';
 import { waitFor } from './helpers/cli';
 import { gitIn, makeDemoRepo } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
@@ -67,8 +68,9 @@ describe('a stream container removed outside Slipway mid-run', () => {
     const recreate = result.ledger.find((e) => e.stream === 'greet' && e.action === 'recreate_sandbox');
     expect(recreate).toMatchObject({ kind: 'sandbox_failure', result: 'retrying' });
     expect(recreate!.summary).toContain('container_removed');
-    const first = streamSandboxWorkflowId(streamSandboxId(id, 'greet'));
-    expect((await worker.client.workflow.getHandle(`${first}.r1`).describe()).status.name).toBe('COMPLETED');
+    // The stream made the new one itself (ADR 0032): no sandbox workflow, none for the replacement.
+    await expect(worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'greet'))).describe()).rejects.toThrow();
+    expect(await worker.client.workflow.getHandle(streamWorkflowId(id, 'greet')).query(sandboxStateQuery)).toMatchObject({ state: 'terminated' });
     expect(containersOf(id)).toEqual([]);
   }, 400_000);
 });

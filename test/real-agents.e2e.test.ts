@@ -20,7 +20,7 @@ import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, realpat
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
-import { integrationBranch, WORKTREES_DIR, objectiveWorkflowId, streamSandboxWorkflowId, streamSandboxId, streamWorkflowId } from '../core/ids';
+import { integrationBranch, WORKTREES_DIR, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
 import type { AgentProviderKind } from '../core/objective-schema';
 import type { ObjectiveResult } from '../core/types';
 import { objectiveWorkflow } from '../workflows/objective';
@@ -319,7 +319,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
       expect(served[2].some((r) => r.answer === 'review')).toBe(true);
 
       // The key: never in any workflow history, nor in the repository's git objects.
-      for (const workflowId of [objectiveWorkflowId(id), streamWorkflowId(id, 'files'), streamSandboxWorkflowId(streamSandboxId(id, 'files'))]) {
+      for (const workflowId of [objectiveWorkflowId(id), streamWorkflowId(id, 'files')]) {
         const text = await historyText(worker.client, workflowId);
         expect(text.includes(key), `the key in the history of ${workflowId}`).toBe(false);
       }

@@ -30,21 +30,23 @@ async function client(): Promise<Client> {
   return new Client({ connection: await Connection.connect({ address: inject('temporalAddress') }) });
 }
 
-function objectiveSpec(repo: string) {
+/** `gates: false`: none at all, so the merger is the integration branch alone, with no worktree (ADR 0033). */
+function objectiveSpec(repo: string, gates = true) {
   return {
     objective: 'three slow helpers',
     repository: repo,
-    gates: [{ name: 'test', command: 'node --test' }],
+    gates: gates ? [{ name: 'test', command: 'node --test' }] : [],
+    ...(gates ? {} : { post_merge_gates: [] }),
     agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
     streams: ['alpha', 'beta', 'gamma'].map((id) => ({ id, task: `helper ${id}` })),
   };
 }
 const plan: Plan = Object.fromEntries(['alpha', 'beta', 'gamma'].map((id) => [id, [{ files: helperFiles(id), sleep_ms: 1500 }]]));
 
-async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, disturb?: (c: Client) => Promise<void>) {
+async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, disturb?: (c: Client) => Promise<void>, gates = true) {
   const repo = makeDemoRepo();
   const before = pictureCheckout(repo);
-  const file = writeObjective(objectiveSpec(repo), plan);
+  const file = writeObjective(objectiveSpec(repo, gates), plan);
   const c = await client();
   workers.push(await startWorkerProcess(workerEnv));
   const handle = await c.workflow.start(objectiveWorkflow, {
@@ -59,33 +61,47 @@ async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, disturb?: (c: C
 }
 
 describe('restarts', () => {
-  it('a worker killed mid-run: the objective ends as an undisturbed run does, without duplicate merges', async () => {
+  const killedMidRun = async (gates: boolean) => {
     const env = () => ({ TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `restart-${randomUUID().slice(0, 8)}` });
-    const calm = await runWith(env(), 'restart-calm');
+    const [calmId, crashId] = gates ? ['restart-calm', 'restart-crash'] : ['restart-calm-bare', 'restart-crash-bare'];
+    const calm = await runWith(env(), calmId, undefined, gates);
 
     const crashEnv = env();
-    const crashed = await runWith(crashEnv, 'restart-crash', async (c) => {
-      // Kill while builders are running and at least one stream is past its first merge.
-      await waitFor(async () => {
-        const s = await c.workflow.getHandle(objectiveWorkflowId('restart-crash')).query(objectiveStatusQuery);
-        return s.streams.some((x) => x.phase === 'building') ? s : undefined;
-      }, 'a builder to be running');
-      workers.at(-1)!.crash();
-      await new Promise((r) => setTimeout(r, 500));
-      workers.push(await startWorkerProcess(crashEnv));
-    });
+    const crashed = await runWith(
+      crashEnv,
+      crashId,
+      async (c) => {
+        // Kill while builders are running and at least one stream is past its first merge.
+        await waitFor(async () => {
+          const s = await c.workflow.getHandle(objectiveWorkflowId(crashId)).query(objectiveStatusQuery);
+          return s.streams.some((x) => x.phase === 'building') ? s : undefined;
+        }, 'a builder to be running');
+        workers.at(-1)!.crash();
+        await new Promise((r) => setTimeout(r, 500));
+        workers.push(await startWorkerProcess(crashEnv));
+      },
+      gates,
+    );
 
     expect(crashed.result.outcome).toBe('completed');
     expect(crashed.result.outcome).toBe(calm.result.outcome);
     const tree = (repo: string, id: string) => gitIn(repo, 'rev-parse', `${integrationBranch(id)}^{tree}`);
-    expect(tree(crashed.repo, 'restart-crash')).toBe(tree(calm.repo, 'restart-calm'));
-    const merges = gitIn(crashed.repo, 'log', '--first-parent', '--merges', '--format=%s', integrationBranch('restart-crash')).split('\n');
+    expect(tree(crashed.repo, crashId)).toBe(tree(calm.repo, calmId));
+    const merges = gitIn(crashed.repo, 'log', '--first-parent', '--merges', '--format=%s', integrationBranch(crashId)).split('\n');
     expect(merges).toHaveLength(3);
     expect(new Set(merges.map((m) => m.match(/merge stream (\S+)/)![1]))).toEqual(new Set(['alpha', 'beta', 'gamma']));
     // No worktree or branch was created twice, and nothing is left behind.
     expect(gitIn(crashed.repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
-    expect(gitIn(crashed.repo, 'branch', '--list', 'slipway/restart-crash/*').split('\n')).toHaveLength(4);
-  }, 240_000);
+    expect(gitIn(crashed.repo, 'branch', '--list', `slipway/${crashId}/*`).split('\n')).toHaveLength(4);
+    // Without gates the merger was the integration branch alone: no merger worktree was ever asked for.
+    const history = await (await client()).workflow.getHandle(objectiveWorkflowId(crashId)).fetchHistory();
+    const activities = (history.events ?? []).map((e) => e.activityTaskScheduledEventAttributes?.activityType?.name).filter(Boolean);
+    expect(activities.includes('prepareMerger')).toBe(gates);
+  };
+
+  it('a worker killed mid-run: the objective ends as an undisturbed run does, without duplicate merges', () => killedMidRun(true), 240_000);
+
+  it('the same without gates, where the merger has no worktree and merges are plumbing on the integration branch (ADR 0033)', () => killedMidRun(false), 240_000);
 
   it('a worker killed in the middle of a post-merge gate (merge and gates in one activity): the retry finds the merge, runs the gates again, and the tree is an undisturbed run\'s', async () => {
     const sync = tempDir('slipway-sync-');

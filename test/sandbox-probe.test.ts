@@ -1,7 +1,7 @@
 /** The stream sandbox probe's decisions (core/sandbox-probe.ts): pure, table-tested. */
 import { describe, expect, it } from 'vitest';
 import { MAX_SANDBOX_REPLACEMENTS } from '../core/routing';
-import { afterProbe, deathMessage, sandboxAction, type ProbeOutcome } from '../core/sandbox-probe';
+import { IDLE_PROBE_MAX_MS, afterProbe, deathMessage, idleProbeDelayMs, sandboxAction, type ProbeOutcome } from '../core/sandbox-probe';
 
 describe('afterProbe: what the sandbox workflow does with a probe', () => {
   const cases: Array<[string, ProbeOutcome, ReturnType<typeof afterProbe>]> = [
@@ -33,4 +33,24 @@ describe('sandboxAction: what a stream does about its sandbox around a step', ()
     });
   }
   it('a death message names the reason first', () => expect(deathMessage({ reason: 'sandbox_deleted', detail: 'd' })).toBe('sandbox_deleted: d'));
+});
+
+describe('idleProbeDelayMs: how often a stream probes its own sandbox while it waits (ADR 0032)', () => {
+  const cases: Array<[string, number, number, number]> = [
+    ['first probe after probe_seconds', 30_000, 0, 30_000],
+    ['then twice as long', 30_000, 1, 60_000],
+    ['and again', 30_000, 3, 240_000],
+    ['at most an hour', 30_000, 7, IDLE_PROBE_MAX_MS],
+    ['an hour for as long as the wait lasts (no overflow)', 30_000, 10_000, IDLE_PROBE_MAX_MS],
+    ['a probe_seconds above the cap is kept', 2 * IDLE_PROBE_MAX_MS, 0, 2 * IDLE_PROBE_MAX_MS],
+    ['and not grown past itself', 2 * IDLE_PROBE_MAX_MS, 5, 2 * IDLE_PROBE_MAX_MS],
+    ['one second (tests): 1, 2, 4 s', 1_000, 2, 4_000],
+  ];
+  for (const [name, probeMs, probes, expected] of cases) it(name, () => expect(idleProbeDelayMs(probeMs, probes)).toBe(expected));
+  it('a day of waiting costs a bounded number of probes', () => {
+    let at = 0;
+    let probes = 0;
+    while (at < 24 * 3600_000) at += idleProbeDelayMs(30_000, probes++);
+    expect(probes).toBeLessThan(32);
+  });
 });

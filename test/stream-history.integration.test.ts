@@ -16,7 +16,7 @@ import { integrationBranch, objectiveWorkflowId, streamSandboxWorkflowId, stream
 import { ITERATION_CAPS } from '../core/objective-schema';
 import { objectiveWorkflow } from '../workflows/objective';
 import { sandboxStateQuery } from '../workflows/sandbox';
-import { streamStatusQuery, streamWorkflow } from '../workflows/stream';
+import { guidanceUpdate, streamStatusQuery, streamWorkflow } from '../workflows/stream';
 import { CONTINUE_AS_NEW_AFTER_EVENTS } from '../workflows/stream-interpreter';
 import { waitFor } from './helpers/cli';
 import { writeObjective } from './helpers/objective';
@@ -122,9 +122,8 @@ describe('bounded stream history', () => {
         'finished',
       ]);
 
-      // The sandbox outlived the run that started it and was released by the last one.
-      const sandbox = await worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'big'))).result();
-      expect(sandbox).toMatchObject({ state: 'terminated' });
+      // The sandbox outlived the run that made it and was removed by the last one (the stream owns it, ADR 0032).
+      expect(await worker.client.workflow.getHandle(streamWorkflowId(id, 'big')).query(sandboxStateQuery)).toMatchObject({ state: 'terminated' });
       const worktree = (await worker.client.workflow.getHandle(streamWorkflowId(id, 'big')).query(streamStatusQuery)).sandboxPath;
       expect(worktree).toContain(id);
       expect(existsSync(worktree!)).toBe(false);
@@ -177,15 +176,14 @@ describe('bounded stream history', () => {
     expect(existsSync(status.sandboxPath!)).toBe(true);
 
     await objective.cancel();
-    const sandbox = await worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
-    expect(sandbox).toMatchObject({ state: 'terminated' });
-    expect(existsSync(status.sandboxPath!)).toBe(false);
     await expect(stream.result()).rejects.toThrow();
+    expect(await stream.query(sandboxStateQuery)).toMatchObject({ state: 'terminated' });
+    expect(existsSync(status.sandboxPath!)).toBe(false);
   });
 
-  it('a blocked stream\'s sandbox, probed often, continues as new and still notices its owner terminated', async () => {
+  it('a blocked stream probes its own sandbox while it waits, ever less often, notices it removed outside Slipway and recreates it for the next step (ADR 0032)', async () => {
     const repo = makeDemoRepo();
-    const id = 'probed-carried';
+    const id = 'probed-idle';
     const file = writeObjective({
       objective: 'Block after a fix iteration',
       repository: repo,
@@ -212,10 +210,8 @@ describe('bounded stream history', () => {
           blueprint: input.blueprint.refs['build-review']!,
           maxFixIterations: input.maxFixIterations,
           onExhausted: input.onExhausted,
-          parentWorkflowId: objectiveWorkflowId(id),
+          parentWorkflowId: objectiveWorkflowId(id), // never started: the stream's feed signals are best effort
           sandbox: input.sandbox,
-          sandboxOwnerProbeMs: 500,
-          sandboxHistoryLimit: 60,
         },
       ],
     });
@@ -223,65 +219,49 @@ describe('bounded stream history', () => {
       const s = await stream.query(streamStatusQuery).catch(() => undefined);
       return s?.phase === 'blocked' ? s : undefined;
     }, 'the stream to block after its fix iteration', 120_000);
-    const box = streamSandboxWorkflowId(streamSandboxId(id, 'stuck'));
-    // Probes every second: past 60 events the sandbox workflow carries on in a new run, still ready.
-    await waitFor(async () => ((await runsOf(box)).length >= 2 ? true : undefined), 'the sandbox workflow to continue as new', 120_000);
-    expect(await worker.client.workflow.getHandle(box).query(sandboxStateQuery)).toMatchObject({ state: 'ready', info: { path: status.sandboxPath } });
-    // The carried run probes too.
-    await waitFor(async () => (JSON.stringify(await worker.client.workflow.getHandle(box).fetchHistory()).includes('probeSandbox') ? true : undefined), 'a probe in the carried run', 60_000);
+    // No sandbox workflow: the stream answers for its sandbox.
+    await expect(worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'stuck'))).describe()).rejects.toThrow();
+    expect(await stream.query(sandboxStateQuery)).toMatchObject({ state: 'ready', info: { path: status.sandboxPath } });
+
+    // While blocked, it probes 1 s, then 2 s, then 4 s apart (idleProbeDelayMs): the probe timers double.
+    const E = temporal.api.enums.v1.EventType;
+    const timersAndProbes = async () => {
+      const events = (await stream.fetchHistory()).events ?? [];
+      const timers = events.filter((e) => e.eventType === E.EVENT_TYPE_TIMER_STARTED).map((e) => Number(e.timerStartedEventAttributes?.startToFireTimeout?.seconds ?? 0));
+      const probes = events.filter((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'probeSandbox').length;
+      return { timers: timers.join(','), probes };
+    };
+    const seen = await waitFor(async () => {
+      const t = await timersAndProbes();
+      return t.timers.includes('1,2,4') ? t : undefined;
+    }, 'the idle probe timers to double', 120_000);
+    // One probe after the failed gate step, then one after each of the first two idle timers.
+    expect(seen.probes).toBeGreaterThanOrEqual(3);
     expect(existsSync(status.sandboxPath!)).toBe(true);
 
-    await worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck')).terminate('test: the owner is gone');
-    const sandbox = await worker.client.workflow.getHandle(box).result();
-    expect(sandbox).toMatchObject({ state: 'terminated' });
-    expect(existsSync(status.sandboxPath!)).toBe(false);
-  });
+    // Removed outside Slipway: the next idle probe notices it.
+    gitIn(repo, 'worktree', 'remove', '--force', status.sandboxPath!);
+    const dead = await waitFor(async () => {
+      const s = await stream.query(sandboxStateQuery);
+      return s.state === 'failed' ? s : undefined;
+    }, 'the idle probe to notice the removed sandbox', 120_000);
+    expect(dead.error).toBeTruthy();
 
-  it('a stream terminated after it continued as new: its sandbox notices and releases itself', async () => {
-    const repo = makeDemoRepo();
-    const id = 'terminated-carried';
-    const file = writeObjective({
-      objective: 'Block after a fix iteration',
-      repository: repo,
-      base_branch: 'main',
-      max_fix_iterations: 1,
-      on_exhausted: 'ask_human',
-      gates: [{ name: 'never', command: 'false' }],
-      agents: { builder: { provider: 'script', command: 'cat >/dev/null; date +%N > work.txt' } },
-      streams: [{ id: 'stuck', task: 'Never pass' }],
-    });
-    const input = await loadObjectiveFile(file, { repository: repo, id });
-    // The stream alone (its objective would cancel it, not terminate it), probing its owner every 200 ms.
-    const stream = await worker.client.workflow.start(streamWorkflow, {
-      taskQueue: worker.taskQueue,
-      workflowId: streamWorkflowId(id, 'stuck'),
-      args: [
-        {
-          objective: { id, objective: input.objective, repository: input.repository, objectiveDir: input.objectiveDir },
-          stream: input.streams[0]!,
-          base: input.baseBranch,
-          integrationBranch: integrationBranch(id),
-          gates: input.gates,
-          agents: input.agents,
-          blueprint: input.blueprint.refs['build-review']!,
-          maxFixIterations: input.maxFixIterations,
-          onExhausted: input.onExhausted,
-          parentWorkflowId: objectiveWorkflowId(id), // never started: the stream's feed signals are best effort
-          sandbox: input.sandbox,
-          sandboxOwnerProbeMs: 200,
-        },
-      ],
-    });
-    const status = await waitFor(async () => {
+    // Guidance resumes the step (in a new run: guidance continues as new): the sandbox is made again from the branch first.
+    await stream.executeUpdate(guidanceUpdate, { args: [{ agent: status.blocked!.mailbox, subject: 'go on', body: 'try again' }] });
+    const again = await waitFor(async () => {
       const s = await stream.query(streamStatusQuery).catch(() => undefined);
-      return s?.phase === 'blocked' ? s : undefined;
-    }, 'the stream to block after its fix iteration');
-    expect((await runsOf(streamWorkflowId(id, 'stuck'))).length).toBe(2);
+      return s?.phase === 'blocked' && s.ledger.some((e) => e.action === 'recreate_sandbox') ? s : undefined;
+    }, 'the stream to recreate its sandbox and block again', 120_000);
+    expect(again.ledger.find((e) => e.action === 'recreate_sandbox')).toMatchObject({ kind: 'sandbox_failure', result: 'retrying' });
+    expect(await stream.query(sandboxStateQuery)).toMatchObject({ state: 'ready', info: { path: status.sandboxPath } });
     expect(existsSync(status.sandboxPath!)).toBe(true);
+    // Same place, same branch: the recreated worktree holds the branch's commits.
+    expect(gitIn(status.sandboxPath!, 'rev-parse', 'HEAD')).toBe(gitIn(repo, 'rev-parse', `slipway/${id}/stuck`));
 
-    await worker.client.workflow.getHandle(streamWorkflowId(id, 'stuck')).terminate('test: the owner is gone');
-    const sandbox = await worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, 'stuck'))).result();
-    expect(sandbox).toMatchObject({ state: 'terminated' });
+    await stream.cancel();
+    await expect(stream.result()).rejects.toThrow();
+    expect(await stream.query(sandboxStateQuery)).toMatchObject({ state: 'terminated' });
     expect(existsSync(status.sandboxPath!)).toBe(false);
   });
 });

@@ -105,13 +105,10 @@ describe('Web UI', () => {
     const ids = await waitFor(async () => {
       const found = new Set<string>();
       for await (const wf of worker.client.workflow.list({ query: `SlipwayObjective = "${id}"` })) found.add(wf.workflowId);
-      return found.size === 7 ? [...found].sort() : undefined;
-    }, 'visibility to list all 7 workflows');
-    expect(ids).toEqual([
-      'objective:web-ui',
-      'stream-sandbox:web-ui.clamp', 'stream-sandbox:web-ui.greet', 'stream-sandbox:web-ui.sum',
-      'stream:web-ui:clamp', 'stream:web-ui:greet', 'stream:web-ui:sum',
-    ]);
+      return found.size === 4 ? [...found].sort() : undefined;
+    }, 'visibility to list all 4 workflows');
+    // Each stream owns its sandbox (ADR 0032): no sandbox workflows.
+    expect(ids).toEqual(['objective:web-ui', 'stream:web-ui:clamp', 'stream:web-ui:greet', 'stream:web-ui:sum']);
     for (const workflowId of ids) {
       const handle = worker.client.workflow.getHandle(workflowId);
       const d = await handle.describe();
@@ -126,8 +123,8 @@ describe('Web UI', () => {
       if (kind === 'stream') {
         expect(sa.get(SlipwayStream)).toBe(workflowId.split(':')[2]);
         expect(sa.get(SlipwayPhase)).toBe('merged');
+        expect(sa.get(SlipwaySandboxState)).toBe('terminated');
       }
-      if (kind === 'stream-sandbox') expect(sa.get(SlipwaySandboxState)).toBe('terminated');
       // The summary is set when a workflow starts; a run that continued as new cannot carry it
       // (the SDK's continueAsNew has no summary), so the first run holds it.
       let first = d.runId;

@@ -106,6 +106,11 @@ const ONE_ACTIVITY_MERGE = 'one-activity-merge';
  */
 const BATCH_MERGE = 'batch-merge';
 /**
+ * A merger with nothing but git to do (the bare one of LAZY_MERGER) is the integration branch
+ * alone, made by `prepareObjective`: merges need no worktree (docs/adr/0033), so no `prepareMerger`.
+ */
+const MERGER_WITHOUT_WORKTREE = 'merger-without-worktree';
+/**
  * `prepareObjective` (resolve the base, claim the id: git on the user's repository, ~50 ms) is a
  * local activity on the worker running the objective, which then holds the merger as before
  * (ADR 0013): no activity task and no workflow task of its own (ADR 0034). A remote repository's
@@ -368,17 +373,27 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     const remote = input.remote !== undefined && patched(REMOTE_REPOSITORY_ON_OWNER) ? input.remote : undefined;
     enter('preparing', remote ? `fetching \`${input.repository}\` and creating the integration branch` : `creating the integration branch from \`${input.baseBranch}\``);
     const deferMerger = patched(LAZY_MERGER);
+    // Only git runs in the merger unless post-merge gates, objective gates or the planner need the project's files.
+    const objectiveGates = input.gates.length > 0 && root.steps.some((st) => st.type === 'deterministic' && st.action === 'run_quality_gates');
+    const bare = input.postMergeGates.length === 0 && !objectiveGates && input.streams.length > 0;
+    const withoutMerger = deferMerger && bare && patched(MERGER_WITHOUT_WORKTREE);
     try {
       const prepare = deferMerger && !remote && patched(PREPARE_LOCALLY) ? localGitActivities(retryFor(root, root.steps[0])).prepareObjective : git.prepareObjective;
-      prepared = await prepare({ objectiveId: input.id, repository: input.repository, baseBranch: input.baseBranch, ...(remote ? { remote } : {}), sandbox: input.sandbox, ...(deferMerger ? { deferMerger } : {}) });
+      prepared = await prepare({
+        objectiveId: input.id,
+        repository: input.repository,
+        baseBranch: input.baseBranch,
+        ...(remote ? { remote } : {}),
+        sandbox: input.sandbox,
+        ...(deferMerger ? { deferMerger } : {}),
+        ...(withoutMerger ? { withoutMerger } : {}),
+      });
       if (remote && prepared.repository !== undefined && prepared.baseBranch !== undefined) {
         // From here on (and across continue-as-new) everything works on the owner's clone, at the commit resolved there.
         input = { ...input, repository: prepared.repository, baseBranch: prepared.baseBranch, remote: { ...remote, commit: prepared.baseCommit } };
       }
-      if (deferMerger) {
-        // Only git runs in the merger unless post-merge gates, objective gates or the planner need the project's files.
-        const objectiveGates = input.gates.length > 0 && root.steps.some((st) => st.type === 'deterministic' && st.action === 'run_quality_gates');
-        const bare = input.postMergeGates.length === 0 && !objectiveGates && input.streams.length > 0;
+      // Nothing to make when prepareObjective made the integration branch alone (a git without merge-tree --write-tree cannot).
+      if (deferMerger && !prepared.withoutMerger) {
         // Not cancellable: a cancelled objective removes the merger only once its create has ended.
         mergerMade = CancellationScope.nonCancellable(() =>
           mergerGit().prepareMerger({ objectiveId: input.id, repository: input.repository, baseCommit: prepared.baseCommit, sandbox: input.sandbox, bare }),

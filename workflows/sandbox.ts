@@ -1,6 +1,8 @@
 /**
  * Sandbox workflow: owns one sandbox's lifecycle.
  * pending -> ready -> terminating -> terminated, or failed when provisioning fails.
+ * Streams started since ADR 0032 own their sandbox themselves (workflows/stream.ts); this workflow
+ * serves the runs started before, to their end, and replays their histories.
  */
 import {
   CancellationScope,

@@ -1,9 +1,9 @@
 /**
- * Stream workflow: one parallel slice of an objective. It acquires a sandbox (child sandbox
- * workflow), then interprets its stream blueprint (`build-review` by default): agent steps,
- * gates, hand-off to the merge queue, fix loops through `on_fail`, and recovery when a loop or
- * the retries are exhausted (ask a human, escalate, or fail). Every failure goes into the
- * append-only recovery ledger.
+ * Stream workflow: one parallel slice of an objective. It makes its sandbox (itself since ADR
+ * 0032; older runs through a child sandbox workflow), then interprets its stream blueprint
+ * (`build-review` by default): agent steps, gates, hand-off to the merge queue, fix loops through
+ * `on_fail`, and recovery when a loop or the retries are exhausted (ask a human, escalate, or
+ * fail). Every failure goes into the append-only recovery ledger.
  *
  * The interpreter itself is pure (`./stream-interpreter`): this workflow is its shell. It feeds it
  * Temporal events (step outcomes, merge decisions, ends of rate-limit waits, guidance) and carries
@@ -35,8 +35,8 @@ import {
 import type { Step } from '../core/blueprint-schema';
 import { FAILURE_KINDS } from '../core/failures';
 import { sandboxWorkflowId, streamBranch, streamSandboxId, streamSandboxWorkflowId } from '../core/ids';
-import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwayStream } from '../core/search-attributes';
-import type { StreamPhase } from '../core/states';
+import { SlipwayKind, SlipwayObjective, SlipwayPhase, SlipwaySandboxState, SlipwayStream } from '../core/search-attributes';
+import type { SandboxState, StreamPhase } from '../core/states';
 import { addRunUsage, formatTotals, formatUsage } from '../core/usage';
 import { runAllowance, streamBudgetBlock, type LeaseRequest, type StreamBudget, type StreamBudgetUpdate } from '../core/budget';
 import {
@@ -57,15 +57,15 @@ import {
   type StreamStatus,
 } from '../core/types';
 import type { AgentRunResult } from '../activities';
-import { gateActivities, gitActivities, ownerRoute } from './activity-options';
+import { gateActivities, gitActivities, ownerRoute, type RetrySpec } from './activity-options';
 import { newAgentLoop, runAgentLoop, type AgentLoopState } from './agent-runs';
 import { retryFor } from './blueprint-walker';
 import { FEED_BATCH_LIMIT, FEED_FLUSH_DELAY_MS, flushNow } from './feed';
 import { failureKindOf, failureMessage, rootCause } from './failure-info';
 import { MAX_SANDBOX_REPLACEMENTS, afterOwnerGone } from '../core/routing';
-import { SANDBOX_PROBE_PATCH, deathMessage, sandboxAction } from '../core/sandbox-probe';
+import { DEFAULT_SANDBOX_PROBE_SECONDS, SANDBOX_PROBE_PATCH, afterProbe, deathMessage, idleProbeDelayMs, sandboxAction, type ProbeOutcome } from '../core/sandbox-probe';
 import { onOwner, ownerGoneOf } from './owner';
-import { OWNER_ROUTING, ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxWorkflow } from './sandbox';
+import { OWNER_ROUTING, ownerProbeSignal, releaseSandboxSignal, sandboxEndedSignal, sandboxReadySignal, sandboxStateQuery, sandboxWorkflow } from './sandbox';
 import {
   LEDGER_KEPT_BY_STREAM,
   agentStepOutcome,
@@ -110,6 +110,10 @@ export interface StreamCarried {
   budget?: StreamBudget;
   /** Sandboxes recreated so far because their owner was gone (docs/adr/0013-worker-ownership.md). */
   sandboxReplacements?: number;
+  /** The stream owns its sandbox itself, no sandbox workflow (patch `stream-owns-sandbox`, ADR 0032). */
+  ownsSandbox?: true;
+  /** A probe found the owned sandbox dead while the stream waited; it is recreated before the next step. */
+  sandboxDied?: string;
 }
 
 export type StreamRunInput = StreamInput & { carried?: StreamCarried };
@@ -157,6 +161,12 @@ const STREAM_SANDBOX_ID = 'stream-sandbox-workflow-id';
 const COMMIT_IN_STEP = 'commit-in-step';
 /** How long a stream waits for a dead sandbox's workflow to remove its records before it makes the next one anyway. */
 const DEAD_SANDBOX_CLEANUP_MS = 15 * 60_000;
+/**
+ * The stream creates, probes and destroys its sandbox itself instead of starting a sandbox
+ * workflow for it (docs/adr/0032-stream-owns-its-sandbox.md): a child start, three signals and
+ * about six workflow tasks fewer per stream.
+ */
+const STREAM_OWNS_SANDBOX = 'stream-owns-sandbox';
 
 function toStepFailure(err: unknown): StepFailure {
   const cause = rootCause(err);
@@ -170,6 +180,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   // Runs started before this change keep 0.1.0's command sequence: one run, the sandbox a child
   // cancelled with the stream. Newer ones continue as new once per fix iteration.
   const bounded = carried !== undefined || patched('stream-continue-as-new');
+  // Runs that started a sandbox workflow keep it until they end (ADR 0032).
+  const owns = carried ? carried.ownsSandbox === true : bounded && patched(STREAM_OWNS_SANDBOX);
   const branch = streamBranch(objective.id, stream.id);
   const status: StreamStatus = carried
     ? { ...carried.status, ledger: [...carried.status.ledger] }
@@ -178,6 +190,9 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   let decision: MergeDecision | undefined = carried?.decision;
   let guidance: Guidance | undefined = carried?.guidance;
   let sandboxEnded: SandboxResult | undefined = carried?.sandboxEnded;
+  /** The owned sandbox's lifecycle, as a sandbox workflow's was (`sandboxState` query, SlipwaySandboxState). */
+  let boxState: SandboxState = carried?.sandboxDied !== undefined ? 'failed' : 'ready';
+  let boxError: string | undefined = carried?.sandboxDied;
   let budget: StreamBudget | undefined = carried ? carried.budget : input.budget;
   /** Why no new agent run may start (a spent budget), or undefined. */
   const budgetHold = () => streamBudgetBlock(budget, stream.id, status.usage);
@@ -205,6 +220,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   const parent = getExternalWorkflowHandle(input.parentWorkflowId);
 
   setHandler(streamStatusQuery, () => status);
+  // The stream answers for its sandbox as the sandbox workflow did (status, Web UI, tests).
+  if (owns) setHandler(sandboxStateQuery, () => ({ state: boxState, info: sandbox, error: boxError }));
   setHandler(sandboxReadySignal, (info) => {
     sandbox = info;
   });
@@ -247,6 +264,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     { key: SlipwayObjective, value: objective.id },
     { key: SlipwayStream, value: stream.id },
     ...(carried ? [{ key: SlipwayPhase, value: status.phase }] : []),
+    ...(carried && owns ? [{ key: SlipwaySandboxState, value: boxState }] : []),
   ]);
 
   /**
@@ -331,7 +349,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
 
   // --- sandbox ---------------------------------------------------------------------------------
   const sandboxId = streamSandboxId(objective.id, stream.id);
-  let boxWorkflowId = carried ? (carried.sandboxWorkflowId ?? sandboxWorkflowId(sandboxId)) : patched(STREAM_SANDBOX_ID) ? streamSandboxWorkflowId(sandboxId) : sandboxWorkflowId(sandboxId);
+  // An owned sandbox has no workflow: the id stays unused (and asks no patch).
+  let boxWorkflowId = carried ? (carried.sandboxWorkflowId ?? sandboxWorkflowId(sandboxId)) : owns || patched(STREAM_SANDBOX_ID) ? streamSandboxWorkflowId(sandboxId) : sandboxWorkflowId(sandboxId);
   const sandboxArgs = (): SandboxInput => ({
     sandboxId,
     provider: 'local',
@@ -346,7 +365,55 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     ...(bounded ? { notifyOwnerOnEnd: true, ...(input.sandboxOwnerProbeMs ? { ownerProbeMs: input.sandboxOwnerProbeMs } : {}) } : {}),
     ...(input.sandboxHistoryLimit ? { historyLimit: input.sandboxHistoryLimit } : {}),
   });
-  if (!carried) {
+  // --- the sandbox the stream owns itself (ADR 0032): create, probe (in interpret), destroy ---
+  /** Activities on the owned sandbox run on the worker that holds it (ADR 0013). */
+  const boxActs = (info: SandboxInfo, retry?: RetrySpec) => gitActivities(retry, info.owner !== undefined ? ownerRoute(info.owner, { graceSeconds: input.ownerGraceSeconds }) : undefined);
+  const setBox = (next: SandboxState, error?: string) => {
+    boxState = next;
+    boxError = error;
+    // Only the states worth filtering on: a live sandbox, and how it ended.
+    if (next !== 'pending' && next !== 'terminating') upsertSearchAttributes([{ key: SlipwaySandboxState, value: next }]);
+  };
+  /** Makes the stream's sandbox from `base` on whichever worker takes the create (its owner from then on); the error when it could not. */
+  const createBox = async (base: string): Promise<string | undefined> => {
+    setBox('pending');
+    try {
+      // Not cancellable: a sandbox half made when the stream is cancelled would have nobody to remove it.
+      const info = await CancellationScope.nonCancellable(() => gitActivities().createSandbox({ ...sandboxArgs(), base }));
+      sandbox = info;
+      status.sandboxPath = info.path;
+      setBox('ready');
+      return undefined;
+    } catch (err) {
+      if (!(err instanceof TemporalFailure) || isCancellation(err)) throw err;
+      const error = failureMessage(err);
+      log.warn('sandbox provisioning failed', { sandboxId, error });
+      setBox('failed', error);
+      return error;
+    }
+  };
+  /**
+   * Removes an owned sandbox on its owner (records too, when it died outside Slipway). One whose
+   * owner is gone stays on that host for the janitor; a cleanup problem never changes the stream's outcome.
+   */
+  const destroyBox = (info: SandboxInfo) =>
+    CancellationScope.nonCancellable(async () => {
+      const dead = boxError;
+      setBox('terminating', dead);
+      try {
+        await onOwner(info.owner, () => boxActs(info).destroySandbox({ repository: objective.repository, path: info.path }));
+      } catch (err) {
+        if (!(err instanceof TemporalFailure)) throw err;
+        const gone = ownerGoneOf(err) !== undefined;
+        log.warn(gone ? 'the owner of the sandbox is gone; its worktree stays on its host for the janitor' : 'could not remove the sandbox; the janitor removes it once the objective ends', { path: info.path, owner: info.owner, error: failureMessage(err) });
+      }
+      setBox(dead !== undefined ? 'failed' : 'terminated', dead);
+    });
+  let createFailure: string | undefined;
+  if (!carried && owns) {
+    await enter('provisioning', `creating a sandbox for \`${branch}\``);
+    createFailure = await createBox(input.base);
+  } else if (!carried) {
     await enter('provisioning', `starting a sandbox for \`${branch}\``);
     const sandboxHandle = await startChild(sandboxWorkflow, {
       workflowId: boxWorkflowId,
@@ -369,6 +436,10 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   }
   const release = () =>
     CancellationScope.nonCancellable(async () => {
+      if (owns) {
+        if (sandbox) await destroyBox(sandbox);
+        return;
+      }
       if (sandboxEnded) return;
       try {
         await getExternalWorkflowHandle(boxWorkflowId).signal(releaseSandboxSignal);
@@ -383,10 +454,9 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     });
 
   try {
-    await condition(() => sandbox !== undefined || sandboxEnded !== undefined);
+    if (!owns) await condition(() => sandbox !== undefined || sandboxEnded !== undefined);
     if (!sandbox) {
-      const ended = sandboxEnded!;
-      const summary = `sandbox could not be created: ${ended.error ?? 'unknown error'}`;
+      const summary = `sandbox could not be created: ${(owns ? createFailure : sandboxEnded!.error) ?? 'unknown error'}`;
       await record({ step: 'sandbox', kind: 'sandbox_failure', action: FAILURE_KINDS.sandbox_failure.action, attempt: 1, maxAttempts: 1, summary, result: 'failed' }, `sandbox_failure: ${summary}`);
       return await finish({ status: 'failed', failure: { kind: 'sandbox_failure', summary } }, summary);
     }
@@ -409,7 +479,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     const bp = input.blueprint;
     let box = firstBox;
     // Every activity on the sandbox runs on the worker that holds it (docs/adr/0013-worker-ownership.md).
-    const owned = box.owner !== undefined && patched(OWNER_ROUTING);
+    const owned = box.owner !== undefined && (owns || patched(OWNER_ROUTING));
     const graceSeconds = input.ownerGraceSeconds;
     const route = () => (owned ? ownerRoute(box.owner, { graceSeconds }) : undefined);
     const agentRoute = () => (owned ? ownerRoute(box.owner, { graceSeconds, agents: true }) : undefined);
@@ -423,9 +493,46 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       });
     let replacements = carried?.sandboxReplacements ?? 0;
     // Probing the sandbox after a failed step, and recreating one that died (core/sandbox-probe.ts).
-    const probing = patched(SANDBOX_PROBE_PATCH);
+    const probing = owns || patched(SANDBOX_PROBE_PATCH);
+    /** Asks the provider whether the owned sandbox is still there (core/sandbox-probe.ts decides); why it died, when it did. */
+    const probeBox = async (): Promise<string | undefined> => {
+      const outcome: ProbeOutcome = await onBox(() => boxActs(box, { maximumAttempts: 2 }).probeSandbox({ path: box.path })).catch((err: unknown) => {
+        if (isCancellation(err) || !(err instanceof TemporalFailure)) throw err;
+        return { failed: failureMessage(err) };
+      });
+      const next = afterProbe(outcome);
+      if (next.action === 'keep_watching') return undefined;
+      log.warn('the sandbox died outside Slipway', { sandboxId, error: next.error });
+      setBox('failed', next.error);
+      return next.error;
+    };
+    const probeMs = (input.sandbox?.probeSeconds ?? DEFAULT_SANDBOX_PROBE_SECONDS) * 1000;
+    /**
+     * Waits until `done` (or `forMs` passed: false). The owned sandbox is probed only while the
+     * stream waits like this, first after probe_seconds and then less and less often
+     * (idleProbeDelayMs): a wait shorter than probe_seconds costs no workflow task, a long one a
+     * bounded history. A sandbox that dies while a step runs fails the step, which probes it.
+     */
+    const idle = async (done: () => boolean, forMs?: number): Promise<boolean> => {
+      const until = forMs === undefined ? undefined : Date.now() + forMs;
+      for (let probes = 0; ; probes++) {
+        if (done()) return true;
+        // Not once the owner was found gone: the next step recreates the sandbox elsewhere.
+        const probeIn = boxState === 'ready' && lostOwner === undefined ? idleProbeDelayMs(probeMs, probes) : undefined;
+        const left = until === undefined ? undefined : until - Date.now();
+        const wait = probeIn === undefined ? left : left === undefined ? probeIn : Math.min(probeIn, left);
+        if (wait === undefined) {
+          await condition(done);
+          return true;
+        }
+        if (await condition(done, Math.max(1, wait))) return true;
+        if (until !== undefined && Date.now() >= until) return false;
+        await probeBox();
+      }
+    };
     /** Why the current sandbox is dead, when it is: its workflow ended (its own probe saw it), or a probe now says so. */
     const sandboxDeath = async (askNow: boolean): Promise<string | undefined> => {
+      if (owns) return boxState === 'failed' ? (boxError ?? 'the sandbox failed') : askNow ? probeBox() : undefined;
       if (sandboxEnded) return sandboxEnded.error ?? `the sandbox workflow ended (${sandboxEnded.state})`;
       if (!askNow) return undefined;
       const liveness = await onBox(() => gitActivities({ maximumAttempts: 2 }, route()).probeSandbox({ path: box.path })).catch((err: unknown) => {
@@ -453,6 +560,18 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
      * is released (its owner is gone; its sandbox workflow gives up removing it after the grace time).
      */
     const replaceSandbox = async (why: 'owner_gone' | 'died') => {
+      if (owns) {
+        // A dead sandbox's records go first: the new one takes the same place (a remote
+        // provider's record, a worktree path). A gone owner cannot remove anything: its janitor does.
+        if (why === 'died') await destroyBox(box);
+        else log.warn('the owner of the sandbox is gone; its worktree stays on its host for the janitor', { path: box.path, owner: box.owner });
+        replacements += 1;
+        sandbox = undefined;
+        const error = await createBox(branch);
+        if (!sandbox) throw ApplicationFailure.create({ type: 'sandbox_failure', nonRetryable: true, message: `the sandbox could not be recreated: ${error ?? 'unknown error'}` });
+        box = sandbox;
+        return;
+      }
       const old = boxWorkflowId;
       await getExternalWorkflowHandle(old).signal(releaseSandboxSignal).catch(() => undefined);
       // A dead sandbox's workflow removes its records first: the new one takes the same place (a
@@ -567,7 +686,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       // With the events before it, in one batch (sent at once: flushNow).
       if (patched(MERGE_REQUEST_IN_EVENTS)) await emit(`ready to merge ${head.head.slice(0, 10)}`, { mergeRequest: request });
       else await parent.signal(streamMergeReadySignal, request);
-      await condition(() => decision !== undefined);
+      if (owns) await idle(() => decision !== undefined);
+      else await condition(() => decision !== undefined);
       return mergeStepOutcome(decision!);
     };
 
@@ -586,7 +706,9 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
         `**blocked** at step \`${d.step}\` — ${d.summary}\n\n${forBudget ? `Raise the budget: \`slipway budget raise ${objective.id} --stream ${stream.id} --usd N\` (or without --stream for the objective's), or let it go on: ${send}` : `Send guidance: ${send}`}`,
       );
       await emit(forBudget ? `budget spent: ${d.summary}; awaiting a raise or guidance (mailbox ${blocked.mailbox})` : `recovery blocked: retry budget exhausted; awaiting guidance (mailbox ${blocked.mailbox})`, { blocked, phase: 'blocked' });
-      await condition(() => guidance !== undefined || (forBudget && budgetHold() === undefined));
+      const answered = () => guidance !== undefined || (forBudget && budgetHold() === undefined);
+      if (owns) await idle(answered);
+      else await condition(answered);
       const received = guidance;
       guidance = undefined;
       status.blocked = undefined;
@@ -619,6 +741,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           sandboxWorkflowId: boxWorkflowId,
           ...(budget ? { budget } : {}),
           ...(replacements > 0 ? { sandboxReplacements: replacements } : {}),
+          ...(owns ? { ownsSandbox: true as const, ...(boxState === 'failed' ? { sandboxDied: boxError } : {}) } : {}),
         },
       });
     };
@@ -655,7 +778,12 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           case 'run_step': {
             stepsRun += 1;
             // A sandbox that died while the stream waited (merge queue, guidance) is made again first.
-            if (probing) await recoverSandbox(d.step.id, undefined, await sandboxDeath(false));
+            if (probing) {
+              // Or its owner was found gone while the stream waited (an idle probe).
+              const gone = lostOwner;
+              lostOwner = undefined;
+              await recoverSandbox(d.step.id, gone, gone === undefined ? await sandboxDeath(false) : undefined);
+            }
             let outcome = await runStep(d.step, d.feedback, d.rebuilt, d.budgetWaived === true);
             if (probing) {
               // The worker holding the sandbox is gone, or the sandbox died outside Slipway: the
@@ -684,7 +812,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           case 'wait_for_rate_limit':
             status.phase = 'rate_limited';
             setCurrentDetails(`**rate_limited** — waiting until ${d.resetAt ?? 'back-off'}`);
-            await sleep(d.waitMs);
+            if (owns) await idle(() => false, d.waitMs);
+            else await sleep(d.waitMs);
             next = { type: 'rate_limit_waited' };
             break;
           case 'reset_onto_integration': {

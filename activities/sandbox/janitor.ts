@@ -15,7 +15,7 @@ import { existsSync, promises as fs } from 'node:fs';
 import path from 'node:path';
 import { Context } from '@temporalio/activity';
 import { WorkflowNotFoundError, type Client } from '@temporalio/client';
-import { BRANCH_PREFIX, integrationBranch, objectiveWorkflowId, SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
+import { BRANCH_PREFIX, MERGER_SANDBOX_NAME, integrationBranch, objectiveWorkflowId, SLIPWAY_DIR, streamWorkflowId, WORKTREES_DIR } from '../../core/ids';
 import { expireTrash, gitMaybe, isAncestor, listWorktrees, rawGit, trashBranch } from '../../lib/git';
 import { DAYTONA_DIR, DaytonaSandboxProvider } from './daytona';
 import { KUBERNETES_DIR, KubernetesSandboxProvider } from './kubernetes';
@@ -118,6 +118,30 @@ export async function objectiveLiveness(client: Client, id: string): Promise<Obj
   }
 }
 
+/**
+ * Worktrees of a running objective's streams that were terminated by hand or timed out: such a
+ * stream never ran its cleanup, and it owns its sandbox (no sandbox workflow outlives it, ADR
+ * 0032). Only those two ends: a stream that completed, failed or was cancelled removed its own,
+ * and one Temporal does not know (yet) is left alone. The branch stays for the objective's end.
+ */
+async function sweepAbandonedStreams(repo: string, id: string, client: Client, sandboxes: LocalSandboxProvider): Promise<string[]> {
+  const removed: string[] = [];
+  const groupDir = path.join(repo, WORKTREES_DIR, id);
+  for (const name of await fs.readdir(groupDir).catch(() => [] as string[])) {
+    if (name === MERGER_SANDBOX_NAME) continue;
+    // Asked right before the removal, as for the objective.
+    const status = await client.workflow
+      .getHandle(streamWorkflowId(id, name))
+      .describe()
+      .then((d) => d.status.name)
+      .catch(() => undefined);
+    if (status !== 'TERMINATED' && status !== 'TIMED_OUT') continue;
+    await sandboxes.destroy({ repository: repo, root: path.join(groupDir, name) });
+    removed.push(path.join(groupDir, name));
+  }
+  return removed;
+}
+
 async function branchesOf(repo: string, objectiveId: string): Promise<Array<{ branch: string; commit: string }>> {
   const out = await rawGit(repo, ['for-each-ref', '--format=%(refname:short) %(objectname)', `refs/heads/${BRANCH_PREFIX}/${objectiveId}/`]);
   return out
@@ -158,6 +182,10 @@ async function sweepObjective(
   }
   // Asked right before anything is removed, so a just-started objective is never swept.
   result.liveness = await objectiveLiveness(client, id);
+  if (result.liveness.state === 'running') {
+    result.removedWorktrees.push(...(await sweepAbandonedStreams(repo, id, client, sandboxes)));
+    return result;
+  }
   if (result.liveness.state !== 'ended') return result;
   if (result.liveness.status === 'not_found') {
     if (!entry.temporal) {

@@ -68,6 +68,16 @@ export async function createStreamSandbox(sandboxes: SandboxProvider, input: San
   };
 }
 
+/** Records the objective in the registry the janitor sweeps (with its merger, or where it would be). */
+export async function registerMergerObjective(input: { objectiveId: string; repository: string; baseCommit: string; temporal?: TemporalHome }): Promise<void> {
+  try {
+    await registerObjective(input.repository, input.objectiveId, input.baseCommit, undefined, input.temporal);
+  } catch (e) {
+    // The janitor then misses this objective's leftovers; the run itself is fine.
+    Context.current().log.warn('could not record the objective in the repository registry', { error: (e as Error).message });
+  }
+}
+
 /**
  * The objective's merger worktree (post-merge gates and the planner run there, under the same
  * confinement). Also records the objective in the registry the janitor sweeps.
@@ -76,12 +86,7 @@ export async function createMergerSandbox(
   sandboxes: SandboxProvider,
   input: { objectiveId: string; repository: string; baseCommit: string; branch: string; sandbox?: SandboxOptions; temporal?: TemporalHome; bare?: boolean },
 ): Promise<SandboxHandle> {
-  try {
-    await registerObjective(input.repository, input.objectiveId, input.baseCommit, undefined, input.temporal);
-  } catch (e) {
-    // The janitor then misses this objective's leftovers; the run itself is fine.
-    Context.current().log.warn('could not record the objective in the repository registry', { error: (e as Error).message });
-  }
+  await registerMergerObjective(input);
   let handle: SandboxHandle;
   try {
     handle = await createWithOptions(

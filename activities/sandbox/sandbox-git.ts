@@ -97,7 +97,7 @@ export async function locateWorktree(repository: string, worktree: string): Prom
  * exec needs it, and it does not change while Slipway works on the repository.
  */
 const commonDirs = new Map<string, Promise<string>>();
-function commonDirOf(repo: string): Promise<string> {
+export function commonDirOf(repo: string): Promise<string> {
   let dir = commonDirs.get(repo);
   if (!dir) {
     dir = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));

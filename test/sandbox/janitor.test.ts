@@ -195,6 +195,44 @@ describe('janitor', () => {
     expect(gitIn(repo, 'for-each-ref', 'refs/slipway-trash/')).toBe('');
   });
 
+  it("removes the sandbox of a running objective's stream terminated by hand, and only that one (ADR 0032)", async () => {
+    const repo = makeDemoRepo();
+    const id = 'half-obj';
+    // Two streams that fail their gate and wait for a human: the objective keeps running.
+    const live = await start(
+      repo,
+      id,
+      { objective: 'blocks for guidance', max_fix_iterations: 0, on_exhausted: 'ask_human', gates: [{ name: 'test', command: 'node --test' }], streams: [{ id: 'kept', task: 'x' }, { id: 'gone', task: 'y' }] },
+      { kept: [{ files: helperFiles('kept', '(x) => x', 'assert.strictEqual(1, 2)') }], gone: [{ files: helperFiles('gone', '(x) => x', 'assert.strictEqual(1, 2)') }] },
+    );
+    for (const s of ['kept', 'gone']) {
+      await waitFor(async () => (await worker.client.workflow.getHandle(streamWorkflowId(id, s)).query(streamStatusQuery)).phase === 'blocked', `stream ${s} to block`);
+    }
+    const kept = path.join(repo, '.slipway/worktrees', id, 'kept');
+    const gone = path.join(repo, '.slipway/worktrees', id, 'gone');
+    const goneHead = gitIn(repo, 'rev-parse', `slipway/${id}/gone`);
+    // Terminated, its cleanup never runs: the stream owns its sandbox, nothing else removes it.
+    await worker.client.workflow.getHandle(streamWorkflowId(id, 'gone')).terminate('test: terminated by hand');
+    expect(existsSync(gone)).toBe(true);
+
+    const swept = await sweep(repo);
+    expect(swept.errors).toEqual([]);
+    const half = swept.repositories[0].objectives.find((o) => o.id === id)!;
+    expect(half.liveness).toEqual({ state: 'running' });
+    expect(half.removedWorktrees).toEqual([gone]);
+    expect(existsSync(gone)).toBe(false);
+    expect(worktrees(repo)).not.toContain(gone);
+    // The live stream, the merger and every branch (the work of the terminated one too) stay.
+    expect(worktrees(repo)).toContain(kept);
+    expect(worktrees(repo)).toContain(path.join(repo, '.slipway/worktrees', id, '_merge'));
+    expect(gitIn(repo, 'rev-parse', `slipway/${id}/gone`)).toBe(goneHead);
+    expect((await worker.client.workflow.getHandle(streamWorkflowId(id, 'kept')).query(streamStatusQuery)).phase).toBe('blocked');
+
+    await live.cancel();
+    expect((await live.result()).outcome).toBe('cancelled');
+    expect(existsSync(kept)).toBe(false);
+  });
+
   it('`slipway schedules install` installs the janitor schedule once (idempotent), and its runs sweep', async () => {
     const env = { TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: worker.taskQueue, SLIPWAY_HOME: home };
     const scheduleId = janitorScheduleId(worker.taskQueue);

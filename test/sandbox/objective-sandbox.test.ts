@@ -11,7 +11,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { findExecutable } from '../../activities/sandbox/bubblewrap';
 import { loadObjectiveFile } from '../../config/objective-file';
-import { integrationBranch, objectiveWorkflowId, streamSandboxId, streamSandboxWorkflowId, streamWorkflowId } from '../../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../../core/ids';
 import type { ObjectiveResult } from '../../core/types';
 import { objectiveWorkflow } from '../../workflows/objective';
 import { streamStatusQuery } from '../../workflows/stream';
@@ -159,7 +159,8 @@ describe('objective with a project setup that keeps failing', () => {
     expect(doomed.failure?.summary).toMatch(/^sandbox could not be created/);
     expect(doomed.iterations).toBe(0);
     // The activity failed once (not retried by Temporal: setup itself was retried), with setup's output.
-    const history = await worker.client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId('setup-fails', 'doomed'))).fetchHistory();
+    // The stream ran the create itself (ADR 0032).
+    const history = await worker.client.workflow.getHandle(streamWorkflowId('setup-fails', 'doomed')).fetchHistory();
     const failures = (history.events ?? []).filter((e) => e.activityTaskFailedEventAttributes);
     expect(failures).toHaveLength(1);
     const cause = failures[0].activityTaskFailedEventAttributes!.failure!;

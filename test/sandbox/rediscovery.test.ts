@@ -12,7 +12,7 @@ import { Client, Connection } from '@temporalio/client';
 import { afterAll, afterEach, describe, expect, inject, it } from 'vitest';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import { loadObjectiveFile } from '../../config/objective-file';
-import { integrationBranch, objectiveWorkflowId, streamSandboxWorkflowId, streamSandboxId } from '../../core/ids';
+import { integrationBranch, objectiveWorkflowId, streamSandboxId, streamWorkflowId } from '../../core/ids';
 import type { ObjectiveResult } from '../../core/types';
 import { objectiveWorkflow } from '../../workflows/objective';
 import { sandboxStateQuery } from '../../workflows/sandbox';
@@ -88,7 +88,7 @@ describe('rediscovery after a worker is killed', () => {
     expect(pictureCheckout(repo)).toEqual(before);
   });
 
-  it('a new process finds live sandboxes through git worktree list, and each matches its sandbox workflow', async () => {
+  it('a new process finds live sandboxes through git worktree list, and each matches the sandbox its stream holds', async () => {
     const repo = makeDemoRepo();
     const home = tempDir('slipway-home-');
     cleanup.push(home);
@@ -106,23 +106,23 @@ describe('rediscovery after a worker is killed', () => {
     const client = new Client({ connection: await Connection.connect({ address: inject('temporalAddress') }) });
     workers.push(await startWorkerProcess(env));
     const handle = await client.workflow.start(objectiveWorkflow, { taskQueue: env.SLIPWAY_TASK_QUEUE, workflowId: objectiveWorkflowId(id), args: [await loadObjectiveFile(file, { id })] });
-    // Both sandbox workflows hold their worktrees (ready) before the worker is killed: a worktree
+    // Both streams hold their worktrees (ready; they own their sandboxes, ADR 0032) before the worker is killed: a worktree
     // is listed as soon as git adds it, while its create is still running.
     await waitFor(async () => {
-      const states = await Promise.all(['a', 'b'].map((stream) => client.workflow.getHandle(streamSandboxWorkflowId(streamSandboxId(id, stream))).query(sandboxStateQuery).catch(() => undefined)));
+      const states = await Promise.all(['a', 'b'].map((stream) => client.workflow.getHandle(streamWorkflowId(id, stream)).query(sandboxStateQuery).catch(() => undefined)));
       return states.every((st) => st?.state === 'ready') ? true : undefined;
     }, 'both sandboxes ready', 60_000);
     const fresh = new LocalSandboxProvider();
     const live = (await fresh.list(repo)).filter((s) => s.sandboxId === streamSandboxId(id, 'a') || s.sandboxId === streamSandboxId(id, 'b'));
     expect(live).toHaveLength(2);
     workers[0].crash();
-    // A new worker answers for the sandbox workflows; the worktrees it finds are theirs.
+    // A new worker answers for the streams; the worktrees it finds are their sandboxes.
     workers.push(await startWorkerProcess(env));
     for (const s of live) {
       const stream = path.basename(s.root);
       expect(s.sandboxId).toBe(streamSandboxId(id, stream));
       expect(s.branch).toBe(`slipway/${id}/${stream}`);
-      const state = await client.workflow.getHandle(streamSandboxWorkflowId(s.sandboxId!)).query(sandboxStateQuery);
+      const state = await client.workflow.getHandle(streamWorkflowId(id, stream)).query(sandboxStateQuery);
       expect(state.state).toBe('ready');
       expect(state.info?.path).toBe(s.root);
       expect(state.info?.branch).toBe(s.branch);
