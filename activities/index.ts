@@ -8,7 +8,7 @@ import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { RemoteRepository, SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS, GitError, gitHasMergeTree, mergeTrees, rawGit, resolveCommit, stripspace } from '../lib/git';
+import { branchExists, commitIdentityVariables, GitError, gitHasMergeTree, mergeTrees, rawGit, resolveCommit, stripspace } from '../lib/git';
 import { clearStaleGitLocks } from './git-locks';
 import { mirroredRemote, pushToRemote, syncMirror } from '../lib/remote-repository';
 import { classifyRepositorySpec } from '../core/repository-spec';
@@ -17,12 +17,13 @@ import { Context } from '@temporalio/activity';
 import { heartbeating, withHeartbeat } from './heartbeat';
 import { tail } from './process';
 import { redactorFor } from './redact';
-import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, sandboxRecordPath, SLIPWAY_GIT_ENV } from './sandbox/local';
+import { LocalSandboxProvider, localSandboxRoot, parseSandboxRoot, sandboxRecordPath } from './sandbox/local';
 import { readJson, writeJsonAtomic } from '../lib/atomic-write';
-import { commonDirOf, discardSandboxGit, locateWorktree, OBJECT_ID, sandboxGitDir, trustedWorktreeArgs } from './sandbox/sandbox-git';
+import { commonDirOf, discardSandboxGit, locateWorktree, OBJECT_ID, trustedWorktreeArgs } from './sandbox/sandbox-git';
 import { promises as fs, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox, registerMergerObjective } from './sandbox/objective-sandboxes';
+import { commitSandboxWork, sandboxGit, type CommittedWork } from './sandbox/commit-work';
 import type { SandboxLiveness, SandboxProvider } from './sandbox/provider';
 import type { TemporalHome } from './sandbox/registry';
 import { SandboxProviders } from './sandbox/router';
@@ -64,6 +65,8 @@ export interface GateRunResult {
   results: GateResult[];
   /** Output of the failing gates, for the builder's next iteration. */
   failureReport: string;
+  /** With `commit` and every gate passed: the sandbox's work committed and collected. */
+  commit?: CommittedWork;
 }
 
 export type MergeOutcome =
@@ -188,24 +191,19 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
     },
 
     /**
-     * Commits whatever the builder left uncommitted, inside the sandbox (git there sees only the
-     * sandbox's own git state), then collects the sandbox's HEAD into the repository. Returns the
-     * new head. The message goes through stdin: it carries task text of any size.
+     * Commits whatever the builder left uncommitted, inside the sandbox, then collects the
+     * sandbox's HEAD into the repository. Returns the new head (./sandbox/commit-work.ts).
      */
-    async commitWork(input: { path: string; message: string }): Promise<{ head: string; committed: boolean }> {
-      const run = sandboxGit(sandboxes, input.path);
-      let committed = false;
-      if ((await run(['status', '--porcelain', '--untracked-files=all'])).length > 0) {
-        await run(['add', '-A']);
-        await run(['commit', '--no-verify', '-q', '-F', '-'], input.message);
-        committed = true;
-      }
-      const { head } = await sandboxes.collect({ root: input.path });
-      return { head, committed };
+    async commitWork(input: { path: string; message: string }): Promise<CommittedWork> {
+      return commitSandboxWork(sandboxes, input);
     },
 
-    /** Runs gates in order inside a sandbox; stops at the first failure. Never throws for a failing gate. */
-    async runGates(input: { path: string; gates: GateSpec[] }): Promise<GateRunResult> {
+    /**
+     * Runs gates in order inside a sandbox; stops at the first failure. Never throws for a failing
+     * gate. `commit`: when they all pass, what they and the steps before left uncommitted is
+     * committed and the head collected, as `commitWork` would (a stream's gates, ADR 0034).
+     */
+    async runGates(input: { path: string; gates: GateSpec[]; commit?: { message: string } }): Promise<GateRunResult> {
       const redactor = await redactorFor(input.path);
       return withHeartbeat(async (signal, beat) => {
         const results: GateResult[] = [];
@@ -225,7 +223,8 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
         const failureReport = failed
           .map((r) => `Gate "${r.name}" (${r.command}) ${r.timedOut ? 'timed out' : `exited with ${r.exitCode}`}:\n${r.output}`)
           .join('\n\n');
-        return { passed: failed.length === 0, results, failureReport };
+        const commit = failed.length === 0 && input.commit ? await commitSandboxWork(sandboxes, { path: input.path, message: input.commit.message }) : undefined;
+        return { passed: failed.length === 0, results, failureReport, ...(commit ? { commit } : {}) };
       });
     },
 
@@ -386,31 +385,6 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
   };
 }
 
-/**
- * Slipway's own git commands in a sandbox, run through the provider: inside the sandbox when it is
- * confined (seeing only its private git state), with nothing of the worker's environment, and a
- * commit identity from the repository. Throws with git's message on a non-zero exit.
- */
-function sandboxGit(sandboxes: SandboxProvider, root: string) {
-  let identity: Promise<Record<string, string>> | undefined;
-  let unlocked: Promise<unknown> | undefined;
-  return async (args: string[], stdin?: string): Promise<string> => {
-    const parsed = parseSandboxRoot(path.resolve(root));
-    const repository = parsed?.repository ?? parseContainerRoot(path.resolve(root))?.repository;
-    identity ??= repository ? commitIdentityVariables(repository) : Promise.resolve({});
-    unlocked ??= parsed ? clearSandboxLocks(parsed.repository, parsed.group, root) : Promise.resolve();
-    await unlocked;
-    // The sandbox's config is the agent's: its hooks and fsmonitor do not run for Slipway's own
-    // commands even inside, and a command that hangs is killed.
-    const r = await sandboxes.exec(
-      { root },
-      { command: 'git', args: [...GIT_HARDENING, ...args], stdin, env: { ...SLIPWAY_GIT_ENV, ...(await identity) }, inheritEnv: false, maxCaptureBytes: 1024 * 1024, timeoutMs: GIT_TIMEOUT_MS },
-    );
-    if (r.exitCode !== 0) throw failure('sandbox_failure', `git ${args[0]} in the sandbox failed (exit ${r.exitCode}): ${tail(r.stderr.trim(), 2000)}`);
-    return r.stdout.trim();
-  };
-}
-
 /** The workflow run preparing an objective (outside an activity: this process). */
 function objectiveClaimOwner(): string {
   let execution: { workflowId: string; runId: string } | undefined;
@@ -420,21 +394,6 @@ function objectiveClaimOwner(): string {
     /* not in an activity */
   }
   return execution ? `${execution.workflowId} ${execution.runId}` : `process ${process.pid}`;
-}
-
-/**
- * Stale git locks of a sandbox (a worker killed while Slipway's git or an agent's git ran in it):
- * its worktree record, its private git folder (confined) and Slipway's refs of its group.
- */
-async function clearSandboxLocks(repository: string, group: string, root: string): Promise<void> {
-  const loc = await locateWorktree(repository, root).catch(() => undefined);
-  if (!loc) return;
-  const own = sandboxGitDir(repository, loc.worktree);
-  const ownRecords = await fs.readdir(path.join(own, 'worktrees')).catch(() => [] as string[]);
-  await clearStaleGitLocks({
-    top: [loc.adminDir, own, ...ownRecords.map((id) => path.join(own, 'worktrees', id))],
-    tree: [path.join(own, 'refs'), path.join(loc.commonDir, 'refs', 'heads', BRANCH_PREFIX, group)],
-  });
 }
 
 /**

@@ -70,6 +70,17 @@ describe('objective workflow', () => {
       ['gates', 'quality_gate_failure', 'recovered', 1],
     ]);
 
+    // The agent runs and the passing gates committed the work themselves (ADR 0034): no stream
+    // ran a commitWork, and each merge brought in the head of the stream's branch.
+    for (const s of ['clamp', 'greet', 'sum']) {
+      const events = (await worker.client.workflow.getHandle(streamWorkflowId(id, s)).fetchHistory()).events ?? [];
+      const activities = events.flatMap((e) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? []);
+      expect(activities, s).toContain('runAgent');
+      expect(activities, s).not.toContain('commitWork');
+      const merge = gitIn(repo, 'log', '--first-parent', '--format=%H', '--grep', `merge stream ${s} into`, branch);
+      expect(gitIn(repo, 'rev-parse', `${merge}^2`), s).toBe(gitIn(repo, 'rev-parse', `slipway/${id}/${s}`));
+    }
+
     // Worktrees are gone, branches stay, the user's checkout is byte-for-byte the same.
     expect(existsSync(path.join(repo, '.slipway', 'worktrees', id))).toBe(false);
     expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);

@@ -102,11 +102,13 @@ async function twoWorkers(taskQueue: string, extra: NodeJS.ProcessEnv = {}) {
  */
 async function expectOwnerRouting(c: Client, objectiveId: string, taskQueue: string) {
   const objective = await activitiesOf(c, objectiveWorkflowId(objectiveId));
-  const prepare = objective.find((a) => a.type === 'prepareObjective')!;
-  expect(prepare.queue).toBe(taskQueue);
-  const mergerOwner = prepare.startedBy!.split('/').at(-1)!;
-  const merger = objective.filter((a) => a.type !== 'prepareObjective');
-  expect(merger.map((a) => a.type)).toContain('prepareMerger');
+  // prepareObjective is a local activity (ADR 0034): the worker that ran it, the objective's own,
+  // holds the merger; the merger's activities show which one that is.
+  expect(objective.map((a) => a.type)).not.toContain('prepareObjective');
+  const merger = objective;
+  const make = merger.find((a) => a.type === 'prepareMerger')!;
+  const mergerOwner = ownerOfQueue(make.queue, taskQueue)!;
+  expect(mergerOwner).toBeDefined();
   // A lone merge or a batch of the streams waiting together (ADR 0031): both on the merger's owner.
   expect(merger.some((a) => a.type === 'mergeWithGates' || a.type === 'mergeBatch')).toBe(true);
   for (const a of merger) {
@@ -124,7 +126,8 @@ async function expectOwnerRouting(c: Client, objectiveId: string, taskQueue: str
     const owner = create.startedBy!.split('/').at(-1)!;
     owners[stream] = owner;
     const later = all.filter((a) => a !== create);
-    expect(later.map((a) => a.type)).toEqual(expect.arrayContaining(['runAgent', 'runGates', 'commitWork', 'destroySandbox']));
+    // The work is committed by the agent run and the passing gates themselves (ADR 0034): no commitWork.
+    expect(later.map((a) => a.type)).toEqual(expect.arrayContaining(['runAgent', 'runGates', 'destroySandbox']));
     for (const a of later) {
       const expected = a.type === 'runAgent' ? agentTaskQueue(ownerTaskQueue(taskQueue, owner)) : ownerTaskQueue(taskQueue, owner);
       expect(a.queue, `${a.type} of ${stream}`).toBe(expected);
@@ -168,8 +171,10 @@ describe('sandboxes owned by workers', () => {
 
     // Every sandbox is ready and the repository's worker is known; the other worker is the victim.
     const placed = await waitFor(async () => {
-      const prepare = (await activitiesOf(c, objectiveWorkflowId(id))).find((a) => a.type === 'prepareObjective');
-      if (!prepare?.startedBy) return undefined;
+      // prepareObjective is a local activity (ADR 0034): the merger's own activity names its owner.
+      const make = (await activitiesOf(c, objectiveWorkflowId(id))).find((a) => a.type === 'prepareMerger');
+      const mergerOwner = make ? ownerOfQueue(make.queue, taskQueue) : undefined;
+      if (!mergerOwner) return undefined;
       const owners: Record<string, string> = {};
       for (const s of STREAMS) {
         const st = await c.workflow
@@ -179,7 +184,7 @@ describe('sandboxes owned by workers', () => {
         if (st?.state !== 'ready' || !st.info?.owner) return undefined;
         owners[s] = st.info.owner;
       }
-      return { mergerOwner: prepare.startedBy.split('/').at(-1)!, owners };
+      return { mergerOwner, owners };
     }, 'every sandbox to be ready');
     const victim = ids.find((w) => w !== placed.mergerOwner)!;
     const survivor = placed.mergerOwner;

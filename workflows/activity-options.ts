@@ -1,7 +1,7 @@
 /**
  * Activity proxies with retry policies from the retry-profile table. Workflow-safe.
  */
-import { proxyActivities, workflowInfo, type ActivityOptions } from '@temporalio/workflow';
+import { proxyActivities, proxyLocalActivities, workflowInfo, type ActivityOptions } from '@temporalio/workflow';
 import { NON_RETRYABLE_FAILURE_KINDS } from '../core/failures';
 import { agentTaskQueue } from '../core/ids';
 import { RETRY_PROFILES } from '../core/retry-profiles';
@@ -48,6 +48,19 @@ export function gitActivities(retry: RetrySpec = DEFAULT_RETRY, route?: Activity
     ...routed(route),
     startToCloseTimeout: '10 minutes',
     heartbeatTimeout: '30 seconds',
+    retry: retryPolicy(retry),
+  });
+}
+
+/**
+ * Short git work on the user's repository as local activities: run by the worker that runs the
+ * workflow task, inside that task (no activity task, no workflow task for the result). Never for
+ * a sandbox, whose owner may be another worker (docs/adr/0013-worker-ownership.md), nor for work
+ * that may take long (a remote repository's fetch): local activities do not heartbeat.
+ */
+export function localGitActivities(retry: RetrySpec = DEFAULT_RETRY) {
+  return proxyLocalActivities<SlipwayActivities>({
+    startToCloseTimeout: '2 minutes',
     retry: retryPolicy(retry),
   });
 }

@@ -60,9 +60,11 @@ export interface AgentLoopOptions {
   owner?: string;
   /** Asked before every run under `budget.hard_limit`: what the run may spend before it is stopped. */
   allowance?: () => RunAllowance | undefined;
+  /** A stream's runs: the message the run commits its work with at its end (`AgentRunInput.commit`). */
+  commitMessage?: (agentIteration: number) => string;
 }
 
-export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun, route, owner, allowance }: AgentLoopOptions): Promise<AgentLoopOutcome> {
+export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun, route, owner, allowance, commitMessage }: AgentLoopOptions): Promise<AgentLoopOutcome> {
   const { spec } = input;
   const acts = agentActivities(spec.timeout_minutes, retry, route);
   let runs = 0;
@@ -72,7 +74,8 @@ export async function runAgentLoop({ input, step, retry, state, onRun, beforeRun
     if (held !== undefined) return { ok: false, summary: held, kind: 'budget_exhausted' };
     const resumed = state.outputError !== undefined ? state.retrySessionId : state.agentIteration === 1 ? input.resumeSessionId : undefined;
     const allowed = allowance?.();
-    const run = await onOwner(owner, () => acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError, ...(allowed ? { allowance: allowed } : {}) }));
+    const commit = commitMessage ? { commit: { message: commitMessage(state.agentIteration) } } : {};
+    const run = await onOwner(owner, () => acts.runAgent({ ...input, agentIteration: state.agentIteration, resumeSessionId: resumed, outputError: state.outputError, ...(allowed ? { allowance: allowed } : {}), ...commit }));
     runs += 1;
     const record: AgentRunRecord = {
       at: new Date().toISOString(),

@@ -50,7 +50,7 @@ import {
   type StreamSpec,
 } from '../core/types';
 import { addRunUsage, addTotals, formatUsage } from '../core/usage';
-import { gateActivities, gitActivities, ownerRoute } from './activity-options';
+import { gateActivities, gitActivities, localGitActivities, ownerRoute } from './activity-options';
 import { newAgentLoop, runAgentLoop, withRateLimitWaits } from './agent-runs';
 import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-walker';
 import { dispatch, streamStart, type DispatchDecision } from './dispatch';
@@ -110,6 +110,13 @@ const BATCH_MERGE = 'batch-merge';
  * alone, made by `prepareObjective`: merges need no worktree (docs/adr/0033), so no `prepareMerger`.
  */
 const MERGER_WITHOUT_WORKTREE = 'merger-without-worktree';
+/**
+ * `prepareObjective` (resolve the base, claim the id: git on the user's repository, ~50 ms) is a
+ * local activity on the worker running the objective, which then holds the merger as before
+ * (ADR 0013): no activity task and no workflow task of its own (ADR 0034). A remote repository's
+ * fetch stays an activity.
+ */
+const PREPARE_LOCALLY = 'prepare-objective-local';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 /** Streams under an objective's limit ask it before each agent run (`budgetLeaseSignal`; ADR 0017, 3). */
@@ -371,7 +378,8 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     const bare = input.postMergeGates.length === 0 && !objectiveGates && input.streams.length > 0;
     const withoutMerger = deferMerger && bare && patched(MERGER_WITHOUT_WORKTREE);
     try {
-      prepared = await git.prepareObjective({
+      const prepare = deferMerger && !remote && patched(PREPARE_LOCALLY) ? localGitActivities(retryFor(root, root.steps[0])).prepareObjective : git.prepareObjective;
+      prepared = await prepare({
         objectiveId: input.id,
         repository: input.repository,
         baseBranch: input.baseBranch,

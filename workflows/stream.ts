@@ -145,10 +145,20 @@ const BATCHED_STREAM_EVENTS = 'batched-stream-events';
  */
 const MERGE_REQUEST_IN_EVENTS = 'merge-request-in-events';
 /**
+ * A batch sent before the feed's flush timer fires (the stream acted: merge request, block, end)
+ * cancels the timer, whose firing would be a workflow task with nothing left to send (ADR 0034).
+ */
+const FEED_TIMER_CANCELLED = 'feed-timer-cancelled';
+/**
  * The stream's sandbox workflow is `stream-sandbox:<objective>.<stream>`; 0.1.0 named it
  * `sandbox:...`, the prefix of the service's sandbox workflows.
  */
 const STREAM_SANDBOX_ID = 'stream-sandbox-workflow-id';
+/**
+ * An agent run, and passing gates, commit the sandbox's work and collect its head at their end
+ * instead of a `commitWork` after each run and another before the merge request (ADR 0034).
+ */
+const COMMIT_IN_STEP = 'commit-in-step';
 /** How long a stream waits for a dead sandbox's workflow to remove its records before it makes the next one anyway. */
 const DEAD_SANDBOX_CLEANUP_MS = 15 * 60_000;
 /**
@@ -265,12 +275,37 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
   const pendingEvents: StreamEvent[] = [];
   let sending: Promise<void> = Promise.resolve();
   let flusherStarted = false;
+  /** The flush timer while it runs (FEED_TIMER_CANCELLED), and whether a batch sent before it fired cancelled it. */
+  let flushTimer: { scope: CancellationScope; cancelled: boolean } | undefined;
   const flushEvents = () => {
     while (pendingEvents.length > 0) {
       const batch = pendingEvents.splice(0, FEED_BATCH_LIMIT);
       sending = sending.then(() => parent.signal(streamEventsSignal, batch).catch(() => undefined));
     }
+    if (flushTimer && !flushTimer.cancelled) {
+      // Nothing is left for it to send: its firing would be a workflow task for nothing.
+      flushTimer.cancelled = true;
+      flushTimer.scope.cancel();
+    }
     return sending;
+  };
+  /** Waits FEED_FLUSH_DELAY_MS; false when a batch went out meanwhile and cancelled the wait. */
+  const flushDelay = async (): Promise<boolean> => {
+    if (!patched(FEED_TIMER_CANCELLED)) {
+      await sleep(FEED_FLUSH_DELAY_MS);
+      return true;
+    }
+    const timer = { scope: new CancellationScope(), cancelled: false };
+    flushTimer = timer;
+    try {
+      await timer.scope.run(() => sleep(FEED_FLUSH_DELAY_MS));
+      return true;
+    } catch (err) {
+      if (timer.cancelled && isCancellation(err)) return false;
+      throw err;
+    } finally {
+      if (flushTimer === timer) flushTimer = undefined;
+    }
   };
   const emit = async (text: string, extra: Partial<StreamEvent> = {}) => {
     const event: StreamEvent = { streamId: stream.id, at: new Date().toISOString(), phase: status.phase, iteration: status.iteration, text, usage: { ...status.usage }, ...extra };
@@ -287,8 +322,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       void (async () => {
         for (;;) {
           await condition(() => pendingEvents.length > 0);
-          await sleep(FEED_FLUSH_DELAY_MS);
-          await flushEvents();
+          if (await flushDelay()) await flushEvents();
         }
       })().catch((err) => {
         // A cancelled stream stops sending; anything else is a bug and fails the workflow task.
@@ -559,6 +593,8 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       status.sandboxPath = box.path;
     };
     let sessionId: string | undefined = carried?.sessionId;
+    /** The head the last step left committed and collected (COMMIT_IN_STEP): the merge request needs no commit of its own. */
+    let committedHead: string | undefined;
     // A step re-entered after a rate-limit wait or guidance continues its iteration loop where it stopped.
     const agentLoops: Record<string, AgentLoopState> = { ...carried?.agentLoops };
 
@@ -568,6 +604,11 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     const runAgentStep = async (step: Extract<Step, { type: 'agent' }>, feedback: Feedback | undefined, rebuilt: string | undefined, budgetWaived: boolean): Promise<StepOutcome> => {
       const spec = input.agents[step.role]!;
       const loop = (agentLoops[step.id] ??= newAgentLoop());
+      const commitMessage = (agentIteration: number) =>
+        step.role === 'builder'
+          ? `slipway(${stream.id}): iteration ${status.iteration}${spec.max_iterations > 1 ? `, run ${agentIteration}` : ''}\n\n${stream.task}`
+          : `slipway(${stream.id}): left by the ${step.role} (iteration ${status.iteration})`;
+      const commitInRun = patched(COMMIT_IN_STEP);
       try {
         const outcome = await runAgentLoop({
           input: {
@@ -590,13 +631,14 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
           ...(budgetWaived ? {} : { beforeRun, allowance: () => runAllowance(budget, stream.id, status.usage) }),
           route: agentRoute(),
           owner: owned ? box.owner : undefined,
+          ...(commitInRun ? { commitMessage } : {}),
           onRun: async (run, record) => {
             addUsage(run);
             (status.agentRuns ??= []).push(record);
+            committedHead = run.commit?.head;
             if (step.role === 'builder') {
               sessionId = run.sessionId ?? sessionId;
-              const runNote = spec.max_iterations > 1 ? `, run ${record.agentIteration}` : '';
-              await onBox(() => git().commitWork({ path: box.path, message: `slipway(${stream.id}): iteration ${status.iteration}${runNote}\n\n${stream.task}` }));
+              if (!run.commit) await onBox(() => git().commitWork({ path: box.path, message: commitMessage(record.agentIteration) }));
             }
             const ending = record.result === 'signalled' ? '; completion signal' : record.result === 'invalid_output' ? '; answer unusable' : record.result === 'budget_stopped' ? '; stopped at the budget (hard_limit)' : '';
             const text = `${step.role} run ${record.agentIteration}/${record.maxIterations} (${spec.provider}): ${formatUsage(record)}${ending}`;
@@ -615,11 +657,17 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     };
 
     const runStep = async (step: RunnableStep, feedback: Feedback | undefined, rebuilt?: string, budgetWaived = false): Promise<StepOutcome> => {
+      // Known only right after the step that committed it: any other step may change the sandbox.
+      const committed = committedHead;
+      committedHead = undefined;
       if (step.type === 'agent') return runAgentStep(step, feedback, rebuilt, budgetWaived);
       if (step.action === 'run_quality_gates') {
         const timeout = input.gates.reduce((sum, g) => sum + g.timeout_seconds, 0);
+        const commit = patched(COMMIT_IN_STEP) ? { commit: { message: `slipway(${stream.id}): left after the gates (iteration ${status.iteration})` } } : {};
         try {
-          return gateStepOutcome(await onBox(() => gateActivities(timeout, retryFor(bp, step), route()).runGates({ path: box.path, gates: input.gates })));
+          const gates = await onBox(() => gateActivities(timeout, retryFor(bp, step), route()).runGates({ path: box.path, gates: input.gates, ...commit }));
+          committedHead = gates.commit?.head;
+          return gateStepOutcome(gates);
         } catch (err) {
           if (isCancellation(err)) throw err;
           return { ok: false, failure: toStepFailure(err) };
@@ -628,7 +676,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
       // signal_merge_ready: hand the head to the merge queue and wait for its decision.
       let head;
       try {
-        head = await onBox(() => git().commitWork({ path: box.path, message: `slipway(${stream.id}): leftovers before merge` }));
+        head = committed !== undefined ? { head: committed } : await onBox(() => git().commitWork({ path: box.path, message: `slipway(${stream.id}): leftovers before merge` }));
       } catch (err) {
         if (!lostOwner) throw err;
         return { ok: false, failure: toStepFailure(err) };

@@ -39,6 +39,7 @@ import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionReque
 import type { AgentEvent, SessionTotals, TokenUsage } from '../../agents/provider';
 import { agentProvider } from '../../agents/registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
+import { commitSandboxWork, type CommittedWork } from '../sandbox/commit-work';
 import { estimateCostUsd } from '../../core/prices';
 import { allowanceUsed, type RunAllowance } from '../../core/budget';
 import { captureSession, readSession, restoreSession, sessionStoreDir } from './session-carry';
@@ -77,6 +78,12 @@ export interface AgentRunInput {
   outputError?: string;
   /** `budget.hard_limit`: what this run may spend; the run is stopped once its reported usage reaches it. */
   allowance?: RunAllowance;
+  /**
+   * A stream's run: once the agent has ended, what it left uncommitted is committed with this
+   * message and the sandbox's head collected, as `commitWork` would, in this activity instead of
+   * another (docs/adr/0034-fewer-round-trips-per-stream.md).
+   */
+  commit?: { message: string };
 }
 
 export interface AgentRunResult {
@@ -101,6 +108,8 @@ export interface AgentRunResult {
   /** The run was stopped at its allowance (`budget.hard_limit`): why. `usage` is what it reported until then. */
   budgetStopped?: string;
   durationMs: number;
+  /** With `commit`: the work committed and the head collected after the run. */
+  commit?: CommittedWork;
 }
 
 /** `failure()` with the secrets taken out of its message (agent output goes into it). */
@@ -468,6 +477,10 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
           Context.current().log.warn('agent session could not be captured', { role, provider: spec.provider, session: sessionId, error: redact((e as Error).message, secrets) });
         }
       }
+      // The run's work enters the repository here, not in a commitWork of its own. A retried
+      // attempt (this one's worker died after the commit) finds it committed and commits only
+      // what its own run changed.
+      const commit = input.commit ? await withHeartbeat(() => commitSandboxWork(sandboxes, { path: input.sandboxPath, message: input.commit!.message })) : undefined;
       const ended = graceKilled ? 'grace_killed' : 'exited';
       Context.current().log.info('agent run finished', {
         role,
@@ -482,8 +495,9 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         ended,
         budgetStopped: budgetStopped !== undefined,
       });
-      if (budgetStopped !== undefined) return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, ended, budgetStopped, durationMs: run.durationMs };
-      return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, completionSignal, ended, verdict, plan, outputError, durationMs: run.durationMs };
+      const committed = commit ? { commit } : {};
+      if (budgetStopped !== undefined) return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, ended, budgetStopped, durationMs: run.durationMs, ...committed };
+      return { exitCode: run.exitCode, sessionId, usage, toolCalls, output, completionSignal, ended, verdict, plan, outputError, durationMs: run.durationMs, ...committed };
     },
   };
   return activities;
