@@ -43,7 +43,7 @@
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -91,13 +91,45 @@ const median = (xs: number[]) => {
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
 const sh = (cwd: string, script: string) => execFileSync('sh', ['-ec', script], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
 
-/** CPU-seconds of a process itself and of its reaped children (/proc/<pid>/stat fields 14-17). */
-function cpuOf(pid: number): { self: number; children: number } {
+/** A process's own CPU-seconds and its reaped children's (/proc/<pid>/stat fields 14-17). */
+function statCpu(pid: number): { self: number; children: number } {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   const [utime, stime, cutime, cstime] = fields.slice(11, 15).map(Number);
   return { self: (utime + stime) / CLK_TCK, children: (cutime + cstime) / CLK_TCK };
+}
+
+/** The living child processes of a process (every thread's /proc children list). */
+function livingChildren(pid: number): number[] {
+  const kids: number[] = [];
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      kids.push(...readFileSync(`/proc/${pid}/task/${tid}/children`, 'utf8').split(' ').filter(Boolean).map(Number));
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return kids;
+}
+
+/**
+ * CPU-seconds of a process and of what it ran. A long-lived helper it holds (the worker's
+ * spawner, ADR 0036) is part of the process itself, and what that helper reaped (host git) is
+ * shown with the children: neither reaches the process's own counters before the helper exits.
+ */
+function cpuOf(pid: number): { self: number; children: number } {
+  const own = statCpu(pid);
+  for (const kid of livingChildren(pid)) {
+    try {
+      const k = cpuOf(kid);
+      own.self += k.self;
+      own.children += k.children;
+    } catch {
+      // the child ended between the listing and the read: its time is in our reaped children now
+    }
+  }
+  return own;
 }
 
 /**

@@ -2,10 +2,16 @@
  * The `slipway` CLI. It validates input, then starts, signals or queries workflows; the work
  * itself happens in workers.
  */
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
 import { Command, CommanderError } from 'commander';
 import { CliError, EXIT } from './exit-codes';
 import { wholeNumber } from './numbers';
+import { PACKAGE_ROOT } from '../lib/package-root';
 import { GROUP_DESCRIPTIONS } from './verbs';
+
+/** The release, from package.json (the golden histories of test/histories/ are filed under it too). */
+const packageVersion = (JSON.parse(readFileSync(path.join(PACKAGE_ROOT, 'package.json'), 'utf8')) as { version: string }).version;
 
 // Each command's module is required when that command runs, not before: the Temporal client
 // alone takes a third of a second to load, and `--help` or `init` need none of it (ADR 0016).
@@ -54,7 +60,7 @@ export function verbOf(argv: string[]): string | undefined {
 export function buildProgram(argv: string[] = process.argv): Command {
   const program = new Command('slipway')
     .description('Runs AI coding agents in parallel, isolated sandboxes and merges their work, durably on Temporal.')
-    .version('0.1.0')
+    .version(packageVersion)
     .exitOverride()
     .enablePositionalOptions()
     .showHelpAfterError('(run with --help for usage)');

@@ -56,6 +56,23 @@ async function main() {
         },
       ),
     });
+    // Since 0.2.0: streams in parallel with no gates (the stream owns its sandbox, merges in
+    // batches by git's plumbing, no merger worktree: ADR 0031-0034).
+    const parallelRepo = makeDemoRepo();
+    scenarios.push({
+      name: 'parallel-batch-without-gates',
+      repo: parallelRepo,
+      file: writeObjective(
+        {
+          objective: 'four streams merged without gates',
+          repository: parallelRepo,
+          max_parallel_streams: 4,
+          agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
+          streams: ['a', 'b', 'c', 'd'].map((id) => ({ id, task: id })),
+        },
+        Object.fromEntries(['a', 'b', 'c', 'd'].map((id) => [id, [{ files: { [`${id}.txt`]: `${id}\n` } }]])),
+      ),
+    });
     for (const scenario of scenarios) {
       const input = await loadObjectiveFile(scenario.file, { repository: scenario.repo, id: scenario.name });
       const result = await client.workflow.execute(objectiveWorkflow, { taskQueue: 'record', workflowId: objectiveWorkflowId(scenario.name), args: [input] });
