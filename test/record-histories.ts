@@ -82,7 +82,7 @@ async function main() {
       for await (const wf of client.workflow.list({ query: `SlipwayObjective = "${scenario.name}"` })) {
         const history = await client.workflow.getHandle(wf.workflowId, wf.runId).fetchHistory();
         // One file per run: a workflow that continued as new has several.
-        writeFileSync(path.join(dir, `${wf.workflowId.replace(/[^a-zA-Z0-9._-]/g, '_')}.${wf.runId.slice(0, 8)}.json`), historyToJSON(history));
+        writeFileSync(path.join(dir, `${wf.workflowId.replace(/[^a-zA-Z0-9._-]/g, '_')}.${wf.runId}.json`), historyToJSON(history));
       }
       console.log(`${scenario.name}: ${result.outcome}`);
     }
