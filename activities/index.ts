@@ -8,7 +8,7 @@ import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { RemoteRepository, SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, commitIdentityVariables, GitError, gitHasMergeTree, mergeTrees, rawGit, resolveCommit, stripspace } from '../lib/git';
+import { branchExists, commitIdentityVariables, GitError, gitAnswer, gitHasMergeTree, mergeTrees, rawGit, resolveCommit, stripspace } from '../lib/git';
 import { clearStaleGitLocks } from './git-locks';
 import { mirroredRemote, pushToRemote, syncMirror } from '../lib/remote-repository';
 import { classifyRepositorySpec } from '../core/repository-spec';
@@ -223,7 +223,14 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
         const failureReport = failed
           .map((r) => `Gate "${r.name}" (${r.command}) ${r.timedOut ? 'timed out' : `exited with ${r.exitCode}`}:\n${r.output}`)
           .join('\n\n');
-        const commit = failed.length === 0 && input.commit ? await commitSandboxWork(sandboxes, { path: input.path, message: input.commit.message }) : undefined;
+        // As in runAgent: a failed commit leaves it to the stream's leftovers commit rather than running the gates again.
+        const commit =
+          failed.length === 0 && input.commit
+            ? await commitSandboxWork(sandboxes, { path: input.path, message: input.commit.message }).catch((e: unknown) => {
+                Context.current().log.warn('the gates passed but their leftovers could not be committed; the stream commits them', { error: redactor((e as Error).message) });
+                return undefined;
+              })
+            : undefined;
         return { passed: failed.length === 0, results, failureReport, ...(commit ? { commit } : {}) };
       });
     },
@@ -413,7 +420,7 @@ async function mergerGit(mergerPath: string) {
   return {
     git: run,
     maybe: (args: string[]) => run(args).catch(() => undefined),
-    ok: (args: string[]) => run(args).then(() => true, () => false),
+    ok: (args: string[]) => gitAnswer(run(args)),
     /** Long texts (the objective) travel in a file, never in argv. */
     messageFile(message: string): string {
       const file = path.join(os.tmpdir(), `slipway-merge-msg-${process.pid}-${Date.now()}-${files.length}`);
@@ -533,7 +540,7 @@ async function integrationGit(mergerPath: string) {
   return {
     ref,
     git: (args: string[]) => run(args),
-    ok: (args: string[]) => run(args).then(() => true, () => false),
+    ok: (args: string[]) => gitAnswer(run(args)),
     async tip(): Promise<IntegrationTip> {
       const [commit, tree] = (await run(['rev-parse', ref, `${ref}^{tree}`])).split('\n');
       return { commit: commit!, tree: tree! };

@@ -20,6 +20,20 @@ export class GitError extends Error {
 }
 
 /**
+ * A git command whose exit status is its answer (`merge-base --is-ancestor`, `diff --quiet`): 0
+ * yes, 1 no. Anything else (killed, timed out, a broken repository) is an error, never a "no".
+ */
+export function gitAnswer(call: Promise<unknown>): Promise<boolean> {
+  return call.then(
+    () => true,
+    (e: unknown) => {
+      if (e instanceof GitError && e.exitCode === 1) return false;
+      throw e;
+    },
+  );
+}
+
+/**
  * Options on every git call Slipway makes. Slipway's git only ever runs on the user's repository
  * and its merger worktree (sandbox git runs inside the sandbox), and these neutralise what a
  * config could still make git execute (fsmonitor, hooks, ssh or ext transports), so a tampered

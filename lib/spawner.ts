@@ -32,7 +32,11 @@ export type SpawnCallback = (error: ExecFileException | null, stdout: string, st
 const SPAWNER_SOURCE = String.raw`
 const cp = require('node:child_process');
 const running = new Map();
-process.on('disconnect', () => process.exit(0));
+// A terminal's Ctrl-C or a stop signalling the whole group is the worker's to handle: it still
+// runs git during its shutdown grace and ends this process when it lets go of it.
+for (const s of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(s, () => {});
+// The worker is gone: its git processes (each in its own group) go too, not left orphaned.
+process.on('disconnect', () => { for (const k of running.values()) k('disconnect'); process.exit(0); });
 process.on('message', (m) => {
   if (m.t === 'abort') { const k = running.get(m.id); if (k) k('abort'); return; }
   if (m.t !== 'run') return;

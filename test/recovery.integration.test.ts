@@ -268,6 +268,26 @@ describe('planner and approval', () => {
     expect((await slipway(['approve', id], cliEnv)).code).toBe(0);
     expect(((await handle.result()) as ObjectiveResult).outcome).toBe('completed');
   });
+
+  it('a rejected plan from the file goes to the planner, which works in the merger even when only git would have run there (ADR 0033)', async () => {
+    const id = 'replan-file';
+    const { handle } = await start(
+      { objective: 'replan', require_approval: true, agents: { builder, planner: { provider: 'script', command: `node ${PLANNER}` } }, streams: [{ id: 'one', task: 'one' }] },
+      { _plans: [{ streams: [{ id: 'two', task: 'two' }] }], two: [{ files: helperFiles('two') }] },
+      id,
+    );
+    await waitFor(async () => (await status(id)).phase === 'awaiting_approval', 'approval of the file\'s plan');
+    expect((await slipway(['reject', id, '--reason', 'another stream'], cliEnv)).code).toBe(0);
+    const replanned = await waitFor(async () => {
+      const s: ObjectiveStatus = await status(id);
+      return s.phase === 'awaiting_approval' && s.pendingApproval?.streams[0]?.id === 'two' ? s : s.phase === 'done' ? s : undefined;
+    }, 'the planner\'s plan');
+    expect(replanned.phase).toBe('awaiting_approval');
+    expect((await slipway(['approve', id], cliEnv)).code).toBe(0);
+    const result = (await handle.result()) as ObjectiveResult;
+    expect(result.outcome).toBe('completed');
+    expect(result.mergeOrder).toEqual(['two']);
+  });
 });
 
 describe('blueprints from the project folder', () => {

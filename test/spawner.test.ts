@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnFile, spawnerPid, startSpawner, type SpawnOptions } from '../lib/spawner';
-import { GitError, rawGit } from '../lib/git';
+import { GitError, gitAnswer, rawGit } from '../lib/git';
 
 interface Outcome { error: ExecFileException | null; stdout: string; stderr: string }
 
@@ -141,11 +141,14 @@ describe('process spawner', () => {
     expect(spawnerPid()).not.toBe(first);
   });
 
-  it('the spawner exits when its worker is killed with SIGKILL', async () => {
+  it('the spawner ignores the group\'s stop signals, and exits when its worker is killed with SIGKILL, killing what it ran', async () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'spawner-'));
     const worker = spawn(process.execPath, ['--import', 'tsx', '-e', `
       const { startSpawner, spawnerPid } = require(${JSON.stringify(path.resolve(__dirname, '../lib/spawner.ts'))});
+      const { spawnFile } = require(${JSON.stringify(path.resolve(__dirname, '../lib/spawner.ts'))});
       startSpawner();
       console.log('spawner ' + spawnerPid());
+      spawnFile('sh', ['-c', 'echo $$ > ' + ${JSON.stringify(path.join(dir, 'held.pid'))} + '; exec sleep 300'], { env: { PATH: process.env.PATH }, maxBuffer: 1024 }, () => {});
       setInterval(() => {}, 1000);
     `], { stdio: ['ignore', 'pipe', 'inherit'] });
     let out = '';
@@ -154,8 +157,19 @@ describe('process spawner', () => {
       await waitFor(() => /spawner \d+/.test(out), 'the worker to start its spawner', 60_000);
       const pid = Number(/spawner (\d+)/.exec(out)![1]);
       expect(alive(pid)).toBe(true);
+      const heldFile = path.join(dir, 'held.pid');
+      await waitFor(() => existsSync(heldFile) && readFileSync(heldFile, 'utf8').trim() !== '', 'the process the spawner runs', 60_000);
+      const held = Number(readFileSync(heldFile, 'utf8').trim());
+      // A terminal's Ctrl-C or a stop signalling the group is the worker's to handle: the spawner
+      // catches SIGHUP, SIGINT and SIGTERM (its caught-signal mask), so they do not end it.
+      const caught = BigInt(`0x${/SigCgt:\s*([0-9a-f]+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]}`);
+      for (const signal of [1, 2, 15]) expect((caught >> BigInt(signal - 1)) & 1n).toBe(1n);
+      process.kill(pid, 'SIGTERM');
+      expect(alive(held)).toBe(true);
       worker.kill('SIGKILL');
       await waitFor(() => !alive(pid), 'the orphaned spawner to exit');
+      // ...and takes what it ran (in its own process group) with it.
+      await waitFor(() => !alive(held), 'the process the spawner ran to be killed');
     } finally {
       worker.kill('SIGKILL');
     }
@@ -172,5 +186,20 @@ describe('process spawner', () => {
     expect(await viaSpawner('sh', ['-c', 'echo direct'], base)).toEqual({ error: null, stdout: 'direct\n', stderr: '' });
     expect(spawnerPid()).toBe(undefined);
     release = startSpawner();
+  });
+});
+
+describe('gitAnswer', () => {
+  it('reads exit 0 as yes and 1 as no, and rethrows anything else (a killed or broken git is never a "no")', async () => {
+    const repo = mkdtempSync(path.join(os.tmpdir(), 'answer-'));
+    await rawGit(repo, ['init', '-q']);
+    await rawGit(repo, ['-c', 'user.name=a', '-c', 'user.email=a@a', 'commit', '-q', '--allow-empty', '-m', 'one']);
+    const one = (await rawGit(repo, ['rev-parse', 'HEAD'])).trim();
+    await rawGit(repo, ['-c', 'user.name=a', '-c', 'user.email=a@a', 'commit', '-q', '--allow-empty', '-m', 'two']);
+    const two = (await rawGit(repo, ['rev-parse', 'HEAD'])).trim();
+    expect(await gitAnswer(rawGit(repo, ['merge-base', '--is-ancestor', one, two]))).toBe(true);
+    expect(await gitAnswer(rawGit(repo, ['merge-base', '--is-ancestor', two, one]))).toBe(false);
+    await expect(gitAnswer(rawGit(repo, ['merge-base', '--is-ancestor', one, 'no-such-ref']))).rejects.toMatchObject({ exitCode: 128 });
+    await expect(gitAnswer(Promise.reject(new GitError(['merge-base'], null, 'killed')))).rejects.toBeInstanceOf(GitError);
   });
 });

@@ -376,7 +376,11 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     // Only git runs in the merger unless post-merge gates, objective gates or the planner need the project's files.
     const objectiveGates = input.gates.length > 0 && root.steps.some((st) => st.type === 'deterministic' && st.action === 'run_quality_gates');
     const bare = input.postMergeGates.length === 0 && !objectiveGates && input.streams.length > 0;
-    const withoutMerger = deferMerger && bare && patched(MERGER_WITHOUT_WORKTREE);
+    // A rejected plan sends the planner back to work in the merger: with a planner and a human
+    // step that may reject, the merger keeps its (bare) worktree.
+    const replanPossible =
+      input.agents.planner !== undefined && (input.requireApproval === true || root.steps.some((st) => st.type === 'blueprint_ref' || (st.type === 'human' && !st.optional)));
+    const withoutMerger = deferMerger && bare && !replanPossible && patched(MERGER_WITHOUT_WORKTREE);
     try {
       const prepare = deferMerger && !remote && patched(PREPARE_LOCALLY) ? localGitActivities(retryFor(root, root.steps[0])).prepareObjective : git.prepareObjective;
       prepared = await prepare({

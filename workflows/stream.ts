@@ -817,11 +817,15 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
             next = { type: 'rate_limit_waited' };
             break;
           case 'reset_onto_integration': {
+            committedHead = undefined;
             const reset = await onBox(() => git().resetOntoIntegration({ path: box.path, onto: input.integrationBranch }));
             next = { type: 'reset_onto_integration_done', previousDiff: reset.previousDiff };
             break;
           }
           case 'block_for_guidance':
+            // Whoever answers may change the sandbox while the stream waits (slipway attach):
+            // the head the last step committed is not the sandbox's any more.
+            committedHead = undefined;
             next = await blockForGuidance(d);
             break;
           case 'finish':

@@ -480,7 +480,14 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       // The run's work enters the repository here, not in a commitWork of its own. A retried
       // attempt (this one's worker died after the commit) finds it committed and commits only
       // what its own run changed.
-      const commit = input.commit ? await withHeartbeat(() => commitSandboxWork(sandboxes, { path: input.sandboxPath, message: input.commit!.message })) : undefined;
+      // A commit that fails must not fail the run: a retry would run the agent again for a commit
+      // the workflow's own commitWork (or the leftovers commit) can make or report.
+      const commit = input.commit
+        ? await withHeartbeat(() => commitSandboxWork(sandboxes, { path: input.sandboxPath, message: input.commit!.message })).catch((e: unknown) => {
+            Context.current().log.warn('the run ended but its work could not be committed in the run; the stream commits it', { role, error: redact((e as Error).message, secrets) });
+            return undefined;
+          })
+        : undefined;
       const ended = graceKilled ? 'grace_killed' : 'exited';
       Context.current().log.info('agent run finished', {
         role,

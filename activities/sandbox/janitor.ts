@@ -16,7 +16,7 @@ import path from 'node:path';
 import { Context } from '@temporalio/activity';
 import { WorkflowNotFoundError, type Client } from '@temporalio/client';
 import { BRANCH_PREFIX, MERGER_SANDBOX_NAME, integrationBranch, objectiveWorkflowId, SLIPWAY_DIR, streamWorkflowId, WORKTREES_DIR } from '../../core/ids';
-import { expireTrash, gitMaybe, isAncestor, listWorktrees, rawGit, trashBranch } from '../../lib/git';
+import { expireTrash, gitMaybe, GitError, isAncestor, listWorktrees, rawGit, trashBranch } from '../../lib/git';
 import { DAYTONA_DIR, DaytonaSandboxProvider } from './daytona';
 import { KUBERNETES_DIR, KubernetesSandboxProvider } from './kubernetes';
 import { LocalSandboxProvider } from './local';
@@ -268,7 +268,9 @@ export function createJanitorActivities(deps: JanitorActivityDeps) {
       const repo = input.repository;
       const registryFile = input.registry ?? registryPath();
       const result: RepositorySweep = { repository: repo, missing: false, objectives: [], templatesRemoved: [], trashRemoved: 0, errors: [] };
-      if ((await gitMaybe(repo, ['rev-parse', '--git-dir'])) === undefined) {
+      // Forgotten only when it is gone or no repository any more (git's 128), not when git failed otherwise (killed, out of time).
+      const gone = !existsSync(repo) || (await rawGit(repo, ['rev-parse', '--git-dir']).then(() => false, (e: unknown) => (e instanceof GitError && e.exitCode === 128 ? true : Promise.reject(e))));
+      if (gone) {
         result.missing = true;
         await forgetRepository(repo, registryFile);
         return result;

@@ -90,6 +90,22 @@ describe('the commit at the end of a stream step', () => {
     expect(await status()).toContain('?? four.txt');
   });
 
+  it('a commit that fails at the end of a run or of passing gates does not fail them (no retry runs the agent or the gates again): no head is reported, the stream commits', async () => {
+    const tip = gitIn(repo, 'rev-parse', box.branch);
+    // An embedded repository without a commit: `git add -A` refuses it.
+    try {
+      const run = await runAgent('cat > /dev/null; mkdir -p nest && git -C nest init -q && echo y > nest/f', { commit: { message: 'never' } });
+      expect(run.exitCode).toBe(0);
+      expect(run.commit).toBeUndefined();
+      const gates = (await new MockActivityEnvironment().run(activities.runGates, { path: box.root, gates: [{ name: 'yes', command: 'true', timeout_seconds: 60 }], commit: { message: 'never' } })) as Awaited<ReturnType<typeof activities.runGates>>;
+      expect(gates.passed).toBe(true);
+      expect(gates.commit).toBeUndefined();
+      expect(gitIn(repo, 'rev-parse', box.branch)).toBe(tip);
+    } finally {
+      await sandboxes.exec(box, { command: 'rm', args: ['-rf', 'nest'] });
+    }
+  });
+
   it('gates with `commit` commit the leftovers only when they all pass; without it (post-merge gates) they touch nothing', async () => {
     const tip = gitIn(repo, 'rev-parse', box.branch);
     const failing = await activities.runGates({ path: box.root, gates: [{ name: 'no', command: 'false', timeout_seconds: 60 }], commit: { message: 'never' } });
