@@ -493,7 +493,7 @@ async function mergeInto(m: MergerGit, input: { branch: string; headCommit: stri
  * `mergeStream` to judge.
  */
 async function unreportedBatch(git: (args: string[]) => Promise<string>, head: string, expectedTip: string, heads: Set<string>): Promise<boolean> {
-  if (head === expectedTip || !(await git(['merge-base', '--is-ancestor', expectedTip, head]).then(() => true, () => false))) return false;
+  if (head === expectedTip || !(await gitAnswer(git(['merge-base', '--is-ancestor', expectedTip, head])))) return false;
   const line = (await git(['rev-list', '--first-parent', '--parents', `${expectedTip}..${head}`])).split('\n').map((l) => l.split(' '));
   return line.every(([, first, second, ...more], i) => second !== undefined && more.length === 0 && heads.has(second) && first === (line[i + 1]?.[0] ?? expectedTip));
 }

@@ -10,6 +10,9 @@ import { findExecutable, probeBwrap } from '../activities/sandbox/bubblewrap';
 import { requireDiskQuota } from '../activities/sandbox/disk';
 import { findEgressTools } from '../activities/sandbox/egress';
 import { findTemporalBinary, TEMPORAL_CLI_VERSION } from '../workers/temporal-binary';
+import { atLeast, parseVersion } from '../lib/version';
+
+export { atLeast, parseVersion };
 
 const run = promisify(execFile);
 
@@ -52,18 +55,6 @@ export const AGENT_CLIS = [
 async function versionOf(file: string, args: string[]): Promise<string> {
   const { stdout } = await run(file, args, { timeout: 30_000 });
   return stdout.trim().split('\n')[0];
-}
-
-export function parseVersion(text: string): number[] | undefined {
-  const m = /(\d+)\.(\d+)(?:\.(\d+))?/.exec(text);
-  return m ? [Number(m[1]), Number(m[2]), Number(m[3] ?? 0)] : undefined;
-}
-
-export function atLeast(version: number[], min: readonly number[]): boolean {
-  for (let i = 0; i < min.length; i++) {
-    if ((version[i] ?? 0) !== min[i]) return (version[i] ?? 0) > min[i];
-  }
-  return true;
 }
 
 const pathOf = (env: NodeJS.ProcessEnv, extra = '') => `${env.PATH ?? ''}${extra}`;

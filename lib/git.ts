@@ -8,6 +8,7 @@ import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { spawnFile } from './spawner';
 import { SLIPWAY_DIR, SLIPWAY_STATE } from '../core/ids';
+import { atLeast, parseVersion } from './version';
 
 /** Identity for commits Slipway makes when the repository has none configured. */
 export const SLIPWAY_GIT_IDENTITY = { name: 'Slipway', email: 'slipway@localhost' };
@@ -303,11 +304,7 @@ let mergeTreeProbe: Promise<boolean> | undefined;
 /** Whether this host's git has `merge-tree --write-tree` (asked once per process). */
 export function gitHasMergeTree(): Promise<boolean> {
   mergeTreeProbe ??= rawGit(path.parse(process.cwd()).root, ['version']).then(
-    (out) => {
-      const m = /(\d+)\.(\d+)/.exec(out);
-      const [major, minor] = m ? [Number(m[1]), Number(m[2])] : [0, 0];
-      return major > MERGE_TREE_GIT[0] || (major === MERGE_TREE_GIT[0] && minor >= MERGE_TREE_GIT[1]);
-    },
+    (out) => atLeast(parseVersion(out) ?? [0], MERGE_TREE_GIT),
     (e) => {
       // Not an answer (a cancelled activity killed it): asked again next time.
       mergeTreeProbe = undefined;
