@@ -11,6 +11,7 @@ import { requireDiskQuota } from '../activities/sandbox/disk';
 import { findEgressTools } from '../activities/sandbox/egress';
 import { findTemporalBinary, TEMPORAL_CLI_VERSION } from '../workers/temporal-binary';
 import { atLeast, parseVersion } from '../lib/version';
+import { MERGE_TREE_GIT } from '../lib/git';
 
 export { atLeast, parseVersion };
 
@@ -99,6 +100,15 @@ export const DOCTOR_CHECKS: DoctorCheck[] = [
       const text = await versionOf(git, ['--version']);
       const v = parseVersion(text);
       if (!v || !atLeast(v, MIN_GIT_VERSION)) return { status: 'missing', detail: `${text}: need ${MIN_GIT_VERSION.join('.')} or newer`, fix: 'apt-get install git (from a newer release)' };
+      // Older git merges with `git merge` in a worktree, which reads the merged branch's
+      // .gitattributes: a stream could name a merge driver of the user's git config (ADR 0033).
+      if (!atLeast(v, MERGE_TREE_GIT)) {
+        return {
+          status: 'warn',
+          detail: `${text}: merges run \`git merge\` in a worktree (${MERGE_TREE_GIT.join('.')}+ merges without one, and never runs a merge driver a stream's .gitattributes names)`,
+          fix: 'apt-get install git (from a newer release)',
+        };
+      }
       return { status: 'ok', detail: text };
     },
   },

@@ -152,6 +152,14 @@ describe('slipway doctor', () => {
     expect(git).toMatchObject({ status: 'missing', detail: 'git version 2.20.1: need 2.25 or newer' });
   });
 
+  it('warns (exit 0) for a git without merge-tree --write-tree, naming the merge-driver exposure', async () => {
+    const olderGit = fakeTool('git', 'git version 2.34.1');
+    const run = await slipway(['doctor', '--json'], { PATH: `${olderGit}:${process.env.PATH}` });
+    const git = (JSON.parse(run.stdout) as { checks: Array<{ id: string; status: string; detail: string }> }).checks.find((c) => c.id === 'git');
+    expect(git?.status).toBe('warn');
+    expect(git?.detail).toMatch(/^git version 2\.34\.1: merges run `git merge` in a worktree \(2\.38\+ .*merge driver/);
+  });
+
   it('names the credential variables that are set, never their values', async () => {
     const claude = fakeTool('claude', '2.1.330 (Claude Code)');
     const secret = 'sk-ant-doctor-test-value-0123456789';
