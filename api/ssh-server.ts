@@ -27,11 +27,32 @@ export const SSH_HOST_KEY_FILE = 'ssh_host_ed25519_key';
 /** Where OpenSSH's SFTP server lives on Debian (openssh-sftp-server); visible inside the sandbox's read-only /usr. */
 export const SFTP_SERVER = '/usr/lib/openssh/sftp-server';
 
+/** Why ssh2 cannot serve `key` as a host key, or undefined when it can (it parses, signs and verifies). */
+export function hostKeyProblem(key: Buffer): string | undefined {
+  const parsed = utils.parseKey(key);
+  if (parsed instanceof Error) return `not a private key ssh2 can read (${parsed.message})`;
+  const probe = Buffer.from('slipway host key check');
+  return parsed.verify(probe, parsed.sign(probe)) ? undefined : 'a private key whose signatures do not verify';
+}
+
+/**
+ * A new ed25519 host key in OpenSSH format. ssh2's own generator drops the leading zero bytes of
+ * the public key, so about 1 key in 256 is one it cannot parse back (mscdex/ssh2#1390, #1513):
+ * such a key is thrown away and another made.
+ */
+export function makeSshHostKey(generate: () => Buffer = () => Buffer.from(utils.generateKeyPairSync('ed25519').private)): Buffer {
+  let problem: string | undefined;
+  for (let attempt = 0; attempt < 16; attempt++) {
+    const key = generate();
+    problem = hostKeyProblem(key);
+    if (!problem) return key;
+  }
+  throw new Error(`could not make an SSH host key ssh2 can use: ${problem}`);
+}
+
 /** The broker's host key (OpenSSH format), made once under `$SLIPWAY_HOME` with mode 0600. */
 export function loadSshHostKey(dataDir: string): Promise<Buffer> {
-  return readOrCreateSecret(path.join(dataDir, SSH_HOST_KEY_FILE), () => Buffer.from(utils.generateKeyPairSync('ed25519').private), (k) =>
-    utils.parseKey(k) instanceof Error ? 'not a private key ssh2 can read' : undefined,
-  );
+  return readOrCreateSecret(path.join(dataDir, SSH_HOST_KEY_FILE), () => makeSshHostKey(), hostKeyProblem);
 }
 
 export interface SshBroker {

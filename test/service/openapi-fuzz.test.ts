@@ -7,7 +7,7 @@
  * Seeded (SLIPWAY_FUZZ_SEED to replay; the seed is printed), bounded by a request count.
  */
 import { randomBytes } from 'node:crypto';
-import { utils } from 'ssh2';
+import { makeSshHostKey } from '../../api/ssh-server';
 import { Ajv2020 } from 'ajv/dist/2020';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startServiceHarness, type ServiceHarness, type TestAccount } from './harness';
@@ -89,7 +89,7 @@ const ajv = new Ajv2020({ strict: false, allErrors: true, validateFormats: false
 
 beforeAll(async () => {
   // Preview ports and the SSH broker on, so their routes are fuzzed too.
-  h = await startServiceHarness({ preview: { key: randomBytes(32), domain: 'localhost' }, ssh: { host: '127.0.0.1', port: 0, hostKey: Buffer.from(utils.generateKeyPairSync('ed25519').private) } });
+  h = await startServiceHarness({ preview: { key: randomBytes(32), domain: 'localhost' }, ssh: { host: '127.0.0.1', port: 0, hostKey: makeSshHostKey() } });
   a = await h.account({ limit: 2 });
   await a.profile({ name: 'linux' });
   sandboxId = (await a.api.create({ profile: 'linux' })).id;
