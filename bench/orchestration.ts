@@ -32,12 +32,15 @@
  * `merge-to-head` strategy fails likewise on concurrent merges into the checkout). Its global
  * git config writes go to a temporary file (GIT_CONFIG_GLOBAL), never the user's.
  *
- * Usage: npx tsx bench/orchestration.ts [--quick] [--json] [--rounds N] [--streams 1,4,16,64] [--no-sandcastle] [--against DIR] [--cpu-prof DIR]
+ * Usage: npx tsx bench/orchestration.ts [--quick] [--json] [--rounds N] [--streams 1,4,16,64] [--no-sandcastle] [--against DIR] [--timeline] [--cpu-prof DIR]
  *   --quick    streams 1, 4, 16 and one round
  *   --rounds   rounds per case; the median is printed (default 3, 1 with --quick)
  *   --against  another built checkout (its bin/slipway.cjs and dist/): a second worker of that
  *              code on its own task queue runs every case right before this checkout's, on the
  *              same server, and the ratios this/that are printed (A/B under the same load)
+ *   --timeline prints, per case of at most 4 streams, the median round's objective and streams in
+ *              time order: each workflow task, activity, signal and child with its wait and run
+ *              (what lies on the path from start to result, and where a run waited)
  *   --cpu-prof this checkout's worker runs with `node --cpu-prof` and writes its profile into DIR
  *              when it stops (open it in Chrome DevTools or read it with bench/tools/cpu-profile.ts)
  */
@@ -75,6 +78,7 @@ const SANDCASTLE = !argv.includes('--no-sandcastle');
 const AGAINST = option('--against');
 /** A folder for V8 CPU profiles of this checkout's worker (node --cpu-prof, written when it exits). */
 const CPU_PROF = option('--cpu-prof');
+const TIMELINE = argv.includes('--timeline');
 const SANDCASTLE_VERSION = '0.12.0';
 const SANDCASTLE_PARALLEL = 3;
 const BIN = path.join(__dirname, '..', 'bin', 'slipway.cjs');
@@ -320,6 +324,8 @@ interface Breakdown {
   /** The histories' size: every event encoded, and the payloads' bytes among them, per event type. */
   historyBytes: number;
   payloadBytes: Record<string, number>;
+  /** With --timeline: timelineOf the runs. */
+  timeline?: string[];
 }
 
 /** Bytes of every Payload (its data and metadata) inside an event, found by walking it. */
@@ -330,6 +336,52 @@ function payloadBytesIn(value: unknown): number {
     return o.data.length + sum(Object.entries(o.metadata as Record<string, Uint8Array>).map(([k, v]) => k.length + (v?.length ?? 0)));
   }
   return sum(Object.values(o).map(payloadBytesIn));
+}
+
+/**
+ * The objective and its children in time order, from the objective's start: one line per workflow
+ * task, activity, outgoing signal and child, with how long it waited (scheduled -> started, or
+ * initiated -> delivered) and ran. Events on the path from start to result show as the chain of
+ * lines whose starts follow each other's ends.
+ */
+function timelineOf(runs: Run[]): string[] {
+  const t0 = ms(runs[0].events[0]);
+  const lines: { at: number; text: string }[] = [];
+  const E = temporal.api.enums.v1.EventType;
+  for (const run of runs) {
+    const who = run.type === 'objectiveWorkflow' ? 'objective' : `${run.type.replace(/Workflow$/, '')} ${run.workflowId.split(/[./]/).pop()}`;
+    const line = (from: HistoryEvent, what: string, started?: HistoryEvent, ended?: HistoryEvent) => {
+      const wait = started ? `wait ${(ms(started) - ms(from)).toFixed(0)}` : '';
+      const took = ended ? `${started ? ', ' : ''}${started ? 'run' : 'took'} ${(ms(ended) - ms(started ?? from)).toFixed(0)}` : '';
+      lines.push({ at: ms(from), text: `${(ms(from) - t0).toFixed(0).padStart(6)} ms  ${who.padEnd(14)} ${what.padEnd(32)} ${wait}${took}` });
+    };
+    const endOf = (key: (e: HistoryEvent) => unknown, id: number) => run.events.find((e) => Number(key(e) ?? -1) === id);
+    for (const e of run.events) {
+      const id = Number(e.eventId);
+      if (e.eventType === E.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED) line(e, 'started');
+      else if (e.workflowTaskScheduledEventAttributes) {
+        const started = endOf((x) => x.workflowTaskStartedEventAttributes?.scheduledEventId, id);
+        const ended = endOf((x) => (x.workflowTaskCompletedEventAttributes ?? x.workflowTaskFailedEventAttributes ?? x.workflowTaskTimedOutEventAttributes)?.scheduledEventId, id);
+        line(e, 'workflow task', started, ended);
+      } else if (e.activityTaskScheduledEventAttributes) {
+        const started = endOf((x) => x.activityTaskStartedEventAttributes?.scheduledEventId, id);
+        const ended = endOf((x) => (x.activityTaskCompletedEventAttributes ?? x.activityTaskFailedEventAttributes ?? x.activityTaskTimedOutEventAttributes ?? x.activityTaskCanceledEventAttributes)?.scheduledEventId, id);
+        line(e, `activity ${e.activityTaskScheduledEventAttributes.activityType?.name}`, started, ended);
+      } else if (e.markerRecordedEventAttributes?.markerName === 'core_local_activity') line(e, 'local activity');
+      else if (e.signalExternalWorkflowExecutionInitiatedEventAttributes) {
+        const delivered = endOf((x) => (x.externalWorkflowExecutionSignaledEventAttributes ?? x.signalExternalWorkflowExecutionFailedEventAttributes)?.initiatedEventId, id);
+        line(e, `signal ${e.signalExternalWorkflowExecutionInitiatedEventAttributes.signalName} ->`, undefined, delivered);
+      } else if (e.workflowExecutionSignaledEventAttributes) line(e, `<- signal ${e.workflowExecutionSignaledEventAttributes.signalName}`);
+      else if (e.startChildWorkflowExecutionInitiatedEventAttributes) {
+        const started = endOf((x) => x.childWorkflowExecutionStartedEventAttributes?.initiatedEventId, id);
+        const ended = endOf((x) => (x.childWorkflowExecutionCompletedEventAttributes ?? x.childWorkflowExecutionFailedEventAttributes ?? x.childWorkflowExecutionCanceledEventAttributes ?? x.childWorkflowExecutionTerminatedEventAttributes)?.initiatedEventId, id);
+        line(e, `child ${e.startChildWorkflowExecutionInitiatedEventAttributes.workflowId?.split(/[./]/).pop()}`, started, ended);
+      } else if (e.eventType === E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED || e.eventType === E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW || e.eventType === E.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED) {
+        line(e, E[e.eventType!].replace(/^EVENT_TYPE_WORKFLOW_EXECUTION_/, '').toLowerCase().replace(/_/g, ' '));
+      }
+    }
+  }
+  return lines.sort((a, b) => a.at - b.at).map((l) => l.text);
 }
 
 function breakdown(runs: Run[]): Breakdown {
@@ -431,6 +483,7 @@ function breakdown(runs: Run[]): Breakdown {
     }
     closeMerge();
   }
+  if (TIMELINE) b.timeline = timelineOf(runs);
   return b;
 }
 
@@ -634,6 +687,7 @@ async function main() {
         console.log(`    child starts: ${b.childStarts.count}, ${b.childStarts.totalMs.toFixed(0)} ms initiated -> started in all, last stream started ${b.childStarts.lastStartedAfterMs.toFixed(0)} ms after the objective`);
         console.log(`    signals: ${Object.entries(b.signals).map(([name, c]) => `${name} ${c}`).join(', ')}`);
         console.log(`    activities (wait = schedule-to-start, waiting for a worker slot): ${acts}`);
+        if (b.timeline && r.streams <= 4) console.log(`    timeline (ms from the objective's start; wait = scheduled -> started, run = started -> ended, took = sent -> delivered):\n${b.timeline.map((l) => `    ${l}`).join('\n')}`);
       }
     };
     const results = workers.map((w) => ({ label: w.label, ...summarize(reportOf(w)) }));

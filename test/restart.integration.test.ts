@@ -97,6 +97,10 @@ describe('restarts', () => {
     const history = await (await client()).workflow.getHandle(objectiveWorkflowId(crashId)).fetchHistory();
     const activities = (history.events ?? []).map((e) => e.activityTaskScheduledEventAttributes?.activityType?.name).filter(Boolean);
     expect(activities.includes('prepareMerger')).toBe(gates);
+    // Nothing to remove without one: the objective ends without finishObjective, reporting the head its merges left (ADR 0037).
+    expect(activities.includes('finishObjective')).toBe(gates);
+    expect(crashed.result.integrationHead).toBe(gitIn(crashed.repo, 'rev-parse', integrationBranch(crashId)));
+    expect(calm.result.integrationHead).toBe(gitIn(calm.repo, 'rev-parse', integrationBranch(calmId)));
   };
 
   it('a worker killed mid-run: the objective ends as an undisturbed run does, without duplicate merges', () => killedMidRun(true), 240_000);

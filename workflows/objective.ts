@@ -23,13 +23,13 @@ import {
   defineUpdate,
   getExternalWorkflowHandle,
   isCancellation,
-  patched,
   setCurrentDetails,
   setHandler,
   startChild,
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
+import { OBJECTIVE_BASELINE, patchesOf } from './patches';
 import type { Blueprint, Step } from '../core/blueprint-schema';
 import { FINAL_STREAM_PHASES } from '../core/states';
 import { OBJECTIVE_STATUS_QUERY, streamWorkflowId } from '../core/ids';
@@ -117,6 +117,13 @@ const MERGER_WITHOUT_WORKTREE = 'merger-without-worktree';
  * fetch stays an activity.
  */
 const PREPARE_LOCALLY = 'prepare-objective-local';
+/**
+ * An objective with no merger worktree (MERGER_WITHOUT_WORKTREE) and no remote to push to ends
+ * without `finishObjective`: there is nothing to remove or push, and the integration head is the
+ * tip its own merges left (only the queue moves the branch, by compare-and-swap). One activity and
+ * one workflow task less on the way to the result (docs/adr/0037).
+ */
+const FINISH_WITHOUT_ACTIVITY = 'finish-without-activity';
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 /** Streams under an objective's limit ask it before each agent run (`budgetLeaseSignal`; ADR 0017, 3). */
@@ -131,6 +138,8 @@ export function decideOutcome(streams: Pick<ObjectiveStreamView, 'phase'>[]): Ob
 }
 
 export async function objectiveWorkflow(input: ObjectiveInput): Promise<ObjectiveResult> {
+  // First, before any command: the baseline is decided in the run's first workflow task (./patches).
+  const patched = patchesOf(OBJECTIVE_BASELINE);
   const root = input.blueprint.root;
   const overrides = { maxFixIterations: input.maxFixIterations, onExhausted: input.onExhausted };
   const git = gitActivities(retryFor(root, root.steps[0]));
@@ -627,7 +636,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     await condition(allHandlersFinished);
     const carry = trimCarry({
       runs: (resume?.runs ?? 0) + 1,
-      prepared: { integrationBranch: prepared.integrationBranch, baseCommit: prepared.baseCommit, mergerPath: prepared.mergerPath, integrationTip: prepared.integrationTip, ...(prepared.owner !== undefined ? { owner: prepared.owner } : {}) },
+      prepared: { integrationBranch: prepared.integrationBranch, baseCommit: prepared.baseCommit, mergerPath: prepared.mergerPath, integrationTip: prepared.integrationTip, ...(prepared.owner !== undefined ? { owner: prepared.owner } : {}), ...(prepared.withoutMerger ? { withoutMerger: true as const } : {}) },
       integrationTip,
       status,
       feed,
@@ -820,10 +829,13 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     }
   }
 
-  enter('finishing', 'removing the merger worktree');
+  const nothingToFinish = prepared.withoutMerger === true && input.remote === undefined && integrationTip !== undefined && patched(FINISH_WITHOUT_ACTIVITY);
+  if (!nothingToFinish) enter('finishing', 'removing the merger worktree');
   await mergerMade;
   await Promise.all(decisionsSent);
-  const finished = await CancellationScope.nonCancellable(() => mergerGit().finishObjective({ repository: input.repository, objectiveId: input.id }));
+  const finished: { integrationHead?: string; pushedTo?: string; pushError?: string } = nothingToFinish
+    ? { integrationHead: integrationTip }
+    : await CancellationScope.nonCancellable(() => mergerGit().finishObjective({ repository: input.repository, objectiveId: input.id }));
   const outcome: ObjectiveOutcome = cancelled ? 'cancelled' : failure ? 'failed' : decideOutcome(status.streams);
   done = true;
   status.outcome = outcome;

@@ -24,7 +24,6 @@ import {
   getExternalWorkflowHandle,
   isCancellation,
   log,
-  patched,
   setCurrentDetails,
   setHandler,
   sleep,
@@ -32,6 +31,7 @@ import {
   upsertSearchAttributes,
   workflowInfo,
 } from '@temporalio/workflow';
+import { STREAM_BASELINE, patchesOf } from './patches';
 import type { Step } from '../core/blueprint-schema';
 import { FAILURE_KINDS } from '../core/failures';
 import { sandboxWorkflowId, streamBranch, streamSandboxId, streamSandboxWorkflowId } from '../core/ids';
@@ -167,6 +167,12 @@ const DEAD_SANDBOX_CLEANUP_MS = 15 * 60_000;
  * about six workflow tasks fewer per stream.
  */
 const STREAM_OWNS_SANDBOX = 'stream-owns-sandbox';
+/**
+ * The stream's final event goes to the objective while its sandbox is removed, instead of the
+ * removal waiting for the signal's delivery (a workflow task of its own); the run still ends only
+ * after both (docs/adr/0037).
+ */
+const CLEANUP_WITH_FINAL_EVENT = 'cleanup-with-final-event';
 
 function toStepFailure(err: unknown): StepFailure {
   const cause = rootCause(err);
@@ -176,6 +182,8 @@ function toStepFailure(err: unknown): StepFailure {
 }
 
 export async function streamWorkflow(input: StreamRunInput): Promise<StreamResult> {
+  // First, before any command: the baseline is decided in the run's first workflow task (./patches).
+  const patched = patchesOf(STREAM_BASELINE);
   const { objective, stream, carried } = input;
   // Runs started before this change keep 0.1.0's command sequence: one run, the sandbox a child
   // cancelled with the stream. Newer ones continue as new once per fix iteration.
@@ -341,9 +349,13 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     status.ledger.push(full);
     await emit(text, { ledger: full });
   };
+  /** The final event on its way (CLEANUP_WITH_FINAL_EVENT), awaited after the sandbox's removal. */
+  let finalReport: Promise<void> | undefined;
   const finish = async (result: Omit<StreamResult, 'streamId' | 'branch' | 'iterations' | 'ledger' | 'usage'>, text: string): Promise<StreamResult> => {
     status.failure = result.failure;
-    await enter(result.status === 'merged' ? 'merged' : result.status === 'escalated' ? 'escalated' : 'failed', text);
+    const told = enter(result.status === 'merged' ? 'merged' : result.status === 'escalated' ? 'escalated' : 'failed', text);
+    if (patched(CLEANUP_WITH_FINAL_EVENT)) finalReport = told;
+    else await told;
     return { streamId: stream.id, branch, iterations: status.iteration, ledger: status.ledger, usage: status.usage, ...result };
   };
 
@@ -470,6 +482,7 @@ export async function streamWorkflow(input: StreamRunInput): Promise<StreamResul
     return await finish({ status: 'failed', failure: { kind: failureKindOf(err), summary } }, summary);
   } finally {
     if (!carrying) await release();
+    await finalReport;
   }
 
 

@@ -1,0 +1,113 @@
+/**
+ * How an objective and its streams end (docs/adr/0037), on the real Temporal server with real git:
+ * a stream removes its sandbox while its final event is on its way to the objective (one workflow
+ * task instead of two), and an objective with no merger worktree and no remote ends without a
+ * `finishObjective` activity, reporting the integration head its own merges left; each run records
+ * one patch marker, its baseline (ADR 0038). The histories recorded here replay deterministically
+ * against the workflow code (the new side of every patch).
+ */
+import { existsSync, readdirSync } from 'node:fs';
+import path from 'node:path';
+import type { Client } from '@temporalio/client';
+import { temporal } from '@temporalio/proto';
+import { Worker } from '@temporalio/worker';
+import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { loadObjectiveFile } from '../config/objective-file';
+import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
+import { objectiveWorkflow } from '../workflows/objective';
+import { OBJECTIVE_BASELINE, STREAM_BASELINE } from '../workflows/patches';
+import { writeObjective } from './helpers/objective';
+import { gitIn, makeDemoRepo } from './helpers/repo';
+import { startTestWorker, type TestWorker } from './helpers/temporal';
+
+const E = temporal.api.enums.v1.EventType;
+type Event = temporal.api.history.v1.IHistoryEvent;
+
+let worker: TestWorker;
+beforeAll(async () => {
+  worker = await startTestWorker();
+});
+afterAll(async () => {
+  await worker?.stop();
+});
+
+const eventsOf = async (client: Client, workflowId: string): Promise<Event[]> => (await client.workflow.getHandle(workflowId).fetchHistory()).events ?? [];
+const scheduled = (events: Event[]) => events.flatMap((e) => e.activityTaskScheduledEventAttributes?.activityType?.name ?? []);
+
+async function runObjective(id: string, postMergeGate: boolean) {
+  const repo = makeDemoRepo();
+  const file = writeObjective({
+    objective: 'One file',
+    repository: repo,
+    ...(postMergeGate ? { post_merge_gates: [{ name: 'post', command: 'true' }] } : {}),
+    agents: { builder: { provider: 'script', command: 'cat > /dev/null; echo one > one.txt; git add -A; git commit -qm one' } },
+    streams: [{ id: 'only', task: 'write one file' }],
+  });
+  const input = await loadObjectiveFile(file, { repository: repo, id });
+  const result = await worker.client.workflow.execute(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+  return { repo, result };
+}
+
+describe('how an objective and its streams end (ADR 0037)', () => {
+  it('without a merger worktree: no finishObjective, the reported head is the branch, and the stream removes its sandbox while its final event travels', async () => {
+    const id = 'ending-bare';
+    const { repo, result } = await runObjective(id, false);
+    expect(result.outcome).toBe('completed');
+    expect(result.mergeOrder).toEqual(['only']);
+    const head = gitIn(repo, 'rev-parse', integrationBranch(id));
+    expect(result.integrationHead).toBe(head);
+    expect(gitIn(repo, 'show', `${head}:one.txt`)).toBe('one');
+
+    const objective = await eventsOf(worker.client, objectiveWorkflowId(id));
+    const objectiveActivities = scheduled(objective);
+    expect(objectiveActivities).toContain('mergeWithGates');
+    expect(objectiveActivities).not.toContain('finishObjective');
+    expect(objectiveActivities).not.toContain('prepareMerger');
+    // The stream's final event reached the objective: it saw the stream merged.
+    expect(result.streams.find((s) => s.id === 'only')?.phase).toBe('merged');
+
+    const stream = await eventsOf(worker.client, streamWorkflowId(id, 'only'));
+    const finalSignal = stream.filter((e) => e.eventType === E.EVENT_TYPE_SIGNAL_EXTERNAL_WORKFLOW_EXECUTION_INITIATED).at(-1)!;
+    const destroy = stream.find((e) => e.activityTaskScheduledEventAttributes?.activityType?.name === 'destroySandbox')!;
+    expect(destroy).toBeDefined();
+    // Both commands came from one workflow task: no WORKFLOW_TASK_COMPLETED between them.
+    const [from, to] = [Number(finalSignal.eventId), Number(destroy.eventId)].sort((a, b) => a - b);
+    expect(stream.filter((e) => Number(e.eventId) > from && Number(e.eventId) < to && e.eventType === E.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)).toEqual([]);
+    // ...and the run ended only after the signal was delivered.
+    const delivered = stream.find((e) => e.externalWorkflowExecutionSignaledEventAttributes?.initiatedEventId?.toString() === finalSignal.eventId?.toString());
+    const completed = stream.find((e) => e.eventType === E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED)!;
+    expect(delivered).toBeDefined();
+    expect(Number(delivered!.eventId)).toBeLessThan(Number(completed.eventId));
+    // The sandbox is gone, and with it the objective's worktree folder.
+    expect(existsSync(path.join(repo, '.slipway', 'worktrees', id))).toBe(false);
+    expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
+
+    // One patch marker per run, the baseline's (./workflows/patches, ADR 0038), and one
+    // TemporalChangeVersion upsert with it, where each patch passed used to record both.
+    for (const [events, baseline] of [[objective, OBJECTIVE_BASELINE.id], [stream, STREAM_BASELINE.id]] as const) {
+      const markers = events.filter((e) => e.markerRecordedEventAttributes?.markerName === 'core_patch');
+      expect(markers.map((e) => Buffer.from(e.markerRecordedEventAttributes!.details!['patch-data']!.payloads![0]!.data!).toString())).toEqual([expect.stringContaining(`"${baseline}"`)]);
+      const versions = events.filter((e) => e.upsertWorkflowSearchAttributesEventAttributes?.searchAttributes?.indexedFields?.TemporalChangeVersion);
+      expect(versions).toHaveLength(1);
+    }
+
+    // The recorded histories (the new side of both patches) replay against today's code.
+    const histories = await Promise.all(
+      [objectiveWorkflowId(id), streamWorkflowId(id, 'only')].map(async (workflowId) => ({ workflowId, history: await worker.client.workflow.getHandle(workflowId).fetchHistory() })),
+    );
+    const replayed: Array<string | undefined> = [];
+    for await (const r of Worker.runReplayHistories({ workflowBundle: { codePath: inject('workflowBundlePath') } }, histories)) replayed.push(r.error?.message);
+    expect(replayed).toEqual([undefined, undefined]);
+  }, 120_000);
+
+  it('with a merger worktree (a post-merge gate): finishObjective still removes it', async () => {
+    const id = 'ending-merger';
+    const { repo, result } = await runObjective(id, true);
+    expect(result.outcome).toBe('completed');
+    expect(result.integrationHead).toBe(gitIn(repo, 'rev-parse', integrationBranch(id)));
+    const activities = scheduled(await eventsOf(worker.client, objectiveWorkflowId(id)));
+    expect(activities).toEqual(expect.arrayContaining(['prepareMerger', 'finishObjective']));
+    expect(existsSync(path.join(repo, '.slipway', 'worktrees', id)) ? readdirSync(path.join(repo, '.slipway', 'worktrees', id)) : []).toEqual([]);
+    expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
+  }, 120_000);
+});
