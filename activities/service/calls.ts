@@ -325,8 +325,10 @@ export function createSandboxCallActivities(deps: { providerFor: ProviderFor; /*
           bridge = (ws) => bridgePort(ws, stream);
         }
         let ws: WebSocket;
+        let bridged: Promise<TunnelEnd> | undefined;
         try {
-          ws = await dialTunnel(input.apiUrl, input.tunnelId, key);
+          // The bridge starts inside the open event, so the API's first frames are not missed (dialTunnel).
+          ws = await dialTunnel(input.apiUrl, input.tunnelId, key, (open) => (bridged = bridge(open)));
         } catch (e) {
           close();
           throw ApplicationFailure.nonRetryable(`cannot reach the API host at ${input.apiUrl}: ${(e as Error).message}`, 'tunnel_unreachable');
@@ -337,7 +339,7 @@ export function createSandboxCallActivities(deps: { providerFor: ProviderFor; /*
         };
         signal?.addEventListener('abort', onAbort, { once: true });
         try {
-          return await bridge(ws);
+          return await bridged!;
         } finally {
           signal?.removeEventListener('abort', onAbort);
         }

@@ -55,15 +55,23 @@ export interface TunnelEnd {
   signal: string | null;
 }
 
-/** Opens the owner's end: a WebSocket to the API process, authenticated by the proof. */
-export async function dialTunnel(apiUrl: string, tunnelId: string, key: Buffer): Promise<WebSocket> {
+/**
+ * Opens the owner's end: a WebSocket to the API process, authenticated by the proof. `onOpen` runs
+ * inside the socket's `open` event: the API may send its first frames (a preview's request) right
+ * behind its 101 answer, in the same read, and `ws` emits them before an `await` on this promise
+ * resumes; a `message` listener attached in `onOpen` gets them, one attached later may not.
+ */
+export async function dialTunnel(apiUrl: string, tunnelId: string, key: Buffer, onOpen?: (ws: WebSocket) => void): Promise<WebSocket> {
   const ws = new WebSocket(`${apiUrl.replace(/^http/, 'ws').replace(/\/+$/, '')}${TUNNEL_PATH}${encodeURIComponent(tunnelId)}`, {
     headers: { authorization: `Bearer ${tunnelProof(key, tunnelId)}` },
     perMessageDeflate: false,
     handshakeTimeout: 30_000,
   });
   await new Promise<void>((resolve, reject) => {
-    ws.once('open', () => resolve());
+    ws.once('open', () => {
+      onOpen?.(ws);
+      resolve();
+    });
     ws.once('error', reject);
     ws.once('unexpected-response', (_req, res) => reject(new Error(`the API host refused the tunnel (HTTP ${res.statusCode})`)));
   });
