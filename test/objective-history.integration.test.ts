@@ -136,6 +136,8 @@ describe('objective history at the caps', () => {
     expect(result.outcome).toBe('completed');
     expect([...result.mergeOrder].sort()).toEqual(['r0', 'r1', 'r2', 'r3', 'r4', 'r5']);
     expect(result.mergeOrder.indexOf('r4')).toBeGreaterThan(result.mergeOrder.indexOf('r2'));
+    // The head reported after several rollovers is the branch's.
+    expect(result.integrationHead).toBe(gitIn(repo, 'rev-parse', integrationBranch(id)));
     const subjects = gitIn(repo, 'log', '--first-parent', '--format=%s', integrationBranch(id));
     expect(subjects.match(/^slipway: merge stream r\d into/gm)).toHaveLength(6);
 
