@@ -55,9 +55,38 @@ async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, disturb?: (c: C
     args: [await loadObjectiveFile(file, { id })],
   });
   if (disturb) await disturb(c);
-  const result = (await handle.result()) as ObjectiveResult;
+  const result = await resultOrExplain(c, id, 150_000);
   expect(pictureCheckout(repo)).toEqual(before);
   return { repo, result };
+}
+
+/**
+ * The objective's result, or, when it has not come within `ms`, an error saying where the run
+ * stands (each workflow's pending activities with their last failure, the workers' output), so a
+ * hang in CI explains itself instead of ending as a bare test timeout.
+ */
+async function resultOrExplain(c: Client, id: string, ms: number): Promise<ObjectiveResult> {
+  const handle = c.workflow.getHandle(objectiveWorkflowId(id));
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((r) => (timer = setTimeout(() => r('late'), ms)));
+  const first = await Promise.race([handle.result(), late]).finally(() => clearTimeout(timer));
+  if (first !== 'late') return first as ObjectiveResult;
+  const lines: string[] = [];
+  const describe = async (h: ReturnType<Client['workflow']['getHandle']>) => {
+    const d = await h.describe().catch((e: Error) => e);
+    if (d instanceof Error) return lines.push(`${h.workflowId}: ${d.message}`);
+    lines.push(`${h.workflowId}: ${d.status.name}`);
+    for (const a of d.raw.pendingActivities ?? []) {
+      lines.push(`  activity ${a.activityType?.name} attempt ${a.attempt} state ${a.state} last failure: ${a.lastFailure?.message ?? '-'}`);
+    }
+    for (const ch of d.raw.pendingChildren ?? []) lines.push(`  child ${ch.workflowId}`);
+  };
+  await describe(handle);
+  const status = await handle.query(objectiveStatusQuery).catch((e: Error) => e);
+  lines.push(status instanceof Error ? `status: ${status.message}` : `status: ${JSON.stringify(status.streams.map((s) => [s.id, s.phase]))}`);
+  for (const s of ['alpha', 'beta', 'gamma']) await describe(c.workflow.getHandle(streamWorkflowId(id, s)));
+  for (const w of workers) lines.push(`--- worker ${w.child.pid}${w.child.exitCode === null ? '' : ' (ended)'}:`, w.output().slice(-4000));
+  throw new Error(`objective ${id} had no result after ${ms} ms:\n${lines.join('\n')}`);
 }
 
 describe('restarts', () => {

@@ -833,7 +833,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   if (!nothingToFinish) enter('finishing', 'removing the merger worktree');
   await mergerMade;
   await Promise.all(decisionsSent);
-  const finished: { integrationHead?: string; pushedTo?: string; pushError?: string } = nothingToFinish
+  const finished: Awaited<ReturnType<typeof git.finishObjective>> = nothingToFinish
     ? { integrationHead: integrationTip }
     : await CancellationScope.nonCancellable(() => mergerGit().finishObjective({ repository: input.repository, objectiveId: input.id }));
   const outcome: ObjectiveOutcome = cancelled ? 'cancelled' : failure ? 'failed' : decideOutcome(status.streams);
