@@ -9,6 +9,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterEach, describe, expect, inject, it } from 'vitest';
 import { Client, Connection } from '@temporalio/client';
+import { temporal } from '@temporalio/proto';
 import { loadObjectiveFile } from '../config/objective-file';
 import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
 import type { ObjectiveResult } from '../core/types';
@@ -43,7 +44,8 @@ function objectiveSpec(repo: string, gates = true) {
 }
 const plan: Plan = Object.fromEntries(['alpha', 'beta', 'gamma'].map((id) => [id, [{ files: helperFiles(id), sleep_ms: 1500 }]]));
 
-async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, disturb?: (c: Client) => Promise<void>, gates = true) {
+/** `deadline`: when the result must be in (then the run explains itself), before the test's own timeout. */
+async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, deadline: number, disturb?: (c: Client) => Promise<void>, gates = true) {
   const repo = makeDemoRepo();
   const before = pictureCheckout(repo);
   const file = writeObjective(objectiveSpec(repo, gates), plan);
@@ -55,7 +57,7 @@ async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, disturb?: (c: C
     args: [await loadObjectiveFile(file, { id })],
   });
   if (disturb) await disturb(c);
-  const result = await resultOrExplain(c, id, 150_000);
+  const result = await resultOrExplain(c, id, Math.max(deadline - Date.now(), 1_000));
   expect(pictureCheckout(repo)).toEqual(before);
   return { repo, result };
 }
@@ -77,7 +79,7 @@ async function resultOrExplain(c: Client, id: string, ms: number): Promise<Objec
     if (d instanceof Error) return lines.push(`${h.workflowId}: ${d.message}`);
     lines.push(`${h.workflowId}: ${d.status.name}`);
     for (const a of d.raw.pendingActivities ?? []) {
-      lines.push(`  activity ${a.activityType?.name} attempt ${a.attempt} state ${a.state} last failure: ${a.lastFailure?.message ?? '-'}`);
+      lines.push(`  activity ${a.activityType?.name} attempt ${a.attempt} ${temporal.api.enums.v1.PendingActivityState[a.state ?? 0]} last failure: ${a.lastFailure?.message ?? '-'}`);
     }
     for (const ch of d.raw.pendingChildren ?? []) lines.push(`  child ${ch.workflowId}`);
   };
@@ -89,16 +91,21 @@ async function resultOrExplain(c: Client, id: string, ms: number): Promise<Objec
   throw new Error(`objective ${id} had no result after ${ms} ms:\n${lines.join('\n')}`);
 }
 
+const KILLED_MID_RUN_MS = 240_000;
+
 describe('restarts', () => {
   const killedMidRun = async (gates: boolean) => {
     const env = () => ({ TEMPORAL_ADDRESS: inject('temporalAddress'), SLIPWAY_TASK_QUEUE: `restart-${randomUUID().slice(0, 8)}` });
     const [calmId, crashId] = gates ? ['restart-calm', 'restart-crash'] : ['restart-calm-bare', 'restart-crash-bare'];
-    const calm = await runWith(env(), calmId, undefined, gates);
+    // Both runs explain themselves 20 s before the test's timeout (KILLED_MID_RUN_MS).
+    const deadline = Date.now() + KILLED_MID_RUN_MS - 20_000;
+    const calm = await runWith(env(), calmId, deadline, undefined, gates);
 
     const crashEnv = env();
     const crashed = await runWith(
       crashEnv,
       crashId,
+      deadline,
       async (c) => {
         // Kill while builders are running and at least one stream is past its first merge.
         await waitFor(async () => {
@@ -132,9 +139,9 @@ describe('restarts', () => {
     expect(calm.result.integrationHead).toBe(gitIn(calm.repo, 'rev-parse', integrationBranch(calmId)));
   };
 
-  it('a worker killed mid-run: the objective ends as an undisturbed run does, without duplicate merges', () => killedMidRun(true), 240_000);
+  it('a worker killed mid-run: the objective ends as an undisturbed run does, without duplicate merges', () => killedMidRun(true), KILLED_MID_RUN_MS);
 
-  it('the same without gates, where the merger has no worktree and merges are plumbing on the integration branch (ADR 0033)', () => killedMidRun(false), 240_000);
+  it('the same without gates, where the merger has no worktree and merges are plumbing on the integration branch (ADR 0033)', () => killedMidRun(false), KILLED_MID_RUN_MS);
 
   it('a worker killed in the middle of a post-merge gate (merge and gates in one activity): the retry finds the merge, runs the gates again, and the tree is an undisturbed run\'s', async () => {
     const sync = tempDir('slipway-sync-');
