@@ -110,4 +110,41 @@ describe('how an objective and its streams end (ADR 0037)', () => {
     expect(existsSync(path.join(repo, '.slipway', 'worktrees', id)) ? readdirSync(path.join(repo, '.slipway', 'worktrees', id)) : []).toEqual([]);
     expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
   }, 120_000);
+
+  it('without a merger worktree across continue-as-new: no run makes or removes a merger, and the head reported by the last is the branch', async () => {
+    const repo = makeDemoRepo();
+    const id = 'ending-bare-rollover';
+    const streams = ['b0', 'b1', 'b2', 'b3'];
+    const file = writeObjective({
+      objective: 'enough bare streams to roll the objective over',
+      repository: repo,
+      max_parallel_streams: 2,
+      // Each stream writes a file of its own name, so every merge brings a change.
+      agents: { builder: { provider: 'script', command: 'cat > /dev/null; echo "$SLIPWAY_STREAM" > "$SLIPWAY_STREAM.txt"; git add -A; git commit -qm "$SLIPWAY_STREAM"' } },
+      streams: streams.map((s) => ({ id: s, task: s })),
+    });
+    const input = { ...(await loadObjectiveFile(file, { repository: repo, id })), continueAsNewAfterEvents: 40 };
+    const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+    const result = await handle.result();
+    expect(result.outcome).toBe('completed');
+    expect([...result.mergeOrder].sort()).toEqual(streams);
+    const head = gitIn(repo, 'rev-parse', integrationBranch(id));
+    expect(result.integrationHead).toBe(head);
+    for (const s of streams) expect(gitIn(repo, 'show', `${head}:${s}.txt`)).toBe(s);
+
+    // Every run, newest first (continuedExecutionRunId links them): the carried withoutMerger kept each one off the merger.
+    const runs: Event[][] = [];
+    let runId: string | undefined = (await handle.describe()).runId;
+    while (runId) {
+      const events: Event[] = (await worker.client.workflow.getHandle(objectiveWorkflowId(id), runId).fetchHistory()).events ?? [];
+      runs.push(events);
+      runId = events[0].workflowExecutionStartedEventAttributes?.continuedExecutionRunId ?? undefined;
+    }
+    expect(runs.length).toBeGreaterThan(1);
+    expect(runs.slice(1).every((events) => events.at(-1)!.eventType === E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW)).toBe(true);
+    const activities = runs.flatMap(scheduled);
+    expect(activities).not.toContain('prepareMerger');
+    expect(activities).not.toContain('finishObjective');
+    expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
+  }, 180_000);
 });
