@@ -18,7 +18,7 @@ import { objectiveWorkflow } from '../workflows/objective';
 import { OBJECTIVE_BASELINE, STREAM_BASELINE } from '../workflows/patches';
 import { writeObjective } from './helpers/objective';
 import { gitIn, makeDemoRepo } from './helpers/repo';
-import { startTestWorker, type TestWorker } from './helpers/temporal';
+import { runHistories, startTestWorker, type TestWorker } from './helpers/temporal';
 
 const E = temporal.api.enums.v1.EventType;
 type Event = temporal.api.history.v1.IHistoryEvent;
@@ -132,14 +132,8 @@ describe('how an objective and its streams end (ADR 0037)', () => {
     expect(result.integrationHead).toBe(head);
     for (const s of streams) expect(gitIn(repo, 'show', `${head}:${s}.txt`)).toBe(s);
 
-    // Every run, newest first (continuedExecutionRunId links them): the carried withoutMerger kept each one off the merger.
-    const runs: Event[][] = [];
-    let runId: string | undefined = (await handle.describe()).runId;
-    while (runId) {
-      const events: Event[] = (await worker.client.workflow.getHandle(objectiveWorkflowId(id), runId).fetchHistory()).events ?? [];
-      runs.push(events);
-      runId = events[0].workflowExecutionStartedEventAttributes?.continuedExecutionRunId ?? undefined;
-    }
+    // Every run, newest first: the carried withoutMerger kept each one off the merger.
+    const runs: Event[][] = (await runHistories(worker.client, objectiveWorkflowId(id))).map((r) => r.history.events ?? []);
     expect(runs.length).toBeGreaterThan(1);
     expect(runs.slice(1).every((events) => events.at(-1)!.eventType === E.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW)).toBe(true);
     const activities = runs.flatMap(scheduled);

@@ -15,7 +15,7 @@ import { objectiveFeedQuery, objectiveWorkflow } from '../workflows/objective';
 import { writeObjective } from './helpers/objective';
 import { slipway } from './helpers/cli';
 import { gitIn, makeDemoRepo, PROJECT_ROOT } from './helpers/repo';
-import { startTestWorker, type TestWorker } from './helpers/temporal';
+import { runHistories, startTestWorker, type TestWorker } from './helpers/temporal';
 
 const ZERO_WORK = path.join(PROJECT_ROOT, 'test', 'fixtures', 'agents', 'zero-work.mjs');
 const PLANNER = path.join(PROJECT_ROOT, 'test', 'fixtures', 'agents', 'planner.mjs');
@@ -142,14 +142,11 @@ describe('objective history at the caps', () => {
     expect(subjects.match(/^slipway: merge stream r\d into/gm)).toHaveLength(6);
 
     // The chain of runs, newest first, from the histories (continuedExecutionRunId links them).
-    const runs: { runId: string; events: number; ended: string }[] = [];
-    let runId: string | undefined = (await handle.describe()).runId;
-    while (runId) {
-      const events: temporal.api.history.v1.IHistoryEvent[] = (await worker.client.workflow.getHandle(objectiveWorkflowId(id), runId).fetchHistory()).events ?? [];
+    const runs = (await runHistories(worker.client, objectiveWorkflowId(id))).map(({ runId, history }) => {
+      const events: temporal.api.history.v1.IHistoryEvent[] = history.events ?? [];
       const last = events.at(-1)!;
-      runs.push({ runId, events: events.length, ended: last.workflowExecutionContinuedAsNewEventAttributes ? 'continued_as_new' : last.workflowExecutionCompletedEventAttributes ? 'completed' : 'other' });
-      runId = events[0].workflowExecutionStartedEventAttributes?.continuedExecutionRunId ?? undefined;
-    }
+      return { runId, events: events.length, ended: last.workflowExecutionContinuedAsNewEventAttributes ? 'continued_as_new' : last.workflowExecutionCompletedEventAttributes ? 'completed' : 'other' };
+    });
     console.log(`objective runs (newest first): ${JSON.stringify(runs)}`);
     expect(runs.length).toBeGreaterThan(1);
     expect(runs.map((r) => r.ended)).toEqual(['completed', ...runs.slice(1).map(() => 'continued_as_new')]);

@@ -31,6 +31,8 @@ async function client(): Promise<Client> {
   return new Client({ connection: await Connection.connect({ address: inject('temporalAddress') }) });
 }
 
+const STREAMS = ['alpha', 'beta', 'gamma'];
+
 /** `gates: false`: none at all, so the merger is the integration branch alone, with no worktree (ADR 0033). */
 function objectiveSpec(repo: string, gates = true) {
   return {
@@ -39,10 +41,10 @@ function objectiveSpec(repo: string, gates = true) {
     gates: gates ? [{ name: 'test', command: 'node --test' }] : [],
     ...(gates ? {} : { post_merge_gates: [] }),
     agents: { builder: { provider: 'script', command: `node ${PLAN_BUILDER}` } },
-    streams: ['alpha', 'beta', 'gamma'].map((id) => ({ id, task: `helper ${id}` })),
+    streams: STREAMS.map((id) => ({ id, task: `helper ${id}` })),
   };
 }
-const plan: Plan = Object.fromEntries(['alpha', 'beta', 'gamma'].map((id) => [id, [{ files: helperFiles(id), sleep_ms: 1500 }]]));
+const plan: Plan = Object.fromEntries(STREAMS.map((id) => [id, [{ files: helperFiles(id), sleep_ms: 1500 }]]));
 
 /** `deadline`: when the result must be in (then the run explains itself), before the test's own timeout. */
 async function runWith(workerEnv: NodeJS.ProcessEnv, id: string, deadline: number, disturb?: (c: Client) => Promise<void>, gates = true) {
@@ -86,7 +88,7 @@ async function resultOrExplain(c: Client, id: string, ms: number): Promise<Objec
   await describe(handle);
   const status = await handle.query(objectiveStatusQuery).catch((e: Error) => e);
   lines.push(status instanceof Error ? `status: ${status.message}` : `status: ${JSON.stringify(status.streams.map((s) => [s.id, s.phase]))}`);
-  for (const s of ['alpha', 'beta', 'gamma']) await describe(c.workflow.getHandle(streamWorkflowId(id, s)));
+  for (const s of STREAMS) await describe(c.workflow.getHandle(streamWorkflowId(id, s)));
   for (const w of workers) lines.push(`--- worker ${w.child.pid}${w.child.exitCode === null ? '' : ' (ended)'}:`, w.output().slice(-4000));
   throw new Error(`objective ${id} had no result after ${ms} ms:\n${lines.join('\n')}`);
 }

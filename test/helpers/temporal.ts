@@ -1,6 +1,6 @@
 /** A real worker on the shared test server, on a task queue of its own. */
 import { randomUUID } from 'node:crypto';
-import { Client, Connection } from '@temporalio/client';
+import { Client, Connection, type WorkflowHandle } from '@temporalio/client';
 import { NativeConnection } from '@temporalio/worker';
 import { inject } from 'vitest';
 import { createSlipwayWorkers } from '../../workers/worker';
@@ -46,19 +46,27 @@ export async function startTestWorker(opts: { deps?: ActivityDeps; agentConcurre
 }
 
 /**
+ * Every run of a workflow, newest first: the chain continue-as-new leaves, followed back through
+ * each run's `continuedExecutionRunId` to the first.
+ */
+export async function runHistories(client: Client, workflowId: string): Promise<Array<{ runId: string; history: Awaited<ReturnType<WorkflowHandle['fetchHistory']>> }>> {
+  const runs = [];
+  let runId: string | undefined = (await client.workflow.getHandle(workflowId).describe()).runId;
+  while (runId) {
+    const history = await client.workflow.getHandle(workflowId, runId).fetchHistory();
+    runs.push({ runId, history });
+    runId = history.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId || undefined;
+  }
+  return runs;
+}
+
+/**
  * A workflow's whole history as text, payloads decoded. Walks the objects itself: JSON.stringify
  * would call protobufjs' toJSON, which turns payload bytes into base64 and hides their content.
  */
 export async function historyText(client: Client, workflowId: string): Promise<string> {
-  // Every run of the workflow: a stream continues as new per fix iteration, so the chain is
-  // followed back to the first run.
-  const history = [];
-  let runId: string | undefined = (await client.workflow.getHandle(workflowId).describe()).runId;
-  while (runId) {
-    const run = await client.workflow.getHandle(workflowId, runId).fetchHistory();
-    history.unshift(run);
-    runId = run.events?.[0]?.workflowExecutionStartedEventAttributes?.continuedExecutionRunId || undefined;
-  }
+  // Every run of the workflow, oldest first: a stream continues as new per fix iteration.
+  const history = (await runHistories(client, workflowId)).map((r) => r.history).reverse();
   const parts: string[] = [];
   const seen = new Set<unknown>();
   const walk = (value: unknown): void => {
