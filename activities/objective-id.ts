@@ -5,51 +5,60 @@
  * old run's branches. So the first run that prepares an id claims it in the repository itself,
  * atomically: `refs/slipway-objectives/<id>` pointing at a blob that names the claiming run.
  */
-import { promises as fs } from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { BRANCH_PREFIX } from '../core/ids';
-import { rawGit } from '../lib/git';
+import { rawGit, rawGitWithInput } from '../lib/git';
 
 export const OBJECTIVE_CLAIM_PREFIX = 'refs/slipway-objectives';
 const claimRef = (objectiveId: string) => `${OBJECTIVE_CLAIM_PREFIX}/${objectiveId}`;
 
-/** What already uses `objectiveId` in `repository`, in words; undefined when it is free. */
-export async function objectiveIdInUse(repository: string, objectiveId: string): Promise<string | undefined> {
-  const claim = await rawGit(repository, ['for-each-ref', '--format=%(refname)', claimRef(objectiveId)]);
-  const branches = (await rawGit(repository, ['for-each-ref', '--format=%(refname:short)', `refs/heads/${BRANCH_PREFIX}/${objectiveId}/`]))
-    .split('\n')
-    .filter(Boolean);
-  if (!claim.trim() && branches.length === 0) return undefined;
-  const what = [claim.trim() ? `claimed by an earlier run (${claimRef(objectiveId)})` : '', branches.length ? `branches ${branches.join(', ')}` : '']
+/** The claim ref's blob and the objective's branches, from one `for-each-ref` over both. */
+async function idRefs(repository: string, objectiveId: string): Promise<{ claim?: string; branches: string[] }> {
+  const heads = `refs/heads/${BRANCH_PREFIX}/${objectiveId}/`;
+  const out = await rawGit(repository, ['for-each-ref', '--format=%(objectname) %(refname)', claimRef(objectiveId), heads]);
+  let claim: string | undefined;
+  const branches: string[] = [];
+  for (const line of out.split('\n')) {
+    const space = line.indexOf(' ');
+    if (space < 0) continue;
+    const ref = line.slice(space + 1);
+    if (ref === claimRef(objectiveId)) claim = line.slice(0, space);
+    else if (ref.startsWith(heads)) branches.push(ref.slice('refs/heads/'.length));
+  }
+  return { claim, branches };
+}
+
+/** In words, what is in the way of the id; undefined when nothing is. */
+function inUseMessage(repository: string, objectiveId: string, refs: { claim?: string; branches: string[] }): string | undefined {
+  const { claim, branches } = refs;
+  if (!claim && branches.length === 0) return undefined;
+  const what = [claim ? `claimed by an earlier run (${claimRef(objectiveId)})` : '', branches.length ? `branches ${branches.join(', ')}` : '']
     .filter(Boolean)
     .join('; ');
   return `objective id "${objectiveId}" was used before in ${repository}: ${what}. Choose another id (--id), or remove them: ` +
     `git update-ref -d ${claimRef(objectiveId)}${branches.length ? `; git branch -D ${branches.join(' ')}` : ''}`;
 }
 
+/** What already uses `objectiveId` in `repository`, in words; undefined when it is free. */
+export async function objectiveIdInUse(repository: string, objectiveId: string): Promise<string | undefined> {
+  return inUseMessage(repository, objectiveId, await idRefs(repository, objectiveId));
+}
+
 /**
  * Claims `objectiveId` for the run `owner` (idempotent for the same owner). Throws, with what is
- * in the way, when another run claimed it or its branches exist without a claim.
+ * in the way, when another run claimed it or its branches exist without a claim. Three git calls
+ * when the id is free (the refs, the blob, the ref's creation): it runs at every objective's start.
  */
 export async function claimObjectiveId(repository: string, objectiveId: string, owner: string): Promise<void> {
   const ref = claimRef(objectiveId);
-  const existing = (await rawGit(repository, ['for-each-ref', '--format=%(objectname)', ref])).trim();
-  if (existing) {
-    const holder = (await rawGit(repository, ['cat-file', 'blob', existing])).trim();
+  const refs = await idRefs(repository, objectiveId);
+  if (refs.claim) {
+    const holder = (await rawGit(repository, ['cat-file', 'blob', refs.claim])).trim();
     if (holder === owner) return;
-    throw new Error((await objectiveIdInUse(repository, objectiveId)) ?? `objective id "${objectiveId}" is claimed by ${holder}`);
+    throw new Error(inUseMessage(repository, objectiveId, refs) ?? `objective id "${objectiveId}" is claimed by ${holder}`);
   }
-  const inUse = await objectiveIdInUse(repository, objectiveId);
+  const inUse = inUseMessage(repository, objectiveId, refs);
   if (inUse) throw new Error(inUse);
-  const scratch = await fs.mkdtemp(path.join(os.tmpdir(), 'slipway-claim-'));
-  let blob: string;
-  try {
-    await fs.writeFile(path.join(scratch, 'owner'), `${owner}\n`);
-    blob = (await rawGit(repository, ['hash-object', '-w', path.join(scratch, 'owner')])).trim();
-  } finally {
-    await fs.rm(scratch, { recursive: true, force: true });
-  }
+  const blob = (await rawGitWithInput(repository, ['hash-object', '-w', '--stdin'], `${owner}\n`)).trim();
   // Created only if absent (the empty old value): of two racing runs, one wins.
   await rawGit(repository, ['update-ref', '-m', `slipway: objective ${objectiveId}`, ref, blob, '']).catch(async () => {
     const now = (await rawGit(repository, ['for-each-ref', '--format=%(objectname)', ref])).trim();

@@ -85,12 +85,21 @@ export function gitEnv(extra: Record<string, string | undefined> = {}): NodeJS.P
  * `env` holds only the variables to add (GIT_INDEX_FILE for a scratch index, identity).
  */
 export function rawGit(dir: string, args: string[], env?: Record<string, string | undefined>, signal: AbortSignal | undefined = currentActivitySignal()): Promise<string> {
+  return runGit(dir, args, { env, signal });
+}
+
+/** `rawGit` with `input` on git's stdin (`hash-object --stdin`, `update-ref --stdin`): no scratch file. */
+export function rawGitWithInput(dir: string, args: string[], input: string): Promise<string> {
+  return runGit(dir, args, { input, signal: currentActivitySignal() });
+}
+
+function runGit(dir: string, args: string[], opts: { env?: Record<string, string | undefined>; signal?: AbortSignal; input?: string }): Promise<string> {
   return new Promise((resolve, reject) => {
     // Through the worker's spawner when it runs (ADR 0036): a fork of the big worker per git call is what costs.
     spawnFile(
       'git',
       [...GIT_HARDENING, '-C', dir, ...args],
-      { env: gitEnv(env), maxBuffer: 64 * 1024 * 1024, timeout: GIT_TIMEOUT_MS, killSignal: 'SIGKILL', ...(signal ? { signal } : {}) },
+      { env: gitEnv(opts.env), maxBuffer: 64 * 1024 * 1024, timeout: GIT_TIMEOUT_MS, killSignal: 'SIGKILL', ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.input !== undefined ? { input: opts.input } : {}) },
       (error, stdout, stderr) => {
         if (error) reject(new GitError(args, typeof error.code === 'number' ? error.code : null, stderr || error.message, stdout));
         else resolve(stdout);
@@ -142,13 +151,29 @@ export async function isAncestor(dir: string, ancestor: string, descendant: stri
 }
 
 /**
+ * A repository's common git dir (its real path), asked of git once per repository and process:
+ * creating a sandbox, every confined exec and merges need it, and it does not change while Slipway
+ * works on the repository.
+ */
+const commonDirs = new Map<string, Promise<string>>();
+export function commonDirOf(repo: string): Promise<string> {
+  let dir = commonDirs.get(repo);
+  if (!dir) {
+    dir = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
+    dir.catch(() => commonDirs.delete(repo));
+    commonDirs.set(repo, dir);
+  }
+  return dir;
+}
+
+/**
  * Keeps Slipway's state under `.slipway/` out of git through .git/info/exclude (the user's
  * .gitignore stays untouched), and only that: `.slipway/config.yaml` and `.slipway/blueprints/`
  * stay visible so a team can commit them. An older Slipway's `/.slipway/` line hid them all;
  * it is replaced.
  */
 export async function ensureSlipwayExcluded(repository: string): Promise<void> {
-  const commonDir = path.resolve(repository, await git(repository, ['rev-parse', '--git-common-dir']));
+  const commonDir = await commonDirOf(repository);
   const excludeFile = path.join(commonDir, 'info', 'exclude');
   const wanted = SLIPWAY_STATE.map((entry) => `/${SLIPWAY_DIR}/${entry}`);
   const header = `# added by Slipway: its state under ${SLIPWAY_DIR}/ (${SLIPWAY_DIR}/config.yaml and ${SLIPWAY_DIR}/blueprints/ stay yours to commit)`;
@@ -184,11 +209,30 @@ export async function ensureSlipwayExcluded(repository: string): Promise<void> {
   await writeFileAtomic(excludeFile, out.join('\n'));
 }
 
-/** Environment that gives commits an identity when the repository has none. */
+/**
+ * `user.name` and `user.email` as git resolves them for `dir` (every scope, the last value of each
+ * wins, as `git config <key>` answers), read in one git call instead of one per key: identity is
+ * read for every agent run, commit and merge (docs/adr/0039). Missing or empty: undefined.
+ */
+async function configuredIdentity(dir: string): Promise<{ name?: string; email?: string }> {
+  // Exit 1 when neither is set; any other failure (not a repository) likewise leaves both unset.
+  const out = await rawGit(dir, ['config', '-z', '--get-regexp', '^user\\.(name|email)$']).catch(() => '');
+  const found: { name?: string; email?: string } = {};
+  // `-z`: each entry is "key\nvalue\0", or "key\0" for a key without a value.
+  for (const entry of out.split('\0')) {
+    const nl = entry.indexOf('\n');
+    const key = nl < 0 ? entry : entry.slice(0, nl);
+    const value = nl < 0 ? '' : entry.slice(nl + 1).trim();
+    if (key === 'user.name') found.name = value || undefined;
+    else if (key === 'user.email') found.email = value || undefined;
+  }
+  return found;
+}
+
 /** The identity commits made for a repository carry: its configured one, else Slipway's. */
 export async function commitIdentity(dir: string): Promise<{ name: string; email: string }> {
-  const [name, email] = await Promise.all([gitMaybe(dir, ['config', 'user.name']), gitMaybe(dir, ['config', 'user.email'])]);
-  return { name: name || SLIPWAY_GIT_IDENTITY.name, email: email || SLIPWAY_GIT_IDENTITY.email };
+  const { name, email } = await configuredIdentity(dir);
+  return { name: name ?? SLIPWAY_GIT_IDENTITY.name, email: email ?? SLIPWAY_GIT_IDENTITY.email };
 }
 
 /** That identity as the variables git reads, for commits made where the repository's config is not seen. */
@@ -197,9 +241,12 @@ export async function commitIdentityVariables(dir: string): Promise<Record<strin
   return { GIT_AUTHOR_NAME: name, GIT_COMMITTER_NAME: name, GIT_AUTHOR_EMAIL: email, GIT_COMMITTER_EMAIL: email };
 }
 
+/**
+ * Environment that gives commits an identity when the repository has none and the worker's
+ * environment names none either (its GIT_AUTHOR_* and GIT_COMMITTER_* win over Slipway's).
+ */
 export async function commitIdentityEnv(dir: string): Promise<Record<string, string>> {
-  const email = await gitMaybe(dir, ['config', 'user.email']);
-  const name = await gitMaybe(dir, ['config', 'user.name']);
+  const { name, email } = await configuredIdentity(dir);
   const env: Record<string, string> = {};
   if (!email && !process.env.GIT_AUTHOR_EMAIL) env.GIT_AUTHOR_EMAIL = SLIPWAY_GIT_IDENTITY.email;
   if (!email && !process.env.GIT_COMMITTER_EMAIL) env.GIT_COMMITTER_EMAIL = SLIPWAY_GIT_IDENTITY.email;

@@ -26,6 +26,10 @@ describe('objective id claims', () => {
     await expect(claimObjectiveId(repo, 'two', 'objective:two run-a')).rejects.toThrow(/branches slipway\/two\/integration/);
     // Ids that only share a prefix are different ids.
     await claimObjectiveId(repo, 't', 'objective:t run-a');
+    // The claim is a blob naming its run; with branches beside it, both are named.
+    expect(gitIn(repo, 'cat-file', 'blob', 'refs/slipway-objectives/t')).toBe('objective:t run-a');
+    gitIn(repo, 'branch', 'slipway/t/integration', 'main');
+    await expect(claimObjectiveId(repo, 't', 'objective:t run-b')).rejects.toThrow(/claimed by an earlier run \(refs\/slipway-objectives\/t\); branches slipway\/t\/integration\..*git update-ref -d refs\/slipway-objectives\/t; git branch -D slipway\/t\/integration$/);
   });
 
   it('`slipway run --id` with an id used before: exit 2, says what is in the way, nothing started', async () => {

@@ -6,11 +6,51 @@ import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase, SlipwaySandboxState, SlipwayStream } from '../core/search-attributes';
 import { ensureTemporalBinary, findTemporalBinary, localTemporalCandidates, MISSING_TEMPORAL_MESSAGE, TEMPORAL_CLI_VERSION, TemporalBinaryNotFound, userTemporalDir } from '../workers/temporal-binary';
-import { searchAttributeFlags } from '../workers/dev-server';
+import { SERVER_GOGC, freePort, searchAttributeFlags, startDevServer } from '../workers/dev-server';
 import { objectiveWorkflow } from '../workflows/objective';
 import { waitFor } from './helpers/cli';
 import { DEMO_DIR, makeDemoRepo, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
+
+describe('the embedded server', () => {
+  /** The environment the running server process really has (/proc/<pid>/environ). */
+  const environOf = (pid: number) =>
+    new Map(
+      readFileSync(`/proc/${pid}/environ`, 'utf8')
+        .split('\0')
+        .filter(Boolean)
+        .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)] as const),
+    );
+  const withEnv = async <T>(vars: Record<string, string | undefined>, run: () => Promise<T>): Promise<T> => {
+    const saved = Object.fromEntries(Object.keys(vars).map((k) => [k, process.env[k]]));
+    for (const [k, v] of Object.entries(vars)) if (v === undefined) delete process.env[k]; else process.env[k] = v;
+    try {
+      return await run();
+    } finally {
+      for (const [k, v] of Object.entries(saved)) if (v === undefined) delete process.env[k]; else process.env[k] = v;
+    }
+  };
+  const serverEnvironment = (vars: Record<string, string | undefined>) =>
+    withEnv(vars, async () => {
+      const server = await startDevServer({ dataDir: tempDir('slipway-server-env-'), port: await freePort(), headless: true, startTimeoutMs: 120_000 });
+      try {
+        return environOf(server.process.pid!);
+      } finally {
+        await server.stop();
+      }
+    });
+
+  it(`runs Go's garbage collector at GOGC=${SERVER_GOGC} unless the environment sets GOGC, and never sees the payload keys`, async () => {
+    const key = `k1:${Buffer.alloc(32, 7).toString('base64')}`;
+    const ours = await serverEnvironment({ GOGC: undefined, SLIPWAY_PAYLOAD_KEY: key, SLIPWAY_PAYLOAD_KEY_ID: 'k1', SLIPWAY_PAYLOAD_KEYS: key });
+    expect(ours.get('GOGC')).toBe(SERVER_GOGC);
+    expect([...ours.keys()].filter((k) => k.startsWith('SLIPWAY_PAYLOAD_KEY'))).toEqual([]);
+    // The rest of the caller's environment is passed on.
+    expect(ours.get('PATH')).toBe(process.env.PATH);
+    const theirs = await serverEnvironment({ GOGC: '50' });
+    expect(theirs.get('GOGC')).toBe('50');
+  });
+});
 
 describe('finding the temporal binary', () => {
   it('installs the pinned CLI into the user cache on first use (python3 -m pip), then finds it there', async () => {

@@ -10,6 +10,7 @@ import { Connection } from '@temporalio/client';
 import { SEARCH_ATTRIBUTE_CLI_TYPE, SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
 import { readJson, writeJsonAtomic } from '../lib/atomic-write';
 import { temporalEndpointsFile } from '../lib/settings';
+import { PAYLOAD_KEY_VARIABLES } from './payload-codec';
 import { ensureTemporalBinary } from './temporal-binary';
 
 export interface DevServerOptions {
@@ -45,6 +46,24 @@ export interface DevServer {
  */
 export const SQLITE_PRAGMAS: readonly string[] = ['journal_mode=wal', 'synchronous=normal'];
 const SQLITE_PRAGMA_FLAGS = SQLITE_PRAGMAS.flatMap((p) => ['--sqlite-pragma', p]);
+
+/**
+ * The embedded server's Go garbage collector runs at GOGC=200 (Go's default is 100) unless the
+ * environment sets GOGC: the server's CPU per added stream fell by a fifth for about 65 MB more
+ * at its peak (64 streams: 240 -> 306 MB resident; docs/adr/0039).
+ */
+export const SERVER_GOGC = '200';
+
+/**
+ * The server's environment: the caller's, with GOGC as above, and without the history encryption
+ * keys (workers/payload-codec.ts), which only Slipway's clients and workers need: the server
+ * stores the payloads they encrypted and never reads them.
+ */
+export function serverEnv(env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
+  const out: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(env)) if (!PAYLOAD_KEY_VARIABLES.includes(k)) out[k] = v;
+  return { ...out, GOGC: env.GOGC || SERVER_GOGC };
+}
 
 export function searchAttributeFlags(): string[] {
   return SLIPWAY_SEARCH_ATTRIBUTES.flatMap((key) => ['--search-attribute', `${key.name}=${SEARCH_ATTRIBUTE_CLI_TYPE[key.type]}`]);
@@ -136,7 +155,7 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     ...searchAttributeFlags(),
     ...(opts.headless ? ['--headless'] : ['--ui-port', String(opts.uiPort ?? 8233)]),
   ];
-  const child = spawn(binary, args, { stdio: ['ignore', log, log], detached: false });
+  const child = spawn(binary, args, { stdio: ['ignore', log, log], detached: false, env: serverEnv() });
   closeSync(log);
   let exited = false;
   child.once('exit', () => {
