@@ -48,21 +48,14 @@ export const SQLITE_PRAGMAS: readonly string[] = ['journal_mode=wal', 'synchrono
 const SQLITE_PRAGMA_FLAGS = SQLITE_PRAGMAS.flatMap((p) => ['--sqlite-pragma', p]);
 
 /**
- * The embedded server's Go garbage collector runs at GOGC=200 (Go's default is 100) unless the
- * environment sets GOGC: the server's CPU per added stream fell by a fifth for about 65 MB more
- * at its peak (64 streams: 240 -> 306 MB resident; docs/adr/0039).
+ * The server's environment: the caller's without the history encryption keys
+ * (workers/payload-codec.ts), which only Slipway's clients and workers need: the server stores
+ * the payloads they encrypted and never reads them.
  */
-export const SERVER_GOGC = '200';
-
-/**
- * The server's environment: the caller's, with GOGC as above, and without the history encryption
- * keys (workers/payload-codec.ts), which only Slipway's clients and workers need: the server
- * stores the payloads they encrypted and never reads them.
- */
-export function serverEnv(env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
+function serverEnv(env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
   const out: NodeJS.ProcessEnv = {};
   for (const [k, v] of Object.entries(env)) if (!PAYLOAD_KEY_VARIABLES.includes(k)) out[k] = v;
-  return { ...out, GOGC: env.GOGC || SERVER_GOGC };
+  return out;
 }
 
 export function searchAttributeFlags(): string[] {
