@@ -8,7 +8,7 @@ import type { GateSpec, SandboxInfo, SandboxInput } from '../core/types';
 import type { RemoteRepository, SandboxOptions } from '../core/types';
 import { createAgentActivities as createAgentRunActivities } from './agents/run-agent';
 import { failure } from './failures';
-import { branchExists, commitIdentityVariables, commonDirOf, GitError, gitAnswer, gitHasMergeTree, mergeTrees, rawGit, resolveCommit, stripspace } from '../lib/git';
+import { branchExists, commitIdentityVariables, commonDirOf, GitError, gitAnswer, gitHasMergeTree, mergeTrees, rawGit, rawGitWithInput, resolveCommit, stripspace } from '../lib/git';
 import { clearStaleGitLocks } from './git-locks';
 import { mirroredRemote, pushToRemote, syncMirror } from '../lib/remote-repository';
 import { classifyRepositorySpec } from '../core/repository-spec';
@@ -546,15 +546,9 @@ async function integrationGit(mergerPath: string) {
       return { commit: commit!, tree: tree! };
     },
     mergeTrees: (ours: string, theirs: string) => mergeTrees(commonDir, pre, ours, theirs),
-    /** The merge commit of `tree`, the message as `git merge -F` leaves it; long texts travel in a file, never in argv. */
+    /** The merge commit of `tree`, the message as `git merge -F` leaves it; the text goes on stdin, never in argv. */
     async commitTree(tree: string, parents: string[], message: string): Promise<string> {
-      const file = path.join(os.tmpdir(), `slipway-merge-msg-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`);
-      await fs.writeFile(file, stripspace(message), { mode: 0o600 });
-      try {
-        return await run(['commit-tree', tree, ...parents.flatMap((p) => ['-p', p]), '-F', file], await identity);
-      } finally {
-        await fs.rm(file, { force: true });
-      }
+      return (await rawGitWithInput(commonDir, [...pre, 'commit-tree', tree, ...parents.flatMap((p) => ['-p', p])], stripspace(message), await identity)).trim();
     },
     /**
      * The merger worktree, where there is one, brought to `commit` (the ref's commit): only the

@@ -88,9 +88,9 @@ export function rawGit(dir: string, args: string[], env?: Record<string, string 
   return runGit(dir, args, { env, signal });
 }
 
-/** `rawGit` with `input` on git's stdin (`hash-object --stdin`, `update-ref --stdin`): no scratch file. */
-export function rawGitWithInput(dir: string, args: string[], input: string): Promise<string> {
-  return runGit(dir, args, { input, signal: currentActivitySignal() });
+/** `rawGit` with `input` on git's stdin (`hash-object --stdin`, a `commit-tree` message): no scratch file. */
+export function rawGitWithInput(dir: string, args: string[], input: string, env?: Record<string, string | undefined>): Promise<string> {
+  return runGit(dir, args, { input, env, signal: currentActivitySignal() });
 }
 
 function runGit(dir: string, args: string[], opts: { env?: Record<string, string | undefined>; signal?: AbortSignal; input?: string }): Promise<string> {
@@ -212,7 +212,8 @@ export async function ensureSlipwayExcluded(repository: string): Promise<void> {
 /**
  * `user.name` and `user.email` as git resolves them for `dir` (every scope, the last value of each
  * wins, as `git config <key>` answers), read in one git call instead of one per key: identity is
- * read for every agent run, commit and merge (docs/adr/0039). Missing or empty: undefined.
+ * read for every agent run, commit and merge (docs/adr/0018-orchestration-overhead.md,
+ * 2026-11-29). Missing or empty: undefined.
  */
 async function configuredIdentity(dir: string): Promise<{ name?: string; email?: string }> {
   // Exit 1 when neither is set; any other failure (not a repository) likewise leaves both unset.

@@ -13,6 +13,7 @@ import { defaultPayloadConverter, type Payload } from '@temporalio/common';
 import { temporal } from '@temporalio/proto';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { childEnv, runProcess } from '../activities/process';
+import { gitEnv } from '../lib/git';
 import { secretValuesWith, redact } from '../activities/redact';
 import { startCodecServer } from '../workers/codec-server';
 import { freePort, isPortOpen } from '../workers/dev-server';
@@ -176,6 +177,17 @@ describe('payload key configuration', () => {
     const seen = JSON.parse(run.stdout) as Record<string, string>;
     expect(seen.SLIPWAY_STREAM).toBe('api');
     expect(Object.keys(seen).filter((k) => k.startsWith('SLIPWAY_PAYLOAD'))).toEqual([]);
+    // Nor host git (lib/git.ts gitEnv: every git Slipway runs gets that environment), when the worker has them.
+    const saved = Object.fromEntries(PAYLOAD_KEY_VARIABLES.map((k) => [k, process.env[k]]));
+    Object.assign(process.env, { SLIPWAY_PAYLOAD_KEY: given.SLIPWAY_PAYLOAD_KEY, SLIPWAY_PAYLOAD_KEY_ID: 'v1', SLIPWAY_PAYLOAD_KEYS: given.SLIPWAY_PAYLOAD_KEYS });
+    try {
+      expect(Object.keys(gitEnv()).filter((k) => k.startsWith('SLIPWAY_PAYLOAD'))).toEqual([]);
+    } finally {
+      for (const [k, v] of Object.entries(saved)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    }
   });
 
   it('the CLI exits 2 on a malformed key, naming the variable, and starts nothing', async () => {
