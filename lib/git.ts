@@ -151,29 +151,13 @@ export async function isAncestor(dir: string, ancestor: string, descendant: stri
 }
 
 /**
- * A repository's common git dir (its real path), asked of git once per repository and process:
- * creating a sandbox, every confined exec and merges need it, and it does not change while Slipway
- * works on the repository.
- */
-const commonDirs = new Map<string, Promise<string>>();
-export function commonDirOf(repo: string): Promise<string> {
-  let dir = commonDirs.get(repo);
-  if (!dir) {
-    dir = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
-    dir.catch(() => commonDirs.delete(repo));
-    commonDirs.set(repo, dir);
-  }
-  return dir;
-}
-
-/**
  * Keeps Slipway's state under `.slipway/` out of git through .git/info/exclude (the user's
  * .gitignore stays untouched), and only that: `.slipway/config.yaml` and `.slipway/blueprints/`
  * stay visible so a team can commit them. An older Slipway's `/.slipway/` line hid them all;
  * it is replaced.
  */
 export async function ensureSlipwayExcluded(repository: string): Promise<void> {
-  const commonDir = await commonDirOf(repository);
+  const commonDir = path.resolve(repository, await git(repository, ['rev-parse', '--git-common-dir']));
   const excludeFile = path.join(commonDir, 'info', 'exclude');
   const wanted = SLIPWAY_STATE.map((entry) => `/${SLIPWAY_DIR}/${entry}`);
   const header = `# added by Slipway: its state under ${SLIPWAY_DIR}/ (${SLIPWAY_DIR}/config.yaml and ${SLIPWAY_DIR}/blueprints/ stay yours to commit)`;
@@ -216,7 +200,8 @@ export async function ensureSlipwayExcluded(repository: string): Promise<void> {
  * 2026-11-29). Missing or empty: undefined.
  */
 async function configuredIdentity(dir: string): Promise<{ name?: string; email?: string }> {
-  // Exit 1 when neither is set; any other failure (not a repository) likewise leaves both unset.
+  // Exit 1 when neither is set. Any other failure (a missing folder, a broken config, a killed
+  // git) leaves both unset too, as the two `git config <key>` calls did before.
   const out = await rawGit(dir, ['config', '-z', '--get-regexp', '^user\\.(name|email)$']).catch(() => '');
   const found: { name?: string; email?: string } = {};
   // `-z`: each entry is "key\nvalue\0", or "key\0" for a key without a value.

@@ -216,7 +216,9 @@ export function spawnFile(file: string, args: string[], options: SpawnOptions, c
   const child = ensureSpawner();
   if (!child) {
     const c = execFile(file, args, { env: options.env, cwd: options.cwd, maxBuffer: options.maxBuffer, timeout: options.timeout, killSignal: options.killSignal, ...(options.signal ? { signal: options.signal } : {}) }, callback);
-    if (options.input !== undefined) c.stdin?.end(options.input);
+    // A process that exits before reading its input (git refusing its arguments) breaks the pipe:
+    // its exit code is the answer, never an uncaught EPIPE.
+    if (options.input !== undefined) c.stdin?.on('error', () => undefined).end(options.input);
     return;
   }
   if (options.signal?.aborted) {

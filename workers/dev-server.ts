@@ -10,7 +10,7 @@ import { Connection } from '@temporalio/client';
 import { SEARCH_ATTRIBUTE_CLI_TYPE, SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
 import { readJson, writeJsonAtomic } from '../lib/atomic-write';
 import { temporalEndpointsFile } from '../lib/settings';
-import { PAYLOAD_KEY_VARIABLES } from './payload-codec';
+import { withoutPayloadKeys } from './payload-codec';
 import { ensureTemporalBinary } from './temporal-binary';
 
 export interface DevServerOptions {
@@ -46,17 +46,6 @@ export interface DevServer {
  */
 export const SQLITE_PRAGMAS: readonly string[] = ['journal_mode=wal', 'synchronous=normal'];
 const SQLITE_PRAGMA_FLAGS = SQLITE_PRAGMAS.flatMap((p) => ['--sqlite-pragma', p]);
-
-/**
- * The server's environment: the caller's without the history encryption keys
- * (workers/payload-codec.ts), which only Slipway's clients and workers need: the server stores
- * the payloads they encrypted and never reads them.
- */
-function serverEnv(env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
-  const out: NodeJS.ProcessEnv = {};
-  for (const [k, v] of Object.entries(env)) if (!PAYLOAD_KEY_VARIABLES.includes(k)) out[k] = v;
-  return out;
-}
 
 export function searchAttributeFlags(): string[] {
   return SLIPWAY_SEARCH_ATTRIBUTES.flatMap((key) => ['--search-attribute', `${key.name}=${SEARCH_ATTRIBUTE_CLI_TYPE[key.type]}`]);
@@ -148,7 +137,8 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     ...searchAttributeFlags(),
     ...(opts.headless ? ['--headless'] : ['--ui-port', String(opts.uiPort ?? 8233)]),
   ];
-  const child = spawn(binary, args, { stdio: ['ignore', log, log], detached: false, env: serverEnv() });
+  // The server stores what Slipway's clients and workers encrypted and never reads it: no payload keys.
+  const child = spawn(binary, args, { stdio: ['ignore', log, log], detached: false, env: withoutPayloadKeys(process.env) });
   closeSync(log);
   let exited = false;
   child.once('exit', () => {

@@ -50,6 +50,13 @@ export const PAYLOAD_KEYS_ENV = 'SLIPWAY_PAYLOAD_KEYS';
 /** The variables above: never passed on to child processes (activities/process.ts). */
 export const PAYLOAD_KEY_VARIABLES: readonly string[] = [PAYLOAD_KEY_ENV, PAYLOAD_KEY_ID_ENV, PAYLOAD_KEYS_ENV];
 
+/** `env` without the key variables: for the processes Slipway starts that are not its clients or workers. */
+export function withoutPayloadKeys(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
+  const out: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(env)) if (!PAYLOAD_KEY_VARIABLES.includes(k)) out[k] = v;
+  return out;
+}
+
 /** A malformed key setting; the message names the variable (and file), never the value. */
 export class PayloadKeyError extends Error {
   constructor(message: string) {

