@@ -5,6 +5,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync, realpathSync } from 'node:fs';
 import path from 'node:path';
+import { isPayloadKeyVariable } from '../lib/payload-keys';
 
 export interface RunOptions {
   /** Executable, or a shell command line when `shell` is true. */
@@ -203,12 +204,6 @@ export function signalTree(pid: number | undefined, signal: NodeJS.Signals): voi
 const LAUNCH_LOCATION_VARS = /^(OLDPWD|INIT_CWD|npm_config_local_prefix|npm_package_json|npm_package_.+|npm_lifecycle_.+)$/;
 
 /**
- * The history encryption keys (workers/payload-codec.ts): for Slipway's own clients and workers,
- * never for agents, gates or sandbox commands, which could otherwise read every payload.
- */
-const PAYLOAD_KEY_VARS = /^SLIPWAY_PAYLOAD_KEY(S|_ID)?$/;
-
-/**
  * The environment a child really gets: `env` (default: the worker's) without the launch-location
  * variables above and the payload keys, and `PWD` set to the child's own cwd (its real path, as a
  * shell would set it).
@@ -216,7 +211,7 @@ const PAYLOAD_KEY_VARS = /^SLIPWAY_PAYLOAD_KEY(S|_ID)?$/;
 export function childEnv(cwd: string, env: NodeJS.ProcessEnv = process.env): NodeJS.ProcessEnv {
   const out: NodeJS.ProcessEnv = {};
   for (const [name, value] of Object.entries(env)) {
-    if (value !== undefined && !LAUNCH_LOCATION_VARS.test(name) && !PAYLOAD_KEY_VARS.test(name)) out[name] = value;
+    if (value !== undefined && !LAUNCH_LOCATION_VARS.test(name) && !isPayloadKeyVariable(name)) out[name] = value;
   }
   let real: string;
   try {

@@ -6,6 +6,7 @@ import { writeFileAtomic } from './atomic-write';
 import { Context } from '@temporalio/activity';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
+import { isPayloadKeyVariable } from './payload-keys';
 import { spawnFile } from './spawner';
 import { SLIPWAY_DIR, SLIPWAY_STATE } from '../core/ids';
 import { atLeast, parseVersion } from './version';
@@ -73,7 +74,7 @@ export function gitEnv(extra: Record<string, string | undefined> = {}): NodeJS.P
   for (const [k, v] of Object.entries(process.env)) {
     if (k.startsWith('GIT_') && !/^GIT_(AUTHOR|COMMITTER)_(NAME|EMAIL)$/.test(k)) continue;
     // The history encryption keys never reach git (or a hook of the user's repository).
-    if (k.startsWith('SLIPWAY_PAYLOAD_KEY')) continue;
+    if (isPayloadKeyVariable(k)) continue;
     env[k] = v;
   }
   return { ...env, ...extra, GIT_TERMINAL_PROMPT: '0' };

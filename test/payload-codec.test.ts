@@ -31,6 +31,7 @@ import {
 import { connectClient } from '../workers/temporal';
 import { janitorWorkflow } from '../workflows/janitor';
 import { slipway } from './helpers/cli';
+import { withEnv } from './helpers/env';
 import { tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
 
@@ -178,16 +179,8 @@ describe('payload key configuration', () => {
     expect(seen.SLIPWAY_STREAM).toBe('api');
     expect(Object.keys(seen).filter((k) => k.startsWith('SLIPWAY_PAYLOAD'))).toEqual([]);
     // Nor host git (lib/git.ts gitEnv: every git Slipway runs gets that environment), when the worker has them.
-    const saved = Object.fromEntries(PAYLOAD_KEY_VARIABLES.map((k) => [k, process.env[k]]));
-    Object.assign(process.env, { SLIPWAY_PAYLOAD_KEY: given.SLIPWAY_PAYLOAD_KEY, SLIPWAY_PAYLOAD_KEY_ID: 'v1', SLIPWAY_PAYLOAD_KEYS: given.SLIPWAY_PAYLOAD_KEYS });
-    try {
-      expect(Object.keys(gitEnv()).filter((k) => k.startsWith('SLIPWAY_PAYLOAD'))).toEqual([]);
-    } finally {
-      for (const [k, v] of Object.entries(saved)) {
-        if (v === undefined) delete process.env[k];
-        else process.env[k] = v;
-      }
-    }
+    const inGit = await withEnv({ SLIPWAY_PAYLOAD_KEY: given.SLIPWAY_PAYLOAD_KEY, SLIPWAY_PAYLOAD_KEY_ID: 'v1', SLIPWAY_PAYLOAD_KEYS: given.SLIPWAY_PAYLOAD_KEYS }, () => gitEnv());
+    expect(Object.keys(inGit).filter((k) => k.startsWith('SLIPWAY_PAYLOAD'))).toEqual([]);
   });
 
   it('the CLI exits 2 on a malformed key, naming the variable, and starts nothing', async () => {

@@ -9,6 +9,7 @@ import { ensureTemporalBinary, findTemporalBinary, localTemporalCandidates, MISS
 import { freePort, searchAttributeFlags, startDevServer } from '../workers/dev-server';
 import { objectiveWorkflow } from '../workflows/objective';
 import { waitFor } from './helpers/cli';
+import { withEnv } from './helpers/env';
 import { DEMO_DIR, makeDemoRepo, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
 
@@ -21,15 +22,6 @@ describe('the embedded server', () => {
         .filter(Boolean)
         .map((kv) => [kv.slice(0, kv.indexOf('=')), kv.slice(kv.indexOf('=') + 1)] as const),
     );
-  const withEnv = async <T>(vars: Record<string, string | undefined>, run: () => Promise<T>): Promise<T> => {
-    const saved = Object.fromEntries(Object.keys(vars).map((k) => [k, process.env[k]]));
-    for (const [k, v] of Object.entries(vars)) if (v === undefined) delete process.env[k]; else process.env[k] = v;
-    try {
-      return await run();
-    } finally {
-      for (const [k, v] of Object.entries(saved)) if (v === undefined) delete process.env[k]; else process.env[k] = v;
-    }
-  };
   const serverEnvironment = (vars: Record<string, string | undefined>) =>
     withEnv(vars, async () => {
       const server = await startDevServer({ dataDir: tempDir('slipway-server-env-'), port: await freePort(), headless: true, startTimeoutMs: 60_000 });

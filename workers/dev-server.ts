@@ -10,7 +10,7 @@ import { Connection } from '@temporalio/client';
 import { SEARCH_ATTRIBUTE_CLI_TYPE, SLIPWAY_SEARCH_ATTRIBUTES } from '../core/search-attributes';
 import { readJson, writeJsonAtomic } from '../lib/atomic-write';
 import { temporalEndpointsFile } from '../lib/settings';
-import { withoutPayloadKeys } from './payload-codec';
+import { withoutPayloadKeys } from '../lib/payload-keys';
 import { ensureTemporalBinary } from './temporal-binary';
 
 export interface DevServerOptions {

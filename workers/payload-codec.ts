@@ -32,6 +32,7 @@ import path from 'node:path';
 import type { DataConverter, Payload, PayloadCodec } from '@temporalio/common';
 import { parseDotenv } from '../agents/credentials';
 import { registerSecrets } from '../activities/redact';
+import { PAYLOAD_KEY_ENV, PAYLOAD_KEY_ID_ENV, PAYLOAD_KEYS_ENV, PAYLOAD_KEY_VARIABLES } from '../lib/payload-keys';
 import { slipwayHome } from '../lib/settings';
 
 export const ENCODING_ENCRYPTED = 'binary/encrypted';
@@ -44,18 +45,8 @@ const IV_BYTES = 12;
 const TAG_BYTES = 16;
 const KEY_BYTES = 32;
 
-export const PAYLOAD_KEY_ENV = 'SLIPWAY_PAYLOAD_KEY';
-export const PAYLOAD_KEY_ID_ENV = 'SLIPWAY_PAYLOAD_KEY_ID';
-export const PAYLOAD_KEYS_ENV = 'SLIPWAY_PAYLOAD_KEYS';
-/** The variables above: never passed on to child processes (activities/process.ts). */
-export const PAYLOAD_KEY_VARIABLES: readonly string[] = [PAYLOAD_KEY_ENV, PAYLOAD_KEY_ID_ENV, PAYLOAD_KEYS_ENV];
-
-/** `env` without the key variables: for the processes Slipway starts that are not its clients or workers. */
-export function withoutPayloadKeys(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
-  const out: NodeJS.ProcessEnv = {};
-  for (const [k, v] of Object.entries(env)) if (!PAYLOAD_KEY_VARIABLES.includes(k)) out[k] = v;
-  return out;
-}
+// The variables, never passed on to the processes Slipway starts, are named in lib/payload-keys.ts.
+export { PAYLOAD_KEY_ENV, PAYLOAD_KEY_ID_ENV, PAYLOAD_KEYS_ENV, PAYLOAD_KEY_VARIABLES };
 
 /** A malformed key setting; the message names the variable (and file), never the value. */
 export class PayloadKeyError extends Error {

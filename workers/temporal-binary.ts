@@ -9,7 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { PACKAGE_ROOT } from '../lib/package-root';
-import { withoutPayloadKeys } from './payload-codec';
+import { withoutPayloadKeys } from '../lib/payload-keys';
 
 export const PROJECT_ROOT = PACKAGE_ROOT;
 
