@@ -77,6 +77,8 @@ export function codexCredentialSources(env: Record<string, string | undefined>, 
 }
 
 const SESSION_TOOL_ITEMS = new Set(['CommandExecution', 'FileChange', 'McpToolCall', 'WebSearch']);
+/** How `exec_command`'s output says its process had not ended when the call returned (codex 0.169). */
+const STILL_RUNNING = /^Process running with session ID \d+$/m;
 
 /**
  * This run's tool calls from a codex rollout file (`sessions/.../rollout-*.jsonl`): the
@@ -85,6 +87,10 @@ const SESSION_TOOL_ITEMS = new Set(['CommandExecution', 'FileChange', 'McpToolCa
  * could not run there (`status: "failed"`, `exit_code: -1`, written as it shuts down) and nowhere in
  * `exec --json`. Failed means the call could not run (declined, or failed without an exit code of
  * its own); a command that ran and exited non-zero (a failing test) is the agent's business.
+ *
+ * That shutdown record can be missing (codex exits before its writer flushes it). So an
+ * `exec_command` call whose output said its process was still running, and that has no record of
+ * its own, counts as what codex records for it: killed as codex ended, failed with exit -1.
  */
 export function codexSessionToolCalls(text: string): SessionToolCalls {
   const events: Json[] = [];
@@ -101,11 +107,26 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
   events.forEach((e, i) => {
     if (e.type === 'task_started') start = i;
   });
+  const run = events.slice(start + 1);
+  const items: Json[] = run.flatMap((e) => (e.type === 'item_completed' && isObject(e.item) && typeof e.item.type === 'string' && SESSION_TOOL_ITEMS.has(e.item.type) ? [e.item] : []));
+  const recorded = new Set(items.map((it) => it.id));
+  // Output of each call, by id: the last one says whether its process was still running.
+  const outputs = new Map(run.flatMap((e) => (e.type === 'function_call_output' && typeof e.call_id === 'string' ? [[e.call_id, str(e.output) ?? ''] as const] : [])));
+  for (const e of run) {
+    if (e.type !== 'function_call' || e.name !== 'exec_command' || typeof e.call_id !== 'string' || recorded.has(e.call_id)) continue;
+    if (!STILL_RUNNING.test(outputs.get(e.call_id) ?? '')) continue;
+    let cmd = '';
+    try {
+      const args: unknown = JSON.parse(str(e.arguments) ?? '');
+      if (isObject(args) && typeof args.cmd === 'string') cmd = args.cmd;
+    } catch {
+      /* arguments that are not JSON: the call is still counted, without its command */
+    }
+    items.push({ type: 'CommandExecution', id: e.call_id, command: [cmd], status: 'failed', exit_code: -1 });
+  }
   let calls = 0;
   const failed: string[] = [];
-  for (const e of events.slice(start + 1)) {
-    const it = e.type === 'item_completed' && isObject(e.item) ? e.item : undefined;
-    if (!it || typeof it.type !== 'string' || !SESSION_TOOL_ITEMS.has(it.type)) continue;
+  for (const it of items) {
     calls += 1;
     const status = str(it.status);
     const exit = typeof it.exit_code === 'number' ? it.exit_code : undefined;

@@ -268,6 +268,21 @@ describe('codex session file: the tool calls of the run that just ended', () => 
     expect(calls.hint).toMatch(/bypassPermissions/);
   });
 
+  it('a command still running when codex ended is the failed call codex records for it, also when that record (written as codex shuts down) is missing', () => {
+    // Recorded from codex 0.169 under workspace-write here (its own sandbox cannot run the command), trimmed.
+    const lines = fixtureLines('codex', 'session-still-running.jsonl').filter((l) => l.trim());
+    const expected = { calls: 1, failed: ["CommandExecution `printf '%s\\n' 'written by the agent for hello.txt' > hello.txt` failed (exit -1)"] };
+    expect(JSON.parse(lines.at(-1)!).payload.item).toMatchObject({ type: 'CommandExecution', status: 'failed', exit_code: -1 });
+    expect(codexSessionToolCalls(lines.join('\n'))).toMatchObject(expected);
+    // Without the shutdown record (codex exited before writing it): the same answer, not "no calls".
+    expect(codexSessionToolCalls(lines.slice(0, -1).join('\n'))).toMatchObject(expected);
+    // A still-running call from an earlier run of a resumed thread is not this run's.
+    expect(codexSessionToolCalls([...lines.slice(0, -1), started, message].join('\n'))).toMatchObject({ calls: 0, failed: [] });
+    // A call whose process exited when it returned, without a record: not a failure (codex records those as they end).
+    const exited = lines.slice(0, -1).map((l) => l.replace(/Process running with session ID \d+/, 'Process exited with code 0'));
+    expect(codexSessionToolCalls(exited.join('\n'))).toMatchObject({ calls: 0, failed: [] });
+  });
+
   it('a declined patch is a failure; a run without tool calls has none', () => {
     const declined = ev({ type: 'item_completed', item: { type: 'FileChange', id: 'p', status: 'declined' } });
     expect(codexSessionToolCalls([started, declined].join('\n'))).toMatchObject({ calls: 1, failed: ['FileChange declined'] });

@@ -393,7 +393,8 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
 
   it('codex whose own command sandbox cannot run (workspace-write, CODEX_HOME under the temp folder): its failed tool call, only in the session file, fails the run that changed nothing, with that reason, not retried', async () => {
     // The failed call is read from codex's session file after it ends: a generous completion grace
-    // lets it finish writing that file on a busy machine instead of being killed 2 s after its answer.
+    // lets it end on its own on a busy machine instead of being killed 2 s after its answer. (Its
+    // shutdown record of the call may still be missing; the reader does not need it: ADR 0011, 10.)
     const { endpoint, result } = await runObjective('toolfail-codex', 'codex', { builder: { permission_mode: 'workspace-write', completion_grace_seconds: 30 }, objective: { on_exhausted: 'fail' } });
     expect(result.outcome).toBe('failed');
     expect(result.streams[0].failure).toMatchObject({
