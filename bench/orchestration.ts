@@ -157,13 +157,14 @@ function makeRepo(parent: string): string {
  * The server's work from its Prometheus metrics: counters summed per metric and operation, e.g.
  * `persistence_requests GetWorkflowExecution`. Diffed around a case, they say what the server
  * spent its CPU on (SQLite writes and reads per operation, tasks matched to a waiting poll or
- * written to the database first).
+ * written to the database first) and where a hop waited inside it (`task_latency_load`: a history
+ * task written until its queue read it; ADR 0039).
  */
 async function serverCounters(metricsUrl: string): Promise<Map<string, number>> {
   const counters = new Map<string, number>();
   const text = await (await fetch(metricsUrl)).text();
   for (const line of text.split('\n')) {
-    const m = /^(persistence_requests|persistence_latency_sum|visibility_persistence_requests|visibility_persistence_latency_sum|\w*match\w*_count|service_requests)\{([^}]*)\} ([\d.e+-]+)$/.exec(line);
+    const m = /^(persistence_requests|persistence_latency_sum|visibility_persistence_requests|visibility_persistence_latency_sum|\w*match\w*_count|service_requests|task_latency_load_sum|task_latency_load_count)\{([^}]*)\} ([\d.e+-]+)$/.exec(line);
     if (!m) continue;
     const operation = /operation="([^"]*)"/.exec(m[2])?.[1] ?? '';
     const key = `${m[1]} ${operation}`;
@@ -679,6 +680,10 @@ async function main() {
           .sort((x, y) => y.ms - x.ms);
         const matches = Object.entries(work).filter(([k]) => /match/.test(k)).map(([k, v]) => `${k.replace(/_count/, '').trim()} ${v}`);
         console.log(`    server: ${sum(persistence.map((p) => p.count))} SQLite operations, ${sum(persistence.map((p) => p.ms)).toFixed(0)} ms in them; most time: ${persistence.slice(0, 5).map((p) => `${p.op} ${p.count}x ${p.ms.toFixed(0)} ms`).join(', ')}${matches.length ? `; ${matches.join(', ')}` : ''}`);
+        const queued = Object.keys(work)
+          .filter((k) => k.startsWith('task_latency_load_count ') && k.includes('Transfer'))
+          .map((k) => ({ op: k.split(' ')[1]!.replace('TransferActiveTask', ''), count: work[k]!, ms: 1000 * (work[k.replace('_count', '_sum')] ?? 0) }));
+        if (queued.length) console.log(`    transfer queue (written -> read): ${(sum(queued.map((q) => q.ms)) / sum(queued.map((q) => q.count))).toFixed(1)} ms per task over ${sum(queued.map((q) => q.count))}; ${queued.map((q) => `${q.op} ${(q.ms / q.count).toFixed(1)} ms`).join(', ')}`);
         console.log(`    payloads ${kb(sum(payloads.map(([, v]) => v)))}: ${payloads.slice(0, 4).map(([t, v]) => `${t} ${kb(v)}`).join(', ')}`);
         console.log(`    workflow tasks: ${b.workflowTasks.count}, run ${b.workflowTasks.runMs.toFixed(0)} ms, waited ${b.workflowTasks.scheduleToStartMs.toFixed(0)} ms (scheduled -> started); after a run's first: ${b.stickyTasks.hits} on the sticky queue, ${b.stickyTasks.misses} on the normal queue (cache misses, full replays)`);
         for (const [type, t] of Object.entries(b.workflowTasksByType)) {

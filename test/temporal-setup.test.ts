@@ -6,7 +6,7 @@ import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase, SlipwaySandboxState, SlipwayStream } from '../core/search-attributes';
 import { ensureTemporalBinary, findTemporalBinary, localTemporalCandidates, MISSING_TEMPORAL_MESSAGE, TEMPORAL_CLI_VERSION, TemporalBinaryNotFound, userTemporalDir } from '../workers/temporal-binary';
-import { freePort, searchAttributeFlags, startDevServer } from '../workers/dev-server';
+import { DEV_SERVER_DYNAMIC_CONFIG, freePort, searchAttributeFlags, startDevServer } from '../workers/dev-server';
 import { objectiveWorkflow } from '../workflows/objective';
 import { waitFor } from './helpers/cli';
 import { withEnv } from './helpers/env';
@@ -31,6 +31,23 @@ describe('the embedded server', () => {
         await server.stop();
       }
     });
+
+  it('runs with its dynamic config (the transfer queue read cap): passed to the process, and every key one the server binary knows', async () => {
+    const server = await startDevServer({ dataDir: tempDir('slipway-server-config-'), port: await freePort(), headless: true, startTimeoutMs: 60_000 });
+    let argv: string[];
+    try {
+      argv = readFileSync(`/proc/${server.process.pid!}/cmdline`, 'utf8').split('\0');
+    } finally {
+      await server.stop();
+    }
+    const values = argv.flatMap((a, i) => (argv[i - 1] === '--dynamic-config-value' ? [a] : []));
+    expect(values).toEqual(Object.entries(DEV_SERVER_DYNAMIC_CONFIG).map(([k, v]) => `${k}=${v}`));
+    expect(values).toContain('history.transferProcessorMaxPollRPS=1000');
+    // The server ignores a key it does not know: a misspelt one would pass the check above and do nothing.
+    const binary = readFileSync(await ensureTemporalBinary());
+    for (const key of Object.keys(DEV_SERVER_DYNAMIC_CONFIG)) expect(binary.includes(key), key).toBe(true);
+    expect(binary.includes('history.transferProcessorMaxPollRPSX')).toBe(false);
+  });
 
   it('never sees the history encryption keys; the rest of the environment is passed on', async () => {
     const key = `k1:${Buffer.alloc(32, 7).toString('base64')}`;

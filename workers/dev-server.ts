@@ -47,6 +47,16 @@ export interface DevServer {
 export const SQLITE_PRAGMAS: readonly string[] = ['journal_mode=wal', 'synchronous=normal'];
 const SQLITE_PRAGMA_FLAGS = SQLITE_PRAGMAS.flatMap((p) => ['--sqlite-pragma', p]);
 
+/**
+ * Dynamic config of the embedded server (ADR 0039). The history service reads new transfer tasks
+ * (a workflow task after a signal or an activity, an activity, a signal, a child start) at most
+ * `transferProcessorMaxPollRPS` times a second per shard, 20 by default, and the dev server has
+ * one shard: every hop of an objective waited about 45 ms for the next read once the limiter's
+ * burst was spent. A read happens only when a task was written, so a higher cap costs nothing idle.
+ */
+export const DEV_SERVER_DYNAMIC_CONFIG: Readonly<Record<string, number>> = { 'history.transferProcessorMaxPollRPS': 1000 };
+const DYNAMIC_CONFIG_FLAGS = Object.entries(DEV_SERVER_DYNAMIC_CONFIG).flatMap(([key, value]) => ['--dynamic-config-value', `${key}=${JSON.stringify(value)}`]);
+
 export function searchAttributeFlags(): string[] {
   return SLIPWAY_SEARCH_ATTRIBUTES.flatMap((key) => ['--search-attribute', `${key.name}=${SEARCH_ATTRIBUTE_CLI_TYPE[key.type]}`]);
 }
@@ -132,6 +142,7 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     '--namespace', opts.namespace ?? 'default',
     '--log-level', 'warn',
     ...SQLITE_PRAGMA_FLAGS,
+    ...DYNAMIC_CONFIG_FLAGS,
     '--http-port', String(httpPort),
     ...(opts.metricsPort ? ['--metrics-port', String(opts.metricsPort)] : []),
     ...searchAttributeFlags(),
