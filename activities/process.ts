@@ -6,6 +6,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync, realpathSync } from 'node:fs';
 import path from 'node:path';
 import { isPayloadKeyVariable } from '../lib/payload-keys';
+import { runInSpawner } from '../lib/spawner';
 
 export interface RunOptions {
   /** Executable, or a shell command line when `shell` is true. */
@@ -62,7 +63,8 @@ class TailBuffer {
   push(chunk: Buffer): void {
     this.chunks.push(chunk);
     this.size += chunk.length;
-    while (this.size > this.limit && this.chunks.length > 1) {
+    // Whole chunks go only while the rest still holds `limit` bytes; toString cuts the first one.
+    while (this.chunks.length > 1 && this.size - this.chunks[0]!.length >= this.limit) {
       this.size -= this.chunks.shift()!.length;
       this.truncated = true;
     }
@@ -225,11 +227,35 @@ export function childEnv(cwd: string, env: NodeJS.ProcessEnv = process.env): Nod
 
 export function runProcess(opts: RunOptions): Promise<RunResult> {
   const started = Date.now();
-  return new Promise<RunResult>((resolve, reject) => {
-    if (opts.signal?.aborted) {
-      resolve({ exitCode: null, signal: null, stdout: '', stderr: '', timedOut: false, cancelled: true, durationMs: 0 });
-      return;
+  if (opts.signal?.aborted) return Promise.resolve({ exitCode: null, signal: null, stdout: '', stderr: '', timedOut: false, cancelled: true, durationMs: 0 });
+  // A run that needs nothing but its result (no lines as they come, no pipes to feed, no hooks, no
+  // gentle stop) goes through the worker's spawner when one runs: no fork of the worker (ADR 0036).
+  if (!opts.onLine && !opts.extraPipes && !opts.prepare && !opts.onExit && !opts.killGraceMs) {
+    const capture = opts.maxCaptureBytes ?? DEFAULT_CAPTURE;
+    const via = runInSpawner({
+      file: opts.command,
+      args: opts.args ?? [],
+      shell: opts.shell === true,
+      cwd: opts.cwd,
+      env: childEnv(opts.pwd ?? opts.cwd, opts.env ?? process.env),
+      input: opts.stdin,
+      keepBytes: capture,
+      timeout: opts.timeoutMs,
+      signal: opts.signal,
+    });
+    if (via) {
+      return via.then((r) => {
+        const text = (bytes: Buffer, truncated: boolean) => {
+          const t = new TailBuffer(capture);
+          t.push(bytes);
+          t.truncated ||= truncated;
+          return t.toString();
+        };
+        return { exitCode: r.code, signal: r.signal, stdout: text(r.stdout, r.stdoutTruncated), stderr: text(r.stderr, r.stderrTruncated), timedOut: r.timedOut, cancelled: r.cancelled, durationMs: Date.now() - started };
+      });
     }
+  }
+  return new Promise<RunResult>((resolve, reject) => {
     const child = spawn(opts.command, opts.args ?? [], {
       cwd: opts.cwd,
       env: childEnv(opts.pwd ?? opts.cwd, opts.env ?? process.env),

@@ -9,7 +9,8 @@
  * with an empty one, so nothing of the worker's leaks in beyond what the caller passes; ADR 0027),
  * cwd, stdin input, maxBuffer (the process is killed and the call fails as execFile's does),
  * timeout and abort. Each process runs in its own process group, and a timeout or abort kills the
- * group. Only the worker starts one (`startSpawner`); elsewhere, or while it is down, calls run
+ * group. Plain sandbox commands come too (`runInSpawner`, for `runProcess`), under that function's
+ * own rules: the output's tail kept, the group killed when the leader exits. Only the worker starts one (`startSpawner`); elsewhere, or while it is down, calls run
  * `execFile` directly. A spawner that dies fails its calls in flight (like a killed process) and
  * is started again on the next call.
  */
@@ -37,8 +38,51 @@ const running = new Map();
 for (const s of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(s, () => {});
 // The worker is gone: its git processes (each in its own group) go too, not left orphaned.
 process.on('disconnect', () => { for (const k of running.values()) k('disconnect'); process.exit(0); });
+const spawnError = (e) => ({ message: e.message, code: e.code, errno: e.errno, syscall: e.syscall, path: e.path });
+// A sandbox command for runProcess (activities/process.ts), with its semantics: the tail of its
+// output kept (never killed for printing much), its group killed when the leader exits, and pipes
+// a daemon outside the group holds let go of 2 s later.
+function proc(m) {
+  const tail = () => ({ chunks: [], size: 0, truncated: false });
+  const out = tail(), err = tail();
+  let reason, done = false, timer, grace, child;
+  const finish = (r) => {
+    if (done) return;
+    done = true;
+    clearTimeout(timer);
+    clearTimeout(grace);
+    running.delete(m.id);
+    const b64 = (t) => Buffer.concat(t.chunks).toString('base64');
+    process.send({ t: 'done', id: m.id, reason, stdout: b64(out), stderr: b64(err), stdoutTruncated: out.truncated, stderrTruncated: err.truncated, ...r });
+  };
+  const group = () => { try { process.kill(-child.pid, 'SIGKILL'); } catch { try { child.kill('SIGKILL'); } catch {} } };
+  const kill = (why) => { if (!reason) reason = why; group(); };
+  try {
+    child = cp.spawn(m.file, m.args, { cwd: m.cwd, env: m.env, shell: m.shell ? '/bin/sh' : false, detached: true, stdio: ['pipe', 'pipe', 'pipe'] });
+  } catch (e) {
+    return finish({ spawnError: spawnError(e) });
+  }
+  running.set(m.id, kill);
+  child.on('error', (e) => { if (child.pid === undefined) finish({ spawnError: spawnError(e) }); });
+  child.stdin.on('error', () => {});
+  child.stdin.end(m.input ?? undefined);
+  const keep = (t) => (d) => {
+    t.chunks.push(d);
+    t.size += d.length;
+    while (t.chunks.length > 1 && t.size - t.chunks[0].length >= m.keep) { t.size -= t.chunks.shift().length; t.truncated = true; }
+  };
+  child.stdout.on('data', keep(out));
+  child.stderr.on('data', keep(err));
+  if (m.timeout > 0) timer = setTimeout(() => kill('timeout'), m.timeout);
+  child.on('exit', () => {
+    group();
+    grace = setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); }, 2000);
+  });
+  child.on('close', (code, signal) => { group(); finish({ code, signal }); });
+}
 process.on('message', (m) => {
   if (m.t === 'abort') { const k = running.get(m.id); if (k) k('abort'); return; }
+  if (m.t === 'proc') return proc(m);
   if (m.t !== 'run') return;
   const out = [], err = [];
   let outLen = 0, errLen = 0, reason, done = false, timer, child;
@@ -57,10 +101,10 @@ process.on('message', (m) => {
   try {
     child = cp.spawn(m.file, m.args, { cwd: m.cwd, env: m.env, detached: true, stdio: ['pipe', 'pipe', 'pipe'] });
   } catch (e) {
-    return finish({ spawnError: { message: e.message, code: e.code, errno: e.errno, syscall: e.syscall, path: e.path } });
+    return finish({ spawnError: spawnError(e) });
   }
   running.set(m.id, kill);
-  child.on('error', (e) => { if (child.pid === undefined) finish({ spawnError: { message: e.message, code: e.code, errno: e.errno, syscall: e.syscall, path: e.path } }); });
+  child.on('error', (e) => { if (child.pid === undefined) finish({ spawnError: spawnError(e) }); });
   child.stdin.on('error', () => {});
   child.stdin.end(m.input ?? undefined);
   const collect = (chunks, name) => (d) => {
@@ -87,6 +131,9 @@ interface Done {
   code?: number | null;
   signal?: NodeJS.Signals | null;
   spawnError?: { message: string; code?: string; errno?: number; syscall?: string; path?: string };
+  /** `proc` runs: stdout and stderr are base64 of their tails, cut at the front when these are set. */
+  stdoutTruncated?: boolean;
+  stderrTruncated?: boolean;
 }
 
 interface Pending {
@@ -94,7 +141,10 @@ interface Pending {
   via: ChildProcess;
   file: string;
   args: string[];
-  callback: SpawnCallback;
+  /** Its answer came. */
+  settle: (m: Done) => void;
+  /** The spawner died while it ran. */
+  died: (message: string) => void;
   cleanup: () => void;
 }
 
@@ -143,7 +193,7 @@ function ensureSpawner(): ChildProcess | undefined {
         if (p.via !== child) continue;
         pending.delete(id);
         p.cleanup();
-        p.callback(failure(p, { message: `the process spawner exited while ${p.file} ran`, code: null, signal: 'SIGKILL' }), '', '');
+        p.died(`the process spawner exited while ${p.file} ran`);
       }
     };
     child.on('error', gone);
@@ -157,7 +207,7 @@ function ensureSpawner(): ChildProcess | undefined {
       pending.delete(m.id);
       p.cleanup();
       if (![...pending.values()].some((q) => q.via === child)) idle(child);
-      p.callback(resultError(p, m), m.stdout, m.stderr);
+      p.settle(m);
     });
     child.unref();
     idle(child);
@@ -187,7 +237,7 @@ function failure(p: Pick<Pending, 'file' | 'args'>, f: { message: string; code: 
 }
 
 /** The error execFile gives for the same outcome (the callers read `code` and the message). */
-function resultError(p: Pending, m: Done): ExecFileException | null {
+function resultError(p: Pick<Pending, 'file' | 'args'>, m: Done): ExecFileException | null {
   if (m.spawnError) {
     const e = Object.assign(new Error(m.spawnError.message), m.spawnError) as ExecFileException;
     return e;
@@ -233,7 +283,83 @@ export function spawnFile(file: string, args: string[], options: SpawnOptions, c
     if (spawner === child && child.connected) child.send({ t: 'abort', id });
   };
   options.signal?.addEventListener('abort', onAbort, { once: true });
-  pending.set(id, { via: child, file, args, callback, cleanup: () => options.signal?.removeEventListener('abort', onAbort) });
+  const p: Pending = {
+    via: child,
+    file,
+    args,
+    settle: (m) => callback(resultError(p, m), m.stdout, m.stderr),
+    died: (message) => callback(failure(p, { message, code: null, signal: 'SIGKILL' }), '', ''),
+    cleanup: () => options.signal?.removeEventListener('abort', onAbort),
+  };
+  pending.set(id, p);
   busy(child);
   child.send({ t: 'run', id, file, args, cwd: options.cwd, env: options.env, input: options.input, maxBuffer: options.maxBuffer, timeout: options.timeout ?? 0, killSignal: options.killSignal ?? 'SIGTERM' });
+}
+
+/** A sandbox command for `runProcess` (activities/process.ts), which keeps its own semantics through the spawner. */
+export interface ProcessRequest {
+  file: string;
+  args: string[];
+  /** `file` is a command line for /bin/sh. */
+  shell: boolean;
+  cwd: string;
+  /** The whole environment the process gets. */
+  env: NodeJS.ProcessEnv;
+  input?: string;
+  /** Bytes of the tail of stdout and of stderr kept (at least this many, in whole chunks). */
+  keepBytes: number;
+  /** Kills its process group (SIGKILL) after this many ms. */
+  timeout?: number;
+  /** Kills its process group (SIGKILL). */
+  signal?: AbortSignal;
+}
+
+export interface ProcessOutcome {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: Buffer;
+  stderr: Buffer;
+  stdoutTruncated: boolean;
+  stderrTruncated: boolean;
+  timedOut: boolean;
+  cancelled: boolean;
+}
+
+/**
+ * Runs `req` through the spawner, or gives undefined when none runs (the caller spawns it itself).
+ * A program that cannot start rejects with the spawn error (`code` ENOENT, ...); a spawner that
+ * dies while it runs ends it as killed (SIGKILL), as it kills what it ran.
+ */
+export function runInSpawner(req: ProcessRequest): Promise<ProcessOutcome> | undefined {
+  const child = ensureSpawner();
+  if (!child) return undefined;
+  return new Promise<ProcessOutcome>((resolve, reject) => {
+    const id = nextId++;
+    const onAbort = (): void => {
+      if (spawner === child && child.connected) child.send({ t: 'abort', id });
+    };
+    req.signal?.addEventListener('abort', onAbort, { once: true });
+    pending.set(id, {
+      via: child,
+      file: req.file,
+      args: req.args,
+      settle: (m) => {
+        if (m.spawnError) return reject(Object.assign(new Error(m.spawnError.message), m.spawnError));
+        resolve({
+          code: m.code ?? null,
+          signal: m.signal ?? null,
+          stdout: Buffer.from(m.stdout, 'base64'),
+          stderr: Buffer.from(m.stderr, 'base64'),
+          stdoutTruncated: m.stdoutTruncated === true,
+          stderrTruncated: m.stderrTruncated === true,
+          timedOut: m.reason === 'timeout',
+          cancelled: m.reason === 'abort',
+        });
+      },
+      died: (message) => resolve({ code: null, signal: 'SIGKILL', stdout: Buffer.alloc(0), stderr: Buffer.from(message), stdoutTruncated: false, stderrTruncated: false, timedOut: false, cancelled: false }),
+      cleanup: () => req.signal?.removeEventListener('abort', onAbort),
+    });
+    busy(child);
+    child.send({ t: 'proc', id, file: req.file, args: req.args, shell: req.shell, cwd: req.cwd, env: req.env, input: req.input, keep: req.keepBytes, timeout: req.timeout ?? 0 });
+  });
 }

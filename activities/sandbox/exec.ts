@@ -36,9 +36,9 @@ async function realpathOrSelf(p: string): Promise<string> {
 export async function execInWorktree(target: ExecTarget, req: ExecRequest): Promise<RunResult> {
   const cmd = await preparedCommand(target, req);
   try {
-    return await runProcess({ ...commonOptions(req), ...cmd.spawn, onExit: cmd.cleanup });
+    return await runProcess({ ...commonOptions(req), ...cmd.spawn, ...(cmd.cleanup ? { onExit: cmd.cleanup } : {}) });
   } finally {
-    await cmd.cleanup();
+    await cmd.cleanup?.();
   }
 }
 
@@ -59,7 +59,8 @@ export interface PreparedCommand {
     extraPipes: number;
     prepare?: (child: ChildProcess) => Promise<void>;
   };
-  cleanup: () => Promise<void>;
+  /** Absent: nothing outlives the leader but its process group, which the runner kills (unconfined). */
+  cleanup?: () => Promise<void>;
 }
 
 /** `passFds`: descriptors the caller passes on purpose besides stdio and the wrappers' pipes (a terminal's control pipe). */
@@ -74,7 +75,7 @@ export async function preparedCommand(target: ExecTarget, req: Pick<ExecRequest,
     if (req.env?.IS_SANDBOX === undefined) delete env.IS_SANDBOX;
     const inner = req.shell ? ['/bin/sh', '-c', req.command] : [req.command, ...(req.args ?? [])];
     const [command, ...args] = [...unconfinedReaper(), ...inner];
-    return { spawn: { command, args, env, cwd, extraPipes: 0 }, cleanup: async () => undefined };
+    return { spawn: { command, args, env, cwd, extraPipes: 0 } };
   }
   const cmd = await confinedCommand(target, req, { seccomp: true });
   const limited = await limitedCommand(confinement.limits, `x${process.pid}-${++execCount}-${randomBytes(3).toString('hex')}`, cmd.command, cmd.args);

@@ -112,7 +112,7 @@ export async function openSessionInWorktree(target: ExecTarget, req: SessionRequ
   try {
     child = spawn(s.command, s.args, { cwd: s.cwd, env: childEnv(s.pwd ?? s.cwd, s.env), detached: true, stdio });
   } catch (e) {
-    await cmd.cleanup();
+    await cmd.cleanup?.();
     throw e;
   }
   const spawned = new Promise<void>((resolve, reject) => {
@@ -120,7 +120,7 @@ export async function openSessionInWorktree(target: ExecTarget, req: SessionRequ
     child.once('error', reject);
   });
   let cleaned: Promise<void> | undefined;
-  const cleanup = () => (cleaned ??= cmd.cleanup().catch(() => undefined));
+  const cleanup = () => (cleaned ??= (cmd.cleanup?.() ?? Promise.resolve()).catch(() => undefined));
   const exit = new Promise<SessionExit>((resolve) => {
     child.once('exit', (exitCode, signal) => {
       // What the command left (in its cgroup, or a daemon in its group) ends with it.
