@@ -6,7 +6,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { readdirSync, readFileSync, realpathSync } from 'node:fs';
 import path from 'node:path';
 import { isPayloadKeyVariable } from '../lib/payload-keys';
-import { runInSpawner } from '../lib/spawner';
+import { killProcessGroup, runInSpawner } from '../lib/spawner';
+
+export { killProcessGroup };
 
 export interface RunOptions {
   /** Executable, or a shell command line when `shell` is true. */
@@ -54,8 +56,8 @@ export interface RunResult {
 const DEFAULT_CAPTURE = 64 * 1024;
 const DEFAULT_MAX_LINE = 4 * 1024 * 1024;
 
-/** Keeps the last `limit` bytes of a stream. */
-class TailBuffer {
+/** Keeps the last `limit` bytes of a stream (the spawner's `proc` runs keep theirs the same way, lib/spawner.ts). */
+export class TailBuffer {
   private chunks: Buffer[] = [];
   private size = 0;
   truncated = false;
@@ -119,18 +121,6 @@ class LineSplitter {
   }
 }
 
-export function killProcessGroup(pid: number | undefined, signal: NodeJS.Signals = 'SIGKILL'): void {
-  if (!pid) return;
-  try {
-    process.kill(-pid, signal);
-  } catch {
-    try {
-      process.kill(pid, signal);
-    } catch {
-      /* already gone */
-    }
-  }
-}
 
 /**
  * Wrappers Slipway puts around a command (bubblewrap, and `setpriv`/`unshare` for unconfined
@@ -263,6 +253,11 @@ export function runProcess(opts: RunOptions): Promise<RunResult> {
       detached: true, // own process group, so we can kill the whole tree
       stdio: ['pipe', 'pipe', 'pipe', ...Array.from({ length: opts.extraPipes ?? 0 }, () => 'pipe' as const)],
     }) as ChildProcess & { stdin: NodeJS.WritableStream & { on: (e: 'error', f: () => void) => void; end: (s?: string) => void }; stdout: NodeJS.ReadableStream & { destroy: () => void }; stderr: NodeJS.ReadableStream & { destroy: () => void } };
+    // Out of descriptors (EMFILE): no pipes and no process; its 'error' event says why.
+    if (!child.stdin || !child.stdout || !child.stderr) {
+      child.once('error', reject);
+      return;
+    }
     const capture = opts.maxCaptureBytes ?? DEFAULT_CAPTURE;
     const out = new TailBuffer(capture);
     const err = new TailBuffer(capture);

@@ -78,7 +78,7 @@ export function codexCredentialSources(env: Record<string, string | undefined>, 
 
 const SESSION_TOOL_ITEMS = new Set(['CommandExecution', 'FileChange', 'McpToolCall', 'WebSearch']);
 /** How `exec_command`'s output says its process had not ended when the call returned (codex 0.169). */
-const STILL_RUNNING = /^Process running with session ID \d+$/m;
+const STILL_RUNNING = /^Process running with session ID (\d+)$/m;
 
 /**
  * This run's tool calls from a codex rollout file (`sessions/.../rollout-*.jsonl`): the
@@ -109,12 +109,14 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
   });
   const run = events.slice(start + 1);
   const items: Json[] = run.flatMap((e) => (e.type === 'item_completed' && isObject(e.item) && typeof e.item.type === 'string' && SESSION_TOOL_ITEMS.has(e.item.type) ? [e.item] : []));
-  const recorded = new Set(items.map((it) => it.id));
-  // Output of each call, by id: the last one says whether its process was still running.
-  const outputs = new Map(run.flatMap((e) => (e.type === 'function_call_output' && typeof e.call_id === 'string' ? [[e.call_id, str(e.output) ?? ''] as const] : [])));
+  // Recorded by call id, and by process (the session ID its output named), should a codex version number them apart.
+  const recorded = new Set(items.flatMap((it) => [it.id, ...(it.process_id !== undefined ? [`process ${String(it.process_id)}`] : [])]));
+  // Each call's output header (before `Output:`, so the command's own output cannot pass for it).
+  const outputs = new Map(run.flatMap((e) => (e.type === 'function_call_output' && typeof e.call_id === 'string' ? [[e.call_id, (str(e.output) ?? '').split('\nOutput:')[0]!] as const] : [])));
   for (const e of run) {
     if (e.type !== 'function_call' || e.name !== 'exec_command' || typeof e.call_id !== 'string' || recorded.has(e.call_id)) continue;
-    if (!STILL_RUNNING.test(outputs.get(e.call_id) ?? '')) continue;
+    const running = STILL_RUNNING.exec(outputs.get(e.call_id) ?? '');
+    if (!running || recorded.has(`process ${running[1]}`)) continue;
     let cmd = '';
     try {
       const args: unknown = JSON.parse(str(e.arguments) ?? '');

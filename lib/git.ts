@@ -257,11 +257,12 @@ export interface WorktreeEntry {
 /**
  * `git worktree list` can fail while a concurrent `git worktree add` is half way (its admin folder
  * exists, but not yet its `gitdir`, `commondir` or `HEAD` file: "failed to read
- * .git/worktrees/<id>/commondir"), or a concurrent prune removes an admin folder it is reading
- * ("Invalid path '.git/worktrees/<id>': No such file or directory"): that is transient, so try
- * again briefly.
+ * .git/worktrees/<id>/commondir"), while a concurrent remove deletes a file git saw a moment
+ * before (its `locked` marker: "failed to read '.git/worktrees/<id>/locked'"), or while a prune
+ * removes an admin folder it is reading ("Invalid path '.git/worktrees/<id>': No such file or
+ * directory"): that is transient, so try again briefly.
  */
-export const HALF_ADDED_WORKTREE = /\/worktrees\/[^/\s']+(\/(gitdir|commondir|HEAD)\b|': No such file or directory)/;
+export const HALF_ADDED_WORKTREE = /\/worktrees\/[^/\s']+(\/(gitdir|commondir|HEAD|locked)\b|': No such file or directory)/;
 /** Runs `run` (a git command over the repository's worktrees) again while it fails on a half-added worktree. */
 export async function retryHalfAddedWorktree<T>(run: (attempt: number) => Promise<T>): Promise<T> {
   for (let attempt = 1; ; attempt++) {

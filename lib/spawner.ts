@@ -39,12 +39,15 @@ for (const s of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(s, () => {});
 // The worker is gone: its git processes (each in its own group) go too, not left orphaned.
 process.on('disconnect', () => { for (const k of running.values()) k('disconnect'); process.exit(0); });
 const spawnError = (e) => ({ message: e.message, code: e.code, errno: e.errno, syscall: e.syscall, path: e.path });
-// A sandbox command for runProcess (activities/process.ts), with its semantics: the tail of its
-// output kept (never killed for printing much), its group killed when the leader exits, and pipes
-// a daemon outside the group holds let go of 2 s later.
-function proc(m) {
-  const tail = () => ({ chunks: [], size: 0, truncated: false });
-  const out = tail(), err = tail();
+// One process for the worker, under one of two sets of rules. 'run' (git, spawnFile): execFile's,
+// output up to maxBuffer or the process is killed. 'proc' (runProcess's sandbox commands): the
+// tail of the output kept, as TailBuffer in activities/process.ts keeps it; the group killed
+// (SIGKILL) when the leader exits, and pipes a daemon outside the group holds let go 2 s later.
+function start(m) {
+  const proc = m.t === 'proc';
+  const out = { chunks: [], size: 0, truncated: false };
+  const err = { chunks: [], size: 0, truncated: false };
+  const signal = proc ? 'SIGKILL' : m.killSignal;
   let reason, done = false, timer, grace, child;
   const finish = (r) => {
     if (done) return;
@@ -52,75 +55,64 @@ function proc(m) {
     clearTimeout(timer);
     clearTimeout(grace);
     running.delete(m.id);
-    const b64 = (t) => Buffer.concat(t.chunks).toString('base64');
-    process.send({ t: 'done', id: m.id, reason, stdout: b64(out), stderr: b64(err), stdoutTruncated: out.truncated, stderrTruncated: err.truncated, ...r });
+    const text = (t) => Buffer.concat(t.chunks).toString(proc ? 'base64' : 'utf8');
+    process.send({ t: 'done', id: m.id, reason, stdout: text(out), stderr: text(err), stdoutTruncated: out.truncated, stderrTruncated: err.truncated, ...r });
   };
-  const group = () => { try { process.kill(-child.pid, 'SIGKILL'); } catch { try { child.kill('SIGKILL'); } catch {} } };
-  const kill = (why) => { if (!reason) reason = why; group(); };
+  const group = () => { try { process.kill(-child.pid, signal); } catch { try { child.kill(signal); } catch {} } };
+  const kill = (why) => { reason ??= why; group(); };
   try {
     child = cp.spawn(m.file, m.args, { cwd: m.cwd, env: m.env, shell: m.shell ? '/bin/sh' : false, detached: true, stdio: ['pipe', 'pipe', 'pipe'] });
   } catch (e) {
     return finish({ spawnError: spawnError(e) });
   }
-  running.set(m.id, kill);
   child.on('error', (e) => { if (child.pid === undefined) finish({ spawnError: spawnError(e) }); });
+  // Out of descriptors (EMFILE): no pipes and no process; the error above answers the call.
+  if (!child.stdin || !child.stdout || !child.stderr) return;
+  running.set(m.id, kill);
+  // The worker kills the group itself if this process dies before the run ends.
+  if (child.pid !== undefined) process.send({ t: 'pid', id: m.id, pid: child.pid });
   child.stdin.on('error', () => {});
   child.stdin.end(m.input ?? undefined);
-  const keep = (t) => (d) => {
-    t.chunks.push(d);
+  const keep = (t, name) => (d) => {
+    if (proc) {
+      t.chunks.push(d);
+      t.size += d.length;
+      while (t.chunks.length > 1 && t.size - t.chunks[0].length >= m.keep) { t.size -= t.chunks.shift().length; t.truncated = true; }
+      return;
+    }
     t.size += d.length;
-    while (t.chunks.length > 1 && t.size - t.chunks[0].length >= m.keep) { t.size -= t.chunks.shift().length; t.truncated = true; }
-  };
-  child.stdout.on('data', keep(out));
-  child.stderr.on('data', keep(err));
-  if (m.timeout > 0) timer = setTimeout(() => kill('timeout'), m.timeout);
-  child.on('exit', () => {
-    group();
-    grace = setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); }, 2000);
-  });
-  child.on('close', (code, signal) => { group(); finish({ code, signal }); });
-}
-process.on('message', (m) => {
-  if (m.t === 'abort') { const k = running.get(m.id); if (k) k('abort'); return; }
-  if (m.t === 'proc') return proc(m);
-  if (m.t !== 'run') return;
-  const out = [], err = [];
-  let outLen = 0, errLen = 0, reason, done = false, timer, child;
-  const finish = (r) => {
-    if (done) return;
-    done = true;
-    clearTimeout(timer);
-    running.delete(m.id);
-    process.send({ t: 'done', id: m.id, reason, stdout: Buffer.concat(out).toString('utf8'), stderr: Buffer.concat(err).toString('utf8'), ...r });
-  };
-  const kill = (why) => {
-    if (reason) return;
-    reason = why;
-    try { process.kill(-child.pid, m.killSignal); } catch { try { child.kill(m.killSignal); } catch {} }
-  };
-  try {
-    child = cp.spawn(m.file, m.args, { cwd: m.cwd, env: m.env, detached: true, stdio: ['pipe', 'pipe', 'pipe'] });
-  } catch (e) {
-    return finish({ spawnError: spawnError(e) });
-  }
-  running.set(m.id, kill);
-  child.on('error', (e) => { if (child.pid === undefined) finish({ spawnError: spawnError(e) }); });
-  child.stdin.on('error', () => {});
-  child.stdin.end(m.input ?? undefined);
-  const collect = (chunks, name) => (d) => {
-    const len = (name === 'stdout' ? (outLen += d.length) : (errLen += d.length));
-    if (len <= m.maxBuffer) chunks.push(d);
+    if (t.size <= m.maxBuffer) t.chunks.push(d);
     else if (!reason) {
-      chunks.push(d.subarray(0, d.length - (len - m.maxBuffer)));
+      t.chunks.push(d.subarray(0, d.length - (t.size - m.maxBuffer)));
       kill('maxBuffer:' + name);
     }
   };
-  child.stdout.on('data', collect(out, 'stdout'));
-  child.stderr.on('data', collect(err, 'stderr'));
+  child.stdout.on('data', keep(out, 'stdout'));
+  child.stderr.on('data', keep(err, 'stderr'));
   if (m.timeout > 0) timer = setTimeout(() => kill('timeout'), m.timeout);
-  child.on('close', (code, signal) => finish({ code, signal }));
+  if (proc) {
+    child.on('exit', () => {
+      group();
+      grace = setTimeout(() => { child.stdout.destroy(); child.stderr.destroy(); }, 2000);
+    });
+  }
+  child.on('close', (code, sig) => {
+    if (proc) group();
+    finish({ code, signal: sig });
+  });
+}
+process.on('message', (m) => {
+  if (m.t === 'abort') { const k = running.get(m.id); if (k) k('abort'); return; }
+  if (m.t === 'run' || m.t === 'proc') start(m);
 });
 `;
+
+/** The process a call started (sent before its answer). */
+interface Started {
+  t: 'pid';
+  id: number;
+  pid: number;
+}
 
 interface Done {
   t: 'done';
@@ -141,6 +133,8 @@ interface Pending {
   via: ChildProcess;
   file: string;
   args: string[];
+  /** Its process, once the spawner said: killed here if the spawner dies first. */
+  pid?: number;
   /** Its answer came. */
   settle: (m: Done) => void;
   /** The spawner died while it ran. */
@@ -168,9 +162,18 @@ export function startSpawner(): () => void {
     if (released) return;
     released = true;
     if (--holders > 0) return;
-    spawner?.kill('SIGKILL');
+    const child = spawner;
     spawner = undefined;
+    if (!child) return;
+    // Told to go (its channel closed), it kills what it runs and exits; SIGKILL if it does not.
+    if (child.connected) child.disconnect();
+    setTimeout(() => child.kill('SIGKILL'), 1_000).unref();
   };
+}
+
+/** The processes of calls in flight whose start the spawner has reported (for tests and diagnostics). */
+export function spawnerRuns(): number[] {
+  return [...pending.values()].flatMap((p) => (p.pid === undefined ? [] : [p.pid]));
 }
 
 /** The spawner's process id (for tests and the bench), when one runs. */
@@ -185,25 +188,38 @@ function ensureSpawner(): ChildProcess | undefined {
     const child = spawn(process.execPath, ['-e', SPAWNER_SOURCE], { env: {}, stdio: ['ignore', 'ignore', 'inherit', 'ipc'], serialization: 'json' });
     let answered = false;
     let ended = false;
-    const gone = (): void => {
-      if (!ended && !answered && holders > 0) deadOnArrival++;
-      ended = true;
-      if (spawner === child) spawner = undefined;
+    const failCalls = (): void => {
       for (const [id, p] of pending) {
         if (p.via !== child) continue;
         pending.delete(id);
         p.cleanup();
+        // A spawner that was killed (not told to stop) could not kill what it ran. A run it had
+        // not yet reported (killed within moments of starting it) is out of reach here.
+        if (p.pid !== undefined) killProcessGroup(p.pid);
         p.died(`the process spawner exited while ${p.file} ran`);
       }
+    };
+    const gone = (): void => {
+      if (!ended && !answered && holders > 0) deadOnArrival++;
+      ended = true;
+      if (spawner === child) spawner = undefined;
+      // What it sent before it died (a run's pid) is read before its channel closes ('disconnect'):
+      // its calls fail then, or a second later if the channel never says so.
+      if (child.connected) setTimeout(failCalls, 1_000).unref();
+      else failCalls();
     };
     child.on('error', gone);
     child.on('exit', gone);
     child.on('disconnect', gone);
-    child.on('message', (m: Done) => {
+    child.on('message', (m: Done | Started) => {
       answered = true;
       deadOnArrival = 0;
       const p = pending.get(m.id);
       if (!p) return;
+      if (m.t === 'pid') {
+        p.pid = m.pid;
+        return;
+      }
       pending.delete(m.id);
       p.cleanup();
       if (![...pending.values()].some((q) => q.via === child)) idle(child);
@@ -278,22 +294,42 @@ export function spawnFile(file: string, args: string[], options: SpawnOptions, c
     queueMicrotask(() => callback(e, '', ''));
     return;
   }
+  const call = { file, args };
+  submit(child, { t: 'run', file, args, cwd: options.cwd, env: options.env, input: options.input, maxBuffer: options.maxBuffer, timeout: options.timeout ?? 0, killSignal: options.killSignal ?? 'SIGTERM' }, options.signal, {
+    settle: (m) => callback(resultError(call, m), m.stdout, m.stderr),
+    died: (message) => callback(failure(call, { message, code: null, signal: 'SIGKILL' }), '', ''),
+  });
+}
+
+/** Sends one call to `child`, with its abort, and keeps it pending until its answer or the spawner's death. */
+function submit(child: ChildProcess, message: { t: 'run' | 'proc'; file: string; args: string[] } & Record<string, unknown>, signal: AbortSignal | undefined, answer: Pick<Pending, 'settle' | 'died'>): void {
   const id = nextId++;
   const onAbort = (): void => {
     if (spawner === child && child.connected) child.send({ t: 'abort', id });
   };
-  options.signal?.addEventListener('abort', onAbort, { once: true });
-  const p: Pending = {
-    via: child,
-    file,
-    args,
-    settle: (m) => callback(resultError(p, m), m.stdout, m.stderr),
-    died: (message) => callback(failure(p, { message, code: null, signal: 'SIGKILL' }), '', ''),
-    cleanup: () => options.signal?.removeEventListener('abort', onAbort),
-  };
-  pending.set(id, p);
+  signal?.addEventListener('abort', onAbort, { once: true });
+  pending.set(id, { via: child, file: message.file, args: message.args, ...answer, cleanup: () => signal?.removeEventListener('abort', onAbort) });
   busy(child);
-  child.send({ t: 'run', id, file, args, cwd: options.cwd, env: options.env, input: options.input, maxBuffer: options.maxBuffer, timeout: options.timeout ?? 0, killSignal: options.killSignal ?? 'SIGTERM' });
+  child.send({ ...message, id });
+}
+
+/** The spawner died while a `runInSpawner` call ran (its process group was killed). */
+export class SpawnerDied extends Error {
+  override readonly name = 'SpawnerDied';
+}
+
+/** SIGKILL to a process group, or to the process if it has none of its own; gone is fine. */
+export function killProcessGroup(pid: number | undefined, signal: NodeJS.Signals = 'SIGKILL'): void {
+  if (!pid) return;
+  try {
+    process.kill(-pid, signal);
+  } catch {
+    try {
+      process.kill(pid, signal);
+    } catch {
+      /* already gone */
+    }
+  }
 }
 
 /** A sandbox command for `runProcess` (activities/process.ts), which keeps its own semantics through the spawner. */
@@ -327,22 +363,14 @@ export interface ProcessOutcome {
 
 /**
  * Runs `req` through the spawner, or gives undefined when none runs (the caller spawns it itself).
- * A program that cannot start rejects with the spawn error (`code` ENOENT, ...); a spawner that
- * dies while it runs ends it as killed (SIGKILL), as it kills what it ran.
+ * A program that cannot start rejects with the spawn error (`code` ENOENT, ...). A spawner that
+ * dies while it runs rejects with SpawnerDied, after its process group was killed.
  */
 export function runInSpawner(req: ProcessRequest): Promise<ProcessOutcome> | undefined {
   const child = ensureSpawner();
   if (!child) return undefined;
   return new Promise<ProcessOutcome>((resolve, reject) => {
-    const id = nextId++;
-    const onAbort = (): void => {
-      if (spawner === child && child.connected) child.send({ t: 'abort', id });
-    };
-    req.signal?.addEventListener('abort', onAbort, { once: true });
-    pending.set(id, {
-      via: child,
-      file: req.file,
-      args: req.args,
+    submit(child, { t: 'proc', file: req.file, args: req.args, shell: req.shell, cwd: req.cwd, env: req.env, input: req.input, keep: req.keepBytes, timeout: req.timeout ?? 0 }, req.signal, {
       settle: (m) => {
         if (m.spawnError) return reject(Object.assign(new Error(m.spawnError.message), m.spawnError));
         resolve({
@@ -356,10 +384,8 @@ export function runInSpawner(req: ProcessRequest): Promise<ProcessOutcome> | und
           cancelled: m.reason === 'abort',
         });
       },
-      died: (message) => resolve({ code: null, signal: 'SIGKILL', stdout: Buffer.alloc(0), stderr: Buffer.from(message), stdoutTruncated: false, stderrTruncated: false, timedOut: false, cancelled: false }),
-      cleanup: () => req.signal?.removeEventListener('abort', onAbort),
+      // Not the command's doing: an error (the activity is retried), never an exit to judge.
+      died: (message) => reject(new SpawnerDied(message)),
     });
-    busy(child);
-    child.send({ t: 'proc', id, file: req.file, args: req.args, shell: req.shell, cwd: req.cwd, env: req.env, input: req.input, keep: req.keepBytes, timeout: req.timeout ?? 0 });
   });
 }

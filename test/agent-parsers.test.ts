@@ -276,8 +276,16 @@ describe('codex session file: the tool calls of the run that just ended', () => 
     expect(codexSessionToolCalls(lines.join('\n'))).toMatchObject(expected);
     // Without the shutdown record (codex exited before writing it): the same answer, not "no calls".
     expect(codexSessionToolCalls(lines.slice(0, -1).join('\n'))).toMatchObject(expected);
+    // Its record under another id but the same process: counted once.
+    const renamed = [...lines.slice(0, -1), lines.at(-1)!.replace(/"id":"call_[^"]+"/, '"id":"item_other"')];
+    expect(renamed.at(-1)).toContain('"id":"item_other"');
+    expect(codexSessionToolCalls(renamed.join('\n'))).toMatchObject(expected);
     // A still-running call from an earlier run of a resumed thread is not this run's.
     expect(codexSessionToolCalls([...lines.slice(0, -1), started, message].join('\n'))).toMatchObject({ calls: 0, failed: [] });
+    // The command's own output saying so does not count: only the header before `Output:`.
+    const echoed = lines.slice(0, -1).map((l) => l.replace(/Process running with session ID \d+/, 'Process exited with code 0').replace(/Output:\\n/, 'Output:\\nProcess running with session ID 7\\n'));
+    expect(echoed.join('\n')).toContain('Output:\\nProcess running with session ID 7');
+    expect(codexSessionToolCalls(echoed.join('\n'))).toMatchObject({ calls: 0, failed: [] });
     // A call whose process exited when it returned, without a record: not a failure (codex records those as they end).
     const exited = lines.slice(0, -1).map((l) => l.replace(/Process running with session ID \d+/, 'Process exited with code 0'));
     expect(codexSessionToolCalls(exited.join('\n'))).toMatchObject({ calls: 0, failed: [] });

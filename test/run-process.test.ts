@@ -3,12 +3,13 @@
  * the worker's spawner (ADR 0036): a plain run (no lines as they come, no pipes, no hooks) takes
  * the spawner when one runs, and must behave the same either way.
  */
-import { existsSync, mkdtempSync, readFileSync, realpathSync, rmSync, symlinkSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runProcess } from '../activities/process';
-import { spawnerPid, startSpawner } from '../lib/spawner';
+import { SpawnerDied, spawnerPid, spawnerRuns, startSpawner } from '../lib/spawner';
 
 const ENV = { PATH: process.env.PATH ?? '/usr/bin:/bin' };
 
@@ -111,29 +112,87 @@ describe.each(['directly', 'through the spawner'] as const)('runProcess %s', (mo
 });
 
 describe('runProcess through the spawner', () => {
-  it('ends a run as killed when the spawner dies under it, and the next run starts a new spawner', async () => {
+  /** A run of `sleep 60` whose shell wrote its pid; the pid of that sleep's group. */
+  async function sleeping(dir: string, name: string) {
+    const pidFile = path.join(dir, `${name}.pid`);
+    const run = runProcess({ command: `sleep 60 & echo $! > ${pidFile}; wait`, shell: true, cwd: dir, env: ENV });
+    await waitFor(() => existsSync(pidFile) && readFileSync(pidFile, 'utf8').endsWith('\n'), 'the pid file');
+    return { run, sleep: pidIn(pidFile) };
+  }
+
+  it('fails a run with SpawnerDied when the spawner is killed under it, kills what it ran (once the spawner reported it), and the next run starts a new spawner', async () => {
     const release = startSpawner();
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
     try {
-      const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
-      const pidFile = path.join(dir, 'sleep.pid');
-      const running = runProcess({ command: `echo $$ > ${pidFile}; sleep 60`, shell: true, cwd: dir, env: ENV });
-      await waitFor(() => existsSync(pidFile) && readFileSync(pidFile, 'utf8').endsWith('\n'), 'the pid file');
+      const { run, sleep } = await sleeping(dir, 'killed');
+      await waitFor(() => spawnerRuns().length === 1, 'the spawner to report the run');
       const first = spawnerPid()!;
       process.kill(first, 'SIGKILL');
-      const run = await running;
-      expect({ exitCode: run.exitCode, signal: run.signal }).toEqual({ exitCode: null, signal: 'SIGKILL' });
-      expect(run.stderr).toContain('the process spawner exited');
+      await expect(run).rejects.toBeInstanceOf(SpawnerDied);
+      await waitFor(() => !alive(sleep), 'the sleep the dead spawner ran to be killed');
       const again = await runProcess({ command: 'echo $PPID', shell: true, cwd: dir, env: ENV });
       expect(Number(again.stdout.trim())).toBe(spawnerPid());
       expect(spawnerPid()).not.toBe(first);
-      try {
-        process.kill(pidIn(pidFile), 'SIGKILL');
-      } catch {
-        /* gone with its shell */
-      }
-      rmSync(dir, { recursive: true, force: true });
     } finally {
       release();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a release while a run is in flight fails it the same way, and the spawner kills what it ran before it exits', async () => {
+    const release = startSpawner();
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
+    try {
+      const { run, sleep } = await sleeping(dir, 'released');
+      release();
+      await expect(run).rejects.toThrow(/the process spawner exited while/);
+      await waitFor(() => !alive(sleep), 'the sleep to be killed');
+    } finally {
+      release();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('out of file descriptors, the runs that cannot start fail with EMFILE and the spawner lives on', async () => {
+    const release = startSpawner();
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
+    try {
+      await runProcess({ command: 'true', cwd: dir, env: ENV });
+      const pid = spawnerPid()!;
+      const open = readdirSync(`/proc/${pid}/fd`).length;
+      // Room for about one run at a time: its pipes take six descriptors while it starts.
+      // The soft limit only: raising it again needs no privilege.
+      const soft = execFileSync('prlimit', ['--pid', String(pid), '--nofile', '--noheadings', '--output=SOFT'], { encoding: 'utf8' }).trim();
+      execFileSync('prlimit', ['--pid', String(pid), `--nofile=${open + 8}:`]);
+      const outcomes = await Promise.all(Array.from({ length: 20 }, () => runProcess({ command: 'sleep', args: ['0.2'], cwd: dir, env: ENV }).then((r) => `exit ${r.exitCode}`, (e: NodeJS.ErrnoException) => `error ${e.code}`)));
+      expect([...new Set(outcomes)].sort()).toEqual(['error EMFILE', 'exit 0']);
+      expect(spawnerPid()).toBe(pid);
+      execFileSync('prlimit', ['--pid', String(pid), `--nofile=${soft}:`]);
+      expect((await runProcess({ command: 'echo $PPID', shell: true, cwd: dir, env: ENV })).stdout.trim()).toBe(String(pid));
+    } finally {
+      release();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('runProcess directly', () => {
+  it('out of file descriptors, the runs that cannot start fail with EMFILE; the process does not crash', () => {
+    // In a process of its own with a low limit: an unhandled spawn error would end it.
+    const script = `import { runProcess } from ${JSON.stringify(path.join(__dirname, '..', 'activities', 'process.ts'))};
+import { execFileSync } from 'node:child_process';
+import { readdirSync } from 'node:fs';
+execFileSync('prlimit', ['--pid', String(process.pid), '--nofile=' + (readdirSync('/proc/self/fd').length + 8) + ':']);
+const outcomes = await Promise.all(Array.from({ length: 40 }, () => runProcess({ command: 'sleep', args: ['0.2'], cwd: '/', env: { PATH: ${JSON.stringify(ENV.PATH)} } }).then((r) => 'exit ' + r.exitCode, (e) => 'error ' + e.code)));
+console.log(JSON.stringify([...new Set(outcomes)].sort()));`;
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
+    try {
+      const file = path.join(dir, 'emfile.mts');
+      writeFileSync(file, script);
+      const out = execFileSync(process.execPath, ['--import', 'tsx', file], { encoding: 'utf8', cwd: path.join(__dirname, '..') });
+      expect(JSON.parse(out.trim().split('\n').at(-1)!)).toEqual(['error EMFILE', 'exit 0']);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });

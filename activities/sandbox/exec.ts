@@ -59,7 +59,7 @@ export interface PreparedCommand {
     extraPipes: number;
     prepare?: (child: ChildProcess) => Promise<void>;
   };
-  /** Absent: nothing outlives the leader but its process group, which the runner kills (unconfined). */
+  /** Absent (unconfined): nothing to stop besides the process group, which the runner kills; the reaper (setpriv, unshare) takes the rest down with the leader. */
   cleanup?: () => Promise<void>;
 }
 

@@ -34,7 +34,7 @@ import { SLIPWAY_DIR } from '../../core/ids';
 import { classifyKubeStatus, KUBE_CONTAINER, KUBE_LABELS, KUBE_WORKSPACE, LABEL_VALUE, podEnd, podReady, sandboxClaim, sandboxPod, unschedulable, type KubeFailureKind, type KubernetesSettings } from '../../core/kubernetes';
 import { readJson, writeJsonAtomic } from '../../lib/atomic-write';
 import { branchExists, commitIdentity, ensureSlipwayExcluded, git, gitMaybe, resolveCommit } from '../../lib/git';
-import type { RunResult } from '../process';
+import { TailBuffer, type RunResult } from '../process';
 import { KILL_EXEC_SCRIPT, newExecId, SIGNAL_EXEC_SCRIPT } from './container';
 import { PodWatchers, type PodExit, type SandboxPodWatch } from './kube-watch';
 import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, collectKnownHead, importBundle, makeBaseBundle, START_FROM_BUNDLE_SCRIPT } from './git-transport';
@@ -153,22 +153,6 @@ function lineSplitter(emit: (line: string) => void) {
       partial = '';
     },
   };
-}
-
-/** Keeps at most `limit` bytes (the tail), as runProcess does. */
-class Capture {
-  private chunks: Buffer[] = [];
-  private size = 0;
-  constructor(private readonly limit: number) {}
-  push(b: Buffer) {
-    this.chunks.push(b);
-    this.size += b.length;
-    while (this.size > this.limit && this.chunks.length > 1) this.size -= this.chunks.shift()!.length;
-  }
-  text() {
-    const all = Buffer.concat(this.chunks);
-    return all.subarray(Math.max(0, all.length - this.limit)).toString('utf8');
-  }
 }
 
 /**
@@ -613,7 +597,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     const argv = envHeaderArgv(id, inner);
     const input = Buffer.concat([header(KUBE_WORKSPACE, cwd === '.' ? undefined : cwd, env), req.stdinBytes ?? Buffer.from(req.stdin ?? '')]);
     const limit = req.maxCaptureBytes ?? 64 * 1024 * 1024;
-    const out = { stdout: new Capture(limit), stderr: new Capture(limit) };
+    const out = { stdout: new TailBuffer(limit), stderr: new TailBuffer(limit) };
     const lines = { stdout: lineSplitter((l) => req.onLine?.('stdout', l)), stderr: lineSplitter((l) => req.onLine?.('stderr', l)) };
     let ending: 'timedOut' | 'cancelled' | undefined;
     let closeStream: (() => void) | undefined;
@@ -646,7 +630,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     }
     lines.stdout.flush();
     lines.stderr.flush();
-    const stderr = out.stderr.text();
+    const stderr = out.stderr.toString();
     if (!ending && res.exitCode === CWD_REFUSED && cwd) {
       const mark = new RegExp(`${CWD_MARK}(\\w+)\\n?$`).exec(stderr)?.[1];
       if (mark === 'escape') throw new PathEscapeError(req.cwd!, 'a symbolic link leads outside the sandbox');
@@ -655,7 +639,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
     if (!ending && res.exitCode === null && res.status?.status === 'Failure') {
       throw new KubernetesProviderError(`Kubernetes: exec in pod ${record.namespace}/${record.pod} failed: ${res.status.message ?? res.status.reason ?? 'no message'}`, 'other');
     }
-    return result({ exitCode: ending ? (res.exitCode ?? 137) : res.exitCode, stdout: out.stdout.text(), stderr, timedOut: ending === 'timedOut', cancelled: ending === 'cancelled' });
+    return result({ exitCode: ending ? (res.exitCode ?? 137) : res.exitCode, stdout: out.stdout.toString(), stderr, timedOut: ending === 'timedOut', cancelled: ending === 'cancelled' });
   }
 
   /** Whether a process whose command line holds `marker` runs in any sandbox pod of the namespace (tests against a real cluster). */

@@ -74,6 +74,8 @@ describe('concurrent creates and destroys in one group', () => {
     ['fatal: failed to read /r/.git/worktrees/x/gitdir: No such file or directory', true],
     ["fatal: failed to read '/r/.git/worktrees/x/HEAD'", true],
     ["fatal: Invalid path '/r/.git/worktrees/l4-r1': No such file or directory", true],
+    // Seen in a clean-clone CI: a remove deleted the lock marker between git's check and its read.
+    ["fatal: failed to read '.git/worktrees/l6-r1/locked': No such file or directory", true],
     ['fatal: not a git repository: /r/.git/worktrees/x', false],
     ['fatal: failed to read /r/.git/config', false],
   ])('a worktree list failing with %j is a half-added worktree: %s', (stderr, transient) => {
