@@ -38,6 +38,10 @@ const running = new Map();
 for (const s of ['SIGINT', 'SIGTERM', 'SIGHUP']) process.on(s, () => {});
 // The worker is gone: its git processes (each in its own group) go too, not left orphaned.
 process.on('disconnect', () => { for (const k of running.values()) k('disconnect'); process.exit(0); });
+// A worker that let go meanwhile (its channel closed) gets nothing; the 'disconnect' handler
+// above then kills what runs. Without the callback a late send would throw EPIPE and end this
+// process before that handler ran, leaving its runs behind.
+const send = (message) => { if (process.connected) process.send(message, () => {}); };
 const spawnError = (e) => ({ message: e.message, code: e.code, errno: e.errno, syscall: e.syscall, path: e.path });
 // One process for the worker, under one of two sets of rules. 'run' (git, spawnFile): execFile's,
 // output up to maxBuffer or the process is killed. 'proc' (runProcess's sandbox commands): the
@@ -56,7 +60,7 @@ function start(m) {
     clearTimeout(grace);
     running.delete(m.id);
     const text = (t) => Buffer.concat(t.chunks).toString(proc ? 'base64' : 'utf8');
-    process.send({ t: 'done', id: m.id, reason, stdout: text(out), stderr: text(err), stdoutTruncated: out.truncated, stderrTruncated: err.truncated, ...r });
+    send({ t: 'done', id: m.id, reason, stdout: text(out), stderr: text(err), stdoutTruncated: out.truncated, stderrTruncated: err.truncated, ...r });
   };
   const group = () => { try { process.kill(-child.pid, signal); } catch { try { child.kill(signal); } catch {} } };
   const kill = (why) => { reason ??= why; group(); };
@@ -70,7 +74,7 @@ function start(m) {
   if (!child.stdin || !child.stdout || !child.stderr) return;
   running.set(m.id, kill);
   // The worker kills the group itself if this process dies before the run ends.
-  if (child.pid !== undefined) process.send({ t: 'pid', id: m.id, pid: child.pid });
+  if (child.pid !== undefined) send({ t: 'pid', id: m.id, pid: child.pid });
   child.stdin.on('error', () => {});
   child.stdin.end(m.input ?? undefined);
   const keep = (t, name) => (d) => {

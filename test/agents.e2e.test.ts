@@ -19,6 +19,7 @@ import type { AgentProviderKind } from '../core/objective-schema';
 import type { ObjectiveResult, ObjectiveStatus } from '../core/types';
 import { objectiveStatusQuery, objectiveWorkflow, planDecisionUpdate } from '../workflows/objective';
 import { slipway, waitFor } from './helpers/cli';
+import { alive } from './helpers/processes';
 import { writeObjective } from './helpers/objective';
 import { gitIn, makeDemoRepo, PROJECT_ROOT, tempDir } from './helpers/repo';
 import { historyText as sharedHistoryText, startTestWorker, type TestWorker } from './helpers/temporal';
@@ -141,15 +142,6 @@ async function start(id: string, spec: Record<string, unknown>, plan: Record<str
     events: (key, event) => lines().filter((c) => c.key === key && c.event === event),
     result: () => handle.result() as Promise<ObjectiveResult>,
   };
-}
-
-/** Alive and not a zombie. */
-function alive(pid: number): boolean {
-  try {
-    return !/^\d+ \(.*\) [ZX]/.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
-  } catch {
-    return false;
-  }
 }
 
 const historyText = (workflowId: string) => sharedHistoryText(worker.client, workflowId);

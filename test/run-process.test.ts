@@ -10,25 +10,9 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runProcess } from '../activities/process';
 import { SpawnerDied, spawnerPid, spawnerRuns, startSpawner } from '../lib/spawner';
+import { alive, waitUntil } from './helpers/processes';
 
 const ENV = { PATH: process.env.PATH ?? '/usr/bin:/bin' };
-
-async function waitFor(cond: () => boolean, what: string, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 const pidIn = (file: string) => Number(readFileSync(file, 'utf8').trim());
 
@@ -75,18 +59,18 @@ describe.each(['directly', 'through the spawner'] as const)('runProcess %s', (mo
     const pidFile = path.join(dir, `timeout-${mode.length}.pid`);
     const run = await runProcess({ command: `sleep 60 & echo $! > ${pidFile}; wait`, shell: true, cwd: dir, env: ENV, timeoutMs: 500 });
     expect({ timedOut: run.timedOut, cancelled: run.cancelled, exitCode: run.exitCode, signal: run.signal }).toEqual({ timedOut: true, cancelled: false, exitCode: null, signal: 'SIGKILL' });
-    await waitFor(() => !alive(pidIn(pidFile)), 'the background sleep to be killed');
+    await waitUntil(() => !alive(pidIn(pidFile)), 'the background sleep to be killed');
   });
 
   it('on abort kills the whole process group and reports it cancelled; an abort before the start runs nothing', async () => {
     const pidFile = path.join(dir, `abort-${mode.length}.pid`);
     const stop = new AbortController();
     const running = runProcess({ command: `sleep 60 & echo $! > ${pidFile}; wait`, shell: true, cwd: dir, env: ENV, signal: stop.signal });
-    await waitFor(() => existsSync(pidFile) && readFileSync(pidFile, 'utf8').endsWith('\n'), 'the pid file');
+    await waitUntil(() => existsSync(pidFile) && readFileSync(pidFile, 'utf8').endsWith('\n'), 'the pid file');
     stop.abort();
     const run = await running;
     expect({ cancelled: run.cancelled, timedOut: run.timedOut, exitCode: run.exitCode }).toEqual({ cancelled: true, timedOut: false, exitCode: null });
-    await waitFor(() => !alive(pidIn(pidFile)), 'the background sleep to be killed');
+    await waitUntil(() => !alive(pidIn(pidFile)), 'the background sleep to be killed');
     const marker = path.join(dir, `never-${mode.length}`);
     const before = await runProcess({ command: `touch ${marker}`, shell: true, cwd: dir, env: ENV, signal: stop.signal });
     expect(before.cancelled).toBe(true);
@@ -97,7 +81,7 @@ describe.each(['directly', 'through the spawner'] as const)('runProcess %s', (mo
     const inGroup = path.join(dir, `group-${mode.length}.pid`);
     const left = await runProcess({ command: `sleep 60 & echo $! > ${inGroup}; echo done`, shell: true, cwd: dir, env: ENV });
     expect({ exitCode: left.exitCode, stdout: left.stdout }).toEqual({ exitCode: 0, stdout: 'done\n' });
-    await waitFor(() => !alive(pidIn(inGroup)), 'the leftover sleep to be killed');
+    await waitUntil(() => !alive(pidIn(inGroup)), 'the leftover sleep to be killed');
     // setsid: out of the group's reach, with the run's stdout still open. The run ends anyway.
     const session = path.join(dir, `session-${mode.length}.pid`);
     const daemon = await runProcess({ command: `setsid sleep 60 & echo $! > ${session}; echo started`, shell: true, cwd: dir, env: ENV });
@@ -112,51 +96,52 @@ describe.each(['directly', 'through the spawner'] as const)('runProcess %s', (mo
 });
 
 describe('runProcess through the spawner', () => {
+  /** `test` with a spawner held (released after, if `test` did not) and a folder of its own. */
+  async function withSpawner(test: (dir: string, release: () => void) => Promise<void>): Promise<void> {
+    const release = startSpawner();
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
+    try {
+      await test(dir, release);
+    } finally {
+      release();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }
+
   /** A run of `sleep 60` whose shell wrote its pid; the pid of that sleep's group. */
   async function sleeping(dir: string, name: string) {
     const pidFile = path.join(dir, `${name}.pid`);
     const run = runProcess({ command: `sleep 60 & echo $! > ${pidFile}; wait`, shell: true, cwd: dir, env: ENV });
-    await waitFor(() => existsSync(pidFile) && readFileSync(pidFile, 'utf8').endsWith('\n'), 'the pid file');
+    await waitUntil(() => existsSync(pidFile) && readFileSync(pidFile, 'utf8').endsWith('\n'), 'the pid file');
     return { run, sleep: pidIn(pidFile) };
   }
 
-  it('fails a run with SpawnerDied when the spawner is killed under it, kills what it ran (once the spawner reported it), and the next run starts a new spawner', async () => {
-    const release = startSpawner();
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
-    try {
+  it('fails a run with SpawnerDied when the spawner is killed under it, kills what it ran (once the spawner reported it), and the next run starts a new spawner', () =>
+    withSpawner(async (dir) => {
       const { run, sleep } = await sleeping(dir, 'killed');
-      await waitFor(() => spawnerRuns().length === 1, 'the spawner to report the run');
+      await waitUntil(() => spawnerRuns().length === 1, 'the spawner to report the run');
       const first = spawnerPid()!;
       process.kill(first, 'SIGKILL');
       await expect(run).rejects.toBeInstanceOf(SpawnerDied);
-      await waitFor(() => !alive(sleep), 'the sleep the dead spawner ran to be killed');
+      await waitUntil(() => !alive(sleep), 'the sleep the dead spawner ran to be killed');
       const again = await runProcess({ command: 'echo $PPID', shell: true, cwd: dir, env: ENV });
       expect(Number(again.stdout.trim())).toBe(spawnerPid());
       expect(spawnerPid()).not.toBe(first);
-    } finally {
-      release();
-      rmSync(dir, { recursive: true, force: true });
+    }));
+
+  it('a release while a run is in flight fails it the same way, and the spawner kills what it ran before it exits (ten times: a release that lands as the spawner starts a run must not end it first)', async () => {
+    for (let i = 0; i < 10; i++) {
+      await withSpawner(async (dir, release) => {
+        const { run, sleep } = await sleeping(dir, `released-${i}`);
+        release();
+        await expect(run).rejects.toThrow(/the process spawner exited while/);
+        await waitUntil(() => !alive(sleep), 'the sleep to be killed');
+      });
     }
   });
 
-  it('a release while a run is in flight fails it the same way, and the spawner kills what it ran before it exits', async () => {
-    const release = startSpawner();
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
-    try {
-      const { run, sleep } = await sleeping(dir, 'released');
-      release();
-      await expect(run).rejects.toThrow(/the process spawner exited while/);
-      await waitFor(() => !alive(sleep), 'the sleep to be killed');
-    } finally {
-      release();
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
-
-  it('out of file descriptors, the runs that cannot start fail with EMFILE and the spawner lives on', async () => {
-    const release = startSpawner();
-    const dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-run-process-'));
-    try {
+  it('out of file descriptors, the runs that cannot start fail with EMFILE and the spawner lives on', () =>
+    withSpawner(async (dir) => {
       await runProcess({ command: 'true', cwd: dir, env: ENV });
       const pid = spawnerPid()!;
       const open = readdirSync(`/proc/${pid}/fd`).length;
@@ -169,11 +154,7 @@ describe('runProcess through the spawner', () => {
       expect(spawnerPid()).toBe(pid);
       execFileSync('prlimit', ['--pid', String(pid), `--nofile=${soft}:`]);
       expect((await runProcess({ command: 'echo $PPID', shell: true, cwd: dir, env: ENV })).stdout.trim()).toBe(String(pid));
-    } finally {
-      release();
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+    }));
 });
 
 describe('runProcess directly', () => {

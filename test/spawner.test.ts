@@ -9,6 +9,7 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { spawnFile, spawnerPid, startSpawner, type SpawnOptions } from '../lib/spawner';
 import { GitError, gitAnswer, rawGit } from '../lib/git';
+import { alive, waitUntil } from './helpers/processes';
 
 interface Outcome { error: ExecFileException | null; stdout: string; stderr: string }
 
@@ -25,23 +26,6 @@ function direct(file: string, args: string[], options: SpawnOptions): Promise<Ou
 
 const env = { PATH: process.env.PATH ?? '/usr/bin:/bin' };
 const base: SpawnOptions = { env, maxBuffer: 1024 * 1024 };
-
-async function waitFor(cond: () => boolean, what: string, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
-
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 describe('process spawner', () => {
   let release: () => void;
@@ -96,7 +80,7 @@ describe('process spawner', () => {
     expect(r.error?.signal).toBe('SIGKILL');
     expect(r.error?.code).toBe(null);
     const grandchild = Number(readFileSync(pidFile, 'utf8'));
-    await waitFor(() => !alive(grandchild), 'the timed-out group to die');
+    await waitUntil(() => !alive(grandchild), 'the timed-out group to die');
   });
 
   it('abort kills the process group and fails with an AbortError', async () => {
@@ -104,13 +88,13 @@ describe('process spawner', () => {
     const pidFile = path.join(dir, 'grandchild');
     const controller = new AbortController();
     const run = viaSpawner('sh', ['-c', `sleep 300 & echo $! > ${pidFile}; wait`], { ...base, killSignal: 'SIGKILL', signal: controller.signal });
-    await waitFor(() => existsSync(pidFile) && readFileSync(pidFile, 'utf8').trim() !== '', 'the grandchild to start');
+    await waitUntil(() => existsSync(pidFile) && readFileSync(pidFile, 'utf8').trim() !== '', 'the grandchild to start');
     controller.abort();
     const r = await run;
     expect(r.error?.name).toBe('AbortError');
     expect(r.error?.code).toBe('ABORT_ERR');
     const grandchild = Number(readFileSync(pidFile, 'utf8'));
-    await waitFor(() => !alive(grandchild), 'the aborted group to die');
+    await waitUntil(() => !alive(grandchild), 'the aborted group to die');
   });
 
   it('a missing program fails with ENOENT as execFile does', async () => {
@@ -130,11 +114,11 @@ describe('process spawner', () => {
   it('a killed spawner fails its call in flight and the next call starts a new one', async () => {
     const first = spawnerPid()!;
     const inFlight = viaSpawner('sleep', ['300'], base);
-    await waitFor(() => spawnerPid() === first, 'the spawner');
+    await waitUntil(() => spawnerPid() === first, 'the spawner');
     process.kill(first, 'SIGKILL');
     const r = await inFlight;
     expect(r.error).not.toBe(null);
-    await waitFor(() => spawnerPid() === undefined, 'the dead spawner to be noticed');
+    await waitUntil(() => spawnerPid() === undefined, 'the dead spawner to be noticed');
     const next = await viaSpawner('sh', ['-c', 'echo again'], base);
     expect(next).toEqual({ error: null, stdout: 'again\n', stderr: '' });
     expect(spawnerPid()).toBeGreaterThan(0);
@@ -154,11 +138,11 @@ describe('process spawner', () => {
     let out = '';
     worker.stdout!.on('data', (c) => (out += c));
     try {
-      await waitFor(() => /spawner \d+/.test(out), 'the worker to start its spawner', 60_000);
+      await waitUntil(() => /spawner \d+/.test(out), 'the worker to start its spawner', 60_000);
       const pid = Number(/spawner (\d+)/.exec(out)![1]);
       expect(alive(pid)).toBe(true);
       const heldFile = path.join(dir, 'held.pid');
-      await waitFor(() => existsSync(heldFile) && readFileSync(heldFile, 'utf8').trim() !== '', 'the process the spawner runs', 60_000);
+      await waitUntil(() => existsSync(heldFile) && readFileSync(heldFile, 'utf8').trim() !== '', 'the process the spawner runs', 60_000);
       const held = Number(readFileSync(heldFile, 'utf8').trim());
       // A terminal's Ctrl-C or a stop signalling the group is the worker's to handle: the spawner
       // catches SIGHUP, SIGINT and SIGTERM (its caught-signal mask), so they do not end it.
@@ -167,9 +151,9 @@ describe('process spawner', () => {
       process.kill(pid, 'SIGTERM');
       expect(alive(held)).toBe(true);
       worker.kill('SIGKILL');
-      await waitFor(() => !alive(pid), 'the orphaned spawner to exit');
+      await waitUntil(() => !alive(pid), 'the orphaned spawner to exit');
       // ...and takes what it ran (in its own process group) with it.
-      await waitFor(() => !alive(held), 'the process the spawner ran to be killed');
+      await waitUntil(() => !alive(held), 'the process the spawner ran to be killed');
     } finally {
       worker.kill('SIGKILL');
     }
@@ -182,7 +166,7 @@ describe('process spawner', () => {
     expect(spawnerPid()).toBe(pid);
     release();
     expect(spawnerPid()).toBe(undefined);
-    await waitFor(() => !alive(pid), 'the released spawner to exit');
+    await waitUntil(() => !alive(pid), 'the released spawner to exit');
     expect(await viaSpawner('sh', ['-c', 'echo direct'], base)).toEqual({ error: null, stdout: 'direct\n', stderr: '' });
     // Input a process never reads (it exits first): its exit code, not an uncaught EPIPE.
     for (let i = 0; i < 5; i++) expect((await viaSpawner('sh', ['-c', 'exit 4'], { ...base, input: 'x'.repeat(4 * 1024 * 1024) })).error?.code).toBe(4);
