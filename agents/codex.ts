@@ -88,9 +88,10 @@ const STILL_RUNNING = /^Process running with session ID (\d+)$/m;
  * `exec --json`. Failed means the call could not run (declined, or failed without an exit code of
  * its own); a command that ran and exited non-zero (a failing test) is the agent's business.
  *
- * That shutdown record can be missing (codex exits before its writer flushes it). So an
- * `exec_command` call whose output said its process was still running, and that has no record of
- * its own, counts as what codex records for it: killed as codex ended, failed with exit -1.
+ * A call whose output said its process was still running never finished within the run: codex
+ * kills it as it ends. Its record then says exit -1, or 137 when the kill of the run's process group
+ * got there first, or is missing (codex exited before writing it). Whichever, it counts as a call
+ * that could not run, reported as "still running when codex ended".
  */
 export function codexSessionToolCalls(text: string): SessionToolCalls {
   const events: Json[] = [];
@@ -113,10 +114,13 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
   const recorded = new Set(items.flatMap((it) => [it.id, ...(it.process_id !== undefined ? [`process ${String(it.process_id)}`] : [])]));
   // Each call's output header (before `Output:`, so the command's own output cannot pass for it).
   const outputs = new Map(run.flatMap((e) => (e.type === 'function_call_output' && typeof e.call_id === 'string' ? [[e.call_id, (str(e.output) ?? '').split('\nOutput:')[0]!] as const] : [])));
+  /** Calls (by id and by process) still running when their output came back. */
+  const stillRunning = new Set<unknown>();
   for (const e of run) {
-    if (e.type !== 'function_call' || e.name !== 'exec_command' || typeof e.call_id !== 'string' || recorded.has(e.call_id)) continue;
+    if (e.type !== 'function_call' || e.name !== 'exec_command' || typeof e.call_id !== 'string') continue;
     const running = STILL_RUNNING.exec(outputs.get(e.call_id) ?? '');
-    if (!running || recorded.has(`process ${running[1]}`)) continue;
+    if (running) stillRunning.add(e.call_id).add(`process ${running[1]}`);
+    if (!running || recorded.has(e.call_id) || recorded.has(`process ${running[1]}`)) continue;
     let cmd = '';
     try {
       const args: unknown = JSON.parse(str(e.arguments) ?? '');
@@ -124,7 +128,7 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
     } catch {
       /* arguments that are not JSON: the call is still counted, without its command */
     }
-    items.push({ type: 'CommandExecution', id: e.call_id, command: [cmd], status: 'failed', exit_code: -1 });
+    items.push({ type: 'CommandExecution', id: e.call_id, command: [cmd], status: 'failed' });
   }
   let calls = 0;
   const failed: string[] = [];
@@ -132,11 +136,13 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
     calls += 1;
     const status = str(it.status);
     const exit = typeof it.exit_code === 'number' ? it.exit_code : undefined;
-    const couldNotRun = status === 'declined' || (status === 'failed' && (exit === undefined || exit < 0));
+    const unfinished = status === 'failed' && it.type === 'CommandExecution' && (stillRunning.has(it.id) || (it.process_id !== undefined && stillRunning.has(`process ${String(it.process_id)}`)));
+    const couldNotRun = status === 'declined' || (status === 'failed' && (exit === undefined || exit < 0)) || unfinished;
     if (!couldNotRun) continue;
     const command = Array.isArray(it.command) ? String(it.command.at(-1) ?? '') : '';
     const output = str(it.aggregated_output)?.trim().split('\n').at(-1);
-    failed.push(`${it.type}${command ? ` \`${command.slice(0, 120)}\`` : ''} ${status ?? 'failed'}${exit !== undefined ? ` (exit ${exit})` : ''}${output ? `: ${output.slice(0, 200)}` : ''}`);
+    const why = unfinished ? ' (still running when codex ended)' : exit !== undefined ? ` (exit ${exit})` : '';
+    failed.push(`${it.type}${command ? ` \`${command.slice(0, 120)}\`` : ''} ${status ?? 'failed'}${why}${output ? `: ${output.slice(0, 200)}` : ''}`);
   }
   return {
     calls,

@@ -271,9 +271,13 @@ describe('codex session file: the tool calls of the run that just ended', () => 
   it('a command still running when codex ended is the failed call codex records for it, also when that record (written as codex shuts down) is missing', () => {
     // Recorded from codex 0.169 under workspace-write here (its own sandbox cannot run the command), trimmed.
     const lines = fixtureLines('codex', 'session-still-running.jsonl').filter((l) => l.trim());
-    const expected = { calls: 1, failed: ["CommandExecution `printf '%s\\n' 'written by the agent for hello.txt' > hello.txt` failed (exit -1)"] };
+    const expected = { calls: 1, failed: ["CommandExecution `printf '%s\\n' 'written by the agent for hello.txt' > hello.txt` failed (still running when codex ended)"] };
     expect(JSON.parse(lines.at(-1)!).payload.item).toMatchObject({ type: 'CommandExecution', status: 'failed', exit_code: -1 });
     expect(codexSessionToolCalls(lines.join('\n'))).toMatchObject(expected);
+    // Recorded with 137 (the kill of the run's process group got there before codex's own; seen in CI): the same answer.
+    const killed = [...lines.slice(0, -1), lines.at(-1)!.replace('"exit_code":-1', '"exit_code":137')];
+    expect(killed.at(-1)).toContain('"exit_code":137');
+    expect(codexSessionToolCalls(killed.join('\n'))).toMatchObject(expected);
     // Without the shutdown record (codex exited before writing it): the same answer, not "no calls".
     expect(codexSessionToolCalls(lines.slice(0, -1).join('\n'))).toMatchObject(expected);
     // Its record under another id but the same process: counted once.

@@ -399,7 +399,7 @@ describe('the real agent CLIs, offline against a fake model endpoint', () => {
     expect(result.outcome).toBe('failed');
     expect(result.streams[0].failure).toMatchObject({
       kind: 'configuration_error',
-      summary: expect.stringMatching(/builder agent \(codex\) changed nothing: its one tool call failed \(CommandExecution `printf .*hello\.txt` failed \(exit -1\)\); set agents\.builder\.permission_mode: bypassPermissions/),
+      summary: expect.stringMatching(/builder agent \(codex\) changed nothing: its one tool call failed \(CommandExecution `printf .*hello\.txt` failed \(still running when codex ended\)\); set agents\.builder\.permission_mode: bypassPermissions/),
     });
     expect(endpoint.runs()).toHaveLength(1); // not retried, and no gate fix loop on a run that could not write
   }, 240_000);
