@@ -31,7 +31,7 @@ import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, collectKnownHead, importBundle,
 import { bufferCapped, checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { NotAFolderError, parseProviderRoot, PathEscapeError, providerSandboxRoot } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ProviderFailureKind, type ProjectSetup, type ExecRequest, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionRequest } from './provider';
-import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
+import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS, terminalInput } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
 import { describeChanges, fingerprint, type FingerprintParts } from './fingerprint';
@@ -641,9 +641,11 @@ export class DaytonaSandboxProvider implements SandboxProvider {
       });
       // A leading space keeps the line out of an interactive shell's history.
       await terminal.sendInput(` exec /bin/sh ${q(script)}\n`);
-      const stdin = new Writable({
+      // Daytona's PTY has no end of input: closing stdin types it (session.ts terminalInput).
+      const typed = new Writable({
         write: (chunk: Buffer, _e, cb) => void terminal.sendInput(new Uint8Array(chunk)).then(() => cb(), () => cb()),
       });
+      const stdin = terminalInput(typed, false);
       return {
         pid: undefined,
         pty: true,

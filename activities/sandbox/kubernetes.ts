@@ -41,7 +41,7 @@ import { BUNDLE_HEAD_SCRIPT, BundleRefusedError, collectKnownHead, importBundle,
 import { checkRequestedPath, checkReservedPath, FileTooLargeError, listedEntries, NotRegularFileError, type FileEntry, type FileIoOptions, type OpenedFile } from './file-io';
 import { NotAFolderError, parseProviderRoot, PathEscapeError, providerSandboxRoot } from './paths';
 import { SANDBOX_BASE_ENV, SandboxProviderError, type ExecRequest, type ProjectSetup, type ProviderFailureKind, type SandboxCreateRequest, type SandboxHandle, type SandboxLiveness, type SandboxProvider, type SandboxSession, type SessionExit, type SessionRequest } from './provider';
-import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS } from './session';
+import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS, terminalInput } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
 
@@ -716,7 +716,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
         resolve(killed ? { exitCode: null, signal: 'SIGKILL' } : { exitCode: code, signal: null });
       });
     });
-    const stdin = new Writable({
+    const pipe = new Writable({
       write: (chunk: Buffer, _e, cb) => {
         if (exited) return cb();
         input.write(chunk, () => cb());
@@ -726,7 +726,9 @@ export class KubernetesSandboxProvider implements SandboxProvider {
         cb();
       },
     });
-    stdin.on('error', () => undefined);
+    pipe.on('error', () => undefined);
+    // Whether closing a kubelet's tty input types an end of file is the runtime's business: typed here.
+    const stdin = size ? terminalInput(pipe, false) : pipe;
     const half = Math.floor(id.length / 2);
     const signalGroup = (sig: string) => this.control(record, ['/bin/sh', '-c', SIGNAL_EXEC_SCRIPT, 'signal', id.slice(0, half), id.slice(half), sig]).catch(() => undefined);
     return {

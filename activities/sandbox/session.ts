@@ -16,7 +16,7 @@
  *         SIGWINCH to the terminal's foreground group
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import type { Readable, Writable } from 'node:stream';
+import { Writable, type Readable } from 'node:stream';
 import { childEnv, killProcessGroup, signalTree } from '../process';
 import { preparedCommand, type ExecTarget } from './exec';
 import type { SandboxSession, SessionExit, SessionRequest } from './provider';
@@ -26,6 +26,34 @@ export const CONTROL_FD = 9;
 /** What a terminal sends for the signals a user raises from the keyboard. */
 export const TERMINAL_SIGNAL_KEYS: Partial<Record<NodeJS.Signals, string>> = { SIGINT: '\x03', SIGQUIT: '\x1c', SIGTSTP: '\x1a' };
 const MAX_TERMINAL_SIDE = 10_000;
+
+/** Bytes after which a terminal's line holds nothing unread, so one ^D typed then ends the input. */
+const LINE_DONE = new Set([0x0a, 0x0d, 0x04, ...Object.values(TERMINAL_SIGNAL_KEYS).map((k) => k!.charCodeAt(0))]);
+
+/**
+ * A pty session's stdin for every provider: closing it ends the command's input the way a user
+ * ends it at a terminal. In canonical mode ^D only delivers a partial line (`printf x | cat`
+ * under a terminal would wait for ever), so after one a second ^D is typed. `closeTypesEof`:
+ * the transport's own close types one (script(1) does at its input's EOF); otherwise it is typed
+ * here. A command reading the terminal raw gets the ^D bytes, as it would from a keyboard.
+ */
+export function terminalInput(sink: Writable, closeTypesEof: boolean): Writable {
+  let midLine = false;
+  const input = new Writable({
+    write(chunk: Buffer, _e, cb) {
+      if (chunk.length > 0) midLine = !LINE_DONE.has(chunk[chunk.length - 1]!);
+      sink.write(chunk, () => cb());
+    },
+    final(cb) {
+      const eof = '\x04'.repeat(Number(midLine) + Number(!closeTypesEof));
+      if (eof) sink.write(eof);
+      sink.end();
+      cb();
+    },
+  });
+  input.on('error', () => undefined); // written after the command ended or the input closed
+  return input;
+}
 
 export class SessionRequestError extends Error {
   constructor(message: string) {
@@ -159,8 +187,10 @@ export function sessionOver(
   opts: { pty: boolean; control: Writable | undefined; exit: Promise<SessionExit>; signalOther: (sig: NodeJS.Signals) => void; killAll: () => void },
 ): SandboxSession {
   const { control, exit } = opts;
-  const stdin = child.stdin as Writable;
-  stdin.on('error', () => undefined); // the command may exit without reading its input
+  const pipe = child.stdin as Writable;
+  pipe.on('error', () => undefined); // the command may exit without reading its input
+  // Every wrapper here runs script(1) under a pty, which types one ^D at its input's EOF.
+  const stdin = opts.pty ? terminalInput(pipe, true) : pipe;
   control?.on('error', () => undefined);
   let exited = false;
   void exit.then(() => {

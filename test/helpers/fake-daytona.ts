@@ -115,6 +115,9 @@ export class FakeDaytona {
     // The toolbox's WebSocket routes: PTY create-connect and the followed command logs.
     const wss = new WebSocketServer({ noServer: true, handleProtocols: (offered) => (offered.has(PTY_EXIT_CONTROL) ? PTY_EXIT_CONTROL : false) });
     this.server.on('upgrade', (req, socket, head) => {
+      // An upgraded socket has no error handler of node's: a client's reset after a refusal
+      // (ECONNRESET) would be an uncaught exception in the test process.
+      socket.on('error', () => socket.destroy());
       const url = new URL(req.url ?? '/', 'http://x');
       this.requests.push(`WS ${url.pathname}`);
       const refuse = (status: number, message: string) => {

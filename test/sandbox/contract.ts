@@ -270,6 +270,21 @@ export function describeSandboxContract(
         expect(() => session.resize(0, 10)).toThrow(/resize.cols/);
       });
 
+      it.each([
+        ['a partial line', 'last words', 'LAST WORDS'],
+        ['whole lines', 'one\ntwo\n', 'TWO'],
+        ['nothing', '', undefined],
+      ])('under a pty, closing stdin after %s ends the input as ^D typed at a terminal does', async (_what, input, upper) => {
+        const session = await provider.openSession(shared, { command: 'tr a-z A-Z; echo "input ended"', shell: true, pty: { cols: 80, rows: 24 } });
+        const seen = output(session);
+        session.stdin.end(input);
+        expect((await session.exit).exitCode).toBe(0);
+        await seen.ended;
+        expect(seen.text).toContain('input ended');
+        // What tr read (the terminal's echo is in lower case).
+        if (upper !== undefined) expect(seen.text).toContain(upper);
+      });
+
       it('under a pty, SIGINT reaches the foreground command as ^C does; the exit code comes back', async () => {
         const session = await provider.openSession(shared, {
           command: 'trap "echo interrupted; exit 4" INT; echo ready; while :; do sleep 1; done',

@@ -79,6 +79,11 @@ describe('streaming exec (NDJSON)', () => {
     const got = await frames(await streamExec(a.token, sandboxId, { command: 'sh', args: ['-c', 'test -t 1 && stty size'], pty: { cols: 91, rows: 33 } }));
     expect(got.at(-1)).toMatchObject({ type: 'exit', exit_code: 0 });
     expect(got.filter((f) => f.type === 'stdout').map((f) => f.data).join('')).toContain('33 91');
+    // The request's stdin is the whole input: under a terminal too, the command reads its end,
+    // after a partial line as well (the fuzzer's `cat` with stdin "x" once ran to its timeout).
+    const typed = await frames(await streamExec(a.token, sandboxId, { command: 'sh', args: ['-c', 'tr a-z A-Z; echo "input ended"'], stdin: 'x', pty: { cols: 80, rows: 24 }, timeout_seconds: 60 }));
+    expect(typed.at(-1)).toMatchObject({ type: 'exit', exit_code: 0, timed_out: false });
+    expect(typed.filter((f) => f.type === 'stdout').map((f) => f.data).join('')).toMatch(/X[^]*input ended/);
   });
 
   it('refuses bad input with 400 naming the field, before anything runs', async () => {
