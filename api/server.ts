@@ -6,7 +6,7 @@
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { z } from 'zod';
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { handleMcpHttp } from './mcp';
 import { buildOpenApiDocument } from './openapi';
@@ -116,6 +116,19 @@ export async function buildApiServer(opts: ApiServerOptions): Promise<FastifyIns
     if (!target) return;
     reply.hijack();
     await handlePreviewRequest(service, target, req.raw, reply.raw, counters);
+  });
+
+  // A stop waits for the requests in flight. Once one is answered its connection is dropped, or
+  // the client's keep-alive would hold the stop for the keep-alive timeout (72 s). Not by a
+  // `connection: close` header: undici (fetch) ends a chunked body early at such a close.
+  let closing = false;
+  app.addHook('preClose', async () => {
+    closing = true;
+  });
+  app.server.on('request', (_req: IncomingMessage, res: ServerResponse) => {
+    res.once('finish', () => {
+      if (closing) setImmediate(() => app.server.closeIdleConnections());
+    });
   });
 
   app.addHook('onResponse', async (req, reply) => {

@@ -153,8 +153,21 @@ const LIVE_WAKE_STATES: SandboxState[] = ['suspending', 'suspended', 'restoring'
 export class SandboxService {
   private readonly profiles = new Map<string, billing.ProfileRow>();
   private readonly execsRunning = new Map<string, number>();
+  /** Aborted when the host stops: every command still running is killed with it. */
+  private readonly stopping = new AbortController();
+  private readonly sessionsOpen = new Set<SandboxSession>();
 
   constructor(private readonly deps: SandboxServiceDeps) {}
+
+  /**
+   * Ends every command this process still runs for a caller (execs, streamed execs, sessions):
+   * the host's last step after its grace, so a stop never waits on a command's own timeout.
+   * Their callers get what a kill gives (the exit frame, the result); new ones are refused.
+   */
+  stopCommands(): void {
+    this.stopping.abort();
+    for (const session of this.sessionsOpen) session.kill();
+  }
 
   get db(): Db {
     return this.deps.db;
@@ -471,6 +484,7 @@ export class SandboxService {
   }
 
   private claimExecSlot(accountId: string): () => void {
+    if (this.stopping.signal.aborted) throw new ApiError(503, 'shutting_down', 'this server is stopping; retry against another or after its restart', undefined, 1);
     const limit = this.deps.execConcurrency ?? DEFAULT_EXEC_CONCURRENCY;
     const running = this.execsRunning.get(accountId) ?? 0;
     if (running >= limit) throw new ApiError(429, 'exec_limit', `this account may run ${limit} exec${limit === 1 ? '' : 's'} at once; wait for one to finish`, undefined, 1);
@@ -510,8 +524,9 @@ export class SandboxService {
   }
 
   /** `signal`: aborted when the caller goes away; the command is killed with it. */
-  async exec(principal: Principal, id: string, body: ExecBody, signal?: AbortSignal) {
+  async exec(principal: Principal, id: string, body: ExecBody, callerGone?: AbortSignal) {
     const releaseSlot = this.claimExecSlot(principal.accountId);
+    const signal = callerGone ? AbortSignal.any([callerGone, this.stopping.signal]) : this.stopping.signal;
     const releaseBoth = (release: () => void) => {
       release();
       releaseSlot();
@@ -604,7 +619,7 @@ export class SandboxService {
             async (e) => remoteCallError(e, id, owner, graceSeconds, req.cwd ?? '.'),
             input,
           );
-          return { session, row, release: () => releaseBoth(release) };
+          return { session: this.track(session), row, release: () => releaseBoth(release) };
         }
         if (owner !== undefined) {
           // Interactive: bytes both ways while it runs, over the owner's tunnel (ADR 0028).
@@ -616,7 +631,7 @@ export class SandboxService {
             ...(req.cwd !== undefined ? { cwd: req.cwd } : {}),
             ...(req.pty ? { pty: req.pty } : {}),
           });
-          return { session: new TunnelSession(ws, req.pty !== undefined, whyClosed), row, release: () => releaseBoth(release) };
+          return { session: this.track(new TunnelSession(ws, req.pty !== undefined, whyClosed)), row, release: () => releaseBoth(release) };
         }
         if (provider.sessions === false) throw new ApiError(501, 'sessions_unsupported', `the ${provider.kind} provider has no interactive sessions`);
         // A host-bound sandbox is a folder here; a remote one (Daytona) checks cwd inside itself.
@@ -624,7 +639,7 @@ export class SandboxService {
         const session = await provider.openSession({ root }, { ...req, env: execEnv(row, req.env ?? {}), inheritEnv: false }).catch((e: unknown) => {
           throw this.providerCallError(e, { sandboxId: id, root, hostBound: provider.hostBound, cwd: req.cwd });
         });
-        return { session, row, release: () => releaseBoth(release) };
+        return { session: this.track(session), row, release: () => releaseBoth(release) };
       } catch (e) {
         release();
         throw e;
@@ -633,6 +648,14 @@ export class SandboxService {
       releaseSlot();
       throw e;
     }
+  }
+
+  /** Known to stopCommands until it ends. */
+  private track(session: SandboxSession): SandboxSession {
+    this.sessionsOpen.add(session);
+    void session.exit.finally(() => this.sessionsOpen.delete(session));
+    if (this.stopping.signal.aborted) session.kill(); // opened as the host stopped
+    return session;
   }
 
   /** 404 unless the sandbox is this account's (checked before a WebSocket is accepted). */

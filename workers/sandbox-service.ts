@@ -79,6 +79,12 @@ export interface SandboxServiceHostOptions {
    * the owner. Absent: sandboxes have no recorded owner and every call is direct (one host).
    */
   workerId?: string;
+  /**
+   * On close, how long commands callers still run (execs, streamed execs, sessions) may go on
+   * before they are killed (default 10 s, `SLIPWAY_SHUTDOWN_GRACE_MS` for `slipway api`); no
+   * new request is taken meanwhile (fastify answers 503).
+   */
+  shutdownGraceMs?: number;
   /** How long an exec or file call waits for a remote owner to take it up before a 503 (default 180). */
   ownerGraceSeconds?: number;
   /**
@@ -87,6 +93,8 @@ export interface SandboxServiceHostOptions {
    */
   tunnelUrl?: string;
 }
+
+const DEFAULT_SHUTDOWN_GRACE_MS = 10_000;
 
 export interface SandboxServiceHost {
   url?: string;
@@ -289,7 +297,16 @@ export async function startSandboxServiceHost(opts: SandboxServiceHostOptions): 
     const listen = opts.api ?? { host: '127.0.0.1', port: 8787 };
     url = await app.listen({ host: listen.host, port: listen.port });
     if (tunnels && !tunnels.url) tunnels.url = url;
-    closers.unshift(() => app!.close());
+    // Fastify's close waits for every request in flight, a streamed exec's included: a command
+    // may run for an hour. After the grace they are killed, so their callers get the kill's answer.
+    closers.unshift(async () => {
+      const closed = app!.close();
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([closed, new Promise((r) => (timer = setTimeout(r, opts.shutdownGraceMs ?? DEFAULT_SHUTDOWN_GRACE_MS)))]);
+      clearTimeout(timer);
+      service.stopCommands();
+      await closed;
+    });
   }
 
   return {

@@ -113,6 +113,7 @@ export async function apiCommand(opts: {
     dataConverter,
     workerId,
     ownerGraceSeconds: settings.ownerGraceSeconds,
+    shutdownGraceMs: settings.shutdownGraceMs,
     ...(tunnelUrl ? { tunnelUrl } : {}),
     ...(opts.maxFileMb !== undefined ? { fileLimitBytes: opts.maxFileMb * 1024 * 1024 } : {}),
     ...(opts.rate !== undefined ? { requestsPerSecond: opts.rate } : {}),

@@ -60,7 +60,7 @@ export function slowCreates(inner: ProviderFor, ms: number): ProviderFor {
 }
 
 export async function startServiceHarness(
-  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency' | 'requestsPerSecond' | 'preview' | 'ssh' | 'worker' | 'workerId' | 'ownerGraceSeconds'>> = {},
+  opts: Partial<Pick<SandboxServiceHostOptions, 'reaper' | 'watchIntervalMs' | 'providerFor' | 'allowUnconfined' | 'fileLimitBytes' | 'execConcurrency' | 'requestsPerSecond' | 'preview' | 'ssh' | 'worker' | 'workerId' | 'ownerGraceSeconds' | 'shutdownGraceMs'>> = {},
 ): Promise<ServiceHarness> {
   installRuntimeLogging();
   const database = await freshPostgres();
@@ -93,6 +93,7 @@ export async function startServiceHarness(
     worker: opts.worker,
     workerId: opts.workerId,
     ownerGraceSeconds: opts.ownerGraceSeconds,
+    shutdownGraceMs: opts.shutdownGraceMs,
   });
   const repo = makeServiceRepo();
   let n = 0;
