@@ -121,7 +121,6 @@ class LineSplitter {
   }
 }
 
-
 /**
  * Wrappers Slipway puts around a command (bubblewrap, and `setpriv`/`unshare` for unconfined
  * ones). They do not forward signals, and their death SIGKILLs what runs inside them.

@@ -110,8 +110,9 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
   });
   const run = events.slice(start + 1);
   const items: Json[] = run.flatMap((e) => (e.type === 'item_completed' && isObject(e.item) && typeof e.item.type === 'string' && SESSION_TOOL_ITEMS.has(e.item.type) ? [e.item] : []));
-  // Recorded by call id, and by process (the session ID its output named), should a codex version number them apart.
-  const recorded = new Set(items.flatMap((it) => [it.id, ...(it.process_id !== undefined ? [`process ${String(it.process_id)}`] : [])]));
+  // A call is known by its id and by its process (the session ID its output named), should a codex version number them apart.
+  const keysOf = (id: unknown, processId: unknown): unknown[] => [id, ...(processId !== undefined ? [`process ${String(processId)}`] : [])];
+  const recorded = new Set(items.flatMap((it) => keysOf(it.id, it.process_id)));
   // Each call's output header (before `Output:`, so the command's own output cannot pass for it).
   const outputs = new Map(run.flatMap((e) => (e.type === 'function_call_output' && typeof e.call_id === 'string' ? [[e.call_id, (str(e.output) ?? '').split('\nOutput:')[0]!] as const] : [])));
   /** Calls (by id and by process) still running when their output came back. */
@@ -119,8 +120,10 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
   for (const e of run) {
     if (e.type !== 'function_call' || e.name !== 'exec_command' || typeof e.call_id !== 'string') continue;
     const running = STILL_RUNNING.exec(outputs.get(e.call_id) ?? '');
-    if (running) stillRunning.add(e.call_id).add(`process ${running[1]}`);
-    if (!running || recorded.has(e.call_id) || recorded.has(`process ${running[1]}`)) continue;
+    if (!running) continue;
+    const keys = keysOf(e.call_id, running[1]);
+    for (const k of keys) stillRunning.add(k);
+    if (keys.some((k) => recorded.has(k))) continue;
     let cmd = '';
     try {
       const args: unknown = JSON.parse(str(e.arguments) ?? '');
@@ -136,7 +139,7 @@ export function codexSessionToolCalls(text: string): SessionToolCalls {
     calls += 1;
     const status = str(it.status);
     const exit = typeof it.exit_code === 'number' ? it.exit_code : undefined;
-    const unfinished = status === 'failed' && it.type === 'CommandExecution' && (stillRunning.has(it.id) || (it.process_id !== undefined && stillRunning.has(`process ${String(it.process_id)}`)));
+    const unfinished = status === 'failed' && it.type === 'CommandExecution' && keysOf(it.id, it.process_id).some((k) => stillRunning.has(k));
     const couldNotRun = status === 'declined' || (status === 'failed' && (exit === undefined || exit < 0)) || unfinished;
     if (!couldNotRun) continue;
     const command = Array.isArray(it.command) ? String(it.command.at(-1) ?? '') : '';
