@@ -17,6 +17,8 @@ type Doc = { paths: Record<string, Record<string, Schema>>; components: { schema
 
 const SEED = Number(process.env.SLIPWAY_FUZZ_SEED ?? Date.now() % 1_000_000);
 const PER_OPERATION = Number(process.env.SLIPWAY_FUZZ_RUNS ?? 60);
+/** Every answer the fuzzer asks for is quick (short commands, small bodies); a slower one is a finding. */
+const ANSWER_WITHIN_MS = 30_000;
 
 /** mulberry32: small, seedable, good enough to pick cases. */
 function rng(seed: number) {
@@ -171,8 +173,17 @@ describe('OpenAPI fuzz', () => {
           body = new Uint8Array(Buffer.from(randomString(r, 200)));
         }
         const label = `${method.toUpperCase()} ${url.slice(0, 160)}${body ? ` ${String(typeof body === 'string' ? body : '<bytes>').slice(0, 160)}` : ''}`;
-        const res = await fetch(new URL(url, h.url), { method: method.toUpperCase(), headers, body });
-        const text = await res.text();
+        // A request that hangs is named, not left to the test's timeout (a pty exec once waited for an end of input).
+        let res: Response;
+        let text: string;
+        try {
+          res = await fetch(new URL(url, h.url), { method: method.toUpperCase(), headers, body, signal: AbortSignal.timeout(ANSWER_WITHIN_MS) });
+          text = await res.text();
+        } catch (e) {
+          if ((e as Error).name !== 'TimeoutError') throw e;
+          failures.push(`no answer within ${ANSWER_WITHIN_MS / 1000} s for ${label}`);
+          continue;
+        }
         statuses.set(`${op.operationId} ${res.status}`, (statuses.get(`${op.operationId} ${res.status}`) ?? 0) + 1);
         if (res.status >= 500 && res.status !== 503 && res.status !== 507) failures.push(`${res.status} for ${label}: ${text.slice(0, 300)}`);
         const documented = op.responses?.[String(res.status)];
