@@ -10,7 +10,9 @@ import path from 'node:path';
 /**
  * `mkdir -p` that holds against a concurrent remover of empty folders (a sandbox's destroy
  * removes its group's folders once empty): Node's recursive mkdir fails with ENOENT when a folder
- * it found existing (EEXIST) is gone when it checks it is a folder, so it is asked again.
+ * it found existing (EEXIST) is gone when it checks it is a folder, and now and then with ENOTDIR
+ * in the same race (4 in 120,000 calls here; a clean-clone CI hit it), so it is asked again. A
+ * file truly in the way still fails, after the last try.
  */
 export async function ensureDir(dir: string): Promise<void> {
   for (let attempt = 1; ; attempt++) {
@@ -18,7 +20,8 @@ export async function ensureDir(dir: string): Promise<void> {
       await fs.mkdir(dir, { recursive: true });
       return;
     } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== 'ENOENT' || attempt >= 20) throw e;
+      const code = (e as NodeJS.ErrnoException).code;
+      if ((code !== 'ENOENT' && code !== 'ENOTDIR') || attempt >= 20) throw e;
     }
   }
 }

@@ -69,6 +69,30 @@ describe('concurrent creates and destroys in one group', () => {
     expect(results.flatMap((r) => (r.status === 'rejected' ? [String(r.reason)] : []))).toEqual([]);
   });
 
+  it('mkdir -p against a remover of empty folders never fails; a file in the way still does', async () => {
+    // Node's recursive mkdir, raced by rmdir, fails with ENOENT and now and then with ENOTDIR
+    // (a clean-clone CI's create failed on the second): six makers, one remover, as often as they can.
+    // The race is rare: without the retry of ENOTDIR this fails about every other run.
+    const group = path.join(tempDir('mkdir-race'), 'worktrees', 'group');
+    let making = true;
+    const remover = (async () => {
+      while (making) {
+        for (const d of ['a', 'b']) await fs.rmdir(path.join(group, d)).catch(() => undefined);
+        await fs.rmdir(group).catch(() => undefined);
+      }
+    })();
+    const maker = async (i: number) => {
+      for (let n = 0; n < 12_000; n++) await ensureDir(path.join(group, i % 2 ? 'a' : 'b'));
+    };
+    const results = await Promise.allSettled(Array.from({ length: 6 }, (_, i) => maker(i)));
+    making = false;
+    await remover;
+    expect(results.flatMap((r) => (r.status === 'rejected' ? [String(r.reason)] : []))).toEqual([]);
+    await fs.mkdir(group, { recursive: true });
+    await fs.writeFile(path.join(group, 'file'), '');
+    await expect(ensureDir(path.join(group, 'file', 'below'))).rejects.toMatchObject({ code: 'ENOTDIR' });
+  }, 120_000);
+
   it.each([
     ['fatal: failed to read .git/worktrees/l3-r1/commondir: No such file or directory', true],
     ['fatal: failed to read /r/.git/worktrees/x/gitdir: No such file or directory', true],
