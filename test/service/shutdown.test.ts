@@ -5,24 +5,18 @@
  * hung in its teardown). Now commands get the grace to finish, then are killed, and their
  * callers get the kill's answer.
  */
-import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { getSandboxById } from '../../activities/billing/records';
 import type { ExecFrame } from './remote-owner';
-import { waitUntil } from '../helpers/processes';
+import { waitFor } from '../helpers/cli';
+import { processesWith } from '../sandbox/helpers';
 import { rawRequest, startServiceHarness } from './harness';
 
 /** Processes whose command line carries `marker` (the commands run under bubblewrap, visible from here). */
-const running = (marker: string) => {
-  try {
-    return execFileSync('pgrep', ['-f', marker], { encoding: 'utf8' }).split('\n').filter(Boolean).length;
-  } catch {
-    return 0; // pgrep exits 1 when nothing matches
-  }
-};
+const running = async (marker: string) => (await processesWith(marker)).length;
 
 const frames = async (res: Response) =>
   (await res.text())
@@ -49,7 +43,7 @@ describe('stopping the service host', () => {
     const streamed = await exec({ stream: true, command: 'sh', args: ['-c', `: ${marker}-streamed; echo started; sleep 3600`], timeout_seconds: 3600 });
     expect(streamed.status).toBe(200);
     const plain = exec({ command: 'sh', args: ['-c', `: ${marker}-plain; sleep 3600`], timeout_seconds: 3600 });
-    await waitUntil(() => running(`${marker}-plain`) > 0, 'the plain exec running');
+    await waitFor(async () => (await running(`${marker}-plain`)) > 0, 'the plain exec running', 30_000, 20);
     await h.stop();
     const got = await frames(streamed);
     expect(got[0]).toMatchObject({ type: 'stdout', data: 'started\n' });
@@ -58,7 +52,7 @@ describe('stopping the service host', () => {
     const answer = await plain;
     expect(answer.status).toBe(200);
     expect(await answer.json()).toMatchObject({ timed_out: false });
-    await waitUntil(() => running(marker) === 0, 'no command left behind');
+    await waitFor(async () => (await running(marker)) === 0, 'no command left behind', 30_000, 20);
   });
 
   it('lets a command that ends within the grace finish: its caller gets the whole output and exit code 0', async () => {
@@ -71,7 +65,7 @@ describe('stopping the service host', () => {
     const stopping = h.stop().then(() => (stopped = true));
     await new Promise((r) => setTimeout(r, 50));
     expect(stopped).toBe(false);
-    expect(running(marker)).toBeGreaterThan(0);
+    expect(await running(marker)).toBeGreaterThan(0);
     writeFileSync(path.join(root, 'go'), '');
     await stopping;
     const got = await frames(streamed);
