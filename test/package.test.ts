@@ -6,11 +6,12 @@
  * and `status`, and `slipway api`. No file of the source tree is reachable from the installed package.
  */
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, readFileSync, realpathSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freePort, isPortOpen } from '../workers/dev-server';
+import { isPortOpen } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { findTemporalBinary } from '../workers/temporal-binary';
 import { ensureBuilt } from './helpers/build';
 import { waitFor } from './helpers/cli';
@@ -59,8 +60,8 @@ describe('the npm package', () => {
       HOME: home,
       PATH: `${path.join(prefix, 'bin')}:${path.dirname(process.execPath)}:/usr/local/bin:/usr/bin:/bin`,
       TEMPORAL_CLI_PATH: findTemporalBinary(),
-      SLIPWAY_TEMPORAL_PORT: String(await freePort()),
-      SLIPWAY_UI_PORT: String(await freePort()),
+      SLIPWAY_TEMPORAL_PORT: String(await testPort()),
+      SLIPWAY_UI_PORT: String(await testPort()),
       GIT_AUTHOR_NAME: 't',
       GIT_AUTHOR_EMAIL: 't@t',
       GIT_COMMITTER_NAME: 't',
@@ -74,6 +75,7 @@ describe('the npm package', () => {
       dev.kill('SIGTERM');
       await exited;
     }
+    rmSync(work, { recursive: true, force: true }); // the npm prefix with the installed tarball: about 530 MB
   });
 
   it('holds the compiled code and its declarations, and no tests, fixtures, sources or local state', () => {
@@ -147,7 +149,7 @@ describe('the npm package', () => {
 
   it('serves the sandbox API from the installed package: starts beside dev, answers /healthz and a token\'s request, refuses a request without one, stops on SIGTERM', async () => {
     // Against the server `slipway dev` runs (the test above); the billing database is its own PGlite under HOME.
-    const port = await freePort();
+    const port = await testPort();
     let log = '';
     const api = spawn(path.join(prefix, 'bin', 'slipway'), ['api', '--port', String(port)], { cwd: repo, env: { ...env, SLIPWAY_WORKER_ID: 'pkg-api' }, stdio: ['ignore', 'pipe', 'pipe'] });
     api.stderr!.on('data', (c) => (log += c));
