@@ -13,7 +13,7 @@ import { describe, expect, it } from 'vitest';
 import { checkAgentsOnThisMachine } from '../activities/agents/preflight';
 import { codexCredentialSources } from '../agents/codex';
 import { AgentSchema } from '../core/objective-schema';
-import { freePort } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { slipway } from './helpers/cli';
 import { writeObjective } from './helpers/objective';
 import { makeTinyRepo, tempDir } from './helpers/repo';
@@ -30,7 +30,7 @@ const NO_KEYS = Object.fromEntries(
 async function run(objective: Record<string, unknown>, env: Record<string, string> = {}, id = 'agent-check') {
   const file = writeObjective({ objective: 'x', streams: [{ id: 'a', task: 'do a' }], ...objective });
   const home = tempDir('slipway-home-');
-  const result = await slipway(['run', file, '--id', id], { ...NO_KEYS, HOME: tempDir('slipway-agent-home-'), SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()), ...env });
+  const result = await slipway(['run', file, '--id', id], { ...NO_KEYS, HOME: tempDir('slipway-agent-home-'), SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await testPort()), ...env });
   expect(existsSync(path.join(home, 'temporal.sqlite')), 'nothing was started').toBe(false);
   return result;
 }

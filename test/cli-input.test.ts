@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
-import { freePort } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { slipway } from './helpers/cli';
 import { makeTinyRepo, tempDir } from './helpers/repo';
 
@@ -42,7 +42,7 @@ describe('slipway run: input limits and encoding', () => {
       const file = path.join(tempDir('slipway-input-'), 'objective.yaml');
       writeFileSync(file, c.content);
       const home = tempDir('slipway-home-');
-      const run = await slipway(['run', file, '--id', 'input-check'], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()) });
+      const run = await slipway(['run', file, '--id', 'input-check'], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await testPort()) });
       expect(run.code).toBe(2);
       for (const re of c.expect) expect(run.stderr).toMatch(re);
       expect(run.stderr).not.toMatch(/grpc|\n\s+at /i);

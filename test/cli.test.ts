@@ -6,7 +6,7 @@ import { existsSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { freePort } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { DEMO_DIR, gitIn, makeDemoRepo, pictureCheckout, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
 import { slipway } from './helpers/cli';
@@ -27,7 +27,7 @@ describe('slipway run on the embedded server', () => {
     const repo = makeDemoRepo();
     const before = pictureCheckout(repo);
     const home = tempDir('slipway-home-');
-    const env = { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()), SLIPWAY_UI_PORT: String(await freePort()) };
+    const env = { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await testPort()), SLIPWAY_UI_PORT: String(await testPort()) };
 
     const run = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-demo', '--json'], env);
 
@@ -143,7 +143,7 @@ describe('bad input', () => {
       const home = tempDir('slipway-home-');
       const id = `bad-${c.name.replace(/\W+/g, '-')}`;
       // Embedded mode: a bad file must fail before any server is started.
-      const embedded = await slipway(['run', file, '--id', id], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()) });
+      const embedded = await slipway(['run', file, '--id', id], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await testPort()) });
       expect(embedded.code).toBe(2);
       expect(embedded.stderr).toMatch(c.expect);
       expect(embedded.stderr).not.toContain('t0ken-secret');

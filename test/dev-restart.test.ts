@@ -10,7 +10,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
 import type { ObjectiveInput, ObjectiveResult } from '../core/types';
-import { freePort } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { BIN, waitFor } from './helpers/cli';
 import { DEMO_DIR, makeDemoRepo, PROJECT_ROOT, tempDir } from './helpers/repo';
 
@@ -29,9 +29,9 @@ function serverPid(parent: number): number | undefined {
 describe('slipway dev supervises its Temporal server', () => {
   it('restarts a killed server with the same data, the worker carries on; a server that cannot restart ends dev with the reason', async () => {
     const home = tempDir('slipway-dev-home-');
-    const port = await freePort();
+    const port = await testPort();
     const taskQueue = `dev-restart-${port}`;
-    const env: NodeJS.ProcessEnv = { ...process.env, SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(port), SLIPWAY_UI_PORT: String(await freePort()), SLIPWAY_TASK_QUEUE: taskQueue };
+    const env: NodeJS.ProcessEnv = { ...process.env, SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(port), SLIPWAY_UI_PORT: String(await testPort()), SLIPWAY_TASK_QUEUE: taskQueue };
     delete env.TEMPORAL_ADDRESS;
     let output = '';
     dev = spawn(process.execPath, [BIN, 'dev'], { cwd: PROJECT_ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] });

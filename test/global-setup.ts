@@ -5,7 +5,8 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { freePort, startDevServer, type DevServer } from '../workers/dev-server';
+import { startDevServer, type DevServer } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { bundleWorkflows } from '../workers/worker';
 
 declare module 'vitest' {
@@ -22,7 +23,7 @@ let dir: string | undefined;
 export async function setup(project: { provide(key: 'temporalAddress' | 'workflowBundlePath', value: string): void }) {
   dir = mkdtempSync(path.join(os.tmpdir(), 'slipway-test-temporal-'));
   const [port, bundle] = await Promise.all([
-    freePort(),
+    testPort(),
     bundleWorkflows(),
   ]);
   server = await startDevServer({ dataDir: dir, port, headless: true, startTimeoutMs: 120_000 });

@@ -8,7 +8,7 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { stringify } from 'yaml';
 import { claimObjectiveId, objectiveIdInUse } from '../activities/objective-id';
-import { freePort } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { slipway } from './helpers/cli';
 import { gitIn, makeTinyRepo, tempDir } from './helpers/repo';
 
@@ -39,7 +39,7 @@ describe('objective id claims', () => {
     const file = path.join(tempDir('slipway-id-'), 'objective.yaml');
     writeFileSync(file, stringify({ objective: 'x', repository: repo, agents: { builder: { provider: 'script', command: 'true' } }, streams: [{ id: 'a', task: 'do a' }] }));
     const home = tempDir('slipway-home-');
-    const run = await slipway(['run', file, '--id', 'again'], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await freePort()) });
+    const run = await slipway(['run', file, '--id', 'again'], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await testPort()) });
     expect(run.code).toBe(2);
     expect(run.stderr).toContain('objective id "again" was used before');
     expect(run.stderr).toContain('slipway/again/a, slipway/again/integration');

@@ -16,7 +16,8 @@ import { childEnv, runProcess } from '../activities/process';
 import { gitEnv } from '../lib/git';
 import { secretValuesWith, redact } from '../activities/redact';
 import { startCodecServer } from '../workers/codec-server';
-import { freePort, isPortOpen } from '../workers/dev-server';
+import { isPortOpen } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import {
   ENCODING_ENCRYPTED,
   EncryptionCodec,
@@ -185,9 +186,9 @@ describe('payload key configuration', () => {
 
   it('the CLI exits 2 on a malformed key, naming the variable, and starts nothing', async () => {
     const { dir } = home();
-    const port = await freePort();
+    const port = await testPort();
     const bad = randomBytes(16).toString('base64');
-    const run = await slipway(['dev'], { SLIPWAY_HOME: dir, SLIPWAY_TEMPORAL_PORT: String(port), SLIPWAY_UI_PORT: String(await freePort()), SLIPWAY_PAYLOAD_KEY: bad });
+    const run = await slipway(['dev'], { SLIPWAY_HOME: dir, SLIPWAY_TEMPORAL_PORT: String(port), SLIPWAY_UI_PORT: String(await testPort()), SLIPWAY_PAYLOAD_KEY: bad });
     expect(run.code).toBe(2);
     expect(run.stderr).toContain('slipway: SLIPWAY_PAYLOAD_KEY: decodes to 16 bytes, expected 32');
     expect(run.stderr + run.stdout).not.toContain(bad);

@@ -9,7 +9,7 @@ import { execFileSync } from 'node:child_process';
 import { accessSync, chmodSync, chownSync, constants, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { freePort } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 
 declare module 'vitest' {
   export interface ProvidedContext {
@@ -136,7 +136,7 @@ export async function setup(project: { provide(key: 'postgresUrl' | 'postgresErr
     chmodSync(dir, 0o700);
     asUser = ['-u', user, '--'];
   }
-  const port = await freePort();
+  const port = await testPort();
   try {
     run(initdb, ['-D', dataDir, '-A', 'trust', '-U', 'postgres', '--no-sync', '-E', 'UTF8', '--locale=C']);
     const opts = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200`;

@@ -12,7 +12,8 @@ import { historyToJSON } from '@temporalio/common/lib/proto-utils';
 import { NativeConnection } from '@temporalio/worker';
 import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
-import { freePort, startDevServer } from '../workers/dev-server';
+import { startDevServer } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { installRuntimeLogging } from '../workers/logging';
 import { createSlipwayWorkers } from '../workers/worker';
 import { objectiveWorkflow } from '../workflows/objective';
@@ -25,7 +26,7 @@ const OUT = path.join(__dirname, 'histories', VERSION);
 async function main() {
   if (existsSync(OUT)) throw new Error(`${OUT} exists: release ${VERSION}'s golden histories are never re-recorded (ADR 0007); bump the version in package.json first`);
   installRuntimeLogging();
-  const server = await startDevServer({ dataDir: tempDir('slipway-record-'), port: await freePort(), headless: true });
+  const server = await startDevServer({ dataDir: tempDir('slipway-record-'), port: await testPort(), headless: true });
   const native = await NativeConnection.connect({ address: server.address });
   const workers = await createSlipwayWorkers({ connection: native, taskQueue: 'record', shutdownGraceMs: 1_000 });
   const running = workers.run();

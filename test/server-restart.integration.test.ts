@@ -11,7 +11,8 @@ import { Client, Connection } from '@temporalio/client';
 import { loadObjectiveFile } from '../config/objective-file';
 import { integrationBranch, objectiveWorkflowId } from '../core/ids';
 import type { ObjectiveResult } from '../core/types';
-import { freePort, startDevServer, type DevServer } from '../workers/dev-server';
+import { startDevServer, type DevServer } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { objectiveStatusQuery, objectiveWorkflow } from '../workflows/objective';
 import { waitFor } from './helpers/cli';
 import { PLAN_BUILDER, helperFiles, writeObjective } from './helpers/objective';
@@ -32,7 +33,7 @@ describe('embedded server restart', () => {
    */
   const runThroughRestart = async (id: string, down: (s: DevServer, dataDir: string) => Promise<void>) => {
     const dataDir = tempDir('slipway-restart-server-');
-    const port = await freePort();
+    const port = await testPort();
     server = await startDevServer({ dataDir, port, headless: true, startTimeoutMs: 120_000 });
     const env = { TEMPORAL_ADDRESS: server.address, SLIPWAY_TASK_QUEUE: `srv-${randomUUID().slice(0, 8)}` };
     worker = await startWorkerProcess(env);

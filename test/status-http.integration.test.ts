@@ -14,7 +14,8 @@ import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
 import type { ObjectiveResult, ObjectiveStatus } from '../core/types';
 import { temporalEndpointsFile } from '../lib/settings';
-import { freePort, startDevServer, type DevServer } from '../workers/dev-server';
+import { startDevServer, type DevServer } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { objectiveStatusQuery, objectiveWorkflow } from '../workflows/objective';
 import { COMPILED_BIN, ensureBuilt } from './helpers/build';
 import { waitFor } from './helpers/cli';
@@ -37,7 +38,7 @@ let port: number;
 
 beforeAll(async () => {
   home = tempDir('slipway-http-home-');
-  port = await freePort();
+  port = await testPort();
   const built = ensureBuilt();
   server = await startDevServer({ dataDir: home, port, headless: true, startTimeoutMs: 120_000 });
   worker = await startTestWorker({ address: server.address });
@@ -160,7 +161,7 @@ describe('status and list over the HTTP API', () => {
 
   it('a stale record (its HTTP port closed) falls back to the SDK path with the same answer', async () => {
     const staleHome = tempDir('slipway-http-stale-');
-    writeFileSync(temporalEndpointsFile(staleHome), JSON.stringify({ address: server.address, httpAddress: `127.0.0.1:${await freePort()}` }));
+    writeFileSync(temporalEndpointsFile(staleHome), JSON.stringify({ address: server.address, httpAddress: `127.0.0.1:${await testPort()}` }));
     const stale = await cli(['status', 'http-done', '--json'], { SLIPWAY_HOME: staleHome, SLIPWAY_TEMPORAL_PORT: String(port) });
     expect(stale.code, stale.stderr).toBe(0);
     expect(stale.temporalModules).toBeGreaterThan(0);
@@ -175,7 +176,7 @@ describe('status and list over the HTTP API', () => {
 
   it('stopping the server removes its record', async () => {
     const dir = tempDir('slipway-http-own-');
-    const own = await startDevServer({ dataDir: dir, port: await freePort(), headless: true, startTimeoutMs: 120_000 });
+    const own = await startDevServer({ dataDir: dir, port: await testPort(), headless: true, startTimeoutMs: 120_000 });
     expect(existsSync(temporalEndpointsFile(dir))).toBe(true);
     await own.stop();
     expect(existsSync(temporalEndpointsFile(dir))).toBe(false);

@@ -1,12 +1,14 @@
 /** Finding the Temporal CLI, and what every workflow shows in the Web UI. */
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
 import { objectiveWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase, SlipwaySandboxState, SlipwayStream } from '../core/search-attributes';
 import { ensureTemporalBinary, findTemporalBinary, localTemporalCandidates, MISSING_TEMPORAL_MESSAGE, TEMPORAL_CLI_VERSION, TemporalBinaryNotFound, userTemporalDir } from '../workers/temporal-binary';
-import { DEV_SERVER_DYNAMIC_CONFIG, freePort, searchAttributeFlags, startDevServer } from '../workers/dev-server';
+import { DEV_SERVER_DYNAMIC_CONFIG, readStartFailure, searchAttributeFlags, startDevServer } from '../workers/dev-server';
+import { testPort } from './helpers/ports';
 import { objectiveWorkflow } from '../workflows/objective';
 import { waitFor } from './helpers/cli';
 import { withEnv } from './helpers/env';
@@ -24,7 +26,7 @@ describe('the embedded server', () => {
     );
   const serverEnvironment = (vars: Record<string, string | undefined>) =>
     withEnv(vars, async () => {
-      const server = await startDevServer({ dataDir: tempDir('slipway-server-env-'), port: await freePort(), headless: true, startTimeoutMs: 60_000 });
+      const server = await startDevServer({ dataDir: tempDir('slipway-server-env-'), port: await testPort(), headless: true, startTimeoutMs: 60_000 });
       try {
         return environOf(server.process.pid!);
       } finally {
@@ -33,7 +35,7 @@ describe('the embedded server', () => {
     });
 
   it('runs with its dynamic config (the transfer queue read cap): passed to the process, and every key one the server binary knows', async () => {
-    const server = await startDevServer({ dataDir: tempDir('slipway-server-config-'), port: await freePort(), headless: true, startTimeoutMs: 60_000 });
+    const server = await startDevServer({ dataDir: tempDir('slipway-server-config-'), port: await testPort(), headless: true, startTimeoutMs: 60_000 });
     let argv: string[];
     try {
       argv = readFileSync(`/proc/${server.process.pid!}/cmdline`, 'utf8').split('\0');
@@ -47,6 +49,44 @@ describe('the embedded server', () => {
     const binary = readFileSync(await ensureTemporalBinary());
     for (const key of Object.keys(DEV_SERVER_DYNAMIC_CONFIG)) expect(binary.includes(key), key).toBe(true);
     expect(binary.includes('history.transferProcessorMaxPollRPSX')).toBe(false);
+  });
+
+  it('reads why a start failed from the server log, and tries again only when a port it picked was taken', () => {
+    const chosen = [7233, 8233];
+    const cases: { log: string; retry: boolean; reason: string | undefined }[] = [
+      // What the CLI prints when a port it is given is taken (seen with temporal 1.9.1).
+      { log: "Error: can't set UI port 8233: listen tcp 127.0.0.1:8233: bind: address already in use\n", retry: false, reason: "can't set UI port 8233: listen tcp 127.0.0.1:8233: bind: address already in use" },
+      { log: "Error: can't set frontend port 7233: listen tcp 127.0.0.1:7233: bind: address already in use\n", retry: false, reason: "can't set frontend port 7233: listen tcp 127.0.0.1:7233: bind: address already in use" },
+      { log: "Error: can't set frontend HTTP port 41377: listen tcp 127.0.0.1:41377: bind: address already in use\n", retry: true, reason: "can't set frontend HTTP port 41377: listen tcp 127.0.0.1:41377: bind: address already in use" },
+      // A service port the CLI picked, taken before the server bound it: a JSON log line.
+      {
+        log: '{"level":"warn","msg":"slow"}\n{"level":"error","msg":"failed to start service","service":"history","error":"listen tcp 127.0.0.1:39001: bind: address already in use"}\n',
+        retry: true,
+        reason: 'failed to start service: listen tcp 127.0.0.1:39001: bind: address already in use',
+      },
+      // One picked port and one chosen port taken: the chosen one would be taken again.
+      { log: 'x 127.0.0.1:39001: bind: address already in use\nError: listen tcp 127.0.0.1:7233: bind: address already in use', retry: false, reason: 'listen tcp 127.0.0.1:7233: bind: address already in use' },
+      { log: 'panic: runtime error: invalid memory address\ngoroutine 1 [running]:\n', retry: false, reason: 'panic: runtime error: invalid memory address' },
+      { log: 'Error: failed setting up schema: database is locked\n', retry: false, reason: 'failed setting up schema: database is locked' },
+      { log: '', retry: false, reason: undefined },
+    ];
+    for (const c of cases) expect(readStartFailure(c.log, chosen), c.log).toEqual({ retry: c.retry, reason: c.reason });
+    expect(readStartFailure(`Error: ${'x'.repeat(1000)}`, chosen).reason).toHaveLength(401);
+  });
+
+  it('says why it could not start: a Web UI port in use is named in the error, and the start is not tried again', async () => {
+    const blocker = net.createServer();
+    const uiPort = await testPort();
+    await new Promise<void>((resolve) => blocker.listen(uiPort, '127.0.0.1', resolve));
+    const dataDir = tempDir('slipway-server-ui-taken-');
+    try {
+      const start = startDevServer({ dataDir, port: await testPort(), uiPort, startTimeoutMs: 60_000 });
+      await expect(start).rejects.toThrow(new RegExp(`exited during start-up: can't set UI port ${uiPort}: .*address already in use\nServer log: ${path.join(dataDir, 'temporal-server.log')}`));
+      // One try: the port is the caller's, and a second start would find it taken again.
+      expect(readFileSync(path.join(dataDir, 'temporal-server.log'), 'utf8').match(/can't set UI port/g)).toHaveLength(1);
+    } finally {
+      await new Promise((resolve) => blocker.close(resolve));
+    }
   });
 
   it('never sees the history encryption keys; the rest of the environment is passed on', async () => {

@@ -107,10 +107,12 @@ export async function waitForTemporal(address: string, timeoutMs: number, isAliv
 }
 
 /**
- * Starts `temporal server start-dev`. Its HTTP API and metrics ports are picked by the CLI among
- * free ports and bound a moment later; on a busy machine another process can take one in
- * between ("address already in use" for a port nobody asked for). Such a start is tried again,
- * up to three times; any other failure is reported at once with the server's log.
+ * Starts `temporal server start-dev`. Besides the ports the caller chose (gRPC, Web UI, metrics if
+ * given), the server listens on ports picked among free ones and bound a moment later: its HTTP
+ * API (picked here) and its history, matching and worker services (picked by the CLI); on a busy
+ * machine another process can take one in between ("address already in use" for a port nobody
+ * asked for). Such a start is tried again, up to three times; any other failure is reported at
+ * once with the server's own reason and its log.
  */
 export async function startDevServer(opts: DevServerOptions): Promise<DevServer> {
   for (let attempt = 1; ; attempt++) {
@@ -123,6 +125,29 @@ export async function startDevServer(opts: DevServerOptions): Promise<DevServer>
 }
 
 class AuxiliaryPortTaken extends Error {}
+
+/**
+ * Reads what a server that failed to start wrote: its reason (the CLI's `Error:` line, a panic, or
+ * its last error log line), so the caller sees why without opening the log, and whether to try
+ * again: a port was taken and none of them is one the caller chose (`chosenPorts`), which would
+ * be taken again.
+ */
+export function readStartFailure(written: string, chosenPorts: readonly number[]): { retry: boolean; reason?: string } {
+  const takenPorts = [...written.matchAll(/:(\d+): bind: address already in use/g)].map((m) => Number(m[1]));
+  const retry = takenPorts.length > 0 && !takenPorts.some((p) => chosenPorts.includes(p));
+  const lines = written.split('\n').map((l) => l.trim()).filter(Boolean);
+  const errorLine = lines.find((l) => l.startsWith('Error: ')) ?? lines.find((l) => l.startsWith('panic: ')) ?? [...lines].reverse().find((l) => /"level":"(error|fatal)"/.test(l));
+  let reason = errorLine?.replace(/^Error: /, '');
+  if (reason?.startsWith('{')) {
+    try {
+      const entry = JSON.parse(reason) as { msg?: string; error?: string };
+      reason = [entry.msg, entry.error].filter(Boolean).join(': ') || reason;
+    } catch {
+      // not one JSON entry: the line as written
+    }
+  }
+  return { retry, reason: reason && reason.length > 400 ? `${reason.slice(0, 400)}…` : reason };
+}
 
 async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
   const binary = opts.binary ?? (await ensureTemporalBinary());
@@ -172,11 +197,10 @@ async function startDevServerOnce(opts: DevServerOptions): Promise<DevServer> {
     await waitForTemporal(address, opts.startTimeoutMs ?? 60_000, () => !exited);
   } catch (e) {
     await stop();
-    const written = readFileSync(logFile, 'utf8').slice(logStart);
-    const taken = /failed listening for (HTTP API|metrics)[^\n]*address already in use/.exec(written);
-    // A metrics port the caller chose is taken again on a retry: only the CLI's own picks are retried.
-    if (taken && !(taken[1] === 'metrics' && opts.metricsPort) && !written.includes(`127.0.0.1:${opts.port}: bind: address already in use`)) throw new AuxiliaryPortTaken(taken[0]);
-    throw new Error(`${(e as Error).message}\nServer log: ${logFile}`);
+    const chosen = [opts.port, ...(opts.headless ? [] : [opts.uiPort ?? 8233]), ...(opts.metricsPort ? [opts.metricsPort] : [])];
+    const { retry, reason } = readStartFailure(readFileSync(logFile, 'utf8').slice(logStart), chosen);
+    const message = `${(e as Error).message}${reason ? `: ${reason}` : ''}\nServer log: ${logFile}`;
+    throw retry ? new AuxiliaryPortTaken(message) : new Error(message);
   }
   await writeJsonAtomic(endpointsFile, { address, httpAddress });
   return {

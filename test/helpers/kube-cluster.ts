@@ -21,7 +21,7 @@ import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
 import { CoreV1Api, KubeConfig, Watch, type V1Namespace } from '@kubernetes/client-node';
-import { freePort } from '../../workers/dev-server';
+import { testPort } from './ports';
 import { killProcessGroup } from '../../activities/process';
 import { apiserverFlags } from './kubelet-exec';
 
@@ -280,7 +280,7 @@ export async function startKubeCluster(opts: { dir?: string } = {}): Promise<Kub
   const caPem = readFileSync(caFile, 'utf8');
   const caData = Buffer.from(caPem).toString('base64');
 
-  const [clientPort, peerPort, securePort] = await Promise.all([freePort(), freePort(), freePort()]);
+  const [clientPort, peerPort, securePort] = await Promise.all([testPort(), testPort(), testPort()]);
   const etcdLog = path.join(dir, 'etcd.log');
   const etcdUrl = `http://127.0.0.1:${clientPort}`;
   const peerUrl = `http://127.0.0.1:${peerPort}`;
