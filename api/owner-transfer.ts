@@ -91,7 +91,8 @@ export async function writeThroughOwner(run: RunOnOwner, input: { root: string; 
  * other: the output the owner signals into the call workflow comes out by long-poll updates.
  * The command starts (and `open` resolves) before the first frame is sent, so a bad cwd, a gone
  * sandbox or a gone owner is still an HTTP error. No stdin after the start (given in `input`),
- * no terminal: interactive sessions are refused for a remote owner.
+ * no terminal: a streamed exec with a pty, and every interactive session, goes over the owner's
+ * tunnel instead (api/owner-tunnel.ts).
  */
 export async function openStreamThroughOwner(
   start: (call: SandboxServiceCall) => Promise<WorkflowHandle>,

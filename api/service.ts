@@ -595,7 +595,7 @@ export class SandboxService {
     principal: Principal,
     id: string,
     req: SessionRequest,
-    /** A streamed exec (its whole input, its timeout): it may run on a remote owner; anything else is an interactive session, which may not. */
+    /** A streamed exec (its whole input, its timeout): on a remote owner it runs through a call workflow unless it wants a terminal; anything else goes over the owner's tunnel. */
     streamed?: { stdin?: string; timeoutMs: number },
   ): Promise<{ session: SandboxSession; row: billing.SandboxRow; release: () => void }> {
     const releaseSlot = this.claimExecSlot(principal.accountId);
@@ -608,7 +608,9 @@ export class SandboxService {
       try {
         const root = row.root!;
         const owner = this.remoteOwner(row, streamed ? 'stream' : 'session');
-        if (owner !== undefined && streamed) {
+        // A terminal needs the tunnel (the call workflow carries plain output only): a streamed exec
+        // with a pty takes it too, its whole stdin written and closed there as on this host.
+        if (owner !== undefined && streamed && !req.pty) {
           if (streamed.stdin !== undefined && Buffer.byteLength(streamed.stdin) > REMOTE_OWNER_PAYLOAD_LIMIT_BYTES) {
             throw new ApiError(413, 'stdin_too_large', `stdin is over ${REMOTE_OWNER_PAYLOAD_LIMIT_BYTES} bytes, the most a call to a sandbox on another host carries`, [{ path: 'stdin', message: `at most ${REMOTE_OWNER_PAYLOAD_LIMIT_BYTES} bytes` }]);
           }

@@ -122,6 +122,19 @@ describe('sessions and previews of a sandbox held by another worker', () => {
     expect((history.events ?? []).filter((e) => e.workflowExecutionSignaledEventAttributes || e.workflowExecutionUpdateAcceptedEventAttributes)).toEqual([]);
   }, 240_000);
 
+  it('a streamed exec with a pty through the remote owner runs under a terminal, and its whole stdin (a partial last line) ends the input', async () => {
+    const before = tunnelsOpened().filter((t) => t.kind === 'session').length;
+    let out = '';
+    const exit = await a.api.execStream(sandboxId, { command: 'sh', args: ['-c', 'test -t 0 && echo tty; stty size; tr a-z A-Z; echo "input ended"'], pty: { cols: 90, rows: 30 }, stdin: 'abc\nde' }, (_stream, data) => {
+      out += data;
+    });
+    expect(exit).toMatchObject({ type: 'exit', exit_code: 0, timed_out: false });
+    // A terminal of the asked size on the owner (the call workflow's path has none), and the end of input typed for a partial line.
+    expect(out).toMatch(/tty\r?\n30 90\r?\n/);
+    expect(out).toMatch(/ABC\r?\n[\s\S]*DE[\s\S]*input ended/);
+    expect(tunnelsOpened().filter((t) => t.kind === 'session').length).toBe(before + 1);
+  }, 240_000);
+
   it('a tunnel id is accepted once: dialling it again, even with the right proof, is a 404, as is an unknown id', async () => {
     const [tunnel] = tunnelsOpened();
     expect(tunnel).toBeDefined();
