@@ -156,17 +156,21 @@ export class SandboxService {
   /** Aborted when the host stops: every command still running is killed with it. */
   private readonly stopping = new AbortController();
   private readonly sessionsOpen = new Set<SandboxSession>();
+  /** Preview connections: an app may outlive every command (a detached server in a container), and its connection with it. */
+  private readonly previewsOpen = new Set<Duplex>();
 
   constructor(private readonly deps: SandboxServiceDeps) {}
 
   /**
-   * Ends every command this process still runs for a caller (execs, streamed execs, sessions):
-   * the host's last step after its grace, so a stop never waits on a command's own timeout.
-   * Their callers get what a kill gives (the exit frame, the result); new ones are refused.
+   * Ends every command this process still runs for a caller (execs, streamed execs, sessions)
+   * and cuts every preview connection: the host's last step after its grace, so a stop never
+   * waits on a command's own timeout or on an endless response. Their callers get what a kill
+   * gives (the exit frame, the result, a cut connection); new ones are refused.
    */
   stopCommands(): void {
     this.stopping.abort();
     for (const session of this.sessionsOpen) session.kill();
+    for (const stream of this.previewsOpen) stream.destroy();
   }
 
   get db(): Db {
@@ -652,6 +656,14 @@ export class SandboxService {
     }
   }
 
+  /** Known to stopCommands until it closes. */
+  private trackPreview(stream: Duplex): Duplex {
+    this.previewsOpen.add(stream);
+    stream.once('close', () => this.previewsOpen.delete(stream));
+    if (this.stopping.signal.aborted) stream.destroy(); // opened as the host stopped
+    return stream;
+  }
+
   /** Known to stopCommands until it ends. */
   private track(session: SandboxSession): SandboxSession {
     this.sessionsOpen.add(session);
@@ -948,11 +960,11 @@ export class SandboxService {
       const holder = this.remoteOwner(row, 'session');
       if (holder !== undefined) {
         const { ws } = await this.openTunnel(row, holder, billing.policyFromProfile(profile), { kind: 'port', port });
-        return { stream: tunnelStream(ws), release, accountId: owner.account_id };
+        return { stream: this.trackPreview(tunnelStream(ws)), release, accountId: owner.account_id };
       }
       if (!provider.connectPort) throw new ApiError(501, 'previews_unsupported', `the ${provider.kind} provider cannot reach sandbox ports`);
       const stream = await provider.connectPort({ root: row.root! }, port);
-      return { stream, release, accountId: owner.account_id };
+      return { stream: this.trackPreview(stream), release, accountId: owner.account_id };
     } catch (e) {
       release();
       if (e instanceof PortUnreachableError) throw new ApiError(502, 'port_unreachable', e.message);
