@@ -3,6 +3,7 @@
  * shared test server, real repositories.
  */
 import { existsSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
 import path from 'node:path';
 import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
@@ -39,6 +40,25 @@ describe('slipway run on the embedded server', () => {
     expect(result.integrationHead).toBe(gitIn(repo, 'rev-parse', 'slipway/cli-demo/integration'));
     expect(existsSync(path.join(home, 'temporal.sqlite'))).toBe(true); // durable state in the Slipway data folder
     expect(pictureCheckout(repo)).toEqual(before);
+  });
+
+  it('says which port is taken and which setting moves it when the Web UI port is in use, and starts nothing', async () => {
+    const blocker = net.createServer();
+    const uiPort = await testPort();
+    await new Promise<void>((resolve) => blocker.listen(uiPort, '127.0.0.1', resolve));
+    try {
+      const repo = makeDemoRepo();
+      const home = tempDir('slipway-home-');
+      const run = await slipway(['run', path.join(DEMO_DIR, 'objective.yaml'), '--repo', repo, '--id', 'cli-ui-taken', '--json'], { SLIPWAY_HOME: home, SLIPWAY_TEMPORAL_PORT: String(await testPort()), SLIPWAY_UI_PORT: String(uiPort) });
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain(`can't set UI port ${uiPort}`);
+      expect(run.stderr).toContain('(set SLIPWAY_UI_PORT to use another port)');
+      expect(run.stderr).toContain(`Server log: ${path.join(home, 'temporal-server.log')}`);
+      expect(run.stdout).toBe('');
+      expect(gitIn(repo, 'branch', '--list', 'slipway/cli-ui-taken/*')).toBe('');
+    } finally {
+      await new Promise((resolve) => blocker.close(resolve));
+    }
   });
 });
 

@@ -38,8 +38,18 @@ export async function resolveTemporal(settings: SlipwaySettings, opts: { startIf
     port: settings.embeddedPort,
     uiPort: settings.uiPort,
     namespace: settings.namespace,
+  }).catch((e: Error) => {
+    throw new Error(withPortHint(e.message));
   });
   return { address: server.address, namespace: settings.namespace, server, uiUrl: server.uiUrl };
+}
+
+/** The setting that moves a port the embedded server found taken, after the server's own reason. */
+export function withPortHint(message: string): string {
+  const hint = /can't set UI port/.test(message) ? 'SLIPWAY_UI_PORT' : /can't set frontend port/.test(message) ? 'SLIPWAY_TEMPORAL_PORT' : undefined;
+  if (!hint) return message;
+  const [first, ...rest] = message.split('\n');
+  return [`${first} (set ${hint} to use another port)`, ...rest].join('\n');
 }
 
 /** Registers Slipway's search attributes on a server Slipway did not start (idempotent). */

@@ -4,7 +4,7 @@ import { NativeConnection } from '@temporalio/worker';
 import { isPortOpen, startDevServer, superviseDevServer, type DevServer } from '../../workers/dev-server';
 import { slipwaySettings } from '../../lib/settings';
 import { resolveWorkerId, WorkerIdError } from '../../lib/worker-id';
-import { resolveTemporal } from '../../workers/temporal';
+import { resolveTemporal, withPortHint } from '../../workers/temporal';
 import { createSlipwayWorkers } from '../../workers/worker';
 import { installRuntimeLogging } from '../../workers/logging';
 import { slipwayDataConverter } from '../../workers/payload-codec';
@@ -66,7 +66,7 @@ export async function devCommand(): Promise<number> {
   try {
     server = await startDevServer(serverOptions);
   } catch (e) {
-    throw new CliError((e as Error).message, EXIT.runFailed);
+    throw new CliError(withPortHint((e as Error).message), EXIT.runFailed);
   }
   log(`Temporal dev server at ${server.address}; Web UI ${server.uiUrl}; data ${settings.dataDir}`);
   // A server that dies is restarted on the same SQLite file; one that cannot be stops `dev` with the reason.
