@@ -34,6 +34,8 @@ export interface SlipwaySettings {
  * the server, so more of them in flight use the cores better.
  */
 export const DEFAULT_WORKFLOW_TASK_CONCURRENCY = 16;
+/** How long a stopping worker or API lets running work go on before it is killed (SLIPWAY_SHUTDOWN_GRACE_MS). */
+export const DEFAULT_SHUTDOWN_GRACE_MS = 10_000;
 
 const int = (value: string | undefined, fallback: number, name: string): number => {
   if (value === undefined || value === '') return fallback;
@@ -59,7 +61,7 @@ export function slipwaySettings(env: NodeJS.ProcessEnv = process.env): SlipwaySe
     agentConcurrency: int(env.SLIPWAY_AGENT_CONCURRENCY, 2, 'SLIPWAY_AGENT_CONCURRENCY'),
     activityConcurrency: int(env.SLIPWAY_ACTIVITY_CONCURRENCY, 4, 'SLIPWAY_ACTIVITY_CONCURRENCY'),
     workflowTaskConcurrency: int(env.SLIPWAY_WORKFLOW_TASK_CONCURRENCY, DEFAULT_WORKFLOW_TASK_CONCURRENCY, 'SLIPWAY_WORKFLOW_TASK_CONCURRENCY'),
-    shutdownGraceMs: int(env.SLIPWAY_SHUTDOWN_GRACE_MS, 10_000, 'SLIPWAY_SHUTDOWN_GRACE_MS'),
+    shutdownGraceMs: int(env.SLIPWAY_SHUTDOWN_GRACE_MS, DEFAULT_SHUTDOWN_GRACE_MS, 'SLIPWAY_SHUTDOWN_GRACE_MS'),
     workerId: env.SLIPWAY_WORKER_ID || undefined,
     ownerGraceSeconds: int(env.SLIPWAY_OWNER_GRACE_SECONDS, DEFAULT_OWNER_GRACE_SECONDS, 'SLIPWAY_OWNER_GRACE_SECONDS'),
   };

@@ -3,11 +3,10 @@
  * shared test server, real repositories.
  */
 import { existsSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
-import { testPort } from './helpers/ports';
+import { holdPort, testPort } from './helpers/ports';
 import { DEMO_DIR, gitIn, makeDemoRepo, pictureCheckout, tempDir } from './helpers/repo';
 import { startTestWorker, type TestWorker } from './helpers/temporal';
 import { slipway } from './helpers/cli';
@@ -43,9 +42,7 @@ describe('slipway run on the embedded server', () => {
   });
 
   it('says which port is taken and which setting moves it when the Web UI port is in use, and starts nothing', async () => {
-    const blocker = net.createServer();
-    const uiPort = await testPort();
-    await new Promise<void>((resolve) => blocker.listen(uiPort, '127.0.0.1', resolve));
+    const { port: uiPort, close } = await holdPort();
     try {
       const repo = makeDemoRepo();
       const home = tempDir('slipway-home-');
@@ -57,7 +54,7 @@ describe('slipway run on the embedded server', () => {
       expect(run.stdout).toBe('');
       expect(gitIn(repo, 'branch', '--list', 'slipway/cli-ui-taken/*')).toBe('');
     } finally {
-      await new Promise((resolve) => blocker.close(resolve));
+      await close();
     }
   });
 });

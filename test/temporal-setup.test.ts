@@ -1,6 +1,5 @@
 /** Finding the Temporal CLI, and what every workflow shows in the Web UI. */
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadObjectiveFile } from '../config/objective-file';
@@ -8,7 +7,7 @@ import { objectiveWorkflowId } from '../core/ids';
 import { SlipwayKind, SlipwayObjective, SlipwayOutcome, SlipwayPhase, SlipwaySandboxState, SlipwayStream } from '../core/search-attributes';
 import { ensureTemporalBinary, findTemporalBinary, localTemporalCandidates, MISSING_TEMPORAL_MESSAGE, TEMPORAL_CLI_VERSION, TemporalBinaryNotFound, userTemporalDir } from '../workers/temporal-binary';
 import { DEV_SERVER_DYNAMIC_CONFIG, readStartFailure, searchAttributeFlags, startDevServer } from '../workers/dev-server';
-import { testPort } from './helpers/ports';
+import { holdPort, testPort } from './helpers/ports';
 import { objectiveWorkflow } from '../workflows/objective';
 import { waitFor } from './helpers/cli';
 import { withEnv } from './helpers/env';
@@ -75,9 +74,7 @@ describe('the embedded server', () => {
   });
 
   it('says why it could not start: a Web UI port in use is named in the error, and the start is not tried again', async () => {
-    const blocker = net.createServer();
-    const uiPort = await testPort();
-    await new Promise<void>((resolve) => blocker.listen(uiPort, '127.0.0.1', resolve));
+    const { port: uiPort, close } = await holdPort();
     const dataDir = tempDir('slipway-server-ui-taken-');
     try {
       const start = startDevServer({ dataDir, port: await testPort(), uiPort, startTimeoutMs: 60_000 });
@@ -85,7 +82,7 @@ describe('the embedded server', () => {
       // One try: the port is the caller's, and a second start would find it taken again.
       expect(readFileSync(path.join(dataDir, 'temporal-server.log'), 'utf8').match(/can't set UI port/g)).toHaveLength(1);
     } finally {
-      await new Promise((resolve) => blocker.close(resolve));
+      await close();
     }
   });
 

@@ -31,6 +31,7 @@ import { sandboxReaperWorkflow } from '../workflows/service-sandbox';
 import { startSandboxWatcher, type SandboxWatcher } from './sandbox-watcher';
 import { bundleWorkflows } from './worker';
 import { payloadKeyringFromEnv, slipwayDataConverter } from './payload-codec';
+import { DEFAULT_SHUTDOWN_GRACE_MS } from '../lib/settings';
 import { TunnelBroker } from '../api/owner-tunnel';
 import { tunnelKey } from '../activities/service/tunnel';
 
@@ -93,8 +94,6 @@ export interface SandboxServiceHostOptions {
    */
   tunnelUrl?: string;
 }
-
-const DEFAULT_SHUTDOWN_GRACE_MS = 10_000;
 
 export interface SandboxServiceHost {
   url?: string;

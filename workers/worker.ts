@@ -16,7 +16,7 @@ import { createJanitorActivities, temporalHomeOf } from '../activities/sandbox/j
 import { createOwnerActivities } from '../activities/owners';
 import { PodWatchers } from '../activities/sandbox/kube-watch';
 import { slipwayDataConverter } from './payload-codec';
-import { DEFAULT_WORKFLOW_TASK_CONCURRENCY } from '../lib/settings';
+import { DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_WORKFLOW_TASK_CONCURRENCY } from '../lib/settings';
 import { startSpawner } from '../lib/spawner';
 
 // '.ts' when run from source, '.js' from the compiled package (dist/).
@@ -80,7 +80,7 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
   const client = new Client({ connection: opts.connection, namespace: opts.namespace ?? 'default', dataConverter });
   const home = temporalHomeOf(client);
   const deps = { temporalHome: home, ...(opts.deps ?? defaultActivityDeps()), ...(opts.workerId ? { workerId: opts.workerId } : {}) };
-  const shutdownGraceTime = opts.shutdownGraceMs ?? 10_000;
+  const shutdownGraceTime = opts.shutdownGraceMs ?? DEFAULT_SHUTDOWN_GRACE_MS;
   // One set of activities serves the shared and the owner queues (their in-process state is shared).
   const activities = { ...createActivities(deps), ...createJanitorActivities({ client, temporalHome: home }), ...createOwnerActivities({ client }) };
   const agentActivities = createAgentActivities(deps);

@@ -44,3 +44,11 @@ export async function testPort(): Promise<number> {
   }
   throw new Error(`no free test port in ${base}-${base + BLOCK - 1}`);
 }
+
+/** Listens on a test port, so a server asked to bind it finds it taken; `close` frees it. */
+export async function holdPort(): Promise<{ port: number; close: () => Promise<void> }> {
+  const port = await testPort();
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(port, '127.0.0.1', resolve));
+  return { port, close: () => new Promise((resolve) => server.close(() => resolve())) };
+}
