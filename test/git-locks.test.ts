@@ -9,10 +9,12 @@ import path from 'node:path';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createActivities } from '../activities';
+import { createAgentActivities, type AgentRunInput, type AgentRunResult } from '../activities/agents/run-agent';
 import { clearStaleGitLocks } from '../activities/git-locks';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
 import type { SandboxHandle } from '../activities/sandbox/provider';
 import { locateWorktree, sandboxGitDir } from '../activities/sandbox/sandbox-git';
+import { AgentSchema } from '../core/objective-schema';
 import { gitIn, makeRepo, tempDir, waitFor } from './sandbox/helpers';
 
 const old = async (file: string) => {
@@ -145,5 +147,60 @@ describe('git activities after a worker died holding git locks', () => {
     const { committed } = (await env.run(slow.commitWork, { path: stream.root, message: 'two' })) as { committed: boolean };
     expect(committed).toBe(true);
     expect(beats).toBeGreaterThanOrEqual(2);
+  });
+});
+
+// The restart test's CI failure: a worker killed while the script agent ran `git commit` left
+// index.lock, and each of the six retries of the agent failed on it ("File exists").
+describe.each([
+  ['unconfined', undefined],
+  ['bubblewrap', { kind: 'bubblewrap', network: false } as const],
+])('an agent run after a worker died while the agent committed (%s sandbox)', (_kind, confinement) => {
+  let parent: string;
+  let repo: string;
+  let box: SandboxHandle;
+  const sandboxes = new LocalSandboxProvider({ ...(confinement ? { confinement } : {}), backgroundFill: false });
+  const agents = createAgentActivities({ sandboxes });
+
+  beforeAll(async () => {
+    parent = tempDir('agent-locks');
+    ({ repo } = makeRepo(parent));
+    box = await sandboxes.create({ sandboxId: 's', repository: repo, group: 'obj', name: 'one', branch: 'slipway/obj/one', base: 'main' });
+  });
+  afterAll(async () => {
+    await fs.rm(parent, { recursive: true, force: true });
+  });
+
+  it("removes the dead git's index.lock, so the agent's own commit succeeds", async () => {
+    // Where the agent's git keeps its index: the worktree's record unconfined, the private git folder confined.
+    expect((await sandboxes.exec(box, { command: 'git', args: ['status', '--short'] })).exitCode).toBe(0);
+    const loc = await locateWorktree(repo, box.root);
+    const own = sandboxGitDir(repo, loc.worktree);
+    const record = confinement ? path.join(own, 'worktrees', (await fs.readdir(path.join(own, 'worktrees')))[0]!) : loc.adminDir;
+    const indexLock = path.join(record, 'index.lock');
+    writeFileSync(indexLock, '');
+    await old(indexLock);
+    // Without the removal this is exactly the failure: git refuses while the lock exists.
+    const blocked = await sandboxes.exec(box, { command: 'sh', args: ['-c', 'echo x > x.txt && git add x.txt'] });
+    expect(blocked.exitCode).not.toBe(0);
+    expect(blocked.stderr).toContain('index.lock');
+
+    const input: AgentRunInput = {
+      role: 'builder',
+      spec: AgentSchema.parse({ provider: 'script', command: 'cat > /dev/null; echo one > one.txt; git add -A && git -c user.name=a -c user.email=a@a commit -qm "agent commit"' }),
+      sandboxPath: box.root,
+      repository: repo,
+      objectiveDir: parent,
+      objective: { id: 'obj', text: 'objective' },
+      stream: { id: 'one', task: 'task', branch: box.branch },
+      targetBranch: 'slipway/obj/integration',
+      iteration: 1,
+      commit: { message: 'unused' },
+    };
+    const run = (await new MockActivityEnvironment().run(agents.runAgent, input)) as AgentRunResult;
+    expect(run.commit?.committed).toBe(false);
+    expect(gitIn(repo, 'log', '-1', '--format=%s', box.branch)).toBe('agent commit');
+    expect(gitIn(repo, 'show', `${box.branch}:one.txt`)).toBe('one');
+    expect(await fs.stat(indexLock).then(() => true, () => false)).toBe(false);
   });
 });

@@ -39,7 +39,7 @@ import { ANSWER_FORMATS, buildPrompt, builtinValues, contextEnv, correctionReque
 import type { AgentEvent, SessionTotals, TokenUsage } from '../../agents/provider';
 import { agentProvider } from '../../agents/registry';
 import { readSessionTotals, writeSessionTotals } from './session-usage';
-import { commitSandboxWork, type CommittedWork } from '../sandbox/commit-work';
+import { clearSandboxGitLocks, commitSandboxWork, type CommittedWork } from '../sandbox/commit-work';
 import { estimateCostUsd } from '../../core/prices';
 import { allowanceUsed, type RunAllowance } from '../../core/budget';
 import { captureSession, readSession, restoreSession, sessionStoreDir } from './session-carry';
@@ -160,6 +160,10 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         SLIPWAY_SANDBOX: input.sandboxPath,
       };
       const cancelSignal = Context.current().cancellationSignal;
+      // A run killed while git worked in the sandbox (a worker SIGKILLed mid-commit) left its
+      // locks: without this, the agent's own `git commit` fails on them at every retry.
+      const unlocked = await clearSandboxGitLocks(input.sandboxPath);
+      if (unlocked.length > 0) Context.current().log.warn('stale git locks removed from the sandbox before the agent ran', { role, locks: unlocked.map((l) => path.basename(l)).join(', ') });
 
       // --- the prompt ---------------------------------------------------------------------------
       let prompt: string;

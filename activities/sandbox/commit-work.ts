@@ -51,7 +51,7 @@ export function sandboxGit(sandboxes: SandboxProvider, root: string) {
     const parsed = parseSandboxRoot(path.resolve(root));
     const repository = parsed?.repository ?? parseContainerRoot(path.resolve(root))?.repository;
     identity ??= repository ? commitIdentityVariables(repository) : Promise.resolve({});
-    unlocked ??= parsed ? clearSandboxLocks(parsed.repository, parsed.group, root) : Promise.resolve();
+    unlocked ??= clearSandboxGitLocks(root);
     await unlocked;
     // The sandbox's config is the agent's: its hooks and fsmonitor do not run for Slipway's own
     // commands even inside, and a command that hangs is killed.
@@ -65,16 +65,20 @@ export function sandboxGit(sandboxes: SandboxProvider, root: string) {
 }
 
 /**
- * Stale git locks of a sandbox (a worker killed while Slipway's git or an agent's git ran in it):
- * its worktree record, its private git folder (confined) and Slipway's refs of its group.
+ * Removes the stale git locks of a local sandbox (a worker killed while Slipway's git or an
+ * agent's git ran in it): its worktree record, its private git folder (confined) and Slipway's
+ * refs of its group. Run before Slipway's git and before each agent run, whose own `git commit`
+ * would otherwise fail on the dead one's `index.lock` at every retry. Returns the removed paths.
  */
-async function clearSandboxLocks(repository: string, group: string, root: string): Promise<void> {
-  const loc = await locateWorktree(repository, root).catch(() => undefined);
-  if (!loc) return;
-  const own = sandboxGitDir(repository, loc.worktree);
+export async function clearSandboxGitLocks(root: string): Promise<string[]> {
+  const parsed = parseSandboxRoot(path.resolve(root));
+  if (!parsed) return [];
+  const loc = await locateWorktree(parsed.repository, root).catch(() => undefined);
+  if (!loc) return [];
+  const own = sandboxGitDir(parsed.repository, loc.worktree);
   const ownRecords = await fs.readdir(path.join(own, 'worktrees')).catch(() => [] as string[]);
-  await clearStaleGitLocks({
+  return clearStaleGitLocks({
     top: [loc.adminDir, own, ...ownRecords.map((id) => path.join(own, 'worktrees', id))],
-    tree: [path.join(own, 'refs'), path.join(loc.commonDir, 'refs', 'heads', BRANCH_PREFIX, group)],
+    tree: [path.join(own, 'refs'), path.join(loc.commonDir, 'refs', 'heads', BRANCH_PREFIX, parsed.group)],
   });
 }
