@@ -2,11 +2,16 @@
  * Git lock files left behind by a git process that died holding them (a worker killed with
  * SIGKILL mid-commit leaves `index.lock`, and every later git call in that worktree fails with
  * "File exists"). Slipway removes such a lock only when it is provably stale:
- *   - no live process has the file open (git keeps `index.lock` open for the whole operation);
+ *   - no live process has the file open (git keeps `index.lock` open for the whole operation),
+ *     known by the file's device and inode, whatever path the holder's namespace gives it;
  *   - and it was last written at least `minAgeMs` ago: a ref lock is closed before git renames it
  *     into place, so an unopened lock that is seconds old may still belong to a live git.
  * Only lock files in the git folders Slipway owns are considered (a worktree's record, a
  * sandbox's private git folder, Slipway's own ref namespace); never the user's `index.lock`.
+ *
+ * A sandbox whose git lives inside it (containers, Kubernetes, Daytona: a repository of its own
+ * in the workspace) is checked from inside, by STALE_LOCKS_SCRIPT run there: a holder's open files
+ * name paths of the sandbox's own view, which only a look from that view can match.
  */
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
@@ -37,8 +42,12 @@ async function locksBelow(dir: string): Promise<Candidate[]> {
 }
 
 
-/** Every file some live process holds open, as paths. Undefined when /proc cannot be read. */
-async function openFiles(procRoot: string): Promise<Set<string> | undefined> {
+/**
+ * Every lock file some live process holds open, as `device:inode`: the file itself, not its path,
+ * which names what the holder's own mount namespace shows (a confined git sees its private git
+ * folder at /run/slipway/git, not at the host path). Undefined when /proc cannot be read.
+ */
+async function openLocks(procRoot: string): Promise<Set<string> | undefined> {
   const pids = await fs.readdir(procRoot).catch(() => undefined);
   if (!pids) return undefined;
   const open = new Set<string>();
@@ -48,8 +57,11 @@ async function openFiles(procRoot: string): Promise<Set<string> | undefined> {
     // A process that ended meanwhile, or one we may not inspect, has nothing we can see.
     const fds = await fs.readdir(fdDir).catch(() => [] as string[]);
     for (const fd of fds) {
-      const target = await fs.readlink(path.join(fdDir, fd)).catch(() => undefined);
-      if (target) open.add(target.replace(/ \(deleted\)$/, ''));
+      const link = path.join(fdDir, fd);
+      const target = await fs.readlink(link).catch(() => undefined);
+      if (!target?.replace(/ \(deleted\)$/, '').endsWith('.lock')) continue;
+      const st = await fs.stat(link).catch(() => undefined);
+      if (st) open.add(`${st.dev}:${st.ino}`);
     }
   }
   return open;
@@ -65,7 +77,7 @@ export async function clearStaleGitLocks(folders: { top?: string[]; tree?: strin
     ...(await Promise.all((folders.tree ?? []).map(locksBelow))).flat(),
   ];
   if (candidates.length === 0) return [];
-  const open = await openFiles(opts.procRoot ?? '/proc');
+  const open = await openLocks(opts.procRoot ?? '/proc');
   if (!open) return [];
   const minAgeMs = opts.minAgeMs ?? 2_000;
   const removed: string[] = [];
@@ -75,9 +87,30 @@ export async function clearStaleGitLocks(folders: { top?: string[]; tree?: strin
     const st = await fs.lstat(lock).catch(() => undefined);
     if (!st?.isFile() || Date.now() - st.mtimeMs < minAgeMs) continue;
     const [real, realFolder] = await Promise.all([fs.realpath(lock).catch(() => undefined), fs.realpath(folder).catch(() => undefined)]);
-    if (!real || !realFolder || !isInside(realFolder, real) || open.has(real)) continue;
+    if (!real || !realFolder || !isInside(realFolder, real) || open.has(`${st.dev}:${st.ino}`)) continue;
     await fs.rm(real, { force: true });
     removed.push(lock);
   }
   return removed;
 }
+
+/**
+ * The same rule, run inside a sandbox whose repository is its workspace's `.git` (POSIX sh,
+ * coreutils and findutils): lock files directly in `.git` and anywhere under `.git/refs`, at least
+ * 2 s old, that no process of the sandbox has open, are removed and printed one per line. A link
+ * is never a candidate (`-type f`); a holder is found by the file's device and inode (`stat -L`
+ * of every open descriptor), not by its path.
+ */
+export const STALE_LOCKS_SCRIPT = `
+[ -d .git ] || exit 0
+now=$(date +%s) || exit 1
+{ find .git -maxdepth 1 -type f -name '*.lock'; [ -d .git/refs ] && find .git/refs -type f -name '*.lock'; } 2>/dev/null |
+while IFS= read -r f; do
+  m=$(stat -c %Y -- "$f" 2>/dev/null) || continue
+  [ $((now - m)) -ge 2 ] || continue
+  id=$(stat -c %d:%i -- "$f" 2>/dev/null) || continue
+  stat -L -c %d:%i /proc/[0-9]*/fd/* 2>/dev/null | grep -qxF -- "$id" && continue
+  rm -f -- "$f" && printf '%s\\n' "$f"
+done
+exit 0
+`;

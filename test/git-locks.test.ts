@@ -12,7 +12,8 @@ import { createActivities } from '../activities';
 import { createAgentActivities, type AgentRunInput, type AgentRunResult } from '../activities/agents/run-agent';
 import { clearStaleGitLocks } from '../activities/git-locks';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
-import type { SandboxHandle } from '../activities/sandbox/provider';
+import type { SandboxHandle, SandboxProvider } from '../activities/sandbox/provider';
+import { ContainerSandboxProvider } from '../activities/sandbox/container';
 import { locateWorktree, sandboxGitDir } from '../activities/sandbox/sandbox-git';
 import { AgentSchema } from '../core/objective-schema';
 import { gitIn, makeRepo, tempDir, waitFor } from './sandbox/helpers';
@@ -151,15 +152,18 @@ describe('git activities after a worker died holding git locks', () => {
 });
 
 // The restart test's CI failure: a worker killed while the script agent ran `git commit` left
-// index.lock, and each of the six retries of the agent failed on it ("File exists").
+// index.lock, and each of the six retries of the agent failed on it ("File exists"). A local
+// sandbox is cleared from the host before every run; a container, whose git is inside it, from
+// inside in a retried attempt (the one a dead run precedes).
 describe.each([
-  ['unconfined', undefined],
-  ['bubblewrap', { kind: 'bubblewrap', network: false } as const],
-])('an agent run after a worker died while the agent committed (%s sandbox)', (_kind, confinement) => {
+  ['unconfined', () => new LocalSandboxProvider({ backgroundFill: false }), 1],
+  ['bubblewrap', () => new LocalSandboxProvider({ confinement: { kind: 'bubblewrap', network: false }, backgroundFill: false }), 1],
+  ['podman', () => new ContainerSandboxProvider({ engine: 'podman' }), 2],
+] as const)('an agent run after a worker died while the agent committed (%s sandbox)', (_kind, make, attempt) => {
   let parent: string;
   let repo: string;
   let box: SandboxHandle;
-  const sandboxes = new LocalSandboxProvider({ ...(confinement ? { confinement } : {}), backgroundFill: false });
+  const sandboxes: SandboxProvider = make();
   const agents = createAgentActivities({ sandboxes });
 
   beforeAll(async () => {
@@ -168,20 +172,16 @@ describe.each([
     box = await sandboxes.create({ sandboxId: 's', repository: repo, group: 'obj', name: 'one', branch: 'slipway/obj/one', base: 'main' });
   });
   afterAll(async () => {
+    await sandboxes.destroy({ repository: repo, root: box.root });
     await fs.rm(parent, { recursive: true, force: true });
   });
 
-  it("removes the dead git's index.lock, so the agent's own commit succeeds", async () => {
-    // Where the agent's git keeps its index: the worktree's record unconfined, the private git folder confined.
-    expect((await sandboxes.exec(box, { command: 'git', args: ['status', '--short'] })).exitCode).toBe(0);
-    const loc = await locateWorktree(repo, box.root);
-    const own = sandboxGitDir(repo, loc.worktree);
-    const record = confinement ? path.join(own, 'worktrees', (await fs.readdir(path.join(own, 'worktrees')))[0]!) : loc.adminDir;
-    const indexLock = path.join(record, 'index.lock');
-    writeFileSync(indexLock, '');
-    await old(indexLock);
+  it(`removes the dead git's index.lock (attempt ${attempt}), so the agent's own commit succeeds`, async () => {
+    // Where the agent's git keeps its index, as the sandbox sees it; the lock as a killed git leaves it.
+    const lock = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', 'f=$(git rev-parse --git-path index.lock) && touch -d "@$(( $(date +%s) - 60 ))" "$f" && echo "$f"'] });
+    expect(lock.exitCode, lock.stderr).toBe(0);
     // Without the removal this is exactly the failure: git refuses while the lock exists.
-    const blocked = await sandboxes.exec(box, { command: 'sh', args: ['-c', 'echo x > x.txt && git add x.txt'] });
+    const blocked = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', 'echo x > x.txt && git add x.txt'] });
     expect(blocked.exitCode).not.toBe(0);
     expect(blocked.stderr).toContain('index.lock');
 
@@ -197,10 +197,11 @@ describe.each([
       iteration: 1,
       commit: { message: 'unused' },
     };
-    const run = (await new MockActivityEnvironment().run(agents.runAgent, input)) as AgentRunResult;
+    const run = (await new MockActivityEnvironment({ attempt }).run(agents.runAgent, input)) as AgentRunResult;
     expect(run.commit?.committed).toBe(false);
     expect(gitIn(repo, 'log', '-1', '--format=%s', box.branch)).toBe('agent commit');
     expect(gitIn(repo, 'show', `${box.branch}:one.txt`)).toBe('one');
-    expect(await fs.stat(indexLock).then(() => true, () => false)).toBe(false);
+    const left = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', '[ ! -e "$1" ]', '_', lock.stdout.trim()] });
+    expect(left.exitCode).toBe(0);
   });
 });

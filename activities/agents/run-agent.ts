@@ -162,7 +162,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       const cancelSignal = Context.current().cancellationSignal;
       // A run killed while git worked in the sandbox (a worker SIGKILLed mid-commit) left its
       // locks: without this, the agent's own `git commit` fails on them at every retry.
-      const unlocked = await clearSandboxGitLocks(input.sandboxPath);
+      const unlocked = await clearSandboxGitLocks(sandboxes, input.sandboxPath);
       if (unlocked.length > 0) Context.current().log.warn('stale git locks removed from the sandbox before the agent ran', { role, locks: unlocked.map((l) => path.basename(l)).join(', ') });
 
       // --- the prompt ---------------------------------------------------------------------------

@@ -4,11 +4,12 @@
  * or passing gates (docs/adr/0034-fewer-round-trips-per-stream.md), one place for all three.
  */
 import path from 'node:path';
+import { Context } from '@temporalio/activity';
 import { promises as fs } from 'node:fs';
 import { BRANCH_PREFIX } from '../../core/ids';
 import { commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS } from '../../lib/git';
 import { failure } from '../failures';
-import { clearStaleGitLocks } from '../git-locks';
+import { clearStaleGitLocks, STALE_LOCKS_SCRIPT } from '../git-locks';
 import { tail } from '../process';
 import { parseContainerRoot } from './container';
 import { parseSandboxRoot, SLIPWAY_GIT_ENV } from './local';
@@ -51,7 +52,7 @@ export function sandboxGit(sandboxes: SandboxProvider, root: string) {
     const parsed = parseSandboxRoot(path.resolve(root));
     const repository = parsed?.repository ?? parseContainerRoot(path.resolve(root))?.repository;
     identity ??= repository ? commitIdentityVariables(repository) : Promise.resolve({});
-    unlocked ??= clearSandboxGitLocks(root);
+    unlocked ??= clearSandboxGitLocks(sandboxes, root);
     await unlocked;
     // The sandbox's config is the agent's: its hooks and fsmonitor do not run for Slipway's own
     // commands even inside, and a command that hangs is killed.
@@ -64,15 +65,32 @@ export function sandboxGit(sandboxes: SandboxProvider, root: string) {
   };
 }
 
+/** True in a retried activity attempt (a worker may have died under the one before). */
+function retriedAttempt(): boolean {
+  try {
+    return Context.current().info.attempt > 1;
+  } catch {
+    return false;
+  }
+}
+
 /**
- * Removes the stale git locks of a local sandbox (a worker killed while Slipway's git or an
- * agent's git ran in it): its worktree record, its private git folder (confined) and Slipway's
- * refs of its group. Run before Slipway's git and before each agent run, whose own `git commit`
- * would otherwise fail on the dead one's `index.lock` at every retry. Returns the removed paths.
+ * Removes a sandbox's stale git locks (a worker killed while Slipway's git or an agent's git ran
+ * in it), run before Slipway's git and before each agent run, whose own `git commit` would
+ * otherwise fail on the dead one's `index.lock` at every retry. Returns the removed paths.
+ *   - A local sandbox, from the host: its worktree record, its private git folder (confined) and
+ *     Slipway's refs of its group. Cheap, so always.
+ *   - A sandbox with its git inside (containers, Kubernetes, Daytona): STALE_LOCKS_SCRIPT run in
+ *     it, which costs an exec; by default only in a retried attempt, the only one a dead run can
+ *     precede. Best effort: a sandbox that cannot run it is left as it is.
  */
-export async function clearSandboxGitLocks(root: string): Promise<string[]> {
+export async function clearSandboxGitLocks(sandboxes: SandboxProvider, root: string, opts: { inside?: boolean } = {}): Promise<string[]> {
   const parsed = parseSandboxRoot(path.resolve(root));
-  if (!parsed) return [];
+  if (!parsed) {
+    if (!(opts.inside ?? retriedAttempt())) return [];
+    const r = await sandboxes.exec({ root }, { command: '/bin/sh', args: ['-c', STALE_LOCKS_SCRIPT], env: SLIPWAY_GIT_ENV, inheritEnv: false, maxCaptureBytes: 64 * 1024, timeoutMs: GIT_TIMEOUT_MS });
+    return r.exitCode === 0 ? r.stdout.split('\n').filter((l) => l.length > 0) : [];
+  }
   const loc = await locateWorktree(parsed.repository, root).catch(() => undefined);
   if (!loc) return [];
   const own = sandboxGitDir(parsed.repository, loc.worktree);

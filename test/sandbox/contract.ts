@@ -13,6 +13,7 @@ import { FileTooLargeError } from '../../activities/sandbox/file-io';
 import { PathEscapeError } from '../../activities/sandbox/paths';
 import { SessionRequestError } from '../../activities/sandbox/session';
 import { SANDBOX_WORKSPACE } from '../../activities/sandbox/bubblewrap';
+import { clearSandboxGitLocks } from '../../activities/sandbox/commit-work';
 import type { SandboxCreateRequest, SandboxHandle, SandboxProvider, SandboxSession } from '../../activities/sandbox/provider';
 import { exists, gitIn, makeRepo, processesWith, tempDir, waitFor } from './helpers';
 
@@ -452,6 +453,45 @@ export function describeSandboxContract(
         const left = await provider.exec(shared, { command: 'ls -A', shell: true });
         expect(left.stdout.split('\n')).not.toContain('link-to-delete');
         expect(await fs.readFile(secret(), 'utf8')).toBe('secret\n');
+      });
+    });
+
+    describe('git locks', () => {
+      it("a dead git's stale lock is removed before the next git; a held or young one stays", async () => {
+        const h = await provider.create(request('locks'));
+        // Where this sandbox's git keeps its locks, as the sandbox sees them.
+        const where = await provider.exec(h, { command: 'git', args: ['rev-parse', '--git-path', 'index.lock', '--git-path', 'HEAD.lock', '--git-path', 'config.lock'] });
+        expect(where.exitCode, where.stderr).toBe(0);
+        const [index, held, young] = where.stdout.trim().split('\n') as [string, string, string];
+        // index.lock and HEAD.lock as a killed git leaves them (a minute old); config.lock young
+        // whatever an exec costs here: written "in ten minutes" (a clock ahead counts as young).
+        const made = await provider.exec(h, { command: '/bin/sh', args: ['-c', 'now=$(date +%s); touch -d "@$((now - 60))" "$1" "$2" && touch -d "@$((now + 600))" "$3"', '_', index, held, young] });
+        expect(made.exitCode, made.stderr).toBe(0);
+        const present = async () => (await provider.exec(h, { command: '/bin/sh', args: ['-c', 'for f in "$@"; do [ -e "$f" ] && echo "$f"; done; true', '_', index, held, young] })).stdout.trim().split('\n').filter(Boolean);
+        expect(await present()).toEqual([index, held, young]);
+        // A live git holds its lock open: a process of the sandbox holds HEAD.lock.
+        const holder = new AbortController();
+        let ready!: () => void;
+        const holding = new Promise<void>((r) => (ready = r));
+        const hold = provider.exec(h, {
+          command: '/bin/sh',
+          args: ['-c', 'exec 3<"$1"; echo ready; exec sleep 600', '_', held],
+          signal: holder.signal,
+          onLine: (_s, line) => line === 'ready' && ready(),
+        });
+        await holding;
+        try {
+          await clearSandboxGitLocks(provider, h.root, { inside: true });
+          expect(await present()).toEqual([held, young]);
+        } finally {
+          holder.abort();
+          await hold;
+        }
+        // Its holder gone, the same lock is stale.
+        await clearSandboxGitLocks(provider, h.root, { inside: true });
+        expect(await present()).toEqual([young]);
+        const git = await provider.exec(h, { command: 'git', args: ['-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '--allow-empty', '-m', 'after'] });
+        expect(git.exitCode, git.stderr).toBe(0);
       });
     });
 
