@@ -36,6 +36,7 @@ import { checkSize, CONTROL_FD, CONTROLLER, SessionRequestError, sessionOver, te
 import { OBJECT_ID } from './sandbox-git';
 import { envHeader, envHeaderArgv } from './env-header';
 import { runProjectSetup } from './setup';
+import { PoolFills } from './pool-fills';
 
 export {
   CONTAINER_IN,
@@ -235,22 +236,23 @@ export class ContainerSandboxProvider implements SandboxProvider {
     this.maxBundleBytes = options.maxBundleBytes;
   }
 
-  /** Background fills of the warm pool under way (one per repository and key). */
-  private readonly fills = new Map<string, Promise<unknown>>();
+  /** Background fills of the warm pool (one per repository and key at a time). */
+  private readonly fills = new PoolFills();
 
   /** Refills the pool in the background after a create; failures only cost the next create a cold start. */
   private scheduleFill(repo: string, spec: ContainerPoolSpec, size: number, base?: string): void {
     const key = `${repo}\0${containerPoolKey(spec)}`;
-    if (this.fills.has(key)) return;
-    const run = fillContainerPool(repo, path.join(repo, CONTAINERS_DIR), spec, size, base)
-      .catch(() => undefined)
-      .finally(() => this.fills.delete(key));
-    this.fills.set(key, run);
+    void this.fills.run(key, () =>
+      fillContainerPool(repo, path.join(repo, CONTAINERS_DIR), spec, size, base).then(
+        (r) => r.made,
+        () => 0,
+      ),
+    );
   }
 
   /** Settles once no background fill is running (benchmarks and tests wait on it, never on time). */
   async whenPoolIdle(): Promise<void> {
-    while (this.fills.size > 0) await Promise.all([...this.fills.values()]);
+    await this.fills.whenIdle();
   }
 
   /**

@@ -44,6 +44,7 @@ import { SANDBOX_BASE_ENV, SandboxProviderError, type ExecRequest, type ProjectS
 import { checkSize, SessionRequestError, TERMINAL_SIGNAL_KEYS, terminalInput } from './session';
 import { MAX_COLLECT_PACK_BYTES, OBJECT_ID } from './sandbox-git';
 import { runProjectSetup } from './setup';
+import { PoolFills } from './pool-fills';
 
 export const KUBERNETES_DIR = `${SLIPWAY_DIR}/kubernetes`;
 
@@ -205,7 +206,7 @@ export class KubernetesSandboxProvider implements SandboxProvider {
   private kcCache?: KubeConfig;
   private coreCache?: CoreV1Api;
   private unsubscribe?: () => void;
-  private readonly filling = new Map<string, Promise<number>>();
+  private readonly fills = new PoolFills();
 
   constructor(private readonly options: KubernetesProviderOptions = {}) {}
 
@@ -444,15 +445,11 @@ export class KubernetesSandboxProvider implements SandboxProvider {
    * Keeps `size` unclaimed pods (and their claims) of this key Ready; resolves once they are.
    * Unclaimed pods of the same settings made from another image are retired (deleted, with
    * their claims): an image roll drains the pool. One fill per key at a time in this provider
-   * (concurrent creates do not overshoot).
+   * (concurrent creates do not overshoot), and one asked for meanwhile passes again (PoolFills).
    */
   fillPool(namespace: string, image: string, settings: KubernetesSettings, size: number): Promise<number> {
     const key = this.poolKey(namespace, image, settings);
-    const running = this.filling.get(key);
-    if (running) return running;
-    const fill = this.fillPoolOnce(key, namespace, image, settings, size).finally(() => this.filling.delete(key));
-    this.filling.set(key, fill);
-    return fill;
+    return this.fills.run(key, () => this.fillPoolOnce(key, namespace, image, settings, size));
   }
 
   private async fillPoolOnce(key: string, namespace: string, image: string, settings: KubernetesSettings, size: number): Promise<number> {

@@ -22,6 +22,7 @@ import { ensureDir, writeJsonAtomic } from '../../lib/atomic-write';
 import { promises as fs, constants } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR, WORKTREES_DIR } from '../../core/ids';
+import { PoolFills } from './pool-fills';
 import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit, retryHalfAddedWorktree, GIT_HARDENING, GIT_TIMEOUT_MS } from '../../lib/git';
 import type { RunResult } from '../process';
 import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
@@ -136,7 +137,7 @@ export class LocalSandboxProvider implements SandboxProvider {
   private readonly confinement?: BubblewrapConfinement;
   private readonly copyMethod?: CopyMethod;
   private readonly log: (line: string) => void;
-  private readonly fills = new Map<string, { again: boolean; running: Promise<void> }>();
+  private readonly fills = new PoolFills();
   private readonly backgroundFill: boolean;
 
   constructor(options: LocalSandboxOptions = {}) {
@@ -345,30 +346,20 @@ export class LocalSandboxProvider implements SandboxProvider {
 
   private background(key: string, work: () => Promise<void>): void {
     if (!this.backgroundFill) return;
-    const current = this.fills.get(key);
-    if (current) {
-      current.again = true;
-      return;
-    }
-    const state = { again: false, running: Promise.resolve() };
-    state.running = (async () => {
-      // Off the create's critical path: the claim returns first.
-      await new Promise((r) => setImmediate(r));
-      do {
-        state.again = false;
-        try {
-          await work();
-        } catch (e) {
-          this.log(`slipway: warm pool fill failed: ${(e as Error).message}`);
-        }
-      } while (state.again);
-    })().finally(() => this.fills.delete(key));
-    this.fills.set(key, state);
+    void this.fills.run(key, () =>
+      work().then(
+        () => 0,
+        (e: Error) => {
+          this.log(`slipway: warm pool fill failed: ${e.message}`);
+          return 0;
+        },
+      ),
+    );
   }
 
   /** Resolves once no background pool fill runs in this process (tests, benchmarks, shutdown). */
   async whenPoolIdle(): Promise<void> {
-    while (this.fills.size > 0) await Promise.all([...this.fills.values()].map((f) => f.running));
+    await this.fills.whenIdle();
   }
 
   async exec(handle: Pick<SandboxHandle, 'root'>, req: ExecRequest): Promise<RunResult> {
