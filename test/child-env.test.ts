@@ -15,6 +15,7 @@ import { childEnv, runProcess } from '../activities/process';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
 import { SANDBOX_WORKSPACE, BWRAP_MISSING_MESSAGE } from '../activities/sandbox/bubblewrap';
 import { gitIn, tempDir } from './helpers/repo';
+import { scriptAgentInput } from './helpers/agent-run';
 
 const PROBE_SOURCE = `
 const fs = require('node:fs');
@@ -162,17 +163,7 @@ describe('under bubblewrap', () => {
     const out = path.join(handle.root, 'seen.json');
     mkdirSync(path.join(repo, '.slipway'), { recursive: true });
     writeFileSync(path.join(repo, '.slipway', '.env'), `PROBE_OUT=${out}\n`);
-    const input: AgentRunInput = {
-      role: 'builder',
-      spec: AgentSchema.parse({ provider: 'script', command: `"${process.execPath}" probe.cjs` }),
-      sandboxPath: handle.root,
-      repository: repo,
-      objectiveDir: tempDir('slipway-objective-'),
-      objective: { id: 'obj', text: 'objective' },
-      stream: { id: 'pwd', task: 'task', branch: 'slipway/obj/pwd' },
-      targetBranch: 'slipway/obj/integration',
-      iteration: 1,
-    };
+    const input = scriptAgentInput({ command: `"${process.execPath}" probe.cjs`, sandboxPath: handle.root, repository: repo, objectiveDir: tempDir('slipway-objective-'), stream: 'pwd' });
     const activities = createAgentActivities({ sandboxes });
     await new MockActivityEnvironment().run(activities.runAgent, input);
     const seen = JSON.parse(readFileSync(out, 'utf8')) as Seen;

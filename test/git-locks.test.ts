@@ -9,13 +9,13 @@ import path from 'node:path';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createActivities } from '../activities';
-import { createAgentActivities, type AgentRunInput, type AgentRunResult } from '../activities/agents/run-agent';
+import { createAgentActivities, type AgentRunResult } from '../activities/agents/run-agent';
 import { clearStaleGitLocks } from '../activities/git-locks';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
 import type { SandboxHandle, SandboxProvider } from '../activities/sandbox/provider';
 import { ContainerSandboxProvider } from '../activities/sandbox/container';
 import { locateWorktree, sandboxGitDir } from '../activities/sandbox/sandbox-git';
-import { AgentSchema } from '../core/objective-schema';
+import { scriptAgentInput } from './helpers/agent-run';
 import { gitIn, makeRepo, tempDir, waitFor } from './sandbox/helpers';
 
 const old = async (file: string) => {
@@ -185,18 +185,8 @@ describe.each([
     expect(blocked.exitCode).not.toBe(0);
     expect(blocked.stderr).toContain('index.lock');
 
-    const input: AgentRunInput = {
-      role: 'builder',
-      spec: AgentSchema.parse({ provider: 'script', command: 'cat > /dev/null; echo one > one.txt; git add -A && git -c user.name=a -c user.email=a@a commit -qm "agent commit"' }),
-      sandboxPath: box.root,
-      repository: repo,
-      objectiveDir: parent,
-      objective: { id: 'obj', text: 'objective' },
-      stream: { id: 'one', task: 'task', branch: box.branch },
-      targetBranch: 'slipway/obj/integration',
-      iteration: 1,
-      commit: { message: 'unused' },
-    };
+    const command = 'cat > /dev/null; echo one > one.txt; git add -A && git -c user.name=a -c user.email=a@a commit -qm "agent commit"';
+    const input = scriptAgentInput({ command, sandboxPath: box.root, repository: repo, objectiveDir: parent, branch: box.branch }, { commit: { message: 'unused' } });
     const run = (await new MockActivityEnvironment({ attempt }).run(agents.runAgent, input)) as AgentRunResult;
     expect(run.commit?.committed).toBe(false);
     expect(gitIn(repo, 'log', '-1', '--format=%s', box.branch)).toBe('agent commit');

@@ -11,12 +11,12 @@ import path from 'node:path';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { ApplicationFailure } from '@temporalio/common';
 import { describe, expect, it } from 'vitest';
-import { createAgentActivities, type AgentRunInput, type AgentRunResult } from '../activities/agents/run-agent';
+import { createAgentActivities, type AgentRunResult } from '../activities/agents/run-agent';
 import { createActivities, type GateRunResult } from '../activities/index';
 import { knownSecrets, redact, redactorFor, registerSecrets, repositoryOfSandbox, repositorySecrets, secretsFor } from '../activities/redact';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
-import { AgentSchema } from '../core/objective-schema';
 import { gitIn, tempDir } from './helpers/repo';
+import { scriptAgentInput } from './helpers/agent-run';
 
 const secret = (label: string) => `${label}-${randomBytes(10).toString('hex')}`;
 
@@ -97,17 +97,7 @@ describe('what activities return', () => {
   it('an agent run: a secret only in the repository .env is not in its output or its failure', async () => {
     const { repo, sandbox, value } = repoWithDotenv();
     const activities = createAgentActivities({ sandboxes: new LocalSandboxProvider() });
-    const input = (command: string): AgentRunInput => ({
-      role: 'builder',
-      spec: AgentSchema.parse({ provider: 'script', command }),
-      sandboxPath: sandbox,
-      repository: repo,
-      objectiveDir: tempDir('slipway-objective-'),
-      objective: { id: 'obj', text: 'objective' },
-      stream: { id: 'api', task: 'task', branch: 'slipway/obj/api' },
-      targetBranch: 'slipway/obj/integration',
-      iteration: 1,
-    });
+    const input = (command: string) => scriptAgentInput({ command, sandboxPath: sandbox, repository: repo, objectiveDir: tempDir('slipway-objective-'), stream: 'api' });
     const ok = (await new MockActivityEnvironment().run(activities.runAgent, input('cat .env'))) as AgentRunResult;
     expect(ok.output).toContain('DATABASE_URL="[redacted]"');
     expect(ok.output).not.toContain(value);

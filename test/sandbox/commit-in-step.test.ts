@@ -13,7 +13,7 @@ import { createActivities } from '../../activities';
 import { createAgentActivities, type AgentRunInput, type AgentRunResult } from '../../activities/agents/run-agent';
 import { LocalSandboxProvider } from '../../activities/sandbox/local';
 import type { SandboxHandle } from '../../activities/sandbox/provider';
-import { AgentSchema } from '../../core/objective-schema';
+import { scriptAgentInput } from '../helpers/agent-run';
 import { gitIn, makeRepo, tempDir } from './helpers';
 
 describe('the commit at the end of a stream step', () => {
@@ -24,18 +24,7 @@ describe('the commit at the end of a stream step', () => {
   const activities = createActivities({ sandboxes });
   const agents = createAgentActivities({ sandboxes });
   const runAgent = async (command: string, extra: Partial<AgentRunInput> = {}): Promise<AgentRunResult> => {
-    const input: AgentRunInput = {
-      role: 'builder',
-      spec: AgentSchema.parse({ provider: 'script', command }),
-      sandboxPath: box.root,
-      repository: repo,
-      objectiveDir: parent,
-      objective: { id: 'obj', text: 'objective' },
-      stream: { id: 'one', task: 'task', branch: box.branch },
-      targetBranch: 'slipway/obj/integration',
-      iteration: 1,
-      ...extra,
-    };
+    const input = scriptAgentInput({ command, sandboxPath: box.root, repository: repo, objectiveDir: parent, branch: box.branch }, extra);
     return (await new MockActivityEnvironment().run(agents.runAgent, input)) as AgentRunResult;
   };
   const commits = () => gitIn(repo, 'rev-list', '--count', `main..${box.branch}`);
