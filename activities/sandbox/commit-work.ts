@@ -88,8 +88,9 @@ export async function clearSandboxGitLocks(sandboxes: SandboxProvider, root: str
   const parsed = parseSandboxRoot(path.resolve(root));
   if (!parsed) {
     if (!(opts.inside ?? retriedAttempt())) return [];
-    const r = await sandboxes.exec({ root }, { command: '/bin/sh', args: ['-c', STALE_LOCKS_SCRIPT], env: SLIPWAY_GIT_ENV, inheritEnv: false, maxCaptureBytes: 64 * 1024, timeoutMs: GIT_TIMEOUT_MS });
-    return r.exitCode === 0 ? r.stdout.split('\n').filter((l) => l.length > 0) : [];
+    // A sandbox that cannot be reached fails the command that follows, with its own error.
+    const r = await sandboxes.exec({ root }, { command: '/bin/sh', args: ['-c', STALE_LOCKS_SCRIPT], env: SLIPWAY_GIT_ENV, inheritEnv: false, maxCaptureBytes: 64 * 1024, timeoutMs: GIT_TIMEOUT_MS }).catch(() => undefined);
+    return r?.exitCode === 0 ? r.stdout.split('\n').filter((l) => l.length > 0) : [];
   }
   const loc = await locateWorktree(parsed.repository, root).catch(() => undefined);
   if (!loc) return [];
