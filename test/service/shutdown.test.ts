@@ -4,7 +4,8 @@
  * 300 s (at most an hour): before the grace, a stop waited that long (the OpenAPI fuzzer's run
  * hung in its teardown). Now commands get the grace to finish, then are killed, and their
  * callers get the kill's answer. A preview connection to an app that outlives every command (a
- * detached server in a podman container) is cut at the same time, or it held the stop forever.
+ * detached server in a podman container) is cut at the same time, or it held the stop forever;
+ * so is one through the tunnel of another worker holding the sandbox.
  */
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
@@ -14,7 +15,7 @@ import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { getSandboxById } from '../../activities/billing/records';
 import { containerName, engineEnv } from '../../activities/sandbox/container';
-import type { ExecFrame } from './remote-owner';
+import { startOwnerProcess, type ExecFrame } from './remote-owner';
 import { waitFor } from '../helpers/cli';
 import { processesWith } from '../sandbox/helpers';
 import { rawRequest, startServiceHarness } from './harness';
@@ -77,37 +78,59 @@ describe('stopping the service host', () => {
     expect(got.at(-1)).toMatchObject({ type: 'exit', exit_code: 0 });
   });
 
-  it('cuts a preview connection still open after the grace (an endless response from an app no command holds): the stop ends, the client sees the cut', async () => {
-    const h = await startServiceHarness({ shutdownGraceMs: 200, preview: { key: randomBytes(32), domain: 'localhost' } });
-    const a = await h.account({ limit: 1 });
-    await a.profile({ name: 'podman', provider: 'podman' });
-    const id = (await a.api.create({ profile: 'podman' })).id;
-    await h.waitFor(a.api, id, ['ready'], 120_000);
-    // A server detached from the exec that starts it: it lives on in the container after the exec ends, as a user's dev server does.
-    const app = "require('http').createServer((q, r) => { r.writeHead(200); r.write('tick\\n'); setInterval(() => r.write('tick\\n'), 1000); }).listen(3000, '127.0.0.1')";
-    const started = await a.api.exec(id, { command: 'sh', args: ['-c', `nohup node -e "${app}" > /dev/null 2>&1 &`] });
-    expect(started.exit_code).toBe(0);
-    const opened = await rawRequest(h.url, 'POST', `/api/v1/sandboxes/${id}/ports`, { token: a.token, body: JSON.stringify({ port: 3000 }) });
-    expect(opened.status).toBe(201);
-    const url = new URL(((await opened.json()) as { url: string }).url);
-    // Connects (again, until the app listens) and resolves at the first bytes of the endless body; `ended` once the connection is gone.
-    const stream = () =>
-      new Promise<{ ended: Promise<string> }>((resolve, reject) => {
-        const req = http.request({ host: '127.0.0.1', port: Number(new URL(h.url).port), path: '/', headers: { host: url.host, authorization: `Bearer ${a.token}` }, agent: false }, (res) => {
-          if (res.statusCode !== 200) return reject(new Error(`preview answered ${res.statusCode}`)), res.resume();
-          res.once('data', () => resolve({ ended: new Promise((done) => res.once('close', () => done(res.complete ? 'complete' : 'cut'))) }));
-        });
-        req.on('error', reject);
-        req.end();
-      });
-    const container = containerName((await getSandboxById(h.database.db, id))!.root!);
+  /**
+   * A podman sandbox whose app (detached from the exec that starts it, as a user's dev server)
+   * writes an endless response; the preview is opened and read, then the host stops. `remote`:
+   * the sandbox is held by another worker (a `slipway api --no-http` process), so the preview goes
+   * through that owner's tunnel (ADR 0028), which the stop must cut as well.
+   */
+  const previewCutAtStop = async (remote: boolean) => {
+    const ownerId = `owner-${randomBytes(3).toString('hex')}`;
+    if (remote) process.env.SLIPWAY_PAYLOAD_KEY ??= randomBytes(32).toString('base64');
+    const h = await startServiceHarness({
+      shutdownGraceMs: 200,
+      preview: { key: randomBytes(32), domain: 'localhost' },
+      ...(remote ? { worker: false, workerId: `api-${randomBytes(3).toString('hex')}` } : {}),
+    });
+    let stopped = false;
+    let owner: Awaited<ReturnType<typeof startOwnerProcess>> | undefined;
+    let container: string | undefined;
     try {
+      if (remote) owner = await startOwnerProcess(h, ownerId);
+      const a = await h.account({ limit: 1 });
+      await a.profile({ name: 'podman', provider: 'podman' });
+      const id = (await a.api.create({ profile: 'podman' })).id;
+      await h.waitFor(a.api, id, ['ready'], 120_000);
+      container = containerName((await getSandboxById(h.database.db, id))!.root!);
+      const app = "require('http').createServer((q, r) => { r.writeHead(200); r.write('tick\\n'); setInterval(() => r.write('tick\\n'), 1000); }).listen(3000, '127.0.0.1')";
+      const started = await a.api.exec(id, { command: 'sh', args: ['-c', `nohup node -e "${app}" > /dev/null 2>&1 &`] });
+      expect(started.exit_code).toBe(0);
+      const opened = await rawRequest(h.url, 'POST', `/api/v1/sandboxes/${id}/ports`, { token: a.token, body: JSON.stringify({ port: 3000 }) });
+      expect(opened.status).toBe(201);
+      const url = new URL(((await opened.json()) as { url: string }).url);
+      // Connects (again, until the app listens) and resolves at the first bytes of the endless body; `ended` once the connection is gone.
+      const stream = () =>
+        new Promise<{ ended: Promise<string> }>((resolve, reject) => {
+          const req = http.request({ host: '127.0.0.1', port: Number(new URL(h.url).port), path: '/', headers: { host: url.host, authorization: `Bearer ${a.token}` }, agent: false }, (res) => {
+            if (res.statusCode !== 200) return reject(new Error(`preview answered ${res.statusCode}`)), res.resume();
+            res.once('data', () => resolve({ ended: new Promise((done) => res.once('close', () => done(res.complete ? 'complete' : 'cut'))) }));
+          });
+          req.on('error', reject);
+          req.end();
+        });
       const open = await waitFor(() => stream().catch(() => undefined), 'the app in the container to answer through the preview', 60_000);
+      stopped = true;
       await h.stop();
       expect(await open.ended).toBe('cut');
     } finally {
+      if (!stopped) await h.stop().catch(() => undefined);
+      owner?.child.kill('SIGKILL');
       // The stop leaves sandboxes as they are (a restart finds them): this one is the test's to remove.
-      execFileSync('podman', ['rm', '-f', '-t', '0', container], { env: engineEnv(), stdio: 'ignore' });
+      if (container) execFileSync('podman', ['rm', '-f', '-t', '0', container], { env: engineEnv(), stdio: 'ignore' });
     }
-  }, 240_000);
+  };
+
+  it('cuts a preview connection still open after the grace (an endless response from an app no command holds): the stop ends, the client sees the cut', () => previewCutAtStop(false), 240_000);
+
+  it('cuts such a preview also when it goes through the tunnel of the worker holding the sandbox', () => previewCutAtStop(true), 240_000);
 });
