@@ -2,8 +2,8 @@
  * Refills of a warm pool in this process, one per key at a time. A refill asked for while one
  * runs makes that one run once more when it ends, never a second at once (two would overshoot)
  * and never nothing: the running pass counted the pool before the latest claims, so coalescing
- * into it alone left the pool short until the next create (12 concurrent creates on Kubernetes
- * ended with 2 of 4 pods). Shared by every provider with a warm pool.
+ * into it alone left the pool short until the next create (after 12 concurrent creates the
+ * Kubernetes pool never got back to its 4 pods). Shared by every provider with a warm pool.
  */
 export class PoolFills {
   private readonly fills = new Map<string, { again: boolean; done: Promise<number> }>();
