@@ -10,12 +10,8 @@ export async function withHeartbeat<T>(
   work: (signal: AbortSignal | undefined, beat: (details?: unknown) => void) => Promise<T>,
   intervalMs = 2_000,
 ): Promise<T> {
-  let ctx: Context;
-  try {
-    ctx = Context.current();
-  } catch {
-    return work(undefined, () => undefined);
-  }
+  const ctx = activityContext();
+  if (!ctx) return work(undefined, () => undefined);
   let latest: unknown;
   const beat = (details?: unknown) => {
     latest = details;
@@ -26,6 +22,15 @@ export async function withHeartbeat<T>(
     return await work(ctx.cancellationSignal, beat);
   } finally {
     clearInterval(timer);
+  }
+}
+
+/** The running activity's context; undefined outside an activity (the CLI, tests), where `Context.current()` throws. */
+export function activityContext(): Context | undefined {
+  try {
+    return Context.current();
+  } catch {
+    return undefined;
   }
 }
 

@@ -4,12 +4,12 @@
  * or passing gates (docs/adr/0034-fewer-round-trips-per-stream.md), one place for all three.
  */
 import path from 'node:path';
-import { Context } from '@temporalio/activity';
 import { promises as fs } from 'node:fs';
 import { BRANCH_PREFIX } from '../../core/ids';
 import { commitIdentityVariables, GIT_HARDENING, GIT_TIMEOUT_MS } from '../../lib/git';
 import { failure } from '../failures';
 import { clearStaleGitLocks, STALE_LOCKS_SCRIPT } from '../git-locks';
+import { activityContext } from '../heartbeat';
 import { tail } from '../process';
 import { parseContainerRoot } from './container';
 import { parseSandboxRoot, SLIPWAY_GIT_ENV } from './local';
@@ -65,15 +65,6 @@ export function sandboxGit(sandboxes: SandboxProvider, root: string) {
   };
 }
 
-/** True in a retried activity attempt (a worker may have died under the one before). */
-function retriedAttempt(): boolean {
-  try {
-    return Context.current().info.attempt > 1;
-  } catch {
-    return false;
-  }
-}
-
 /**
  * Removes a sandbox's stale git locks (a worker killed while Slipway's git or an agent's git ran
  * in it), run before Slipway's git and before each agent run, whose own `git commit` would
@@ -87,7 +78,8 @@ function retriedAttempt(): boolean {
 export async function clearSandboxGitLocks(sandboxes: SandboxProvider, root: string, opts: { inside?: boolean } = {}): Promise<string[]> {
   const parsed = parseSandboxRoot(path.resolve(root));
   if (!parsed) {
-    if (!(opts.inside ?? retriedAttempt())) return [];
+    // A retried attempt: a worker may have died under the one before.
+    if (!(opts.inside ?? (activityContext()?.info.attempt ?? 1) > 1)) return [];
     // A sandbox that cannot be reached fails the command that follows, with its own error.
     const r = await sandboxes.exec({ root }, { command: '/bin/sh', args: ['-c', STALE_LOCKS_SCRIPT], env: SLIPWAY_GIT_ENV, inheritEnv: false, maxCaptureBytes: 64 * 1024, timeoutMs: GIT_TIMEOUT_MS }).catch(() => undefined);
     return r?.exitCode === 0 ? r.stdout.split('\n').filter((l) => l.length > 0) : [];
