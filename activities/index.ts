@@ -139,22 +139,27 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
       // git credentials: this worker holds the merger, so it holds the clone (docs/adr/0028).
       const mirrored = input.remote ? await mirrorForObjective(input.repository, input.remote) : undefined;
       if (mirrored) input = { ...input, repository: mirrored.repository, baseBranch: mirrored.baseBranch };
-      const baseCommit = await resolveCommit(input.repository, input.baseBranch).catch(() => {
+      const base = resolveCommit(input.repository, input.baseBranch).catch(() => {
         throw failure('configuration_error', `base branch "${input.baseBranch}" does not exist in ${input.repository}`);
       });
-      // The id names branches in the user's repository: claimed by this run, never reused silently.
-      await claimObjectiveId(input.repository, input.objectiveId, objectiveClaimOwner()).catch((e: Error) => {
-        throw failure('configuration_error', e.message);
-      });
       const branch = integrationBranch(input.objectiveId);
+      // Only the integration branch is made (docs/adr/0033) when nothing but merges would run in
+      // the merger and this host's git merges without a worktree: it comes with the claim.
+      const withoutMerger = input.deferMerger && input.withoutMerger && (await plumbing());
+      // The id names branches in the user's repository: claimed by this run, never reused silently.
+      const [resolved, claimed] = await Promise.allSettled([
+        base,
+        claimObjectiveId(input.repository, input.objectiveId, objectiveClaimOwner(), withoutMerger ? base.then((commit) => [{ name: branch, commit }]) : []),
+      ]);
+      // A missing base branch is the error to report, also when the id is in use too.
+      if (resolved.status === 'rejected') throw resolved.reason;
+      if (claimed.status === 'rejected') throw failure('configuration_error', (claimed.reason as Error).message);
+      const baseCommit = resolved.value;
       if (input.deferMerger) {
         const mergerPath = localSandboxRoot(input.repository, input.objectiveId, MERGER_SANDBOX_NAME);
-        if (input.withoutMerger && (await plumbing())) {
+        if (withoutMerger) {
           const temporal = await deps.temporalHome?.().catch(() => undefined);
-          await Promise.all([
-            registerMergerObjective({ objectiveId: input.objectiveId, repository: input.repository, baseCommit, temporal }),
-            createIntegrationBranch(input.repository, branch, baseCommit),
-          ]);
+          await registerMergerObjective({ objectiveId: input.objectiveId, repository: input.repository, baseCommit, temporal });
           return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, withoutMerger: true as const, ...mirrored, ...owned };
         }
         return { baseCommit, integrationBranch: branch, mergerPath, integrationTip: baseCommit, ...mirrored, ...owned };
@@ -626,12 +631,6 @@ async function mergeAndTip(
 }
 
 /** The integration branch at the base commit, made once (a retried prepare finds it). */
-async function createIntegrationBranch(repository: string, branch: string, baseCommit: string): Promise<void> {
-  await rawGit(repository, ['update-ref', '-m', 'slipway: integration branch', `refs/heads/${branch}`, baseCommit, '']).catch(async (e) => {
-    if (!(await branchExists(repository, branch))) throw e;
-  });
-}
-
 /** Agent runs live in agents/run-agent.ts; the workers build them from the same deps. */
 export function createAgentActivities(deps: ActivityDeps = defaultActivityDeps()) {
   return createAgentRunActivities(deps);

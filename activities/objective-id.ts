@@ -43,25 +43,42 @@ export async function objectiveIdInUse(repository: string, objectiveId: string):
   return inUseMessage(repository, objectiveId, await idRefs(repository, objectiveId));
 }
 
+export interface ClaimedBranch {
+  name: string;
+  commit: string;
+}
+
 /**
  * Claims `objectiveId` for the run `owner` (idempotent for the same owner). Throws, with what is
- * in the way, when another run claimed it or its branches exist without a claim. Three git calls
- * when the id is free (the refs, the blob, the ref's creation): it runs at every objective's start.
+ * in the way, when another run claimed it or its branches exist without a claim. It runs at every
+ * objective's start, so the reads go side by side (the refs; the claim's blob, written before it
+ * is known to be needed: an unreferenced blob is harmless) and the writes in one ref transaction.
+ * `branches` (which may still be being resolved; its rejection is the claim's): made in that transaction too (all or nothing: a run that lost the claim made none),
+ * or, when the run had claimed the id already (a retried activity), made if absent.
  */
-export async function claimObjectiveId(repository: string, objectiveId: string, owner: string): Promise<void> {
+export async function claimObjectiveId(repository: string, objectiveId: string, owner: string, branches: PromiseLike<ClaimedBranch[]> | ClaimedBranch[] = []): Promise<void> {
   const ref = claimRef(objectiveId);
-  const refs = await idRefs(repository, objectiveId);
+  const [refs, blob, made] = await Promise.all([idRefs(repository, objectiveId), rawGitWithInput(repository, ['hash-object', '-w', '--stdin'], `${owner}\n`).then((b) => b.trim()), branches]);
   if (refs.claim) {
     const holder = (await rawGit(repository, ['cat-file', 'blob', refs.claim])).trim();
-    if (holder === owner) return;
-    throw new Error(inUseMessage(repository, objectiveId, refs) ?? `objective id "${objectiveId}" is claimed by ${holder}`);
+    if (holder !== owner) throw new Error(inUseMessage(repository, objectiveId, refs) ?? `objective id "${objectiveId}" is claimed by ${holder}`);
+    for (const b of made) await createBranchIfAbsent(repository, b.name, b.commit);
+    return;
   }
   const inUse = inUseMessage(repository, objectiveId, refs);
   if (inUse) throw new Error(inUse);
-  const blob = (await rawGitWithInput(repository, ['hash-object', '-w', '--stdin'], `${owner}\n`)).trim();
-  // Created only if absent (the empty old value): of two racing runs, one wins.
-  await rawGit(repository, ['update-ref', '-m', `slipway: objective ${objectiveId}`, ref, blob, '']).catch(async () => {
+  // Created only if absent (`create`): of two racing runs, one wins, and the loser makes nothing.
+  const transaction = [`create ${ref} ${blob}`, ...made.map((b) => `create refs/heads/${b.name} ${b.commit}`)].join('\n');
+  await rawGitWithInput(repository, ['update-ref', '-m', `slipway: objective ${objectiveId}`, '--stdin'], `${transaction}\n`).catch(async () => {
     const now = (await rawGit(repository, ['for-each-ref', '--format=%(objectname)', ref])).trim();
     if (now !== blob) throw new Error(`objective id "${objectiveId}" was claimed by another run at the same time`);
+    // Ours after all (a retried activity whose first try committed): the branches came with it.
+  });
+}
+
+/** Makes `refs/heads/<name>` at `commit` unless a branch of that name exists. */
+export async function createBranchIfAbsent(repository: string, name: string, commit: string): Promise<void> {
+  await rawGit(repository, ['update-ref', '-m', 'slipway: integration branch', `refs/heads/${name}`, commit, '']).catch(async (e) => {
+    if (!(await rawGit(repository, ['rev-parse', '--verify', '--quiet', `refs/heads/${name}`]).catch(() => undefined))) throw e;
   });
 }

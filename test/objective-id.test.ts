@@ -32,6 +32,32 @@ describe('objective id claims', () => {
     await expect(claimObjectiveId(repo, 't', 'objective:t run-b')).rejects.toThrow(/claimed by an earlier run \(refs\/slipway-objectives\/t\); branches slipway\/t\/integration\..*git update-ref -d refs\/slipway-objectives\/t; git branch -D slipway\/t\/integration$/);
   });
 
+  it('branches come with the claim, all or nothing: of two racing runs the winner makes them, the loser nothing', async () => {
+    const repo = makeTinyRepo();
+    const main = gitIn(repo, 'rev-parse', 'main');
+    gitIn(repo, '-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '--allow-empty', '-qm', 'second');
+    const second = gitIn(repo, 'rev-parse', 'main');
+    const runs = await Promise.allSettled([
+      claimObjectiveId(repo, 'race', 'objective:race run-a', [{ name: 'slipway/race/integration', commit: main }]),
+      claimObjectiveId(repo, 'race', 'objective:race run-b', Promise.resolve([{ name: 'slipway/race/integration', commit: second }])),
+    ]);
+    expect(runs.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+    const winner = runs[0].status === 'fulfilled' ? 'a' : 'b';
+    expect(gitIn(repo, 'cat-file', 'blob', 'refs/slipway-objectives/race')).toBe(`objective:race run-${winner}`);
+    expect(gitIn(repo, 'rev-parse', 'slipway/race/integration')).toBe(winner === 'a' ? main : second);
+    const lost = runs.find((r) => r.status === 'rejected') as PromiseRejectedResult;
+    expect((lost.reason as Error).message).toMatch(/objective id "race" (was claimed by another run at the same time|was used before)/);
+
+    // A retried activity whose claim is there but whose branch is not (made by an older Slipway): made now.
+    gitIn(repo, 'branch', '-D', 'slipway/race/integration');
+    await claimObjectiveId(repo, 'race', `objective:race run-${winner}`, [{ name: 'slipway/race/integration', commit: main }]);
+    expect(gitIn(repo, 'rev-parse', 'slipway/race/integration')).toBe(main);
+
+    // Branches that could not be resolved: that error, and no claim.
+    await expect(claimObjectiveId(repo, 'nobase', 'objective:nobase run-a', Promise.reject(new Error('base branch "nope" does not exist')))).rejects.toThrow('base branch "nope" does not exist');
+    expect(await objectiveIdInUse(repo, 'nobase')).toBeUndefined();
+  });
+
   it('`slipway run --id` with an id used before: exit 2, says what is in the way, nothing started', async () => {
     const repo = makeTinyRepo();
     gitIn(repo, 'branch', 'slipway/again/integration', 'main');

@@ -26,7 +26,7 @@ import { PoolFills } from './pool-fills';
 import { branchExists, ensureSlipwayExcluded, git, gitMaybe, listWorktrees, resolveCommit, retryHalfAddedWorktree, GIT_HARDENING, GIT_TIMEOUT_MS } from '../../lib/git';
 import type { RunResult } from '../process';
 import { requireBwrap, type BubblewrapConfinement } from './bubblewrap';
-import type { CopyMethod } from './copy-ignored';
+import { listIgnoredToCopy, type CopyMethod } from './copy-ignored';
 import type { Duplex } from 'node:stream';
 import { connectSandboxPort, PortUnreachableError } from './port-relay';
 import { combineConfinement, confinedCommand, execInWorktree, feedPipes, type ExecTarget } from './exec';
@@ -160,10 +160,16 @@ export class LocalSandboxProvider implements SandboxProvider {
   async create(req: SandboxCreateRequest): Promise<SandboxHandle> {
     const started = Date.now();
     const repo = await realpathOrSelf(req.repository);
-    await ensureSlipwayExcluded(repo);
     const root = localSandboxRoot(repo, req.group, req.name);
     const recordFile = recordPath(repo, req.group, req.name);
-    const [worktrees, baseCommit, record] = await Promise.all([listWorktrees(repo), resolveCommit(repo, req.base), readRecord(recordFile)]);
+    // The reads side by side: each git call is a process, and a create is on every stream's path.
+    const [worktrees, baseCommit, record, branchExisted] = await Promise.all([
+      listWorktrees(repo),
+      resolveCommit(repo, req.base),
+      readRecord(recordFile),
+      branchExists(repo, req.branch),
+      ensureSlipwayExcluded(repo),
+    ]);
     const existing = await findWorktree(worktrees, root);
     // Refuse early, with the install hint, rather than on the first command.
     if (req.confinement) requireBwrap(req.confinement.bwrapPath);
@@ -205,16 +211,16 @@ export class LocalSandboxProvider implements SandboxProvider {
       ...(setup ? { setupHash: setupHash(setup) } : {}),
     };
     await writeRecord(recordFile, { ...base, state: 'creating' });
-    const [, branchExisted, source] = await Promise.all([
-      // Leftovers of a crashed attempt (a folder, git's record of it) go first.
-      existing || (await pathExists(root)) ? releaseDisk(image, root).then(() => clearHalfMade(repo, root)) : undefined,
-      branchExists(repo, req.branch),
-      copyIgnored || setup || poolSize > 0 ? this.sourceFor(repo, baseCommit, { setup, copyIgnored }) : undefined,
-    ]);
+    const sourcing = copyIgnored || setup || poolSize > 0 ? this.sourceFor(repo, baseCommit, { setup, copyIgnored }) : undefined;
+    // Awaited below (with the worktree's add on the cold path); never left to reject unheard.
+    sourcing?.catch(() => undefined);
+    // Leftovers of a crashed attempt (a folder, git's record of it) go first.
+    if (existing || (await pathExists(root))) await releaseDisk(image, root).then(() => clearHalfMade(repo, root));
     const poolSpec = (src: Source): PoolSpec => poolSpecFor(baseCommit, src, { copyIgnored, setup, confinement, copyMethod: this.copyMethod });
 
     // 1. The warm pool: a ready worktree at this base, moved into place and put on the branch.
-    if (poolSize > 0 && source && !branchExisted) {
+    if (poolSize > 0 && !branchExisted) {
+      const source = (await sourcing)!;
       const claimed = await claimPoolEntry(repo, { baseCommit, fingerprint: source.fingerprint }, root);
       if (claimed) {
         // Plumbing rather than `checkout -b` (which re-reads the whole tree): the entry is at the
@@ -249,12 +255,16 @@ export class LocalSandboxProvider implements SandboxProvider {
     // Added without a checkout: the checkout and the copy of ignored files then run side by side.
     // `worktree add -b` makes the branch before it reads the other worktrees' records, so a try
     // that failed on a half-added one may have left the branch: the next try takes it.
+    // The source and its listing of ignored files are read while the worktree is added.
+    const listing = sourcing?.then((src) => (copyIgnored ? listIgnoredToCopy(src.dir, { useIncludeFile: src.template === undefined }) : undefined));
+    listing?.catch(() => undefined);
     await retryHalfAddedWorktree(async (attempt) => {
       if (branchExisted || (attempt > 1 && (await branchExists(repo, req.branch)))) {
         return git(repo, ['worktree', 'add', '-q', '--no-checkout', root, req.branch]);
       }
       return git(repo, ['worktree', 'add', '-q', '--no-checkout', '-b', req.branch, root, baseCommit]);
     });
+    const source = await sourcing;
     // A sandbox made again at this place starts with a fresh private git directory.
     await discardSandboxGit(repo, root);
     await discardAgentHome(repo, root);
@@ -266,6 +276,7 @@ export class LocalSandboxProvider implements SandboxProvider {
       source: copyIgnored ? source?.dir : undefined,
       useIncludeFile: source?.template === undefined,
       method: this.copyMethod,
+      ...(listing ? { listing: listing.then((l) => l!) } : {}),
     });
     if (copied) ignoredCopy = { ...copied, paths: copied.paths.length };
     let setupResult: SetupResult | undefined;
@@ -276,7 +287,8 @@ export class LocalSandboxProvider implements SandboxProvider {
         skipFirstCommands: source?.template !== undefined,
       });
     }
-    const headCommit = await git(root, [...trustedWorktreeArgs(await locateWorktree(repo, root)), 'rev-parse', 'HEAD']);
+    // A branch made here without setup is at the base; one that existed, or setup may have moved, is read.
+    const headCommit = branchExisted || setup ? await git(root, [...trustedWorktreeArgs(await locateWorktree(repo, root)), 'rev-parse', 'HEAD']) : baseCommit;
     const origin = source?.template ? 'template' : 'cold';
     await writeRecord(recordFile, {
       ...base,

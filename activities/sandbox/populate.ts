@@ -5,7 +5,7 @@
  * branch, say) is copied after the checkout, merging, so tracked files always win.
  */
 import { git, rawGit } from '../../lib/git';
-import { copyIgnoredFiles, listIgnoredToCopy, type CopyIgnoredResult, type CopyMethod } from './copy-ignored';
+import { copyIgnoredFiles, listIgnoredToCopy, type CopyIgnoredResult, type CopyMethod, type IgnoredListing } from './copy-ignored';
 
 const strip = (entry: string) => (entry.endsWith('/') ? entry.slice(0, -1) : entry);
 
@@ -36,6 +36,8 @@ export interface PopulateOptions {
   /** Honour `.worktreeinclude` in the source (false for templates). */
   useIncludeFile?: boolean;
   method?: CopyMethod;
+  /** The source's listing, when the caller started it already (while the worktree was added). */
+  listing?: Promise<IgnoredListing>;
 }
 
 export async function populateWorktree(opts: PopulateOptions): Promise<CopyIgnoredResult | undefined> {
@@ -45,7 +47,7 @@ export async function populateWorktree(opts: PopulateOptions): Promise<CopyIgnor
     return undefined;
   }
   const started = Date.now();
-  const listing = await listIgnoredToCopy(opts.source, { useIncludeFile: opts.useIncludeFile });
+  const listing = await (opts.listing ?? listIgnoredToCopy(opts.source, { useIncludeFile: opts.useIncludeFile }));
   const later = listing.paths.length > 0 ? await trackedUnder(opts.repo, opts.commit, listing.paths) : new Set<string>();
   const now = listing.paths.filter((p) => !later.has(p));
   const [, first] = await Promise.all([
