@@ -150,6 +150,7 @@ export function createClaudeCodeProvider({ baseline }: ProviderOptions = {}): Ag
 
   return {
     kind: 'claude-code',
+    reportsRefusals: true,
     // `{"type":"system","subtype":"api_retry",...}`: Claude Code waiting to retry a failed API call.
     isRetryNoise: (line, stream) => stream === 'stdout' && /^\s*\{\s*"type"\s*:\s*"system"\s*,\s*"subtype"\s*:\s*"api_retry"/.test(line),
     setupHint: 'Set ANTHROPIC_API_KEY (or ANTHROPIC_AUTH_TOKEN, or log in with `claude` as the worker\'s user) in the worker\'s environment or in <repository>/.slipway/.env',

@@ -145,6 +145,12 @@ export interface AgentProvider {
   sessionLocation?(sessionId: string, context: Pick<CredentialContext, 'env' | 'home'>): SessionLocation;
   /** Where the CLI finds credentials for `spec` (absent: nothing is checked at load, e.g. the script provider). */
   credentialSources?(spec: AgentSpec, context: CredentialContext): CredentialSources;
+  /**
+   * Its output says when tool calls were refused (`denied` events): a builder's work is read before
+   * each run, so a run whose calls were refused and that changed nothing fails with that reason.
+   * (A CLI with `sessionToolCalls` gets the same check from its session files.)
+   */
+  readonly reportsRefusals?: true;
   /** Its output has no token counts (Copilot's JSON): its runs' usage is recorded as unknown, never estimated. */
   readonly reportsNoTokens?: true;
   /** What to set when the agent reports a configuration error (credentials), for the failure message. */

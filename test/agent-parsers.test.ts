@@ -170,6 +170,8 @@ describe('claude-code parser', () => {
     const denial = (tool: string) => ({ tool_name: tool, tool_use_id: 't', tool_input: {} });
     const events = parse('claude-code', [JSON.stringify({ type: 'result', subtype: 'success', is_error: false, result: 'done', session_id: 's', permission_denials: [denial('Write'), denial('Bash'), { nonsense: 1 }] })]);
     expect(events.filter((e) => e.type === 'denied')).toEqual([{ type: 'denied', tool: 'Write' }, { type: 'denied', tool: 'Bash' }, { type: 'denied', tool: 'unknown' }]);
+    // So its builder runs read the work before they start (the "changed nothing" check needs it).
+    expect(createClaudeCodeProvider().reportsRefusals).toBe(true);
   });
 
   it('does not treat an agent talking about rate limits as a rate limit', () => {

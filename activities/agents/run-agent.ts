@@ -128,6 +128,15 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
       const name = `${role} agent (${spec.provider})`;
       const agentIteration = input.agentIteration ?? 1;
 
+      // Started together: each is a process or a file read, and every agent run waits for them.
+      // A run killed while git worked in the sandbox (a worker SIGKILLed mid-commit) left its
+      // locks: without clearing them, the agent's own `git commit` fails on them at every retry.
+      const unlocking = clearSandboxGitLocks(sandboxes, input.sandboxPath);
+      unlocking.catch(() => undefined); // awaited before anything runs in the sandbox
+      const identity = commitIdentityEnv(input.sandboxPath);
+      identity.catch(() => undefined); // awaited below, after the project's env
+      const repositorySecrets = secretsFor(input.repository);
+      repositorySecrets.catch(() => undefined);
       let projectEnv: Record<string, string>;
       try {
         projectEnv = await readProjectEnv(input.repository);
@@ -135,7 +144,7 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         throw failure('configuration_error', (e as Error).message);
       }
       // One set: the worker's environment, tokens, and the repository's `.env` files (copy_ignored puts them in the sandbox).
-      const secrets = [...new Set([...secretValuesWith(projectEnv), ...(await secretsFor(input.repository))])].sort((a, b) => b.length - a.length);
+      const secrets = [...new Set([...secretValuesWith(projectEnv), ...(await repositorySecrets)])].sort((a, b) => b.length - a.length);
 
       const ctx: PromptContext = {
         role,
@@ -153,16 +162,14 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
         ...(input.rebuilt ? { rebuilt: input.rebuilt } : {}),
       };
       const env: Record<string, string> = {
-        ...(await commitIdentityEnv(input.sandboxPath)),
+        ...(await identity),
         ...projectEnv,
         ...contextEnv(ctx),
         SLIPWAY_OBJECTIVE_DIR: input.objectiveDir,
         SLIPWAY_SANDBOX: input.sandboxPath,
       };
       const cancelSignal = Context.current().cancellationSignal;
-      // A run killed while git worked in the sandbox (a worker SIGKILLed mid-commit) left its
-      // locks: without this, the agent's own `git commit` fails on them at every retry.
-      const unlocked = await clearSandboxGitLocks(sandboxes, input.sandboxPath);
+      const unlocked = await unlocking;
       if (unlocked.length > 0) Context.current().log.warn('stale git locks removed from the sandbox before the agent ran', { role, locks: unlocked.map((l) => path.basename(l)).join(', ') });
 
       // --- the prompt ---------------------------------------------------------------------------
@@ -328,12 +335,13 @@ export function createAgentActivities(deps: { sandboxes: SandboxProvider }) {
             break;
         }
       };
-      // A builder is there to change the work: what it looked like before, to tell whether refused tool calls left it unchanged.
+      // A builder is there to change the work: what it looked like before, to tell whether refused
+      // tool calls left it unchanged. Read only for a CLI that says when its calls were refused.
       const workState = async () => {
         const r = await sandboxes.exec({ root: input.sandboxPath }, { command: 'git rev-parse HEAD && git status --porcelain --untracked-files=all', shell: true, env, timeoutMs: 60_000, signal: cancelSignal });
         return r.exitCode === 0 ? r.stdout : undefined;
       };
-      const before = role === 'builder' ? await workState() : undefined;
+      const before = role === 'builder' && (provider.reportsRefusals || provider.sessionToolCalls) ? await workState() : undefined;
       const idleMs = spec.idle_timeout_minutes * 60_000;
       const run = await withHeartbeat(async (signal, beat) => {
         const idleCheck = setInterval(
