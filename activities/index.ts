@@ -23,7 +23,7 @@ import { commonDirOf, discardSandboxGit, locateWorktree, OBJECT_ID, trustedWorkt
 import { promises as fs, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { createMergerSandbox, createStreamSandbox, registerMergerObjective } from './sandbox/objective-sandboxes';
-import { commitSandboxWork, sandboxGit, type CommittedWork } from './sandbox/commit-work';
+import { clearSandboxGitLocks, commitSandboxWork, sandboxGit, type CommittedWork } from './sandbox/commit-work';
 import type { SandboxLiveness, SandboxProvider } from './sandbox/provider';
 import type { TemporalHome } from './sandbox/registry';
 import { SandboxProviders } from './sandbox/router';
@@ -209,7 +209,9 @@ export function createActivities(deps: ActivityDeps = defaultActivityDeps()) {
      * committed and the head collected, as `commitWork` would (a stream's gates, ADR 0034).
      */
     async runGates(input: { path: string; gates: GateSpec[]; commit?: { message: string } }): Promise<GateRunResult> {
-      const redactor = await redactorFor(input.path);
+      const [redactor, unlocked] = await Promise.all([redactorFor(input.path), clearSandboxGitLocks(sandboxes, input.path)]);
+      // As before an agent run: a gate's git killed with its worker left locks its retry would fail on.
+      if (unlocked.length > 0) Context.current().log.warn('stale git locks removed from the sandbox before the gates ran', { locks: unlocked.map((l) => path.basename(l)).join(', ') });
       return withHeartbeat(async (signal, beat) => {
         const results: GateResult[] = [];
         for (const gate of input.gates) {
@@ -630,7 +632,6 @@ async function mergeAndTip(
   return [{ status: 'merged', commit, previous: head, alreadyMerged: false }, { commit, tree: merged.tree }];
 }
 
-/** The integration branch at the base commit, made once (a retried prepare finds it). */
 /** Agent runs live in agents/run-agent.ts; the workers build them from the same deps. */
 export function createAgentActivities(deps: ActivityDeps = defaultActivityDeps()) {
   return createAgentRunActivities(deps);

@@ -9,6 +9,7 @@ import path from 'node:path';
 import { MockActivityEnvironment } from '@temporalio/testing';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createActivities } from '../activities';
+import type { GateRunResult } from '../activities';
 import { createAgentActivities, type AgentRunResult } from '../activities/agents/run-agent';
 import { clearStaleGitLocks } from '../activities/git-locks';
 import { LocalSandboxProvider } from '../activities/sandbox/local';
@@ -193,5 +194,15 @@ describe.each([
     expect(gitIn(repo, 'show', `${box.branch}:one.txt`)).toBe('one');
     const left = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', '[ ! -e "$1" ]', '_', lock.stdout.trim()] });
     expect(left.exitCode).toBe(0);
+  });
+
+  it(`and before the gates (attempt ${attempt}): a gate's git killed with its worker does not fail the gate's retry`, async () => {
+    const lock = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', 'f=$(git rev-parse --git-path index.lock) && touch -d "@$(( $(date +%s) - 60 ))" "$f" && echo "$f"'] });
+    expect(lock.exitCode, lock.stderr).toBe(0);
+    const gates = [{ name: 'stage', command: 'echo y > y.txt && git add y.txt && git diff --cached --name-only', timeout_seconds: 60 }];
+    const result = (await new MockActivityEnvironment({ attempt }).run(createActivities({ sandboxes }).runGates, { path: box.root, gates })) as GateRunResult;
+    expect(result.failureReport).toBe('');
+    expect(result.passed).toBe(true);
+    expect(result.results[0]!.output).toContain('y.txt');
   });
 });
