@@ -12,6 +12,7 @@ import type { Client } from '@temporalio/client';
 import { temporal } from '@temporalio/proto';
 import { Worker } from '@temporalio/worker';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { LocalSandboxProvider } from '../activities/sandbox/local';
 import { loadObjectiveFile } from '../config/objective-file';
 import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../core/ids';
 import { objectiveWorkflow } from '../workflows/objective';
@@ -140,5 +141,42 @@ describe('how an objective and its streams end (ADR 0037)', () => {
     expect(activities).not.toContain('prepareMerger');
     expect(activities).not.toContain('finishObjective');
     expect(gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm)).toHaveLength(1);
+  }, 180_000);
+
+  it("a continued-as-new objective's result comes after its streams' sandbox cleanup (a resumed run hears their end through their final event)", async () => {
+    // Sandboxes whose removal is slow: without the wait, the resumed run ends while they are still there.
+    class SlowDestroy extends LocalSandboxProvider {
+      override async destroy(...args: Parameters<LocalSandboxProvider['destroy']>) {
+        await new Promise((r) => setTimeout(r, 1_500));
+        return super.destroy(...args);
+      }
+    }
+    const slow = await startTestWorker({ deps: { sandboxes: new SlowDestroy({ backgroundFill: false }) } });
+    try {
+      const repo = makeDemoRepo();
+      const id = 'ending-slow-cleanup';
+      const streams = ['c0', 'c1', 'c2', 'c3'];
+      const file = writeObjective({
+        objective: 'streams whose cleanup is slow, across continue-as-new',
+        repository: repo,
+        max_parallel_streams: 2,
+        agents: { builder: { provider: 'script', command: 'cat > /dev/null; echo "$SLIPWAY_STREAM" > "$SLIPWAY_STREAM.txt"; git add -A; git commit -qm "$SLIPWAY_STREAM"' } },
+        streams: streams.map((s) => ({ id: s, task: s })),
+      });
+      const input = { ...(await loadObjectiveFile(file, { repository: repo, id })), continueAsNewAfterEvents: 40 };
+      const result = await slow.client.workflow.execute(objectiveWorkflow, { taskQueue: slow.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+      // Read at once: nothing of the objective's is left when its result is there.
+      const worktrees = gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm);
+      const left = existsSync(path.join(repo, '.slipway', 'worktrees', id)) ? readdirSync(path.join(repo, '.slipway', 'worktrees', id)) : [];
+      expect(result.outcome).toBe('completed');
+      expect(worktrees).toHaveLength(1);
+      expect(left).toEqual([]);
+      const runs: Event[][] = (await runHistories(slow.client, objectiveWorkflowId(id))).map((r) => r.history.events ?? []);
+      expect(runs.length).toBeGreaterThan(1);
+      // The last run waited for its streams to close.
+      expect(scheduled(runs[0]!)).toContain('workflowsClosed');
+    } finally {
+      await slow.stop();
+    }
   }, 180_000);
 });

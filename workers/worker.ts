@@ -14,6 +14,7 @@ import { agentTaskQueue, ownerTaskQueue } from '../core/ids';
 import { createActivities, createAgentActivities, defaultActivityDeps, type ActivityDeps } from '../activities';
 import { createJanitorActivities, temporalHomeOf } from '../activities/sandbox/janitor';
 import { createOwnerActivities } from '../activities/owners';
+import { createWorkflowEndActivities } from '../activities/workflow-ends';
 import { PodWatchers } from '../activities/sandbox/kube-watch';
 import { slipwayDataConverter } from './payload-codec';
 import { DEFAULT_SHUTDOWN_GRACE_MS, DEFAULT_WORKFLOW_TASK_CONCURRENCY } from '../lib/settings';
@@ -82,7 +83,7 @@ export async function createSlipwayWorkers(opts: SlipwayWorkerOptions): Promise<
   const deps = { temporalHome: home, ...(opts.deps ?? defaultActivityDeps()), ...(opts.workerId ? { workerId: opts.workerId } : {}) };
   const shutdownGraceTime = opts.shutdownGraceMs ?? DEFAULT_SHUTDOWN_GRACE_MS;
   // One set of activities serves the shared and the owner queues (their in-process state is shared).
-  const activities = { ...createActivities(deps), ...createJanitorActivities({ client, temporalHome: home }), ...createOwnerActivities({ client }) };
+  const activities = { ...createActivities(deps), ...createJanitorActivities({ client, temporalHome: home }), ...createOwnerActivities({ client }), ...createWorkflowEndActivities({ client }) };
   const agentActivities = createAgentActivities(deps);
   // The history's ActivityTaskStarted events name the worker id, so where each activity ran can be read there.
   const identity = opts.workerId ? { identity: `${process.pid}@${os.hostname()}/${opts.workerId}` } : {};

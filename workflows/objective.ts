@@ -23,6 +23,8 @@ import {
   defineUpdate,
   getExternalWorkflowHandle,
   isCancellation,
+  log,
+  proxyActivities,
   setCurrentDetails,
   setHandler,
   startChild,
@@ -30,6 +32,7 @@ import {
   workflowInfo,
 } from '@temporalio/workflow';
 import { OBJECTIVE_BASELINE, patchesOf } from './patches';
+import type { WorkflowEndActivities } from '../activities/workflow-ends';
 import type { Blueprint, Step } from '../core/blueprint-schema';
 import { FINAL_STREAM_PHASES } from '../core/states';
 import { OBJECTIVE_STATUS_QUERY, streamWorkflowId } from '../core/ids';
@@ -124,6 +127,13 @@ const PREPARE_LOCALLY = 'prepare-objective-local';
  * one workflow task less on the way to the result (docs/adr/0037).
  */
 const FINISH_WITHOUT_ACTIVITY = 'finish-without-activity';
+/**
+ * A continued-as-new run takes a stream's final event as its end (it has no handle on the streams
+ * an earlier run started), and that event is sent while the stream removes its sandbox (docs/adr/
+ * 0037): its result waits until its streams have closed, so it never comes before that cleanup.
+ */
+const RESUMED_WAITS_FOR_STREAMS = 'resumed-waits-for-streams';
+const workflowEnds = proxyActivities<WorkflowEndActivities>({ startToCloseTimeout: '10 minutes', retry: { maximumAttempts: 3 } });
 /** How long a cancelled objective waits for its streams to clean up before it ends anyway. */
 const STREAM_CANCEL_WAIT = '10 minutes';
 /** Streams under an objective's limit ask it before each agent run (`budgetLeaseSignal`; ADR 0017, 3). */
@@ -829,6 +839,16 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     }
   }
 
+  if (resume && patched(RESUMED_WAITS_FOR_STREAMS)) {
+    // Every stream that started: a resumed run takes the final event as the end of its own children too.
+    const started = status.streams.filter((s) => s.phase !== 'waiting').map((s) => streamWorkflowId(input.id, s.id));
+    if (started.length > 0) {
+      await CancellationScope.nonCancellable(() => workflowEnds.workflowsClosed({ workflowIds: started })).catch((err) => {
+        if (!(err instanceof TemporalFailure)) throw err;
+        log.warn('could not tell whether the streams of earlier runs have closed; the result may come before their cleanup', { error: failureMessage(err) });
+      });
+    }
+  }
   const nothingToFinish = prepared.withoutMerger === true && input.remote === undefined && integrationTip !== undefined && patched(FINISH_WITHOUT_ACTIVITY);
   if (!nothingToFinish) enter('finishing', 'removing the merger worktree');
   await mergerMade;
