@@ -49,6 +49,22 @@ async function runObjective(id: string, postMergeGate: boolean) {
   return { repo, result };
 }
 
+/** Enough bare streams, two at a time, to roll the objective over (continue-as-new) while they run. */
+async function runRollingObjective(on: TestWorker, id: string, streams: string[]) {
+  const repo = makeDemoRepo();
+  const file = writeObjective({
+    objective: 'enough bare streams to roll the objective over',
+    repository: repo,
+    max_parallel_streams: 2,
+    // Each stream writes a file of its own name, so every merge brings a change.
+    agents: { builder: { provider: 'script', command: 'cat > /dev/null; echo "$SLIPWAY_STREAM" > "$SLIPWAY_STREAM.txt"; git add -A; git commit -qm "$SLIPWAY_STREAM"' } },
+    streams: streams.map((s) => ({ id: s, task: s })),
+  });
+  const input = { ...(await loadObjectiveFile(file, { repository: repo, id })), continueAsNewAfterEvents: 40 };
+  const result = await on.client.workflow.execute(objectiveWorkflow, { taskQueue: on.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+  return { repo, result };
+}
+
 describe('how an objective and its streams end (ADR 0037)', () => {
   it('without a merger worktree: no finishObjective, the reported head is the branch, and the stream removes its sandbox while its final event travels', async () => {
     const id = 'ending-bare';
@@ -113,20 +129,9 @@ describe('how an objective and its streams end (ADR 0037)', () => {
   }, 120_000);
 
   it('without a merger worktree across continue-as-new: no run makes or removes a merger, and the head reported by the last is the branch', async () => {
-    const repo = makeDemoRepo();
     const id = 'ending-bare-rollover';
     const streams = ['b0', 'b1', 'b2', 'b3'];
-    const file = writeObjective({
-      objective: 'enough bare streams to roll the objective over',
-      repository: repo,
-      max_parallel_streams: 2,
-      // Each stream writes a file of its own name, so every merge brings a change.
-      agents: { builder: { provider: 'script', command: 'cat > /dev/null; echo "$SLIPWAY_STREAM" > "$SLIPWAY_STREAM.txt"; git add -A; git commit -qm "$SLIPWAY_STREAM"' } },
-      streams: streams.map((s) => ({ id: s, task: s })),
-    });
-    const input = { ...(await loadObjectiveFile(file, { repository: repo, id })), continueAsNewAfterEvents: 40 };
-    const handle = await worker.client.workflow.start(objectiveWorkflow, { taskQueue: worker.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
-    const result = await handle.result();
+    const { repo, result } = await runRollingObjective(worker, id, streams);
     expect(result.outcome).toBe('completed');
     expect([...result.mergeOrder].sort()).toEqual(streams);
     const head = gitIn(repo, 'rev-parse', integrationBranch(id));
@@ -153,18 +158,8 @@ describe('how an objective and its streams end (ADR 0037)', () => {
     }
     const slow = await startTestWorker({ deps: { sandboxes: new SlowDestroy({ backgroundFill: false }) } });
     try {
-      const repo = makeDemoRepo();
       const id = 'ending-slow-cleanup';
-      const streams = ['c0', 'c1', 'c2', 'c3'];
-      const file = writeObjective({
-        objective: 'streams whose cleanup is slow, across continue-as-new',
-        repository: repo,
-        max_parallel_streams: 2,
-        agents: { builder: { provider: 'script', command: 'cat > /dev/null; echo "$SLIPWAY_STREAM" > "$SLIPWAY_STREAM.txt"; git add -A; git commit -qm "$SLIPWAY_STREAM"' } },
-        streams: streams.map((s) => ({ id: s, task: s })),
-      });
-      const input = { ...(await loadObjectiveFile(file, { repository: repo, id })), continueAsNewAfterEvents: 40 };
-      const result = await slow.client.workflow.execute(objectiveWorkflow, { taskQueue: slow.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+      const { repo, result } = await runRollingObjective(slow, id, ['c0', 'c1', 'c2', 'c3']);
       // Read at once: nothing of the objective's is left when its result is there.
       const worktrees = gitIn(repo, 'worktree', 'list', '--porcelain').match(/^worktree /gm);
       const left = existsSync(path.join(repo, '.slipway', 'worktrees', id)) ? readdirSync(path.join(repo, '.slipway', 'worktrees', id)) : [];
