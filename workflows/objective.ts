@@ -840,10 +840,11 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   }
 
   if (resume && patched(RESUMED_WAITS_FOR_STREAMS)) {
-    // Every stream that started: a resumed run takes the final event as the end of its own children too.
-    const started = status.streams.filter((s) => s.phase !== 'waiting').map((s) => streamWorkflowId(input.id, s.id));
-    if (started.length > 0) {
-      await CancellationScope.nonCancellable(() => workflowEnds.workflowsClosed({ workflowIds: started })).catch((err) => {
+    // Every stream that reached a final phase (a resumed run takes the final event as the end of its
+    // own children too); one still running (the objective failed) is left running, as before.
+    const ending = status.streams.filter((s) => FINAL_STREAM_PHASES.includes(s.phase)).map((s) => streamWorkflowId(input.id, s.id));
+    if (ending.length > 0) {
+      await CancellationScope.nonCancellable(() => workflowEnds.workflowsClosed({ workflowIds: ending })).catch((err) => {
         if (!(err instanceof TemporalFailure)) throw err;
         log.warn('could not tell whether the streams of earlier runs have closed; the result may come before their cleanup', { error: failureMessage(err) });
       });
