@@ -13,7 +13,7 @@ import { ObjectiveFileSchema } from '../core/objective-schema';
 import { PlanSchema } from '../agents/structured';
 import { dispatch, streamStart, type DispatchDecision, type DispatchState } from '../workflows/dispatch';
 import { appendFeed, applyStreamEvent, emptyFeed, FEED_LIMIT, feedAfter, flushNow, objectiveDetails } from '../workflows/feed';
-import { CARRIED_AGENT_RUNS, CARRIED_FEED_LINES, CARRIED_LEDGER_ENTRIES, DEFAULT_CONTINUE_AS_NEW_AFTER, shouldContinueAsNew, trimCarry } from '../workflows/objective-rollover';
+import { CARRIED_AGENT_RUNS, CARRIED_FEED_LINES, CARRIED_LEDGER_ENTRIES, DEFAULT_CONTINUE_AS_NEW_AFTER, shouldContinueAsNew, streamsToAwaitAtEnd, trimCarry } from '../workflows/objective-rollover';
 import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, rateLimitWait, streamsFromPlan } from '../workflows/planner-step';
 
 const spec = (id: string, depends_on: string[] = []) => ({ id, task: `task ${id}`, depends_on });
@@ -251,6 +251,14 @@ describe('objective rollover', () => {
     expect(carry.status.ledger).toHaveLength(CARRIED_LEDGER_ENTRIES);
     expect(carry.status.agentRuns).toHaveLength(CARRIED_AGENT_RUNS);
     expect(carry.running).toEqual(['a']);
+  });
+
+  it('a resumed run waits at its end for the streams in a final phase only (their cleanup may still run); running and waiting ones run on', () => {
+    const phases: Array<[StreamPhase, boolean]> = [
+      ['merged', true], ['no_changes', true], ['escalated', true], ['failed', true],
+      ['waiting', false], ['provisioning', false], ['building', false], ['merging', false], ['blocked', false],
+    ];
+    expect(streamsToAwaitAtEnd(phases.map(([phase], i) => ({ id: `s${i}`, phase })))).toEqual(phases.flatMap(([, waited], i) => (waited ? [`s${i}`] : [])));
   });
 });
 

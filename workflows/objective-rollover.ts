@@ -11,6 +11,7 @@
  *
  * Bundled into workflow code: types and pure helpers only.
  */
+import { FINAL_STREAM_PHASES, type StreamPhase } from '../core/states';
 import type { ObjectiveCarry } from '../core/types';
 
 /** Events after which a run continues as new: far below the 51,200 limit and the 10,240 warning. */
@@ -47,4 +48,13 @@ export function trimCarry(carry: ObjectiveCarry): ObjectiveCarry {
     },
     feed: { seq: feed.seq, events: feed.events.slice(-CARRIED_FEED_LINES) },
   };
+}
+
+/**
+ * The streams a resumed run waits for before its result: those in a final phase, whose end it
+ * heard through their final event while their cleanup may still run (docs/adr/0037, decision 3).
+ * One still running (the objective failed) is not waited for: it runs on.
+ */
+export function streamsToAwaitAtEnd(streams: ReadonlyArray<{ id: string; phase: StreamPhase }>): string[] {
+  return streams.filter((s) => FINAL_STREAM_PHASES.includes(s.phase)).map((s) => s.id);
 }

@@ -59,7 +59,7 @@ import { fixLimit, nextStep, retryFor, startStep, stepById } from './blueprint-w
 import { dispatch, streamStart, type DispatchDecision } from './dispatch';
 import { failureKindOf, failureMessage } from './failure-info';
 import { appendFeed, applyStreamEvent, emptyFeed, feedAfter, objectiveDetails } from './feed';
-import { shouldContinueAsNew, trimCarry } from './objective-rollover';
+import { shouldContinueAsNew, streamsToAwaitAtEnd, trimCarry } from './objective-rollover';
 import { mergeMessage, mergeQueueFinished, mergeStep, startMerge, type MergeEvent } from './merge-queue';
 import { batchSize, batchStep, startBatch } from './merge-batch';
 import { afterStepFailure, approvalNeeded, plannerRunInput, plannerStepAction, rateLimitWait, streamsFromPlan, type ObjectiveStepFailure } from './planner-step';
@@ -840,9 +840,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
   }
 
   if (resume && patched(RESUMED_WAITS_FOR_STREAMS)) {
-    // Every stream that reached a final phase (a resumed run takes the final event as the end of its
-    // own children too); one still running (the objective failed) is left running, as before.
-    const ending = status.streams.filter((s) => FINAL_STREAM_PHASES.includes(s.phase)).map((s) => streamWorkflowId(input.id, s.id));
+    const ending = streamsToAwaitAtEnd(status.streams).map((id) => streamWorkflowId(input.id, id));
     if (ending.length > 0) {
       await CancellationScope.nonCancellable(() => workflowEnds.workflowsClosed({ workflowIds: ending })).catch((err) => {
         if (!(err instanceof TemporalFailure)) throw err;
