@@ -6,7 +6,7 @@
  * atomically: `refs/slipway-objectives/<id>` pointing at a blob that names the claiming run.
  */
 import { BRANCH_PREFIX } from '../core/ids';
-import { rawGit, rawGitWithInput } from '../lib/git';
+import { branchExists, rawGit, rawGitWithInput } from '../lib/git';
 
 export const OBJECTIVE_CLAIM_PREFIX = 'refs/slipway-objectives';
 const claimRef = (objectiveId: string) => `${OBJECTIVE_CLAIM_PREFIX}/${objectiveId}`;
@@ -53,8 +53,9 @@ export interface ClaimedBranch {
  * in the way, when another run claimed it or its branches exist without a claim. It runs at every
  * objective's start, so the reads go side by side (the refs; the claim's blob, written before it
  * is known to be needed: an unreferenced blob is harmless) and the writes in one ref transaction.
- * `branches` (which may still be being resolved; its rejection is the claim's): made in that transaction too (all or nothing: a run that lost the claim made none),
- * or, when the run had claimed the id already (a retried activity), made if absent.
+ * `branches` (possibly still being resolved; its rejection is the claim's) are made in that
+ * transaction too, all or nothing (a run that lost the claim made none); when the run had claimed
+ * the id already (a retried activity), each is made if absent.
  */
 export async function claimObjectiveId(repository: string, objectiveId: string, owner: string, branches: PromiseLike<ClaimedBranch[]> | ClaimedBranch[] = []): Promise<void> {
   const ref = claimRef(objectiveId);
@@ -77,8 +78,8 @@ export async function claimObjectiveId(repository: string, objectiveId: string, 
 }
 
 /** Makes `refs/heads/<name>` at `commit` unless a branch of that name exists. */
-export async function createBranchIfAbsent(repository: string, name: string, commit: string): Promise<void> {
+async function createBranchIfAbsent(repository: string, name: string, commit: string): Promise<void> {
   await rawGit(repository, ['update-ref', '-m', 'slipway: integration branch', `refs/heads/${name}`, commit, '']).catch(async (e) => {
-    if (!(await rawGit(repository, ['rev-parse', '--verify', '--quiet', `refs/heads/${name}`]).catch(() => undefined))) throw e;
+    if (!(await branchExists(repository, name))) throw e;
   });
 }

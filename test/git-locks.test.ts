@@ -166,6 +166,12 @@ describe.each([
   let box: SandboxHandle;
   const sandboxes: SandboxProvider = make();
   const agents = createAgentActivities({ sandboxes });
+  /** Where the sandbox's git keeps its index lock, as the sandbox sees it, left as a killed git leaves it. */
+  const plantDeadIndexLock = async () => {
+    const lock = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', 'f=$(git rev-parse --git-path index.lock) && touch -d "@$(( $(date +%s) - 60 ))" "$f" && echo "$f"'] });
+    expect(lock.exitCode, lock.stderr).toBe(0);
+    return lock;
+  };
 
   beforeAll(async () => {
     parent = tempDir('agent-locks');
@@ -178,9 +184,7 @@ describe.each([
   });
 
   it(`removes the dead git's index.lock (attempt ${attempt}), so the agent's own commit succeeds`, async () => {
-    // Where the agent's git keeps its index, as the sandbox sees it; the lock as a killed git leaves it.
-    const lock = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', 'f=$(git rev-parse --git-path index.lock) && touch -d "@$(( $(date +%s) - 60 ))" "$f" && echo "$f"'] });
-    expect(lock.exitCode, lock.stderr).toBe(0);
+    const lock = await plantDeadIndexLock();
     // Without the removal this is exactly the failure: git refuses while the lock exists.
     const blocked = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', 'echo x > x.txt && git add x.txt'] });
     expect(blocked.exitCode).not.toBe(0);
@@ -197,8 +201,7 @@ describe.each([
   });
 
   it(`and before the gates (attempt ${attempt}): a gate's git killed with its worker does not fail the gate's retry`, async () => {
-    const lock = await sandboxes.exec(box, { command: '/bin/sh', args: ['-c', 'f=$(git rev-parse --git-path index.lock) && touch -d "@$(( $(date +%s) - 60 ))" "$f" && echo "$f"'] });
-    expect(lock.exitCode, lock.stderr).toBe(0);
+    await plantDeadIndexLock();
     const gates = [{ name: 'stage', command: 'echo y > y.txt && git add y.txt && git diff --cached --name-only', timeout_seconds: 60 }];
     const result = (await new MockActivityEnvironment({ attempt }).run(createActivities({ sandboxes }).runGates, { path: box.root, gates })) as GateRunResult;
     expect(result.failureReport).toBe('');

@@ -844,7 +844,7 @@ export async function objectiveWorkflow(input: ObjectiveInput): Promise<Objectiv
     if (ending.length > 0) {
       await CancellationScope.nonCancellable(() => workflowEnds.workflowsClosed({ workflowIds: ending })).catch((err) => {
         if (!(err instanceof TemporalFailure)) throw err;
-        log.warn('could not tell whether the streams of earlier runs have closed; the result may come before their cleanup', { error: failureMessage(err) });
+        log.warn('could not tell whether the ended streams have closed; the result may come before their cleanup', { error: failureMessage(err) });
       });
     }
   }

@@ -256,7 +256,7 @@ export class LocalSandboxProvider implements SandboxProvider {
     // `worktree add -b` makes the branch before it reads the other worktrees' records, so a try
     // that failed on a half-added one may have left the branch: the next try takes it.
     // The source and its listing of ignored files are read while the worktree is added.
-    const listing = sourcing?.then((src) => (copyIgnored ? listIgnoredToCopy(src.dir, { useIncludeFile: src.template === undefined }) : undefined));
+    const listing = copyIgnored ? sourcing?.then((src) => listIgnoredToCopy(src.dir, { useIncludeFile: src.template === undefined })) : undefined;
     listing?.catch(() => undefined);
     await retryHalfAddedWorktree(async (attempt) => {
       if (branchExisted || (attempt > 1 && (await branchExists(repo, req.branch)))) {
@@ -276,7 +276,7 @@ export class LocalSandboxProvider implements SandboxProvider {
       source: copyIgnored ? source?.dir : undefined,
       useIncludeFile: source?.template === undefined,
       method: this.copyMethod,
-      ...(listing ? { listing: listing.then((l) => l!) } : {}),
+      ...(listing ? { listing } : {}),
     });
     if (copied) ignoredCopy = { ...copied, paths: copied.paths.length };
     let setupResult: SetupResult | undefined;
