@@ -134,6 +134,22 @@ export async function currentBranch(dir: string): Promise<string | undefined> {
   return gitMaybe(dir, ['symbolic-ref', '--quiet', '--short', 'HEAD']);
 }
 
+/**
+ * A repository's common git dir, asked of git once per repository and process: every confined
+ * exec, every create (its exclude file) and every lock clear needs it, and it does not change
+ * while Slipway works on the repository.
+ */
+const commonDirs = new Map<string, Promise<string>>();
+export function commonDirOf(repo: string): Promise<string> {
+  let dir = commonDirs.get(repo);
+  if (!dir) {
+    dir = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
+    dir.catch(() => commonDirs.delete(repo));
+    commonDirs.set(repo, dir);
+  }
+  return dir;
+}
+
 export async function resolveCommit(dir: string, ref: string): Promise<string> {
   return git(dir, ['rev-parse', '--verify', '--quiet', `${ref}^{commit}`]);
 }
@@ -158,7 +174,7 @@ export async function isAncestor(dir: string, ancestor: string, descendant: stri
  * it is replaced.
  */
 export async function ensureSlipwayExcluded(repository: string): Promise<void> {
-  const commonDir = path.resolve(repository, await git(repository, ['rev-parse', '--git-common-dir']));
+  const commonDir = await commonDirOf(repository);
   const excludeFile = path.join(commonDir, 'info', 'exclude');
   const wanted = SLIPWAY_STATE.map((entry) => `/${SLIPWAY_DIR}/${entry}`);
   const header = `# added by Slipway: its state under ${SLIPWAY_DIR}/ (${SLIPWAY_DIR}/config.yaml and ${SLIPWAY_DIR}/blueprints/ stay yours to commit)`;

@@ -26,7 +26,7 @@ import { constants, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { addWorktree, git, gitMaybe, isAncestor, rawGit } from '../../lib/git';
+import { addWorktree, commonDirOf, git, gitMaybe, isAncestor, rawGit } from '../../lib/git';
 import type { BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
 import { populateWorktree } from './populate';
@@ -322,8 +322,7 @@ export async function sweepPool(
  * record of the entry locked and pointing at nothing: unlock it so prune can drop it.
  */
 async function releaseOrphanedLocks(repo: string): Promise<void> {
-  const common = path.resolve(repo, (await rawGit(repo, ['rev-parse', '--git-common-dir'])).trim());
-  const admins = path.join(common, 'worktrees');
+  const admins = path.join(await commonDirOf(repo), 'worktrees');
   let released = false;
   for (const id of await fs.readdir(admins).catch(() => [] as string[])) {
     const lockFile = path.join(admins, id, 'locked');

@@ -32,7 +32,7 @@ import { createHash, randomBytes } from 'node:crypto';
 import { promises as fs } from 'node:fs';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { commitIdentity, git, GIT_HARDENING, GIT_TIMEOUT_MS, gitEnv, gitMaybe } from '../../lib/git';
+import { commitIdentity, commonDirOf, git, GIT_HARDENING, GIT_TIMEOUT_MS, gitEnv, gitMaybe } from '../../lib/git';
 import { killProcessGroup } from '../process';
 import { isInside } from './paths';
 import { SANDBOX_WORKSPACE } from './bubblewrap';
@@ -90,21 +90,6 @@ export async function locateWorktree(repository: string, worktree: string): Prom
   }
   const adminDir = await fs.realpath(matches[0]);
   return { repository: repo, commonDir, adminDir, adminId: path.basename(adminDir), worktree: root };
-}
-
-/**
- * A repository's common git dir, asked of git once per repository and process: every confined
- * exec needs it, and it does not change while Slipway works on the repository.
- */
-const commonDirs = new Map<string, Promise<string>>();
-export function commonDirOf(repo: string): Promise<string> {
-  let dir = commonDirs.get(repo);
-  if (!dir) {
-    dir = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
-    dir.catch(() => commonDirs.delete(repo));
-    commonDirs.set(repo, dir);
-  }
-  return dir;
 }
 
 /** Git arguments that address a worktree through its trusted record, ignoring its `.git` file. */
