@@ -6,7 +6,7 @@
  * one patch marker, its baseline (ADR 0038). The histories recorded here replay deterministically
  * against the workflow code (the new side of every patch).
  */
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, readdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Client } from '@temporalio/client';
 import { temporal } from '@temporalio/proto';
@@ -18,8 +18,9 @@ import { integrationBranch, objectiveWorkflowId, streamWorkflowId } from '../cor
 import { objectiveWorkflow } from '../workflows/objective';
 import { OBJECTIVE_BASELINE, STREAM_BASELINE } from '../workflows/patches';
 import { writeObjective } from './helpers/objective';
-import { gitIn, makeDemoRepo } from './helpers/repo';
+import { gitIn, makeDemoRepo, tempDir } from './helpers/repo';
 import { runHistories, startTestWorker, type TestWorker } from './helpers/temporal';
+import { waitFor } from './helpers/cli';
 
 const E = temporal.api.enums.v1.EventType;
 type Event = temporal.api.history.v1.IHistoryEvent;
@@ -172,6 +173,57 @@ describe('how an objective and its streams end (ADR 0037)', () => {
       expect(scheduled(runs[0]!)).toContain('workflowsClosed');
     } finally {
       await slow.stop();
+    }
+  }, 180_000);
+
+  it('a continued-as-new objective that fails while a stream still runs ends without waiting for that stream (it runs on)', async () => {
+    // Each stream's agent waits for a file of its own name: the test says when each one finishes.
+    const marks = tempDir('slipway-marks-');
+    const release = (stream: string) => writeFileSync(path.join(marks, stream), '');
+    const on = await startTestWorker({ agentConcurrency: 3 });
+    const id = 'ending-failed-resumed';
+    const streamIds = ['a', 'b', 'slow'];
+    try {
+      const repo = makeDemoRepo();
+      const file = writeObjective({
+        objective: 'fail while a stream runs',
+        repository: repo,
+        max_parallel_streams: 3,
+        agents: {
+          builder: {
+            provider: 'script',
+            command: `cat > /dev/null; while [ ! -e "${marks}/$SLIPWAY_STREAM" ]; do sleep 0.05; done; echo "$SLIPWAY_STREAM" > "$SLIPWAY_STREAM.txt"; git add -A; git commit -qm "$SLIPWAY_STREAM"`,
+          },
+        },
+        streams: streamIds.map((s) => ({ id: s, task: s })),
+      });
+      // Low enough that the streams' first events roll it over before their agents wait.
+      const input = { ...(await loadObjectiveFile(file, { repository: repo, id })), continueAsNewAfterEvents: 20 };
+      const handle = await on.client.workflow.start(objectiveWorkflow, { taskQueue: on.taskQueue, workflowId: objectiveWorkflowId(id), args: [input] });
+      const branch = integrationBranch(id);
+      // The run that fails is a resumed one: the objective has rolled over once at least.
+      await waitFor(async () => (await runHistories(on.client, objectiveWorkflowId(id))).length > 1, 'the objective to continue as new');
+      release('a');
+      await waitFor(async () => gitIn(repo, 'ls-tree', '--name-only', branch).split('\n').includes('a.txt'), 'stream a to be merged');
+      // Someone moves the integration branch by hand: the queue refuses to merge on top of it, and the objective fails.
+      gitIn(repo, 'update-ref', `refs/heads/${branch}`, gitIn(repo, 'rev-parse', 'main'));
+      release('b');
+      const result = await handle.result();
+      // Read at once: the stream still running was not waited for.
+      const slow = await on.client.workflow.getHandle(streamWorkflowId(id, 'slow')).describe();
+      expect(result.outcome).toBe('failed');
+      expect(result.error).toContain('refusing to merge on top of it');
+      expect(slow.status.name).toBe('RUNNING');
+      expect(result.streams.find((s) => s.id === 'a')?.phase).toBe('merged');
+      expect(['merged', 'no_changes', 'escalated', 'failed']).not.toContain(result.streams.find((s) => s.id === 'slow')?.phase);
+      expect((await runHistories(on.client, objectiveWorkflowId(id)))[0]!.history.events!.at(-1)!.eventType).toBe(E.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED);
+    } finally {
+      // The streams the objective left: ended by hand, their agents let go.
+      for (const s of streamIds) {
+        await on.client.workflow.getHandle(streamWorkflowId(id, s)).terminate('test over').catch(() => undefined);
+        release(s);
+      }
+      await on.stop();
     }
   }, 180_000);
 });
