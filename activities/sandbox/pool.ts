@@ -26,7 +26,7 @@ import { constants, promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { SLIPWAY_DIR } from '../../core/ids';
-import { addWorktree, commonDirOf, git, gitMaybe, isAncestor, rawGit } from '../../lib/git';
+import { addWorktree, commonDirOf, git, gitMaybe, isAncestor } from '../../lib/git';
 import type { BubblewrapConfinement } from './bubblewrap';
 import type { CopyMethod } from './copy-ignored';
 import { populateWorktree } from './populate';
