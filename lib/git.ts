@@ -136,16 +136,21 @@ export async function currentBranch(dir: string): Promise<string | undefined> {
 
 /**
  * A repository's common git dir, asked of git once per repository and process: every confined
- * exec, every create (its exclude file) and every lock clear needs it, and it does not change
- * while Slipway works on the repository.
+ * exec and every lock clear needs it, and it does not change while Slipway works on the
+ * repository. `fresh` asks git again (and keeps that answer): a caller that writes there, such as
+ * `ensureSlipwayExcluded`, never trusts a cached answer that may have outlived a repository
+ * deleted or made again at the same path (ADR 0018, 2026-11-29).
  */
 const commonDirs = new Map<string, Promise<string>>();
-export function commonDirOf(repo: string): Promise<string> {
-  let dir = commonDirs.get(repo);
+export function commonDirOf(repo: string, opts: { fresh?: boolean } = {}): Promise<string> {
+  let dir = opts.fresh ? undefined : commonDirs.get(repo);
   if (!dir) {
-    dir = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
-    dir.catch(() => commonDirs.delete(repo));
-    commonDirs.set(repo, dir);
+    const asked = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
+    asked.catch(() => {
+      if (commonDirs.get(repo) === asked) commonDirs.delete(repo);
+    });
+    commonDirs.set(repo, asked);
+    dir = asked;
   }
   return dir;
 }
@@ -174,7 +179,7 @@ export async function isAncestor(dir: string, ancestor: string, descendant: stri
  * it is replaced.
  */
 export async function ensureSlipwayExcluded(repository: string): Promise<void> {
-  const commonDir = await commonDirOf(repository);
+  const commonDir = await commonDirOf(repository, { fresh: true });
   const excludeFile = path.join(commonDir, 'info', 'exclude');
   const wanted = SLIPWAY_STATE.map((entry) => `/${SLIPWAY_DIR}/${entry}`);
   const header = `# added by Slipway: its state under ${SLIPWAY_DIR}/ (${SLIPWAY_DIR}/config.yaml and ${SLIPWAY_DIR}/blueprints/ stay yours to commit)`;

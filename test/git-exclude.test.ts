@@ -7,7 +7,7 @@ import { promises as fs } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { ensureSlipwayExcluded } from '../lib/git';
+import { commonDirOf, ensureSlipwayExcluded } from '../lib/git';
 import { SLIPWAY_STATE } from '../core/ids';
 import { PROJECT_ROOT } from './helpers/repo';
 
@@ -119,5 +119,25 @@ describe('ensureSlipwayExcluded', () => {
     const state = SLIPWAY_STATE.map((e) => e.replace(/\/$/, ''));
     expect(written.size).toBeGreaterThan(5);
     expect([...written].filter((name) => !shared.includes(name) && !state.includes(name)).sort()).toEqual([]);
+  });
+
+  it('asks git for the git dir each time: a repository deleted and made again at the same path is never written through a remembered answer', async () => {
+    const repo = await makeRepo();
+    await ensureSlipwayExcluded(repo);
+    // Remembered for the readers (lock clears, confined execs)...
+    expect(await commonDirOf(repo)).toBe(path.join(repo, '.git'));
+    // ...the repository goes, and a plain folder takes its place.
+    await fs.rm(repo, { recursive: true, force: true });
+    await fs.mkdir(repo);
+    await expect(ensureSlipwayExcluded(repo)).rejects.toThrow();
+    // Nothing made where no repository is (a stray .git/info would be found by git as one).
+    expect(await fs.readdir(repo)).toEqual([]);
+    // And made again as a linked worktree of another repository: its own common dir is the answer.
+    await fs.rmdir(repo);
+    const other = await makeRepo();
+    git(other, 'worktree', 'add', '-q', repo);
+    await ensureSlipwayExcluded(repo);
+    expect(await fs.readFile(path.join(other, '.git', 'info', 'exclude'), 'utf8')).toContain('/.slipway/');
+    expect(await commonDirOf(repo)).toBe(path.join(other, '.git'));
   });
 });

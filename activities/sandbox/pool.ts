@@ -322,7 +322,7 @@ export async function sweepPool(
  * record of the entry locked and pointing at nothing: unlock it so prune can drop it.
  */
 async function releaseOrphanedLocks(repo: string): Promise<void> {
-  const admins = path.join(await commonDirOf(repo), 'worktrees');
+  const admins = path.join(await commonDirOf(repo, { fresh: true }), 'worktrees');
   let released = false;
   for (const id of await fs.readdir(admins).catch(() => [] as string[])) {
     const lockFile = path.join(admins, id, 'locked');
