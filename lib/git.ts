@@ -143,16 +143,13 @@ export async function currentBranch(dir: string): Promise<string | undefined> {
  */
 const commonDirs = new Map<string, Promise<string>>();
 export function commonDirOf(repo: string, opts: { fresh?: boolean } = {}): Promise<string> {
-  let dir = opts.fresh ? undefined : commonDirs.get(repo);
-  if (!dir) {
-    const asked = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
-    asked.catch(() => {
-      if (commonDirs.get(repo) === asked) commonDirs.delete(repo);
-    });
-    commonDirs.set(repo, asked);
-    dir = asked;
-  }
-  return dir;
+  const known = opts.fresh ? undefined : commonDirs.get(repo);
+  if (known) return known;
+  const asked = git(repo, ['rev-parse', '--git-common-dir']).then((out) => fs.realpath(path.resolve(repo, out)));
+  // A failed answer is forgotten, unless a later one replaced it already.
+  asked.catch(() => commonDirs.get(repo) === asked && commonDirs.delete(repo));
+  commonDirs.set(repo, asked);
+  return asked;
 }
 
 export async function resolveCommit(dir: string, ref: string): Promise<string> {

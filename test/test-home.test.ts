@@ -12,7 +12,8 @@ import { slipwayHome } from '../lib/settings';
 describe('the test run', () => {
   it('keeps Slipway state in a temporary home of its own, not under the user home', async () => {
     const home = slipwayHome();
-    const real = slipwayHome({ HOME: os.homedir(), ...(process.env.XDG_DATA_HOME ? { XDG_DATA_HOME: process.env.XDG_DATA_HOME } : {}) });
+    // What the default would be: SLIPWAY_HOME unset (the user home, or XDG_DATA_HOME).
+    const real = slipwayHome({ XDG_DATA_HOME: process.env.XDG_DATA_HOME });
     expect(home).not.toBe(real);
     expect(path.relative(os.tmpdir(), home).startsWith('..')).toBe(false);
     // What an objective start writes goes there.
